@@ -1,0 +1,49 @@
+"""gpvi: Gaussian-process inference — DSVI hyperparameter posteriors, CVI classification, ML-II and NUTS.
+
+Architecture, top to bottom: :mod:`gpvi.datasets` -> models (:class:`GPRegression`, kernel + noise + prior over
+theta) -> engines (:class:`ML2`, DSVI, CVI, NUTS) -> posteriors (:mod:`gpvi.posterior`) ->
+:mod:`gpvi.metrics` and plots. Importing gpvi changes no global state (no default dtype, no RNG seeding).
+"""
+
+from __future__ import annotations
+
+from . import datasets, linalg, metrics
+from .exceptions import (
+    ConvergenceWarning,
+    InterruptedRunWarning,
+    NotPSDError,
+    NumericalFaultError,
+    NumericalWarning,
+)
+from .ml2 import ML2
+from .model import GPRegression
+from .posterior import GaussianPosterior, PointPosterior, SamplePosterior
+from .predictive import MixturePredictive
+from .standard import Factorised, StandardNormal, StandardStudentT
+from .table import Table
+from .target import Target
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConvergenceWarning",
+    "Factorised",
+    "GPRegression",
+    "GaussianPosterior",
+    "InterruptedRunWarning",
+    "ML2",
+    "MixturePredictive",
+    "NotPSDError",
+    "NumericalFaultError",
+    "NumericalWarning",
+    "PointPosterior",
+    "SamplePosterior",
+    "StandardNormal",
+    "StandardStudentT",
+    "Table",
+    "Target",
+    "datasets",
+    "linalg",
+    "metrics",
+    "__version__",
+]

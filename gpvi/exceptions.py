@@ -1,0 +1,63 @@
+"""Warning and error types shared by every gpvi module.
+
+One place for the categories lets users filter them (``warnings.simplefilter("error", NumericalWarning)``)
+and lets tests assert on them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "NumericalWarning",
+    "ConvergenceWarning",
+    "InterruptedRunWarning",
+    "NotPSDError",
+    "NumericalFaultError",
+]
+
+
+class NumericalWarning(RuntimeWarning):
+    """A numerical fault was survived (jitter added, draw resampled, step rejected)."""
+
+
+class ConvergenceWarning(UserWarning):
+    """An iterative method stopped before its convergence rule was met, or diagnostics look poor."""
+
+
+class InterruptedRunWarning(UserWarning):
+    """A long run was interrupted (Ctrl-C or a callback); the partial result was returned."""
+
+
+class NotPSDError(ValueError):
+    """A matrix stayed non positive definite after the bounded jitter retries.
+
+    Attributes
+    ----------
+    theta : torch.Tensor or None
+        The hyperparameter vector whose kernel matrix failed (when known).
+    jitter : float
+        The largest jitter that was tried (absolute, added to the diagonal).
+    """
+
+    def __init__(self, message: str, *, theta: Any = None, jitter: float = float("nan")) -> None:
+        super().__init__(message)
+        self.theta = theta
+        self.jitter = jitter
+
+
+class NumericalFaultError(RuntimeError):
+    """A run could not continue after repeated numerical faults.
+
+    The last good state is kept on the exception, so nothing computed is lost::
+
+        try:
+            q = gpvi.DSVI(...).run(model)
+        except gpvi.NumericalFaultError as err:
+            state = err.state          # resume or inspect from here
+    """
+
+    def __init__(self, message: str, *, state: Any = None, partial: Any = None) -> None:
+        super().__init__(message)
+        self.state = state
+        self.partial = partial

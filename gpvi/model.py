@@ -1,0 +1,313 @@
+r"""GP regression with all hyperparameters in one unconstrained vector theta.
+
+Model (Rasmussen & Williams 2006, ch. 2 and 5; DSVI paper section 3.4):
+
+.. math::
+
+    y = f(X) + \varepsilon,\quad f \sim \mathcal{GP}(0, k_\theta),\quad \varepsilon \sim \mathcal N(0, \sigma^2 I),
+
+    \log g(\theta) = \log \mathcal N(y \mid 0, K_\theta + \sigma^2 I) + \log p(\theta).
+
+For the default kernel ``ScaleKernel(RBFKernel(ard_num_dims=d))``,
+``theta = [log l_1^2, ..., log l_d^2, log sigma_f^2, log sigma^2]`` exactly as in the paper; other GPyTorch
+kernels get their own log-parametrised names (see :mod:`gpvi.hyperparameters`). The noise variance is the
+model's own last component ``log_noise_var`` (no GPyTorch likelihood, hence no hidden noise floor).
+
+The marginal likelihood is exact: one Cholesky factorisation per theta, batched for ``(S, D)`` input
+(never CG/Lanczos), with the backward pass of :func:`gpvi.linalg.gaussian_log_marginal`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import gpytorch
+import torch
+
+from .fastpaths import scaled_rbf_covariance
+from .hyperparameters import KernelParametrisation
+from .linalg import DEFAULT_JITTER, DEFAULT_MAX_JITTER, cholesky_with_jitter, gaussian_log_marginal
+from .predictive import MixturePredictive
+from .priors import check_prior, prior_log_prob
+from .validation import check_memory, check_positive, check_positive_int, check_theta, check_X, check_X_y
+
+__all__ = ["GPRegression"]
+
+
+class GPRegression:
+    r"""Exact GP regression as an inference target over log-hyperparameters.
+
+    Parameters
+    ----------
+    X : array-like of shape (n_samples, n_features)
+        Training inputs (numpy or torch; integer/float32 converted to float64 without loss).
+    y : array-like of shape (n_samples,)
+        Training targets. gpvi does not standardise them for you (the bundled loaders do).
+    kernel : gpytorch.kernels.Kernel, optional
+        Covariance function; default ``ScaleKernel(RBFKernel(ard_num_dims=n_features))``. Only its
+        structure is used (it is deep-copied); hyperparameter values come from theta.
+    prior : torch.distributions.Distribution, optional
+        Prior over theta (anything with ``log_prob``); default independent N(0, 10) per component.
+    jitter, max_jitter : float
+        Relative jitter policy of :func:`gpvi.linalg.cholesky_with_jitter`.
+    batch_size : int
+        Largest number of theta processed in one batched factorisation by :meth:`predict`.
+    device : torch.device or str, optional
+        Where data and computations live (default: the device of ``X`` if a tensor, else CPU).
+
+    Attributes
+    ----------
+    names : list of str
+        Names of theta's components, e.g. ``["log_lengthscale_sq[0]", ..., "log_signal_var", "log_noise_var"]``.
+    natural_names : list of str
+        The same on the natural scale (``lengthscale[0]``, ``signal_var``, ``noise_var``).
+    dim : int
+        D = len(names).
+    X, y : torch.Tensor
+        Training data (float64).
+
+    Examples
+    --------
+    >>> import gpvi
+    >>> ds = gpvi.datasets.load_boston(seed=0)
+    >>> model = gpvi.GPRegression(ds.X_train, ds.y_train)
+    >>> model.names[-2:]
+    ['log_signal_var', 'log_noise_var']
+    >>> model.log_joint(model.initial_theta()).shape
+    torch.Size([])
+    """
+
+    use_fast_path: bool = True
+    """Use the hand-written covariance of :mod:`gpvi.fastpaths` for ``ScaleKernel(RBFKernel)`` (same values and
+    gradients as GPyTorch's generic path, which tests check; set False to force the generic path)."""
+
+    def __init__(
+        self,
+        X: Any,
+        y: Any,
+        kernel: gpytorch.kernels.Kernel | None = None,
+        prior: Any = None,
+        *,
+        jitter: float = DEFAULT_JITTER,
+        max_jitter: float = DEFAULT_MAX_JITTER,
+        batch_size: int = 32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        X, y = check_X_y(X, y, device=device)
+        n, d = X.shape
+        if n < 2:
+            raise ValueError(f"X has {n} row(s); GP regression needs at least 2 training points")
+        if float(y.std()) == 0.0:
+            raise ValueError(f"y is constant (all values {float(y[0]):g}); a GP regression posterior over "
+                             f"hyperparameters is not identified for constant targets")
+        check_memory(n, copies=4, device=X.device, what="exact GP regression")
+        self.jitter = check_positive(jitter, "jitter")
+        self.max_jitter = check_positive(max_jitter, "max_jitter")
+        if self.max_jitter < self.jitter:
+            raise ValueError(f"max_jitter ({max_jitter:g}) must be >= jitter ({jitter:g})")
+        self.batch_size = check_positive_int(batch_size, "batch_size")
+        if kernel is None:
+            kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=d))
+        self.kernel_params = KernelParametrisation(kernel, dtype=torch.float64, device=X.device)
+        self.X, self.y = X, y
+        self.names = list(self.kernel_params.names) + ["log_noise_var"]
+        self.natural_names = list(self.kernel_params.natural_names) + ["noise_var"]
+        self.prior = check_prior(prior, self.dim, device=X.device)
+
+    # ------------------------------------------------------------------ basics
+    @property
+    def dim(self) -> int:
+        """Number of hyperparameters D."""
+        return self.kernel_params.dim + 1
+
+    @property
+    def num_data(self) -> int:
+        """Number of training points N."""
+        return self.X.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.X.device
+
+    def _theta(self, theta: Any, name: str = "theta") -> torch.Tensor:
+        return check_theta(theta, self.dim, name, device=self.X.device)
+
+    def covariance(self, theta: Any) -> torch.Tensor:
+        r"""Training covariance :math:`K_\theta + \sigma^2 I`: ``(N, N)`` or ``(S, N, N)``."""
+        theta = self._theta(theta)
+        if self.kernel_params.fast_path and self.use_fast_path:
+            return scaled_rbf_covariance(theta, self.X)
+        # clone: GPyTorch's output may be an expanded view, or saved by autograd (exp), so never add in place to it
+        K = self.kernel_params.matrix(theta[..., :-1], self.X).clone()
+        K.diagonal(dim1=-2, dim2=-1).add_(torch.exp(theta[..., -1:]))
+        return K
+
+    # ------------------------------------------------------------------ densities
+    def log_marginal_likelihood(self, theta: Any) -> torch.Tensor:
+        r"""Exact :math:`\log \mathcal N(y \mid 0, K_\theta + \sigma^2 I)` (no prior).
+
+        Parameters
+        ----------
+        theta : array-like of shape (D,) or (S, D)
+
+        Returns
+        -------
+        torch.Tensor of shape () or (S,)
+            Differentiable by autograd. For a batch, a member whose matrix cannot be factorised even with
+            the maximum jitter gets ``-inf`` (zero gradient); for a single theta a
+            :class:`~gpvi.exceptions.NotPSDError` naming theta is raised.
+        """
+        theta = self._theta(theta)
+        if not bool(torch.isfinite(theta).all()):
+            return self._nonfinite_theta(theta)
+        Ky = self.covariance(theta)
+        return gaussian_log_marginal(Ky, self.y, jitter=self.jitter, max_jitter=self.max_jitter,
+                                     raise_on_failure=theta.dim() == 1, theta=theta.detach())
+
+    def _nonfinite_theta(self, theta: torch.Tensor) -> torch.Tensor:
+        if theta.dim() == 1:
+            raise ValueError(f"theta contains non-finite values: {theta.detach().tolist()}")
+        bad = ~torch.isfinite(theta).all(-1)
+        out = torch.full(theta.shape[:1], -math.inf, dtype=theta.dtype, device=theta.device)
+        good = ~bad
+        if bool(good.any()):
+            vals = self.log_marginal_likelihood(theta[good])
+            out = out.index_put((good.nonzero().flatten(),), vals)
+        return out + 0.0 * theta.nan_to_num(0.0, 0.0, 0.0).sum(-1)
+
+    def log_prior(self, theta: Any) -> torch.Tensor:
+        """``log p(theta)``: ``(D,) -> ()``, ``(S, D) -> (S,)``."""
+        theta = self._theta(theta)
+        return prior_log_prob(self.prior, theta)
+
+    def log_joint(self, theta: Any) -> torch.Tensor:
+        r"""Log joint :math:`\log \mathcal N(y \mid 0, K_\theta + \sigma^2 I) + \log p(\theta)`.
+
+        Shapes as :meth:`log_marginal_likelihood`; batched input goes through one batched Cholesky.
+        """
+        theta = self._theta(theta)
+        return self.log_marginal_likelihood(theta) + self.log_prior(theta)
+
+    # ------------------------------------------------------------------ prediction
+    def predict(self, theta: Any, X_new: Any, *, include_noise: bool = True,
+                full_cov: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""Predictive mean and variance at ``X_new`` for given hyperparameters.
+
+        .. math::
+
+            m_* = K_{*X}(K + \sigma^2 I)^{-1} y,\qquad
+            v_* = k_{**} - K_{*X}(K + \sigma^2 I)^{-1} K_{X*} \;(+\,\sigma^2 \text{ for } y_*)
+
+        (Rasmussen & Williams 2006, Algorithm 2.1).
+
+        Parameters
+        ----------
+        theta : array-like of shape (D,) or (S, D)
+        X_new : array-like of shape (n, n_features)
+        include_noise : bool
+            Variance of y* (default) or of f*.
+        full_cov : bool
+            Return the full ``(n, n)`` covariance instead of the variances (single theta only).
+
+        Returns
+        -------
+        mean, var : torch.Tensor
+            ``(n,)`` each for one theta (``var`` is ``(n, n)`` if ``full_cov``); ``(S, n)`` for a batch.
+        """
+        theta = self._theta(theta).detach()
+        if not bool(torch.isfinite(theta).all()):
+            raise ValueError("theta contains non-finite values")
+        Xs = check_X(X_new, "X_new", n_features=self.X.shape[1], device=self.X.device)
+        if theta.dim() == 1:
+            if full_cov:
+                return self._predict_full(theta, Xs, include_noise)
+            m, v = self._predict_batch(theta.unsqueeze(0), Xs, include_noise)
+            return m[0], v[0]
+        if full_cov:
+            raise ValueError("full_cov=True needs a single theta of shape (D,)")
+        means, variances = [], []
+        for chunk in torch.split(theta, self.batch_size):
+            m, v = self._predict_batch(chunk, Xs, include_noise)
+            means.append(m)
+            variances.append(v)
+        return torch.cat(means), torch.cat(variances)
+
+    @torch.no_grad()
+    def _predict_batch(self, theta: torch.Tensor, Xs: torch.Tensor, include_noise: bool):
+        kp = self.kernel_params
+        Ky = self.covariance(theta)
+        chol = cholesky_with_jitter(Ky, jitter=self.jitter, max_jitter=self.max_jitter, raise_on_failure=True,
+                                    theta=theta)
+        L = chol.L
+        Ksx = kp.matrix(theta[:, :-1], Xs, self.X)                      # (S, n, N)
+        alpha = torch.cholesky_solve(self.y.expand(theta.shape[0], -1).unsqueeze(-1), L)   # (S, N, 1)
+        mean = (Ksx @ alpha).squeeze(-1)
+        V = torch.linalg.solve_triangular(L, Ksx.transpose(-1, -2), upper=False)          # (S, N, n)
+        kss = kp.matrix(theta[:, :-1], Xs, diag=True)                   # (S, n)
+        var = (kss - (V * V).sum(-2)).clamp_min(0.0)
+        if include_noise:
+            var = var + torch.exp(theta[:, -1:])
+        else:
+            var = var.clamp_min(1e-300)
+        return mean, var
+
+    @torch.no_grad()
+    def _predict_full(self, theta: torch.Tensor, Xs: torch.Tensor, include_noise: bool):
+        kp = self.kernel_params
+        chol = cholesky_with_jitter(self.covariance(theta), jitter=self.jitter, max_jitter=self.max_jitter,
+                                    theta=theta)
+        L = chol.L
+        Ksx = kp.matrix(theta[:-1], Xs, self.X)
+        mean = Ksx @ torch.cholesky_solve(self.y.unsqueeze(-1), L).squeeze(-1)
+        V = torch.linalg.solve_triangular(L, Ksx.T, upper=False)
+        cov = kp.matrix(theta[:-1], Xs) - V.T @ V
+        if include_noise:
+            cov = cov + torch.exp(theta[-1]) * torch.eye(Xs.shape[0], dtype=cov.dtype, device=cov.device)
+        return mean, cov
+
+    def predictive(self, theta: Any, X_new: Any, *, include_noise: bool = True) -> MixturePredictive:
+        """Predictive of y* (or f*) as a :class:`~gpvi.predictive.MixturePredictive` over the given theta rows."""
+        mean, var = self.predict(theta, X_new, include_noise=include_noise)
+        return MixturePredictive(mean, var)
+
+    # ------------------------------------------------------------------ helpers
+    def natural(self, theta: Any) -> torch.Tensor:
+        """Natural-scale values: ``lengthscale = exp(theta/2)``, variances ``exp(theta)``; same shape as theta."""
+        theta = self._theta(theta).detach()
+        out = torch.empty_like(theta)
+        out[..., :-1] = self.kernel_params.natural(theta[..., :-1])
+        out[..., -1] = torch.exp(theta[..., -1])
+        return out
+
+    def initial_theta(self) -> torch.Tensor:
+        """A data-scaled starting point: ``l_j^2 = d var(x_j)``, ``sigma_f^2 = var(y)``, ``sigma^2 = var(y)/10``."""
+        th = torch.zeros(self.dim, dtype=torch.float64, device=self.X.device)
+        th[:-1] = self.kernel_params.initial_theta(self.X)
+        vy = float(self.y.var(unbiased=False))
+        for b in self.kernel_params.blocks:
+            if b.log and b.path.endswith("raw_outputscale"):
+                th[b.start:b.stop] = math.log(vy)
+        th[-1] = math.log(0.1 * vy)
+        return th
+
+    def theta_from_kernel(self, noise_var: float = 0.1) -> torch.Tensor:
+        """theta at the user kernel's current values, with the given noise variance."""
+        check_positive(noise_var, "noise_var")
+        th = torch.empty(self.dim, dtype=torch.float64, device=self.X.device)
+        th[:-1] = self.kernel_params.theta_from_kernel().to(self.X.device)
+        th[-1] = math.log(noise_var)
+        return th
+
+    def describe(self, theta: Any) -> dict[str, float]:
+        """``{name: value}`` on the natural scale for one theta."""
+        theta = self._theta(theta)
+        if theta.dim() != 1:
+            raise ValueError("describe needs a single theta of shape (D,)")
+        nat = self.natural(theta)
+        return {n: float(v) for n, v in zip(self.natural_names, nat)}
+
+    def __repr__(self) -> str:
+        return (f"GPRegression(N={self.num_data}, d={self.X.shape[1]}, D={self.dim}, "
+                f"kernel={type(self.kernel_params.kernel).__name__})")
+

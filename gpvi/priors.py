@@ -1,0 +1,56 @@
+"""Priors over the unconstrained hyperparameter vector theta.
+
+The default is the DSVI paper's vague prior (section 3.4; the slides write it as N(theta | 0, 10 I)):
+independent normals with mean 0 and **variance 10** (sd sqrt(10)) on every log-hyperparameter.
+Any object with a ``log_prob`` method (a ``torch.distributions.Distribution``) can replace it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+__all__ = ["default_prior", "prior_log_prob", "check_prior"]
+
+DEFAULT_PRIOR_VARIANCE = 10.0
+
+
+def default_prior(dim: int, *, variance: float = DEFAULT_PRIOR_VARIANCE, dtype: torch.dtype = torch.float64,
+                  device: torch.device | str | None = None) -> torch.distributions.Distribution:
+    r"""Independent :math:`\mathcal N(0, \text{variance})` on each of ``dim`` components (event shape ``(dim,)``)."""
+    loc = torch.zeros(dim, dtype=dtype, device=device)
+    scale = torch.full((dim,), math.sqrt(variance), dtype=dtype, device=device)
+    return torch.distributions.Independent(torch.distributions.Normal(loc, scale), 1)
+
+
+def prior_log_prob(prior: Any, theta: torch.Tensor) -> torch.Tensor:
+    """``log p(theta)`` summed over theta's components: ``(D,) -> ()``, ``(S, D) -> (S,)``.
+
+    A prior whose ``log_prob`` returns one value per component (shape equal to ``theta``'s, e.g. a plain
+    ``Normal`` with ``(D,)`` parameters) is summed over the last dimension; one whose ``log_prob`` already
+    returns one value per vector (event shape ``(D,)``) is used as is.
+    """
+    lp = prior.log_prob(theta)
+    if lp.shape == theta.shape:
+        lp = lp.sum(-1)
+    return lp
+
+
+def check_prior(prior: Any, dim: int, *, dtype: torch.dtype = torch.float64,
+                device: torch.device | str | None = None) -> Any:
+    """Validate a user prior (has ``log_prob``; finite at 0; right shape) or build the default."""
+    if prior is None:
+        return default_prior(dim, dtype=dtype, device=device)
+    if not callable(getattr(prior, "log_prob", None)):
+        raise TypeError(f"prior must have a log_prob method (e.g. a torch.distributions.Distribution); "
+                        f"got {type(prior).__name__}")
+    theta0 = torch.zeros(dim, dtype=dtype, device=device)
+    try:
+        lp = prior_log_prob(prior, theta0)
+    except Exception as exc:
+        raise ValueError(f"prior.log_prob failed on a theta of shape ({dim},): {exc}") from None
+    if lp.dim() != 0:
+        raise ValueError(f"prior.log_prob must give one value per theta of length {dim}; got shape {tuple(lp.shape)}")
+    return prior

@@ -1,0 +1,74 @@
+"""Progress bars and interruption for long runs (DSVI, CVI, HMC, ML-II restarts).
+
+Every engine's ``run`` accepts ``progress_bar=True`` (a tqdm bar, with the running bound or acceptance
+rate in its postfix) and ``callback=`` (called after each step; it may raise ``KeyboardInterrupt`` to
+stop). Ctrl-C or such a callback ends the loop cleanly: the engine returns what was computed so far and
+warns with :class:`~gpvi.exceptions.InterruptedRunWarning`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from typing import Any
+
+from .exceptions import InterruptedRunWarning
+
+__all__ = ["Progress", "warn_interrupted", "logger"]
+
+logger = logging.getLogger("gpvi")
+
+
+class Progress:
+    """A tqdm bar that can be switched off, with a throttled postfix.
+
+    Parameters
+    ----------
+    total : int
+        Number of steps.
+    enabled : bool
+        ``False`` gives a silent object with the same methods.
+    desc : str
+    initial : int
+        Steps already done (resumed runs).
+    min_interval : float
+        Seconds between postfix refreshes.
+    """
+
+    def __init__(self, total: int, *, enabled: bool = True, desc: str = "", initial: int = 0,
+                 min_interval: float = 0.25, leave: bool = True) -> None:
+        self.enabled = bool(enabled)
+        self._bar = None
+        self._last = 0.0
+        self.min_interval = min_interval
+        if self.enabled:
+            from tqdm.auto import tqdm
+            self._bar = tqdm(total=total, desc=desc, initial=initial, leave=leave, dynamic_ncols=True)
+
+    def update(self, n: int = 1, **postfix: Any) -> None:
+        if self._bar is None:
+            return
+        self._bar.update(n)
+        now = time.monotonic()
+        if postfix and now - self._last >= self.min_interval:
+            self._bar.set_postfix({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in postfix.items()},
+                                  refresh=False)
+            self._last = now
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def warn_interrupted(what: str, done: int, total: int) -> None:
+    """Warn that ``what`` stopped after ``done`` of ``total`` steps and returned its partial result."""
+    warnings.warn(f"{what} interrupted after {done} of {total} steps; returning the result so far "
+                  f"(resume from its state_dict to continue)", InterruptedRunWarning, stacklevel=3)

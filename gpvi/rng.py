@@ -1,0 +1,55 @@
+"""Explicit randomness: every stochastic routine takes ``seed`` or ``generator``; none touches global RNG state."""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+__all__ = ["resolve_generator"]
+
+
+def resolve_generator(
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Generator:
+    """Return the ``torch.Generator`` a stochastic routine should draw from.
+
+    Parameters
+    ----------
+    seed : int or None
+        Seed for a fresh generator. Ignored when ``generator`` is given.
+    generator : torch.Generator or None
+        Used as is (and advanced) when given.
+    device : torch.device, str or None
+        Device of a freshly created generator (CPU by default).
+
+    Returns
+    -------
+    torch.Generator
+        ``generator`` if given; else a new generator seeded with ``seed``; else a new generator with a
+        non-deterministic seed (the global RNG is never read or advanced).
+
+    Raises
+    ------
+    TypeError
+        ``seed`` is not an int or ``generator`` is not a ``torch.Generator``.
+    ValueError
+        ``seed`` is negative.
+    """
+    if generator is not None:
+        if not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator; got {type(generator).__name__}")
+        return generator
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    gen = torch.Generator(device=dev)
+    if seed is None:
+        gen.seed()
+        return gen
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed must be an int; got {type(seed).__name__}")
+    if seed < 0:
+        raise ValueError(f"seed must be non-negative; got {seed}")
+    gen.manual_seed(int(seed))
+    return gen

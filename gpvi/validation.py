@@ -1,0 +1,340 @@
+"""The input-validation layer used by every public entry point.
+
+Everything that crosses the public boundary (data, hyperparameter vectors, labels, settings) is checked
+here and converted once: numeric arrays become float64 tensors on the requested device, never downcast.
+Errors are ``TypeError`` (wrong kind of object) or ``ValueError`` (right kind, bad value) and always name
+the argument and what was wrong, e.g. ``"X has 120 rows but y has 119"``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = [
+    "as_float_tensor",
+    "check_X",
+    "check_X_y",
+    "check_theta",
+    "check_binary_labels",
+    "check_positive",
+    "check_positive_int",
+    "check_nonnegative_int",
+    "check_fraction",
+    "check_choice",
+    "check_bool",
+    "check_memory",
+]
+
+_MAX_EXACT_INT = 2**53
+
+
+def _describe(x: Any) -> str:
+    return type(x).__name__
+
+
+def as_float_tensor(
+    x: Any,
+    name: str,
+    *,
+    ndim: int | Sequence[int] | None = None,
+    allow_empty: bool = False,
+    finite: bool = True,
+    dtype: torch.dtype = torch.float64,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Convert array-like ``x`` to a float tensor, checking kind, shape and values.
+
+    Parameters
+    ----------
+    x : array-like
+        numpy array, torch tensor, or (nested) sequence of numbers. Integer, boolean and float32 inputs
+        are converted to ``dtype`` without loss; object, string and complex arrays are rejected.
+    name : str
+        Argument name used in error messages.
+    ndim : int or sequence of int, optional
+        Allowed numbers of dimensions.
+    allow_empty : bool
+        Whether a tensor with zero elements is acceptable.
+    finite : bool
+        Reject NaN and infinite values.
+    dtype : torch.dtype
+        Target floating dtype (float64 by default; a float64 input is never downcast).
+    device : torch.device or str, optional
+        Target device (default: the input tensor's device, or CPU).
+
+    Returns
+    -------
+    torch.Tensor
+        A tensor of dtype ``dtype`` (a copy when a conversion was needed).
+
+    Raises
+    ------
+    TypeError
+        ``x`` is not numeric (strings, objects, complex, None).
+    ValueError
+        Wrong number of dimensions, empty, non-finite values, or integers too large to be exact in float64.
+    """
+    if x is None:
+        raise TypeError(f"{name} must be an array of numbers; got None")
+    if isinstance(x, (str, bytes)):
+        raise TypeError(f"{name} must be an array of numbers; got a string")
+    if isinstance(x, torch.Tensor):
+        t = x.detach()
+        if t.is_complex():
+            raise TypeError(f"{name} must be real-valued; got complex dtype {t.dtype}")
+        if t.dtype == torch.float64 and dtype == torch.float32:
+            raise ValueError(f"{name} is float64; refusing to downcast it to float32")
+    else:
+        try:
+            arr = np.asarray(x)
+        except Exception as exc:  # ragged sequences and the like
+            raise TypeError(f"{name} must be an array of numbers; could not convert {_describe(x)}: {exc}") from None
+        if arr.dtype.kind in "OUSV" or arr.dtype.kind == "M" or arr.dtype.kind == "m":
+            if arr.dtype.kind == "O":
+                try:
+                    arr = arr.astype(np.float64)
+                except (TypeError, ValueError):
+                    raise TypeError(
+                        f"{name} must be an array of numbers; got dtype object with non-numeric entries"
+                    ) from None
+            else:
+                raise TypeError(f"{name} must be an array of numbers; got dtype {arr.dtype}")
+        if arr.dtype.kind == "c":
+            raise TypeError(f"{name} must be real-valued; got complex dtype {arr.dtype}")
+        if arr.dtype.kind in "iu" and arr.size and int(np.max(np.abs(arr.astype(object)))) > _MAX_EXACT_INT:
+            raise ValueError(f"{name} holds integers larger than 2**53 that float64 cannot represent exactly")
+        t = torch.from_numpy(np.ascontiguousarray(arr))
+    if t.dtype in (torch.int64, torch.uint64) and t.numel() and int(t.abs().max()) > _MAX_EXACT_INT:
+        raise ValueError(f"{name} holds integers larger than 2**53 that float64 cannot represent exactly")
+    dev = torch.device(device) if device is not None else t.device
+    t = t.to(device=dev, dtype=dtype)
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if t.dim() not in allowed:
+            want = " or ".join(f"{k}-D" for k in allowed)
+            raise ValueError(f"{name} must be {want}; got shape {tuple(t.shape)}")
+    if not allow_empty and t.numel() == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(t.shape)})")
+    if finite and t.numel() and not bool(torch.isfinite(t).all()):
+        bad = int((~torch.isfinite(t)).sum())
+        raise ValueError(f"{name} contains {bad} non-finite value(s) (NaN or inf)")
+    return t
+
+
+def check_X(
+    X: Any, name: str = "X", *, n_features: int | None = None, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """Check a design matrix of shape ``(n_samples, n_features)`` and return it as float64.
+
+    Raises
+    ------
+    ValueError
+        Not 2-D (a 1-D array is rejected rather than guessed: reshape it to ``(n, 1)`` or ``(1, d)``),
+        empty, non-finite, or with a number of columns other than ``n_features``.
+    """
+    t = as_float_tensor(X, name, ndim=2, device=device)
+    if t.shape[0] == 0 or t.shape[1] == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(t.shape)})")
+    if n_features is not None and t.shape[1] != n_features:
+        raise ValueError(f"{name} has {t.shape[1]} features but the model was built with {n_features}")
+    return t
+
+
+def check_X_y(
+    X: Any,
+    y: Any,
+    *,
+    X_name: str = "X",
+    y_name: str = "y",
+    device: torch.device | str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Check paired inputs ``X`` of shape ``(n, d)`` and targets ``y`` of shape ``(n,)`` (or ``(n, 1)``).
+
+    Returns float64 tensors on one device; ``y`` is returned 1-D.
+    """
+    Xt = check_X(X, X_name, device=device)
+    yt = as_float_tensor(y, y_name, ndim=(1, 2), device=Xt.device)
+    if yt.dim() == 2:
+        if yt.shape[1] != 1:
+            raise ValueError(f"{y_name} must be 1-D (one target per row); got shape {tuple(yt.shape)}")
+        yt = yt[:, 0]
+    if yt.shape[0] != Xt.shape[0]:
+        raise ValueError(f"{X_name} has {Xt.shape[0]} rows but {y_name} has {yt.shape[0]}")
+    return Xt, yt
+
+
+def check_theta(theta: Any, dim: int, name: str = "theta", *, device: torch.device | str | None = None,
+                dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Check a parameter vector ``(D,)`` or a batch ``(S, D)`` with ``D == dim``.
+
+    Tensors that require grad are kept in the autograd graph (only converted if dtype/device differ).
+    """
+    if isinstance(theta, torch.Tensor) and theta.dtype == dtype and theta.is_floating_point():
+        t = theta if device is None else theta.to(device)
+        if t.dim() not in (1, 2):
+            raise ValueError(f"{name} must have shape (D,) or (S, D) with D = {dim}; got shape {tuple(t.shape)}")
+    else:
+        if isinstance(theta, torch.Tensor) and theta.requires_grad and theta.is_floating_point():
+            t = theta.to(dtype=dtype, device=device if device is not None else theta.device)
+        else:
+            t = as_float_tensor(theta, name, ndim=(1, 2), finite=False, allow_empty=True, device=device, dtype=dtype)
+    if t.shape[-1] != dim:
+        raise ValueError(f"{name} must have length D = {dim} in its last dimension; got shape {tuple(t.shape)}")
+    if t.dim() == 2 and t.shape[0] == 0:
+        raise ValueError(f"{name} is an empty batch (shape {tuple(t.shape)})")
+    return t
+
+
+def check_binary_labels(y: Any, name: str = "y", *, device: torch.device | str | None = None
+                        ) -> tuple[torch.Tensor, np.ndarray]:
+    """Check binary labels in {0, 1} or {-1, +1} (or booleans).
+
+    Returns
+    -------
+    y01 : torch.Tensor of shape (n,)
+        float64 labels in {0, 1} (0 = the smaller class value).
+    classes : numpy.ndarray of shape (2,)
+        The two original label values, sorted (``classes[1]`` is the positive class).
+
+    Raises
+    ------
+    ValueError
+        Not 1-D, empty, non-finite, only one class present, more than two classes, or a label set other than
+        {0, 1} / {-1, +1}.
+    """
+    t = as_float_tensor(y, name, ndim=(1, 2), device=device)
+    if t.dim() == 2:
+        if t.shape[1] != 1:
+            raise ValueError(f"{name} must be 1-D (one label per row); got shape {tuple(t.shape)}")
+        t = t[:, 0]
+    values = sorted(set(torch.unique(t).cpu().tolist()))
+    if len(values) > 2:
+        shown = ", ".join(f"{v:g}" for v in values[:6])
+        raise ValueError(f"{name} must hold two classes, {{0, 1}} or {{-1, +1}}; got {len(values)} distinct "
+                         f"values ({shown}{', ...' if len(values) > 6 else ''})")
+    if len(values) < 2:
+        raise ValueError(f"{name} holds a single class ({values[0]:g}); binary classification needs both classes")
+    if values == [0.0, 1.0]:
+        classes = np.array([0, 1])
+    elif values == [-1.0, 1.0]:
+        classes = np.array([-1, 1])
+    else:
+        raise ValueError(f"{name} must use labels {{0, 1}} or {{-1, +1}}; got {{{values[0]:g}, {values[1]:g}}}")
+    y01 = (t == 1.0).to(torch.float64)
+    return y01, classes
+
+
+def _is_real_number(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, torch.Tensor):
+        return value.numel() == 1 and not value.is_complex()
+    return isinstance(value, numbers.Real)
+
+
+def check_positive(value: Any, name: str, *, allow_zero: bool = False, allow_inf: bool = False) -> float:
+    """Check a positive real setting (step size, variance, tolerance) and return it as float."""
+    if not _is_real_number(value):
+        raise TypeError(f"{name} must be a real number; got {_describe(value)}")
+    v = float(value)
+    if math.isnan(v) or (math.isinf(v) and not allow_inf):
+        raise ValueError(f"{name} must be finite; got {v}")
+    if v < 0 or (v == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be {bound}; got {v:g}")
+    return v
+
+
+def check_positive_int(value: Any, name: str, *, minimum: int = 1) -> int:
+    """Check an integer count (number of steps, draws, chains...) ``>= minimum``."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, np.integer)):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        else:
+            raise TypeError(f"{name} must be an int; got {_describe(value)}")
+    v = int(value)
+    if v < minimum:
+        raise ValueError(f"{name} must be >= {minimum}; got {v}")
+    return v
+
+
+def check_nonnegative_int(value: Any, name: str) -> int:
+    """Check an integer ``>= 0``."""
+    return check_positive_int(value, name, minimum=0)
+
+
+def check_fraction(value: Any, name: str, *, low_open: bool = True, high_closed: bool = True) -> float:
+    """Check a number in (0, 1] (default), e.g. a CVI step size beta or a test fraction."""
+    if not _is_real_number(value):
+        raise TypeError(f"{name} must be a real number; got {_describe(value)}")
+    v = float(value)
+    lo_ok = v > 0 if low_open else v >= 0
+    hi_ok = v <= 1 if high_closed else v < 1
+    if math.isnan(v) or not (lo_ok and hi_ok):
+        interval = ("(" if low_open else "[") + "0, 1" + ("]" if high_closed else ")")
+        raise ValueError(f"{name} must be in {interval}; got {v:g}")
+    return v
+
+
+def check_choice(value: Any, name: str, choices: Sequence[str]) -> str:
+    """Check a string option against its allowed values."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be one of {list(choices)}; got {_describe(value)}")
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}; got {value!r}")
+    return value
+
+
+def check_bool(value: Any, name: str) -> bool:
+    """Check a boolean flag (numpy booleans accepted)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False; got {_describe(value)}")
+
+
+def _available_memory_bytes(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_memory(
+    n: int,
+    *,
+    batch: int = 1,
+    copies: int = 4,
+    dtype: torch.dtype = torch.float64,
+    device: torch.device | str | None = None,
+    what: str = "exact GP inference",
+) -> None:
+    """Refuse, before allocating, work whose ``copies`` dense ``batch x n x n`` matrices exceed free memory.
+
+    Exact inference keeps a few N x N matrices alive at once (kernel matrix, its Cholesky factor, the
+    inverse needed by the gradient); ``copies`` counts them.
+
+    Raises
+    ------
+    MemoryError
+        With the requested and the available sizes, and what to reduce.
+    """
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    need = copies * batch * n * n * itemsize
+    avail = _available_memory_bytes(dev)
+    if avail is not None and need > avail:
+        raise MemoryError(
+            f"{what} with N = {n} (batch {batch}) needs about {need / 2**30:.1f} GiB for {copies} dense "
+            f"N x N float64 matrices, but only {avail / 2**30:.1f} GiB is free on {dev}; reduce N "
+            f"(subsample the data) or the batch size"
+        )
