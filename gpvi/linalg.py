@@ -9,7 +9,9 @@ members only, with ``jitter * mean(diag K)`` added to the diagonal, ``jitter`` g
 ``1e-8, 1e-7, ..., 1e-2`` by default. A :class:`~gpvi.exceptions.NumericalWarning` says how much
 was added. Past the cap, a single matrix raises :class:`~gpvi.exceptions.NotPSDError`; in a batch the failed
 members are reported in ``ok`` (callers give them log density ``-inf``) unless ``raise_on_failure=True``.
-A matrix with NaN or inf entries is never "fixed" by jitter: it fails at once.
+A matrix with NaN or inf entries is never "fixed" by jitter: it fails at once. A factorisation whose smallest
+pivot is at rounding level (``L_ii^2 <= N eps mean(diag K)``) is treated as failed: the matrix is numerically
+singular (e.g. duplicated inputs with a tiny noise variance) and jitter is added.
 """
 
 from __future__ import annotations
@@ -107,8 +109,12 @@ def cholesky_with_jitter(
     Kb = K.reshape(-1, n, n)
     L, info = torch.linalg.cholesky_ex(Kb)
     # LAPACK stops at NaN pivots; an infinite diagonal entry would pass, so check the factor's diagonal (O(N)).
-    finite = torch.isfinite(L.diagonal(dim1=-2, dim2=-1)).all(-1) | (info != 0)
-    ok = (info == 0) & finite
+    # A pivot at the level of rounding error (L_ii^2 < N eps mean(diag K)) means the matrix is numerically
+    # singular and the factor is noise: treat it as a failure so that jitter is added.
+    diagL = L.diagonal(dim1=-2, dim2=-1)
+    finite = torch.isfinite(diagL).all(-1) | (info != 0)
+    floor = n * torch.finfo(K.dtype).eps * Kb.diagonal(dim1=-2, dim2=-1).abs().mean(-1)
+    ok = (info == 0) & finite & ((diagL * diagL).amin(-1) > floor)
     if not bool(ok.all()):
         finite = finite & torch.isfinite(Kb).flatten(1).all(dim=1)
     jit = torch.zeros(Kb.shape[0], dtype=K.dtype, device=K.device)
@@ -122,7 +128,8 @@ def cholesky_with_jitter(
             idx = retry.nonzero().flatten()
             absj = level * diag_mean[idx]
             Lj, infoj = torch.linalg.cholesky_ex(Kb[idx] + absj[:, None, None] * eye)
-            good = infoj == 0
+            dj = Lj.diagonal(dim1=-2, dim2=-1)
+            good = (infoj == 0) & torch.isfinite(dj).all(-1) & ((dj * dj).amin(-1) > floor[idx])
             if bool(good.any()):
                 gi = idx[good]
                 L[gi] = Lj[good]
@@ -212,6 +219,7 @@ def gaussian_log_marginal(
     max_jitter: float = DEFAULT_MAX_JITTER,
     raise_on_failure: bool | None = None,
     theta: Any = None,
+    chol: CholeskyResult | None = None,
 ) -> torch.Tensor:
     r"""Exact Gaussian log density :math:`\log \mathcal N(y \mid 0, K)` through a Cholesky factorisation.
 
@@ -232,13 +240,16 @@ def gaussian_log_marginal(
         Observations.
     jitter, max_jitter, raise_on_failure, theta
         See :func:`cholesky_with_jitter`. Failed batch members get value ``-inf`` and zero gradient.
+    chol : CholeskyResult, optional
+        A factorisation of ``K`` already computed by :func:`cholesky_with_jitter` (then not repeated).
 
     Returns
     -------
     torch.Tensor of shape () or (S,)
     """
-    chol = cholesky_with_jitter(K, jitter=jitter, max_jitter=max_jitter,
-                                raise_on_failure=raise_on_failure, theta=theta)
+    if chol is None:
+        chol = cholesky_with_jitter(K, jitter=jitter, max_jitter=max_jitter,
+                                    raise_on_failure=raise_on_failure, theta=theta)
     return _GaussianLogMarginal.apply(K, y, chol.L, chol.ok)
 
 

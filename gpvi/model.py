@@ -160,21 +160,26 @@ class GPRegression:
         """
         theta = self._theta(theta)
         if not bool(torch.isfinite(theta).all()):
-            return self._nonfinite_theta(theta)
+            return self._finite_rows_only(self.log_marginal_likelihood, theta)
         Ky = self.covariance(theta)
-        return gaussian_log_marginal(Ky, self.y, jitter=self.jitter, max_jitter=self.max_jitter,
-                                     raise_on_failure=theta.dim() == 1, theta=theta.detach())
+        chol = cholesky_with_jitter(Ky, jitter=self.jitter, max_jitter=self.max_jitter,
+                                    raise_on_failure=theta.dim() == 1, theta=theta.detach())
+        if theta.dim() == 2 and theta.requires_grad and not bool(chol.ok.all()):
+            # Failed members (value -inf) must give zero, not NaN, gradients: rebuild K with those rows detached
+            # (0 * inf in a kernel's backward would otherwise produce NaN).
+            Ky = self.covariance(torch.where(chol.ok[:, None], theta, theta.detach()))
+        return gaussian_log_marginal(Ky, self.y, chol=chol)
 
-    def _nonfinite_theta(self, theta: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def _finite_rows_only(fn, theta: torch.Tensor) -> torch.Tensor:
+        """Evaluate ``fn`` on the finite rows of a batch; non-finite rows get ``-inf`` (a single theta raises)."""
         if theta.dim() == 1:
             raise ValueError(f"theta contains non-finite values: {theta.detach().tolist()}")
-        bad = ~torch.isfinite(theta).all(-1)
+        good = torch.isfinite(theta).all(-1)
         out = torch.full(theta.shape[:1], -math.inf, dtype=theta.dtype, device=theta.device)
-        good = ~bad
         if bool(good.any()):
-            vals = self.log_marginal_likelihood(theta[good])
-            out = out.index_put((good.nonzero().flatten(),), vals)
-        return out + 0.0 * theta.nan_to_num(0.0, 0.0, 0.0).sum(-1)
+            out = out.index_put((good.nonzero().flatten(),), fn(theta[good]))
+        return out
 
     def log_prior(self, theta: Any) -> torch.Tensor:
         """``log p(theta)``: ``(D,) -> ()``, ``(S, D) -> (S,)``."""
@@ -187,6 +192,8 @@ class GPRegression:
         Shapes as :meth:`log_marginal_likelihood`; batched input goes through one batched Cholesky.
         """
         theta = self._theta(theta)
+        if not bool(torch.isfinite(theta).all()):
+            return self._finite_rows_only(self.log_joint, theta)
         return self.log_marginal_likelihood(theta) + self.log_prior(theta)
 
     # ------------------------------------------------------------------ prediction

@@ -1,0 +1,159 @@
+"""Cost of one batched log joint + gradient against the bare Cholesky floor and GPyTorch (issue 2).
+
+For Boston's training set (N = 455, D = 15) and S = 1, 8, 32 draws of theta:
+
+* ``gpvi``: ``model.log_joint(theta)`` for theta of shape (S, D) and its gradient (fast path for the default
+  ScaleKernel(RBF) kernel), and the generic GPyTorch-kernel path of gpvi (``use_fast_path = False``);
+* ``floor``: ``torch.linalg.cholesky`` + ``torch.cholesky_inverse`` of an (S, N, N) SPD batch — any exact
+  gradient needs K^{-1};
+* ``gpytorch``: ``ExactMarginalLogLikelihood`` forward + backward of an ExactGP with the same kernel, one theta at
+  a time (its kernels are not batched over hyperparameters), Cholesky forced (``max_cholesky_size``).
+
+Reports the median time per draw over several repeats and the ratios. Also: one log joint + gradient for
+N = 250 ... 4000 (S = 1) with the log-log slope (expect about 3), and 1 vs 2 torch threads at N = 455.
+
+Usage: ``OMP_NUM_THREADS=1 python benchmarks/logjoint_cost.py [--quick]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import gpytorch
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import gpvi  # noqa: E402
+from benchmarks._common import header, median_time, write  # noqa: E402
+
+
+def gpvi_cost(model, theta, repeats):
+    th = theta.clone().requires_grad_(True)
+
+    def run():
+        v = model.log_joint(th)
+        (g,) = torch.autograd.grad(v.sum(), th)
+        return g
+
+    return median_time(run, repeats=repeats)[0] / theta.shape[0]
+
+
+def floor_cost(N, S, repeats, gen):
+    A = torch.randn(S, N, N, generator=gen, dtype=torch.float64)
+    K = A @ A.transpose(-1, -2) / N + torch.eye(N, dtype=torch.float64)
+
+    def run():
+        L = torch.linalg.cholesky(K)
+        return torch.cholesky_inverse(L)
+
+    return median_time(run, repeats=repeats)[0] / S
+
+
+class _ExactGP(gpytorch.models.ExactGP):
+    def __init__(self, X, y, lik, d):
+        super().__init__(X, y, lik)
+        self.mean = gpytorch.means.ZeroMean()
+        self.cov = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=d))
+
+    def forward(self, x):
+        return gpytorch.distributions.MultivariateNormal(self.mean(x), self.cov(x))
+
+
+def gpytorch_cost(X, y, theta, repeats):
+    d = X.shape[1]
+    lik = gpytorch.likelihoods.GaussianLikelihood(noise_constraint=gpytorch.constraints.GreaterThan(1e-8))
+    gp = _ExactGP(X, y, lik, d).double()
+    gp.train()
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(lik, gp)
+
+    def run():
+        for t in theta:
+            gp.cov.base_kernel.lengthscale = torch.exp(0.5 * t[:d])
+            gp.cov.outputscale = torch.exp(t[d])
+            lik.noise = torch.exp(t[d + 1])
+            gp.zero_grad()
+            with gpytorch.settings.max_cholesky_size(10**7):
+                loss = -mll(gp(X), y)
+            loss.backward()
+
+    return median_time(run, repeats=repeats)[0] / theta.shape[0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    repeats = 3 if args.quick else 7
+    gen = torch.Generator().manual_seed(0)
+    ds = gpvi.datasets.load_boston(seed=0)
+    model = gpvi.GPRegression(ds.X_train, ds.y_train)
+    N, D = model.num_data, model.dim
+    base = gpvi.ML2(num_restarts=1).run(model).theta
+    rows = []
+    for S in (1, 8, 32):
+        theta = base + 0.1 * torch.randn(S, D, generator=gen, dtype=torch.float64)
+        model.use_fast_path = True
+        t_fast = gpvi_cost(model, theta, repeats)
+        model.use_fast_path = False
+        t_gen = gpvi_cost(model, theta, repeats)
+        model.use_fast_path = True
+        t_floor = floor_cost(N, S, repeats, gen)
+        t_gpyt = gpytorch_cost(ds.X_train, ds.y_train, theta[: min(S, 8)], max(2, repeats // 2))
+        rows.append((S, t_floor, t_fast, t_gen, t_gpyt))
+        print(f"S={S:3d} floor {t_floor*1e3:7.2f} ms  gpvi {t_fast*1e3:7.2f} ms ({t_fast/t_floor:.2f}x floor, "
+              f"{t_gpyt/t_fast:.2f}x faster than GPyTorch)  generic {t_gen*1e3:7.2f} ms  gpytorch {t_gpyt*1e3:7.2f} ms",
+              flush=True)
+
+    # threads
+    thread_rows = []
+    theta8 = base + 0.1 * torch.randn(8, D, generator=gen, dtype=torch.float64)
+    for nt in (1, 2):
+        torch.set_num_threads(nt)
+        thread_rows.append((nt, gpvi_cost(model, theta8, repeats), floor_cost(N, 8, repeats, gen)))
+    torch.set_num_threads(1)
+
+    # scaling in N (synthetic inputs with Boston's dimension)
+    sizes = (250, 500, 1000, 2000) if args.quick else (250, 500, 1000, 2000, 4000)
+    scale_rows = []
+    for n in sizes:
+        X = torch.randn(n, 13, generator=gen, dtype=torch.float64)
+        y = torch.sin(X[:, 0]) + 0.1 * torch.randn(n, generator=gen, dtype=torch.float64)
+        m = gpvi.GPRegression(X, y)
+        th = m.initial_theta().unsqueeze(0)
+        t = gpvi_cost(m, th, 3 if n >= 2000 else repeats)
+        tf = floor_cost(n, 1, 3 if n >= 2000 else repeats, gen)
+        scale_rows.append((n, t, tf))
+        print(f"N={n:5d} gpvi {t*1e3:9.1f} ms  floor {tf*1e3:9.1f} ms  ratio {t/tf:.2f}", flush=True)
+    ln = np.log([r[0] for r in scale_rows])
+    slope = float(np.polyfit(ln[-3:], np.log([r[1] for r in scale_rows])[-3:], 1)[0])
+    slope_floor = float(np.polyfit(ln[-3:], np.log([r[2] for r in scale_rows])[-3:], 1)[0])
+
+    md = header("Log joint + gradient: cost against the Cholesky floor and GPyTorch (issue 2)")
+    md += (f"\nBoston training set, N = {N}, D = {D}; median of {repeats} repeats; times per draw of theta.\n"
+           "floor = torch.linalg.cholesky + torch.cholesky_inverse of an (S, N, N) batch; gpvi = batched log joint "
+           "+ autograd gradient (hand-written ScaleKernel(RBF) covariance); generic = gpvi through GPyTorch's "
+           "kernel code (functional_call); gpytorch = ExactMarginalLogLikelihood forward+backward, one theta at a "
+           "time, Cholesky forced. Targets: gpvi <= 2x floor, >= 2x faster than GPyTorch.\n\n")
+    md += "| S | floor ms | gpvi ms | gpvi / floor | generic ms | generic / floor | GPyTorch ms | GPyTorch / gpvi |\n"
+    md += "|---|---|---|---|---|---|---|---|\n"
+    for S, tf, ta, tg, tp in rows:
+        md += (f"| {S} | {tf*1e3:.2f} | {ta*1e3:.2f} | {ta/tf:.2f} | {tg*1e3:.2f} | {tg/tf:.2f} | {tp*1e3:.2f} | "
+               f"{tp/ta:.2f} |\n")
+    md += "\n## Threads (S = 8, N = 455)\n\n| torch threads | gpvi ms/draw | floor ms/draw |\n|---|---|---|\n"
+    for nt, ta, tf in thread_rows:
+        md += f"| {nt} | {ta*1e3:.2f} | {tf*1e3:.2f} |\n"
+    md += (f"\n## Scaling in N (S = 1, d = 13, synthetic)\n\nlog-log slope over the largest three sizes: gpvi "
+           f"{slope:.2f}, floor {slope_floor:.2f} (expect about 3).\n\n| N | gpvi ms | floor ms | ratio |\n|---|---|---|---|\n")
+    for n, t, tf in scale_rows:
+        md += f"| {n} | {t*1e3:.1f} | {tf*1e3:.1f} | {t/tf:.2f} |\n"
+    print(md)
+    write("logjoint_cost" + ("_quick" if args.quick else ""), md,
+          {"rows": rows, "threads": thread_rows, "scaling": scale_rows, "slope": slope})
+
+
+if __name__ == "__main__":
+    main()
