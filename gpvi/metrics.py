@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
 
 from .table import Table
@@ -31,9 +32,9 @@ __all__ = ["mse", "smse", "nlpd", "error_rate", "log_loss_bits", "compare"]
 
 
 def _mean_of(pred: Any) -> torch.Tensor:
-    if hasattr(pred, "mean") and not isinstance(pred, torch.Tensor):
-        m = pred.mean
-        return m() if callable(m) else m
+    """Predictive mean of a predictive object (has ``mean`` and ``var``), or an array of means."""
+    if not isinstance(pred, (torch.Tensor, np.ndarray, list, tuple)) and hasattr(pred, "mean") and hasattr(pred, "var"):
+        return as_float_tensor(pred.mean, "pred.mean", ndim=1)
     return as_float_tensor(pred, "pred", ndim=1)
 
 
