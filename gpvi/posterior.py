@@ -328,12 +328,18 @@ class SamplePosterior(Posterior):
     target : optional
     stats : dict, optional
         Per-chain sampler statistics, each an array of shape ``(C, S)`` (e.g. ``diverging``,
-        ``accept_prob``, ``step_size``, ``tree_depth``), exported to ArviZ's ``sample_stats``.
+        ``acceptance_rate``, ``step_size``, ``tree_depth``), exported to ArviZ's ``sample_stats``.
     info : dict, optional
+        Run details. ``info["warmup_draws"]`` (``(C, W, D)``) and ``info["warmup_stats"]`` (each ``(C, W)``),
+        when present, are exported to ArviZ's ``warmup_posterior`` / ``warmup_sample_stats``.
+    engine_state : optional
+        The sampler's final state (for resuming or extending the run, e.g. :class:`gpvi.hmc.MCMCState`);
+        ``state_dict()`` includes its ``state_dict()``.
     """
 
     def __init__(self, draws: torch.Tensor, names: list[str], target: Any = None, *,
-                 stats: dict[str, Any] | None = None, info: dict[str, Any] | None = None) -> None:
+                 stats: dict[str, Any] | None = None, info: dict[str, Any] | None = None,
+                 engine_state: Any = None) -> None:
         super().__init__(names, target, info)
         if draws.dim() != 3 or draws.shape[-1] != len(names):
             raise ValueError(f"draws must have shape (chains, draws, {len(names)}); got {tuple(draws.shape)}")
@@ -341,6 +347,7 @@ class SamplePosterior(Posterior):
             raise ValueError(f"draws is empty (shape {tuple(draws.shape)})")
         self.draws = draws.detach().clone()
         self.stats = dict(stats or {})
+        self.engine_state = engine_state
 
     @property
     def samples(self) -> torch.Tensor:
@@ -405,9 +412,20 @@ class SamplePosterior(Posterior):
         return self.draws
 
     def _arviz_extra(self):
-        if not self.stats:
-            return {}
-        return {"sample_stats": {k: torch.as_tensor(v).cpu().numpy() for k, v in self.stats.items()}}
+        out: dict[str, Any] = {}
+        if self.stats:
+            out["sample_stats"] = {k: torch.as_tensor(v).cpu().numpy() for k, v in self.stats.items()}
+        warm = self.info.get("warmup_draws")
+        if isinstance(warm, torch.Tensor) and warm.dim() == 3 and warm.shape[1] > 0:
+            out["warmup_posterior"] = {n: warm[:, :, j].cpu().numpy() for j, n in enumerate(self.names)}
+            wstats = self.info.get("warmup_stats") or {}
+            if wstats:
+                out["warmup_sample_stats"] = {k: torch.as_tensor(v).cpu().numpy() for k, v in wstats.items()}
+            out["save_warmup"] = True
+        return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {"kind": "samples", "draws": self.draws, "names": self.names, "stats": self.stats, "info": self.info}
+        out = {"kind": "samples", "draws": self.draws, "names": self.names, "stats": self.stats, "info": self.info}
+        if self.engine_state is not None and callable(getattr(self.engine_state, "state_dict", None)):
+            out["engine_state"] = self.engine_state.state_dict()
+        return out

@@ -1,0 +1,364 @@
+"""NUTS / HMC engines: correctness against known targets, diagnostics, determinism, interruption and resume.
+
+Monte Carlo tolerances are derived from the effective sample size of the very quantity being checked:
+``|estimate - truth| <= 4 * sd(f) / sqrt(ESS(f))`` (4 standard errors: a false alarm has probability ~6e-5 per
+check under the CLT, and everything is seeded, so the outcome is fixed; breaking the sampler, e.g. scaling the
+potential by 0.8, makes these checks fail).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+from pyro.ops.stats import effective_sample_size
+
+import gpvi
+from gpvi.exceptions import ConvergenceWarning, InterruptedRunWarning
+from gpvi.hmc import HMC, NUTS, MCMCState
+from gpvi.metrics import compare
+from gpvi.posterior import GaussianPosterior, PointPosterior
+
+from conftest import make_gp_data
+
+MEAN = torch.tensor([1.0, -2.0], dtype=torch.float64)
+COV = torch.tensor([[1.0, 1.8], [1.8, 4.0]], dtype=torch.float64)      # correlation 0.9, scales 1 and 2
+PREC = torch.linalg.inv(COV)
+
+
+def gauss_log_joint(theta: torch.Tensor) -> torch.Tensor:
+    d = theta - MEAN
+    return -0.5 * ((d @ PREC) * d).sum(-1)
+
+
+@pytest.fixture(scope="module")
+def gauss():
+    return gpvi.Target(gauss_log_joint, ["a", "b"])
+
+
+def quiet(engine, *args, **kwargs):
+    """Run ignoring ConvergenceWarning (short runs in tests are allowed to have a low ESS)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return engine.run(*args, **kwargs)
+
+
+def mc_check(draws: torch.Tensor, f, truth: float, what: str) -> None:
+    """Assert mean of f(draws) over (C, S) draws is within 4 ESS-based standard errors of truth."""
+    vals = f(draws)                                         # (C, S)
+    ess = float(effective_sample_size(vals.unsqueeze(-1), chain_dim=0, sample_dim=1)[0])
+    est = float(vals.mean())
+    se = float(vals.std()) / math.sqrt(ess)
+    assert abs(est - truth) <= 4 * se, f"{what}: {est:.4f} vs {truth:.4f} (4 se = {4 * se:.4f}, ess {ess:.0f})"
+
+
+def check_gaussian_moments(draws: torch.Tensor) -> None:
+    for j in range(2):
+        mc_check(draws, lambda x, j=j: x[..., j], float(MEAN[j]), f"mean[{j}]")
+        mc_check(draws, lambda x, j=j: (x[..., j] - MEAN[j]) ** 2, float(COV[j, j]), f"var[{j}]")
+    mc_check(draws, lambda x: (x[..., 0] - MEAN[0]) * (x[..., 1] - MEAN[1]), float(COV[0, 1]), "cov[0,1]")
+
+
+W_GAUSS, S_GAUSS = 300, 800     # 4 chains: ESS ~ 500 for the means, ~650 for the squares
+
+
+@pytest.fixture(scope="module")
+def gauss_run(gauss):
+    return quiet(NUTS(num_chains=4, num_warmup=W_GAUSS, num_samples=S_GAUSS, seed=1, progress_bar=False), gauss)
+
+
+# ---------------------------------------------------------------------------------------------- correctness
+def test_nuts_recovers_correlated_gaussian(gauss_run):
+    mc = gauss_run
+    assert mc.draws.shape == (4, S_GAUSS, 2)
+    assert mc.samples.shape == (4 * S_GAUSS, 2)
+    check_gaussian_moments(mc.draws)
+    assert mc.info["divergences"] == 0
+    # the adapted diagonal inverse mass matrix estimates the marginal variances (1 and 4) from warm-up draws
+    inv_mass = mc.info["inverse_mass_matrix"]
+    assert inv_mass.shape == (4, 2)
+    assert bool((inv_mass[:, 1] > inv_mass[:, 0]).all())
+
+
+def test_hmc_recovers_correlated_gaussian(gauss):
+    mc = quiet(HMC(step_size=0.3, num_steps=10, num_chains=2, num_warmup=200, num_samples=1200, seed=3,
+                   progress_bar=False), gauss)
+    check_gaussian_moments(mc.draws)
+    assert "tree_depth" not in mc.stats
+    assert set(mc.stats) == {"diverging", "acceptance_rate", "step_size", "n_steps", "lp"}
+
+
+def test_gp_four_chains_converge():
+    X, y = make_gp_data(n=50, d=1, seed=2)
+    model = gpvi.GPRegression(X, y)
+    mc = quiet(NUTS(num_chains=4, num_warmup=150, num_samples=150, seed=0, progress_bar=False), model)
+    rhat = mc.r_hat()
+    assert rhat.shape == (model.dim,)
+    assert bool((rhat < 1.05).all()), rhat
+    table = mc.summary()
+    assert table.index == model.names
+    assert {"ess", "r_hat", "natural", "nat_mean"} <= set(table.columns)
+    pred = mc.predict(X[:7], num_draws=25)
+    assert pred.mean.shape == (7,)
+    assert bool((pred.var > 0).all())
+    assert mc.info["divergences"] == 0
+
+
+def test_stats_shapes_and_meaning(gauss_run):
+    mc = gauss_run
+    C, S = 4, S_GAUSS
+    for k, v in mc.stats.items():
+        assert v.shape == (C, S), k
+    assert mc.stats["diverging"].dtype == torch.bool
+    acc = mc.stats["acceptance_rate"]
+    assert bool(((acc >= 0) & (acc <= 1)).all())
+    # step size is frozen after warm-up, one value per chain
+    eps = mc.stats["step_size"]
+    assert torch.equal(eps, eps[:, :1].expand(C, S))
+    assert eps[:, 0].tolist() == mc.info["step_size"]
+    # tree depth = number of doublings: 2^(depth-1) - 1 < n_steps <= 2^depth - 1
+    n, depth = mc.stats["n_steps"], mc.stats["tree_depth"]
+    assert bool(((2 ** (depth - 1) - 1 < n) & (n <= 2 ** depth - 1)).all())
+    # lp is the log joint at the draw
+    torch.testing.assert_close(mc.stats["lp"], gauss_log_joint(mc.draws), rtol=0, atol=1e-10)
+    # warm-up is kept for inspection
+    assert mc.info["warmup_draws"].shape == (C, W_GAUSS, 2)
+    assert mc.info["warmup_stats"]["step_size"].shape == (C, W_GAUSS)
+    assert mc.info["chains"].column("draws") == [S] * C
+
+
+def test_nonfinite_region_is_never_visited():
+    """Half-normal: log g = -inf for x_0 <= 0; such proposals are rejected (counted), never returned.
+
+    (A hard wall gives divergent transitions, as in Stan: this checks the handling, not the moments.)
+    """
+    def f(th):
+        lj = -0.5 * (th ** 2).sum(-1)
+        return torch.where(th[..., 0] > 0, lj, torch.full_like(lj, -math.inf))
+    target = gpvi.Target(f, ["x", "y"])
+    mc = quiet(NUTS(num_chains=2, num_warmup=50, num_samples=50, seed=0, progress_bar=False), target,
+               init=torch.tensor([1.0, 0.0]))
+    assert bool((mc.samples[:, 0] > 0).all())
+    assert bool((mc.info["warmup_draws"][..., 0] > 0).all())
+    assert sum(mc.info["num_nonfinite"]) > 0
+    assert bool(torch.isfinite(mc.stats["lp"]).all())
+
+
+# ---------------------------------------------------------------------------------------------- determinism
+def small(seed=0, **kw):
+    return NUTS(num_chains=2, num_warmup=30, num_samples=20, seed=seed, progress_bar=False, **kw)
+
+
+def test_same_seed_same_draws_and_global_rng_untouched(gauss):
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    a = quiet(small(seed=5), gauss)
+    assert torch.equal(torch.get_rng_state(), before)       # the caller's global RNG is unchanged
+    torch.manual_seed(999)                                    # ... and does not influence the draws
+    b = quiet(small(seed=5), gauss)
+    assert torch.equal(a.draws, b.draws)
+    for k in a.stats:
+        assert torch.equal(a.stats[k], b.stats[k]), k
+    c = quiet(small(seed=6), gauss)
+    assert not torch.equal(a.draws, c.draws)
+    g = torch.Generator().manual_seed(5)
+    d = quiet(small(seed=None), gauss, generator=g)
+    e = quiet(small(seed=None), gauss, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(d.draws, e.draws)
+
+
+def test_chains_are_independent_streams(gauss):
+    """Chain c's draws do not depend on how many chains run (each chain has its own seeded stream)."""
+    a = quiet(small(seed=2), gauss)
+    state = MCMCState.from_state_dict(a.engine_state.state_dict())
+    init = torch.stack([ch.init for ch in state.chains])
+    b = quiet(NUTS(num_chains=2, num_warmup=30, num_samples=20, seed=2, progress_bar=False), gauss, init=init)
+    assert torch.equal(a.info["inits"], b.info["inits"])
+
+
+# ---------------------------------------------------------------------------------------------- interruption
+class StopAt:
+    def __init__(self, chain: int, iteration: int) -> None:
+        self.chain, self.iteration = chain, iteration
+
+    def __call__(self, chain, iteration, record):
+        assert record["phase"] == ("warmup" if iteration < 30 else "sampling")
+        if (chain, iteration) == (self.chain, self.iteration):
+            raise KeyboardInterrupt
+
+
+def test_interrupt_keeps_draws_and_resume_equals_uninterrupted(gauss, tmp_path):
+    full = quiet(small(seed=7), gauss)
+    with pytest.warns(InterruptedRunWarning, match="1 chain"):
+        part = small(seed=7).run(gauss, callback=StopAt(1, 30 + 10))
+    assert part.draws.shape == (1, 20, 2)                     # the completed chain
+    assert torch.equal(part.draws, full.draws[:1])
+    assert part.info["interrupted"]
+    st = part.engine_state
+    assert st.chains[1].num_draws == 11                       # draw 10 was committed before the callback
+    # resume after a round trip through disk (weights-only load: plain tensors and numbers)
+    path = tmp_path / "state.pt"
+    torch.save(st.state_dict(), path)
+    loaded = torch.load(path, weights_only=True)
+    resumed = quiet(small(seed=123), gauss, state=loaded)     # seed ignored when resuming
+    assert torch.equal(resumed.draws, full.draws)
+    for k in full.stats:
+        assert torch.equal(resumed.stats[k], full.stats[k]), k
+    assert not resumed.info["interrupted"]
+
+
+def test_interrupt_in_first_chain(gauss):
+    with pytest.warns(InterruptedRunWarning):
+        part = small(seed=7).run(gauss, callback=StopAt(0, 30 + 4))
+    assert part.draws.shape == (1, 5, 2)
+    with pytest.raises(KeyboardInterrupt):
+        small(seed=7).run(gauss, callback=StopAt(0, 10))      # still in warm-up: nothing to return
+
+
+def test_interrupt_during_warmup_of_second_chain_then_resume(gauss):
+    full = quiet(small(seed=8), gauss)
+    with pytest.warns(InterruptedRunWarning):
+        part = small(seed=8).run(gauss, callback=StopAt(1, 12))
+    assert not part.engine_state.chains[1].warmed_up
+    resumed = quiet(small(seed=8), gauss, state=part.engine_state)
+    assert torch.equal(resumed.draws, full.draws)
+
+
+def test_extend_run_equals_longer_run(gauss):
+    short = quiet(small(seed=9), gauss)
+    longer = quiet(NUTS(num_chains=2, num_warmup=30, num_samples=35, seed=9, progress_bar=False), gauss)
+    extended = quiet(NUTS(num_chains=2, num_warmup=30, num_samples=35, progress_bar=False), gauss,
+                     state=short.engine_state)
+    assert torch.equal(extended.draws, longer.draws)
+    assert torch.equal(short.draws, longer.draws[:, :20])
+
+
+def test_state_mismatch_is_rejected(gauss):
+    run = quiet(small(seed=1), gauss)
+    with pytest.raises(ValueError, match="num_warmup"):
+        NUTS(num_chains=2, num_warmup=31, num_samples=20, progress_bar=False).run(gauss, state=run.engine_state)
+    with pytest.raises(ValueError, match="num_samples must be >= 20"):
+        NUTS(num_chains=2, num_warmup=30, num_samples=10, progress_bar=False).run(gauss, state=run.engine_state)
+    other = gpvi.Target(gauss_log_joint, ["x", "y"])
+    with pytest.raises(ValueError, match="parameters"):
+        small().run(other, state=run.engine_state)
+    with pytest.raises(ValueError, match="MCMCState"):
+        small().run(gauss, state={"kind": "dsvi"})
+
+
+# ---------------------------------------------------------------------------------------------- init
+def test_init_from_point_gaussian_and_rows(gauss):
+    point = PointPosterior(torch.tensor([0.5, 0.5], dtype=torch.float64), ["a", "b"], gauss)
+    eng = NUTS(num_chains=3, seed=0, init_scale=0.01, progress_bar=False)
+    starts = eng.initial_points(gauss, point)
+    assert starts.shape == (3, 2)
+    assert float((starts - 0.5).abs().max()) < 0.05           # 5 sd of the jitter
+    assert not torch.equal(starts[0], starts[1])
+    q = GaussianPosterior(MEAN.clone(), torch.linalg.cholesky(COV), ["a", "b"], gauss)
+    starts_q = eng.initial_points(gauss, q)
+    assert torch.equal(starts_q, eng.initial_points(gauss, q))   # seeded
+    assert not torch.equal(starts_q, eng.initial_points(gauss, q, seed=1))
+    rows = torch.tensor([[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]], dtype=torch.float64)
+    assert torch.equal(eng.initial_points(gauss, rows), rows)
+    mc = quiet(NUTS(num_chains=3, num_warmup=5, num_samples=5, seed=0, progress_bar=False), gauss, init=rows)
+    assert torch.equal(mc.info["inits"], rows)
+    # ML-II fit of a GP as init
+    X, y = make_gp_data(n=30, d=1)
+    model = gpvi.GPRegression(X, y)
+    fit = gpvi.ML2(num_restarts=1, seed=0).run(model)
+    s = NUTS(num_chains=2, seed=0, progress_bar=False).initial_points(model, fit)
+    assert float((s - fit.theta).abs().max()) < 0.5
+
+
+def test_default_init_uses_initial_theta():
+    X, y = make_gp_data(n=30, d=1)
+    model = gpvi.GPRegression(X, y)
+    s = NUTS(num_chains=2, seed=0, init_scale=0.0, progress_bar=False).initial_points(model)
+    assert torch.equal(s, model.initial_theta().expand(2, -1))
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("kwargs, match", [
+    ({"num_chains": 0}, "num_chains"),
+    ({"num_samples": 0}, "num_samples"),
+    ({"num_warmup": -1}, "num_warmup"),
+    ({"max_tree_depth": 0}, "max_tree_depth"),
+    ({"target_accept": 1.0}, "target_accept"),
+    ({"step_size": 0.0}, "step_size"),
+    ({"init_scale": -1.0}, "init_scale"),
+    ({"max_r_hat": 0.9}, "max_r_hat"),
+    ({"seed": -1}, "seed"),
+])
+def test_bad_settings(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        NUTS(**kwargs)
+
+
+def test_bad_settings_types():
+    with pytest.raises(TypeError, match="progress_bar"):
+        NUTS(progress_bar="yes")
+    with pytest.raises(TypeError, match="num_chains"):
+        NUTS(num_chains=2.5)
+    with pytest.raises(ValueError, match="num_steps"):
+        HMC(num_steps=0)
+    with pytest.raises(ValueError, match="step_size"):
+        HMC(step_size=-0.1)
+
+
+def test_bad_init(gauss):
+    eng = small()
+    with pytest.raises(ValueError, match="init contains .*non-finite"):
+        eng.run(gauss, init=[float("nan"), 0.0])
+    with pytest.raises(ValueError, match="init must have length D = 2"):
+        eng.run(gauss, init=[0.0, 0.0, 0.0])
+    with pytest.raises(ValueError, match="num_chains = 2 rows"):
+        eng.run(gauss, init=torch.zeros(3, 2))
+    with pytest.raises(ValueError, match="init is a point estimate over"):
+        eng.run(gauss, init=PointPosterior(torch.zeros(2, dtype=torch.float64), ["x", "y"]))
+    with pytest.raises(TypeError, match="target"):
+        eng.run(object())
+    half = gpvi.Target(lambda th: torch.where(th[..., 0] > 0, -(th ** 2).sum(-1), -math.inf), ["a", "b"])
+    with pytest.raises(ValueError, match="log joint is not finite at init"):
+        eng.run(half, init=[-1.0, 0.0])
+
+
+# ---------------------------------------------------------------------------------------------- outputs
+def test_convergence_warning_names_the_problem(gauss):
+    with pytest.warns(ConvergenceWarning, match="smallest ESS"):
+        NUTS(num_chains=2, num_warmup=20, num_samples=20, seed=0, progress_bar=False, min_ess=1e6).run(gauss)
+
+
+def test_to_arviz_round_trip(gauss_run):
+    az = pytest.importorskip("arviz")
+    idata = gauss_run.to_arviz()
+    assert isinstance(idata, az.InferenceData)
+    assert list(idata.posterior.data_vars) == ["a", "b"]
+    assert idata.posterior["a"].shape == (4, S_GAUSS)
+    torch.testing.assert_close(torch.as_tensor(idata.posterior["b"].values), gauss_run.draws[:, :, 1])
+    assert idata.sample_stats["diverging"].shape == (4, S_GAUSS)
+    assert set(gauss_run.stats) <= set(idata.sample_stats.data_vars)
+    assert idata.warmup_posterior["a"].shape == (4, W_GAUSS)
+    summ = az.summary(idata, kind="diagnostics")
+    assert list(summ.index) == ["a", "b"]
+
+
+def test_compare_identical_sample_sets_is_zero(gauss_run):
+    t = compare(gauss_run, gauss_run)
+    assert t.index == ["a", "b"]
+    assert t.column("dmean_sd") == [0.0, 0.0]
+    assert t.column("sd_ratio") == [1.0, 1.0]
+    assert t.column("w1") == [0.0, 0.0]
+
+
+def test_state_dict_is_plain(gauss_run):
+    sd = gauss_run.engine_state.state_dict()
+    st = MCMCState.from_state_dict(sd)
+    assert st.num_chains == 4
+    assert torch.equal(st.chains[2].draws, gauss_run.draws[2])
+    assert "engine_state" in gauss_run.state_dict()
+
+
+def test_progress_bar_runs(gauss, capsys):
+    quiet(NUTS(num_chains=1, num_warmup=5, num_samples=5, seed=0, progress_bar=True), gauss)
