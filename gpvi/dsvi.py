@@ -1,0 +1,1090 @@
+r"""Doubly stochastic variational inference (Titsias & Lázaro-Gredilla, ICML 2014): Algorithm 1.
+
+The variational family is the location-scale transform of a standard distribution :math:`\phi` (paper eq. 1)
+
+.. math::
+
+    \theta = C z + \mu,\quad z \sim \phi,\qquad q(\theta\mid\mu, C) = \frac{1}{|C|}\,\phi\big(C^{-1}(\theta-\mu)\big),
+
+with :math:`C` lower triangular with a strictly positive diagonal. It maximises the bound (eq. 4)
+
+.. math::
+
+    \mathcal F(\mu, C) = \mathbb E_{\phi(z)}[\log g(Cz + \mu)] + \sum_d \log C_{dd} + \mathcal H_\phi,
+
+by stochastic gradient ascent with the reparametrised gradients (eq. 5-8): for draws
+:math:`z_s \sim \phi`, :math:`\theta_s = Cz_s + \mu`, :math:`g_s = \nabla_\theta \log g(\theta_s)`,
+
+.. math::
+
+    \mu \leftarrow \mu + \rho_\mu\,\frac1S\sum_s g_s,\qquad
+    C \leftarrow C + \rho_C\Big(\frac1S\sum_s \operatorname{tril}(g_s z_s^\top) + \Delta_C\Big),
+    \quad \Delta_C = \operatorname{diag}(1/C_{11}, \dots, 1/C_{DD}),
+
+(Algorithm 1, averaged over :math:`S` draws) and, for a diagonal scale :math:`C = \operatorname{diag}(c)`,
+:math:`c_d \leftarrow c_d + \rho_C(\frac1S\sum_s g_{s,d}\, z_{s,d} + 1/c_d)` (eq. 9). The log joint is called
+once per step on the whole ``(S, D)`` batch and differentiated by ``torch.autograd.grad`` of its sum.
+
+Cost per step, excluding the log joint: :math:`O(SD^2)` for a full scale (the product :math:`Cz` and the outer
+products), :math:`O(SD)` for a diagonal one; no matrix is ever inverted or factorised.
+
+Monitoring (paper supplement, slides "Monitoring convergence"): the instantaneous bound
+:math:`\mathcal L^{(t)} = \frac1S\sum_s\log g(\theta_s) + \sum_d\log C_{dd} + \mathcal H_\phi` at every step, its
+rolling-window average (window 200 by default), and a convergence rule on that average and on the
+stabilisation of :math:`\mu` and :math:`C` (see :class:`DSVI`).
+
+Data subsampling (the "doubly" of section 3.3): a target that implements the *minibatch protocol*
+(``sample_minibatch(generator)`` and ``log_joint(theta, batch=...)``, e.g. :class:`gpvi.subsample.MinibatchTarget`)
+gets a fresh minibatch, drawn from the engine's generator, at every step.
+
+Names in code: ``mu`` = :math:`\mu`; ``C`` = :math:`C` (``(D, D)`` lower triangular for ``scale="full"``,
+the ``(D,)`` vector :math:`c` for ``scale="diag"``); ``z``, ``theta``, ``g`` as above; ``rho`` =
+:math:`\rho_\mu`, ``rho * lr_scale`` = :math:`\rho_C`; ``S`` = ``num_samples``; ``base`` = :math:`\phi`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import numbers
+import time
+import warnings
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .exceptions import ConvergenceWarning, NumericalFaultError, NumericalWarning
+from .posterior import GaussianPosterior, PointPosterior
+from .progress import Progress, warn_interrupted
+from .rng import resolve_generator
+from .schedules import SCHEDULES, make_schedule
+from .standard import make_standard
+from .target import as_target
+from .validation import (
+    as_float_tensor,
+    check_bool,
+    check_choice,
+    check_fraction,
+    check_nonnegative_int,
+    check_positive,
+    check_positive_int,
+)
+
+__all__ = ["DSVI", "DSVIState", "GradientEstimate", "EntropyTerm"]
+
+_TRACE_KEYS = ("bound", "bound_avg", "rho", "num_valid")
+_COUNTERS = ("resampled_draws", "dropped_draws", "skipped_steps", "c_shrinks", "c_rejects", "log_joint_calls")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the closed-form part of the bound
+class EntropyTerm:
+    r"""The closed-form part of the DSVI bound (eq. 4): :math:`\sum_d \log C_{dd} + \mathcal H_\phi`.
+
+    Its gradient is :math:`\Delta_C = \operatorname{diag}(1/C_{dd})` (eq. 6) and nothing for :math:`\mu`.
+    Engines call ``term(mu, C_diag) -> (value, grad_mu or None, grad_C_diag)``; DSVI-ARD replaces this term by
+    its own (:class:`gpvi.ard.ARDTerm`, eq. 14).
+
+    Parameters
+    ----------
+    entropy : float
+        :math:`\mathcal H_\phi`.
+    """
+
+    def __init__(self, entropy: float) -> None:
+        self.entropy = float(entropy)
+
+    def __call__(self, mu: torch.Tensor, c: torch.Tensor) -> tuple[float, torch.Tensor | None, torch.Tensor]:
+        return float(torch.log(c).sum()) + self.entropy, None, 1.0 / c
+
+
+# ----------------------------------------------------------------------------------------------------------
+@dataclass
+class DSVIState:
+    r"""Everything that evolves during a DSVI run (settings stay in :class:`DSVI`).
+
+    :meth:`DSVI.step` advances a state **in place** and returns it; keep a checkpoint with :meth:`copy` or
+    :meth:`state_dict`. A state saved with ``torch.save(state.state_dict(), path)`` and restored with
+    :meth:`from_state_dict` resumes bit-for-bit (``DSVI.run(target, state=...)``).
+
+    Attributes
+    ----------
+    mu : torch.Tensor of shape (D,)
+        Variational mean :math:`\mu`.
+    C : torch.Tensor of shape (D, D) or (D,)
+        Scale :math:`C` (lower triangular, positive diagonal), or the diagonal :math:`c` for ``scale="diag"``.
+    t : int
+        Number of steps taken (including skipped ones).
+    generator : torch.Generator
+        The run's random stream (draws of z, resampled draws, minibatches). Advanced by every step.
+    scale : {"full", "diag"}
+    rho0_mu, rho0_C : float
+        Initial step sizes for :math:`\mu` and :math:`C` (resolved from ``lr="auto"`` at :meth:`DSVI.init`).
+    opt : dict of str to tensor
+        Optimiser state (Adam moments ``m_mu, v_mu, m_C, v_C`` and update count ``n``); empty for SGD.
+    window : collections.deque of float
+        The last ``window`` instantaneous bounds (for the rolling average).
+    trace : dict of str to list of float
+        Per step: ``bound`` (instantaneous bound, NaN for skipped steps), ``bound_avg`` (rolling average),
+        ``rho`` (:math:`\rho_\mu` used), ``num_valid`` (draws that entered the gradient).
+    counters : dict of str to int
+        ``resampled_draws``, ``dropped_draws``, ``skipped_steps``, ``c_shrinks``, ``c_rejects``,
+        ``log_joint_calls``.
+    consecutive_failures : int
+        Current streak of skipped steps.
+    polyak_mu, polyak_C : torch.Tensor or None
+        Running averages of :math:`(\mu, C)` over the Polyak window; ``polyak_n`` iterates averaged.
+    check : dict
+        Convergence-rule bookkeeping (previous window's average and variance, :math:`\mu`, :math:`C`, streak).
+    converged : bool
+        Whether the convergence rule currently holds.
+    wall_time : float
+        Seconds spent in :meth:`DSVI.run` (all segments of a resumed run).
+    """
+
+    mu: torch.Tensor
+    C: torch.Tensor
+    t: int
+    generator: torch.Generator
+    scale: str
+    rho0_mu: float
+    rho0_C: float
+    opt: dict[str, Any] = field(default_factory=dict)
+    window: deque = field(default_factory=deque)
+    trace: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in _TRACE_KEYS})
+    counters: dict[str, int] = field(default_factory=lambda: {k: 0 for k in _COUNTERS})
+    consecutive_failures: int = 0
+    polyak_mu: torch.Tensor | None = None
+    polyak_C: torch.Tensor | None = None
+    polyak_n: int = 0
+    check: dict[str, Any] = field(default_factory=dict)
+    converged: bool = False
+    wall_time: float = 0.0
+
+    @property
+    def dim(self) -> int:
+        """Number of parameters D."""
+        return self.mu.shape[0]
+
+    def scale_tril(self) -> torch.Tensor:
+        """C as a ``(D, D)`` lower-triangular matrix (builds ``diag(c)`` for a diagonal scale)."""
+        return torch.diag(self.C) if self.scale == "diag" else self.C
+
+    def bound_average(self) -> float:
+        """Current rolling-window average of the instantaneous bound (NaN before the first valid step)."""
+        return sum(self.window) / len(self.window) if self.window else math.nan
+
+    def copy(self) -> DSVIState:
+        """An independent deep copy (tensors cloned, generator state copied)."""
+        return DSVIState.from_state_dict(self.state_dict())
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain tensors, numbers and lists (``torch.save``-able), including the generator state."""
+        return {
+            "version": 1,
+            "mu": self.mu.clone(), "C": self.C.clone(), "t": self.t,
+            "generator_state": self.generator.get_state(), "generator_device": str(self.generator.device),
+            "scale": self.scale, "rho0_mu": self.rho0_mu, "rho0_C": self.rho0_C,
+            "opt": {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in self.opt.items()},
+            "window": list(self.window), "window_size": self.window.maxlen,
+            "trace": {k: list(v) for k, v in self.trace.items()},
+            "counters": dict(self.counters), "consecutive_failures": self.consecutive_failures,
+            "polyak_mu": None if self.polyak_mu is None else self.polyak_mu.clone(),
+            "polyak_C": None if self.polyak_C is None else self.polyak_C.clone(),
+            "polyak_n": self.polyak_n,
+            "check": {k: (v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)) for k, v in self.check.items()},
+            "converged": self.converged, "wall_time": self.wall_time,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Overwrite this state with the contents of :meth:`state_dict` output."""
+        new = DSVIState.from_state_dict(state)
+        for f in self.__dataclass_fields__:
+            setattr(self, f, getattr(new, f))
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> DSVIState:
+        """Rebuild a state from :meth:`state_dict` output (e.g. after ``torch.load``)."""
+        if not isinstance(state, dict) or "mu" not in state or "generator_state" not in state:
+            raise TypeError("state must be a DSVIState or the dict returned by DSVIState.state_dict()")
+        gen = torch.Generator(device=state.get("generator_device", "cpu"))
+        gen.set_state(state["generator_state"])
+        maxlen = state.get("window_size")
+        return cls(
+            mu=state["mu"].clone(), C=state["C"].clone(), t=int(state["t"]), generator=gen,
+            scale=state["scale"], rho0_mu=float(state["rho0_mu"]), rho0_C=float(state["rho0_C"]),
+            opt={k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in state["opt"].items()},
+            window=deque(state["window"], maxlen=maxlen),
+            trace={k: list(v) for k, v in state["trace"].items()},
+            counters=dict(state["counters"]), consecutive_failures=int(state["consecutive_failures"]),
+            polyak_mu=None if state["polyak_mu"] is None else state["polyak_mu"].clone(),
+            polyak_C=None if state["polyak_C"] is None else state["polyak_C"].clone(),
+            polyak_n=int(state["polyak_n"]),
+            check={k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in state["check"].items()},
+            converged=bool(state["converged"]), wall_time=float(state["wall_time"]),
+        )
+
+
+@dataclass
+class GradientEstimate:
+    r"""One stochastic estimate of the bound's gradient (what a DSVI step uses).
+
+    Attributes
+    ----------
+    grad_mu : torch.Tensor of shape (D,)
+        :math:`\frac1{S'}\sum_s g_s` (+ the analytic term's gradient; zero on fixed components of :math:`\mu`).
+    grad_C : torch.Tensor of shape (D, D) or (D,)
+        :math:`\frac1{S'}\sum_s \operatorname{tril}(g_s z_s^\top) + \Delta_C` (masked to the block pattern), or
+        its diagonal for ``scale="diag"``.
+    bound : float
+        Instantaneous bound :math:`\frac1{S'}\sum_s \log g(\theta_s)` + analytic term.
+    num_valid : int
+        :math:`S'`, the draws with finite log joint and gradient (0: no estimate, the step is skipped).
+    resampled, dropped : int
+        Draws redrawn because they were invalid, and draws still invalid after ``max_resample`` rounds.
+    log_joint_calls : int
+        Calls to the target's log joint (1 unless draws were resampled).
+    z, theta : torch.Tensor of shape (S, D)
+        The final draws (invalid rows included; see ``valid``).
+    valid : torch.Tensor of shape (S,), bool
+    """
+
+    grad_mu: torch.Tensor | None
+    grad_C: torch.Tensor | None
+    bound: float
+    num_valid: int
+    resampled: int
+    dropped: int
+    log_joint_calls: int
+    z: torch.Tensor
+    theta: torch.Tensor
+    valid: torch.Tensor
+
+
+def _is_minibatch_target(target: Any) -> bool:
+    return callable(getattr(target, "sample_minibatch", None))
+
+
+# ----------------------------------------------------------------------------------------------------------
+class DSVI:
+    r"""Doubly stochastic variational inference (paper Algorithm 1) on any differentiable log joint.
+
+    Parameters
+    ----------
+    scale : {"full", "diag"}
+        Full lower-triangular :math:`C` (:math:`D(D+1)/2` free entries, :math:`O(D^2)` per step) or diagonal
+        :math:`C = \operatorname{diag}(c)` (eq. 9, :math:`O(D)` per step).
+    base : {"normal", "t"}, sequence of univariate distributions, or a standard-distribution object
+        The standard distribution :math:`\phi`: standard normal (default; q is Gaussian and the bound is the
+        Gaussian bound eq. 10), independent standard Student-t components with ``df`` degrees of freedom, or a
+        product of univariate standard distributions (``torch.distributions`` objects with ``icdf``), see
+        :mod:`gpvi.standard`.
+    df : float, optional
+        Degrees of freedom :math:`\nu > 0` for ``base="t"`` (required there, rejected otherwise).
+    num_samples : int
+        S, draws of z per step, averaged (>= 1).
+    num_steps : int
+        Total number of steps T of the run (a resumed run continues up to T, not T more).
+    lr : float or "auto"
+        :math:`\rho_0` for :math:`\mu`. ``"auto"`` (default): for SGD, :math:`\rho_0 = 0.5 / \hat\lambda`, where
+        :math:`\hat\lambda` is the largest curvature :math:`|\mathrm{eig}(\nabla^2\log g)|` at the initial mean,
+        estimated by 20 power iterations with finite-difference Hessian-vector products (2 log-joint evaluations
+        each, batched). This keeps the mean update stable whatever the scale of the problem; it is a heuristic
+        of gpvi, not the paper's (the paper hand-picks :math:`\rho_0`, e.g. 0.05 / N for DSVI-ARD). For Adam,
+        ``"auto"`` means 0.01. The resolved rates are in ``info["lr_mu"]``, ``info["lr_C"]``.
+    lr_scale : float, optional
+        :math:`\rho_C / \rho_\mu`. Default: 0.1 for SGD (the paper's :math:`0.1\rho_t`), 1 for Adam (whose steps
+        are already scale-free per coordinate). ``0`` keeps C fixed at its initial value.
+    schedule : {"decay", "robbins_monro", "constant"} or schedule object
+        Step-size schedule (:mod:`gpvi.schedules`) applied to both rates. ``"decay"`` (default) is the paper's
+        "multiply by 0.95 every k steps" with k = ``num_steps // 20``; ``"robbins_monro"`` is
+        :math:`\rho_0/(1+t/\tau)^\kappa` (:math:`\tau` = ``num_steps / 10``, :math:`\kappa = 0.6`);
+        ``"constant"`` keeps :math:`\rho_0`. A schedule object carries its own :math:`\rho_0` (then leave ``lr``
+        at ``"auto"``).
+    schedule_options : dict, optional
+        Options of a named schedule (``tau``, ``kappa``, ``factor``, ``every``).
+    optimizer : {"sgd", "adam"}
+        ``"sgd"``: Algorithm 1 exactly. ``"adam"``: the same stochastic gradients fed to Adam (Kingma & Ba 2015)
+        with ``adam_betas`` and ``adam_eps`` — a departure from the paper (per-coordinate step sizes, no
+        Robbins–Monro guarantee), often faster on badly scaled problems.
+    adam_betas : tuple of float
+    adam_eps : float
+    window : int
+        Length W of the rolling-window average of the instantaneous bound (200, as in the paper), >= 1. The
+        convergence rule is checked every W steps.
+    tol : float
+        Convergence rule, bound part: successive window averages differ by at most
+        ``tol * max(1, |avg|) + 2 * se`` (se = standard error of the difference, from the windows' variances).
+    param_tol : float
+        Convergence rule, parameter part: the window averages of :math:`\mu` and :math:`C` (over the W steps
+        since the last check) moved by at most ``param_tol``: :math:`\max_d |\Delta\bar\mu_d| / \mathrm{sd}_d`
+        and :math:`\max_{ij} |\Delta\bar C_{ij}| / \mathrm{sd}_i` (sd = marginal scales of q, the row norms of
+        C). Averages over a window measure drift rather than the step-to-step noise of the iterates.
+    patience : int
+        The rule must hold at ``patience`` consecutive checks for ``converged`` to be True.
+    stop_on_convergence : bool
+        Stop before ``num_steps`` once converged (default False: always run ``num_steps`` and report).
+    polyak : float or None
+        Average :math:`(\mu, C)` over the last fraction ``polyak`` (in (0, 1]) of the ``num_steps`` steps and
+        return the average (Polyak–Ruppert averaging). Default 0.25: the last quarter of the run. Not in the
+        paper; it does not change the iteration, only what is reported, and removes most of the step-to-step
+        noise of the final iterate. ``None``: return the final iterate (the paper's output).
+    fixed_mean_mask : array-like of bool, shape (D,), optional
+        True where :math:`\mu_d` is held at its initial value (the slides' tip "some components of :math:`\mu`
+        can be fixed at zero").
+    blocks : sequence, optional
+        Block-diagonal structure of C (``scale="full"`` only): a partition of ``range(D)`` into groups of
+        indices, or a list of contiguous block sizes. Entries of C linking different groups stay zero.
+    init_scale : float, (D,) or (D, D) array-like
+        Initial C when ``init`` is not a Gaussian posterior: ``init_scale * I`` (default 0.1, i.e. q starts
+        narrow, which suits log-hyperparameters of GPs and standardised regression weights), a diagonal, or a
+        lower-triangular matrix.
+    max_resample : int
+        Rounds of redrawing draws whose log joint (or gradient) is NaN/inf, per step (>= 0).
+    max_failed_steps : int
+        Consecutive skipped steps (no valid draw at all) that end the run with
+        :class:`~gpvi.exceptions.NumericalFaultError` (carrying the last good state).
+    num_elbo_samples : int
+        Draws for the final bound estimate ``elbo`` and its standard error (0: report the rolling average).
+    elbo_batch : int
+        Draws per log-joint call in the final estimate.
+    analytic_term : callable, optional
+        Advanced: replaces the closed-form part of the bound (default :class:`EntropyTerm`,
+        :math:`\sum\log C_{dd} + \mathcal H_\phi`). Called as ``term(mu, C_diag) -> (value, grad_mu, grad_C_diag)``;
+        used by :class:`gpvi.ard.DSVIARD`.
+    seed : int, optional
+        Seed of the run's generator (default 0: runs are reproducible); ``run(..., generator=)`` overrides it.
+    progress_bar : bool
+        tqdm bar with the rolling bound in its postfix.
+
+    Notes
+    -----
+    *Invalid draws.* When :math:`\log g(\theta_s)` or its gradient is NaN/±inf (e.g. a GP kernel matrix that
+    fails Cholesky: :meth:`gpvi.GPRegression.log_joint` returns -inf for such rows), those draws are redrawn
+    up to ``max_resample`` times (counted in ``info["resampled_draws"]``); draws still invalid are dropped
+    (``dropped_draws``) and the gradient averages the valid ones. This is an unbiased estimate of the gradient
+    of the bound for :math:`q` *restricted to the region where the log joint is valid*, not of the bound for
+    q itself: if a noticeable fraction of q's mass is invalid the answer is biased, which the counters reveal.
+    A step with no valid draw is skipped (``skipped_steps``, :class:`~gpvi.exceptions.NumericalWarning`).
+
+    *Positivity of C.* A C update that would make any diagonal entry non-positive is never applied: the C step
+    is scaled down so that no diagonal entry falls below half its current value (``c_shrinks``), or dropped if
+    that is impossible (``c_rejects``). The mean update is applied unchanged.
+
+    Examples
+    --------
+    >>> import torch, gpvi
+    >>> from gpvi.dsvi import DSVI
+    >>> m = torch.full((3,), 2.0, dtype=torch.float64)
+    >>> target = gpvi.Target(lambda th: -0.5 * ((th - m) ** 2).sum(-1), names=3)
+    >>> q = DSVI(num_steps=3000, lr=0.1, polyak=0.5, progress_bar=False, seed=0).run(target)
+    >>> bool((q.mean - m).abs().max() < 0.1), bool((q.covariance - torch.eye(3)).abs().max() < 0.15)
+    (True, True)
+    """
+
+    def __init__(self, scale: str = "full", base: Any = "normal", df: float | None = None, *,
+                 num_samples: int = 4, num_steps: int = 20_000, lr: float | str = "auto", lr_scale: float | None = None,
+                 schedule: Any = "decay", schedule_options: dict[str, Any] | None = None, optimizer: str = "sgd",
+                 adam_betas: tuple[float, float] = (0.9, 0.999), adam_eps: float = 1e-8, window: int = 200,
+                 tol: float = 1e-3, param_tol: float = 0.2, patience: int = 3, stop_on_convergence: bool = False,
+                 polyak: float | None = 0.25, fixed_mean_mask: Any = None, blocks: Sequence[Any] | None = None,
+                 init_scale: Any = 0.1, max_resample: int = 10, max_failed_steps: int = 20,
+                 num_elbo_samples: int = 1000, elbo_batch: int = 250,
+                 analytic_term: Callable[..., Any] | None = None, seed: int | None = 0,
+                 progress_bar: bool = True) -> None:
+        self.scale = check_choice(scale, "scale", ("full", "diag"))
+        # base / df: checked now, built at init (needs D)
+        if df is not None:
+            df = check_positive(df, "df")
+        if isinstance(base, str):
+            check_choice(base, "base", ("normal", "t"))
+            if base == "t" and df is None:
+                raise ValueError("df must be given (degrees of freedom nu > 0) when base='t'")
+            if base == "normal" and df is not None:
+                raise ValueError("df is only used with base='t'; got base='normal'")
+        elif base is None:
+            raise TypeError("base must be 'normal', 't', a sequence of univariate distributions or a standard "
+                            "distribution object; got None")
+        self.base = base
+        self.df = df
+        self.num_samples = check_positive_int(num_samples, "num_samples")
+        self.num_steps = check_positive_int(num_steps, "num_steps")
+        self.optimizer = check_choice(optimizer, "optimizer", ("sgd", "adam"))
+        if isinstance(lr, str):
+            check_choice(lr, "lr", ("auto",))
+        else:
+            lr = check_positive(lr, "lr")
+        self.lr = lr
+        if lr_scale is None:
+            lr_scale = 0.1 if self.optimizer == "sgd" else 1.0
+        self.lr_scale = check_positive(lr_scale, "lr_scale", allow_zero=True)
+        self.schedule_options = dict(schedule_options or {})
+        if isinstance(schedule, str):
+            check_choice(schedule, "schedule", SCHEDULES)
+            make_schedule(schedule, 1.0, num_steps=self.num_steps, **self.schedule_options)   # validates options
+        else:
+            make_schedule(schedule, 1.0)
+            if lr != "auto":
+                raise ValueError("lr must be left at 'auto' when schedule is a schedule object (it carries rho0)")
+            if self.schedule_options:
+                raise ValueError("schedule_options only apply to a named schedule")
+        self.schedule = schedule
+        if not isinstance(adam_betas, (tuple, list)) or len(adam_betas) != 2:
+            raise TypeError("adam_betas must be a pair (beta1, beta2)")
+        for i, b in enumerate(adam_betas):
+            check_fraction(b, f"adam_betas[{i}]", low_open=False, high_closed=False)
+        self.adam_betas = (float(adam_betas[0]), float(adam_betas[1]))
+        self.adam_eps = check_positive(adam_eps, "adam_eps")
+        self.window = check_positive_int(window, "window")
+        self.tol = check_positive(tol, "tol")
+        self.param_tol = check_positive(param_tol, "param_tol")
+        self.patience = check_positive_int(patience, "patience")
+        self.stop_on_convergence = check_bool(stop_on_convergence, "stop_on_convergence")
+        self.polyak = None if polyak is None else check_fraction(polyak, "polyak")
+        self.fixed_mean_mask = None
+        if fixed_mean_mask is not None:
+            t = as_float_tensor(fixed_mean_mask, "fixed_mean_mask", ndim=1)
+            if not bool(((t == 0) | (t == 1)).all()):
+                raise ValueError("fixed_mean_mask must hold booleans (True = component of mu held fixed)")
+            self.fixed_mean_mask = t.bool()
+        if blocks is not None and self.scale != "full":
+            raise ValueError("blocks needs scale='full' (a diagonal scale has no off-diagonal entries)")
+        self.blocks = None if blocks is None else list(blocks)
+        self.init_scale = init_scale
+        if isinstance(init_scale, numbers.Real) and not isinstance(init_scale, bool):
+            check_positive(init_scale, "init_scale")
+        self.max_resample = check_nonnegative_int(max_resample, "max_resample")
+        self.max_failed_steps = check_positive_int(max_failed_steps, "max_failed_steps")
+        self.num_elbo_samples = check_nonnegative_int(num_elbo_samples, "num_elbo_samples")
+        self.elbo_batch = check_positive_int(elbo_batch, "elbo_batch")
+        if analytic_term is not None and not callable(analytic_term):
+            raise TypeError(f"analytic_term must be callable; got {type(analytic_term).__name__}")
+        self.analytic_term = analytic_term
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0):
+            raise ValueError(f"seed must be a non-negative int or None; got {seed!r}")
+        self.seed = seed
+        self.progress_bar = check_bool(progress_bar, "progress_bar")
+        self._cache: dict[str, Any] = {}     # derived from settings only (schedule object, block mask)
+
+    # ------------------------------------------------------------------ helpers
+    def settings(self) -> dict[str, Any]:
+        """The constructor settings as a plain dict (recorded in ``info["settings"]``)."""
+        base = self.base if isinstance(self.base, str) else repr(self.base)
+        sched = self.schedule if isinstance(self.schedule, str) else repr(self.schedule)
+        return {"scale": self.scale, "base": base, "df": self.df, "num_samples": self.num_samples,
+                "num_steps": self.num_steps, "lr": self.lr, "lr_scale": self.lr_scale, "schedule": sched,
+                "schedule_options": dict(self.schedule_options), "optimizer": self.optimizer,
+                "window": self.window, "tol": self.tol, "param_tol": self.param_tol, "patience": self.patience,
+                "polyak": self.polyak, "max_resample": self.max_resample,
+                "max_failed_steps": self.max_failed_steps, "seed": self.seed}
+
+    def make_base(self, dim: int) -> Any:
+        """The standard distribution :math:`\\phi` for dimension ``dim``."""
+        return make_standard(self.base, dim, df=self.df)
+
+    def _term(self, base: Any) -> Callable[..., Any]:
+        return self.analytic_term if self.analytic_term is not None else EntropyTerm(base.entropy())
+
+    def _schedule(self, state: DSVIState) -> Any:
+        if not isinstance(self.schedule, str):
+            return self.schedule
+        cached = self._cache.get("schedule")
+        if cached is None or cached[0] != state.rho0_mu:
+            cached = (state.rho0_mu, make_schedule(self.schedule, state.rho0_mu, num_steps=self.num_steps,
+                                                   **self.schedule_options))
+            self._cache["schedule"] = cached
+        return cached[1]
+
+    def _mask(self, D: int) -> torch.Tensor | None:
+        if self.blocks is None:
+            return None
+        groups: list[list[int]]
+        if all(isinstance(b, numbers.Integral) and not isinstance(b, bool) for b in self.blocks):
+            sizes = [int(b) for b in self.blocks]
+            if any(s < 1 for s in sizes) or sum(sizes) != D:
+                raise ValueError(f"blocks as sizes must be positive and sum to D = {D}; got {sizes}")
+            starts = [sum(sizes[:i]) for i in range(len(sizes))]
+            groups = [list(range(s, s + n)) for s, n in zip(starts, sizes)]
+        else:
+            try:
+                groups = [[int(i) for i in g] for g in self.blocks]
+            except TypeError:
+                raise TypeError("blocks must be a list of block sizes or a list of index groups") from None
+            flat = sorted(i for g in groups for i in g)
+            if flat != list(range(D)):
+                raise ValueError(f"blocks must partition range(D) with D = {D} (every index exactly once)")
+        M = torch.zeros(D, D, dtype=torch.bool)
+        for g in groups:
+            ix = torch.tensor(g)
+            M[ix.unsqueeze(1), ix.unsqueeze(0)] = True
+        return torch.tril(M)
+
+    def _initial(self, target: Any, init: Any, D: int) -> tuple[torch.Tensor, torch.Tensor]:
+        C0 = None
+        if init is None:
+            if callable(getattr(target, "initial_theta", None)):
+                mu0 = torch.as_tensor(target.initial_theta()).detach().to(torch.float64).cpu()
+            else:
+                mu0 = torch.zeros(D, dtype=torch.float64)
+        elif isinstance(init, GaussianPosterior):
+            mu0 = init.mean.detach().to(torch.float64).cpu()
+            C0 = init.scale_tril.detach().to(torch.float64).cpu()
+            if C0.shape != (D, D):
+                raise ValueError(f"init (a GaussianPosterior) has dimension {C0.shape[0]} but the target has D = {D}")
+        elif isinstance(init, PointPosterior):
+            mu0 = init.theta.detach().to(torch.float64).cpu()
+        else:
+            mu0 = as_float_tensor(init, "init", ndim=1)
+        if mu0.shape != (D,):
+            raise ValueError(f"init must have length D = {D}; got shape {tuple(mu0.shape)}")
+        if not bool(torch.isfinite(mu0).all()):
+            raise ValueError("init contains non-finite values")
+        mu0 = mu0.clone()
+        if C0 is None:
+            s = self.init_scale
+            if isinstance(s, numbers.Real) and not isinstance(s, bool):
+                C0 = float(s) * torch.eye(D, dtype=torch.float64)
+            else:
+                st = as_float_tensor(s, "init_scale", ndim=(1, 2))
+                if st.dim() == 1:
+                    if st.shape[0] != D:
+                        raise ValueError(f"init_scale must have length D = {D}; got {st.shape[0]}")
+                    C0 = torch.diag(st)
+                else:
+                    if st.shape != (D, D):
+                        raise ValueError(f"init_scale must be ({D}, {D}); got {tuple(st.shape)}")
+                    if bool((torch.triu(st, 1) != 0).any()):
+                        raise ValueError("init_scale must be lower triangular")
+                    C0 = st.clone()
+        if not bool((torch.diagonal(C0) > 0).all()) or not bool(torch.isfinite(C0).all()):
+            raise ValueError("init_scale must be finite with a strictly positive diagonal")
+        if self.scale == "diag":
+            C0 = torch.sqrt((C0 ** 2).sum(-1))        # marginal scales of the given C
+        else:
+            mask = self._mask(D)
+            C0 = torch.tril(C0) if mask is None else C0 * mask
+        return mu0, C0
+
+    def _call(self, target: Any, theta: torch.Tensor, batch: Any) -> torch.Tensor:
+        lj = target.log_joint(theta) if batch is None else target.log_joint(theta, batch=batch)
+        if not isinstance(lj, torch.Tensor) or lj.shape != theta.shape[:1]:
+            shape = tuple(lj.shape) if isinstance(lj, torch.Tensor) else type(lj).__name__
+            raise ValueError(f"target.log_joint returned {shape} for theta of shape {tuple(theta.shape)}; expected "
+                             f"shape ({theta.shape[0]},): log_joint must map (S, D) -> (S,)")
+        return lj
+
+    def _value_and_grad(self, target: Any, theta: torch.Tensor, batch: Any
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        theta = theta.detach().requires_grad_(True)
+        with torch.enable_grad():
+            lj = self._call(target, theta, batch)
+            if lj.requires_grad:
+                (g,) = torch.autograd.grad(lj.sum(), theta, allow_unused=True)
+                if g is None:
+                    g = torch.zeros_like(theta)
+            else:
+                g = torch.zeros_like(theta)
+        return lj.detach(), g.detach()
+
+    def _theta(self, mu: torch.Tensor, C: torch.Tensor, z: torch.Tensor, scale: str) -> torch.Tensor:
+        return mu + z * C if scale == "diag" else torch.addmm(mu, z, C.T)
+
+    def _curvature_rate(self, target: Any, mu0: torch.Tensor, gen: torch.Generator, batch: Any) -> float:
+        """0.5 / |largest eigenvalue of the Hessian of log g at mu0| by power iteration (finite differences)."""
+        D = mu0.shape[0]
+        v = torch.randn(D, generator=gen, dtype=torch.float64)
+        v = v / v.norm()
+        h = 1e-4 * (1.0 + float(mu0.abs().max()))
+        lam = math.nan
+        for _ in range(20):
+            pts = torch.stack([mu0 + h * v, mu0 - h * v])
+            _, g = self._value_and_grad(target, pts, batch)
+            Hv = -(g[0] - g[1]) / (2 * h)
+            if not bool(torch.isfinite(Hv).all()):
+                lam = math.nan
+                break
+            lam = float(v @ Hv)
+            nrm = float(Hv.norm())
+            if nrm == 0.0:
+                break
+            v = Hv / nrm
+        lam = abs(lam)
+        if not math.isfinite(lam) or lam <= 1e-12:
+            warnings.warn("DSVI lr='auto': could not estimate the curvature of log g at the initial mean; "
+                          "using lr = 1e-3 (pass lr= explicitly)", NumericalWarning, stacklevel=3)
+            return 1e-3
+        return 0.5 / lam
+
+    # ------------------------------------------------------------------ functional core
+    def init(self, target: Any, init: Any = None, *, generator: torch.Generator | None = None) -> DSVIState:
+        """Initial state: :math:`\\mu_0`, :math:`C_0`, resolved step sizes and the run's generator.
+
+        Parameters
+        ----------
+        target : target
+            Anything with ``log_joint`` (``(S, D) -> (S,)``) and ``names``.
+        init : None, array-like of shape (D,), PointPosterior or GaussianPosterior
+            Initial mean (``None``: ``target.initial_theta()`` if it exists, else zeros); a Gaussian posterior
+            also sets the initial scale (warm start).
+        generator : torch.Generator, optional
+            Used (and advanced) instead of a fresh generator seeded with ``seed``.
+
+        Returns
+        -------
+        DSVIState
+        """
+        target = as_target(target)
+        D = len(target.names)
+        base = self.make_base(D)
+        if self.fixed_mean_mask is not None and self.fixed_mean_mask.shape[0] != D:
+            raise ValueError(f"fixed_mean_mask must have length D = {D}; got {self.fixed_mean_mask.shape[0]}")
+        mu0, C0 = self._initial(target, init, D)
+        if base.dim != D:
+            raise ValueError(f"base has dimension {base.dim} but the target has D = {D}")
+        gen = resolve_generator(self.seed, generator)
+        batch = target.sample_minibatch(gen) if _is_minibatch_target(target) else None
+        lj0, _ = self._value_and_grad(target, mu0.unsqueeze(0), batch)
+        if not bool(torch.isfinite(lj0).all()):
+            warnings.warn(f"log joint at the initial mean is {float(lj0[0])}; DSVI will try anyway (draws with "
+                          f"non-finite values are resampled)", NumericalWarning, stacklevel=2)
+        if isinstance(self.schedule, str):
+            if self.lr == "auto":
+                rho0 = 0.01 if self.optimizer == "adam" else self._curvature_rate(target, mu0, gen, batch)
+            else:
+                rho0 = float(self.lr)
+        else:
+            rho0 = float(self.schedule.rho0)
+        opt: dict[str, Any] = {}
+        if self.optimizer == "adam":
+            opt = {"m_mu": torch.zeros_like(mu0), "v_mu": torch.zeros_like(mu0), "m_C": torch.zeros_like(C0),
+                   "v_C": torch.zeros_like(C0), "n": 0}
+        return DSVIState(mu=mu0, C=C0, t=0, generator=gen, scale=self.scale, rho0_mu=rho0,
+                         rho0_C=rho0 * self.lr_scale, opt=opt, window=deque(maxlen=self.window))
+
+    def estimate_gradient(self, target: Any, state: DSVIState, *, base: Any = None) -> GradientEstimate:
+        r"""Draw S values of z and return the stochastic gradient of the bound at ``(state.mu, state.C)``.
+
+        Uses (and advances) ``state.generator`` but changes nothing else. This is exactly what :meth:`step`
+        applies: :math:`\hat\nabla_\mu = \frac1{S'}\sum_s g_s`, :math:`\hat\nabla_C =
+        \frac1{S'}\sum_s\operatorname{tril}(g_s z_s^\top) + \Delta_C` (eq. 5-8), averaged over the S' valid draws.
+
+        Parameters
+        ----------
+        target : target
+        state : DSVIState
+        base : standard distribution, optional
+            :math:`\phi` (built from the settings when omitted).
+
+        Returns
+        -------
+        GradientEstimate
+        """
+        mu, C, gen, scale = state.mu, state.C, state.generator, state.scale
+        D = mu.shape[0]
+        if base is None:
+            base = self.make_base(D)
+        S = self.num_samples
+        batch = target.sample_minibatch(gen) if _is_minibatch_target(target) else None
+        z = base.sample(S, gen, dtype=torch.float64)
+        theta = self._theta(mu, C, z, scale)
+        lj, g = self._value_and_grad(target, theta, batch)
+        calls = 1
+        valid = torch.isfinite(lj + g.sum(-1))       # value and every gradient entry finite
+        resampled = 0
+        if not bool(valid.all()):
+            for _ in range(self.max_resample):
+                bad = (~valid).nonzero().flatten()
+                if bad.numel() == 0:
+                    break
+                z_new = base.sample(bad.numel(), gen, dtype=torch.float64)
+                th_new = self._theta(mu, C, z_new, scale)
+                lj_new, g_new = self._value_and_grad(target, th_new, batch)
+                calls += 1
+                resampled += bad.numel()
+                z[bad], theta[bad], lj[bad], g[bad] = z_new, th_new, lj_new, g_new
+                valid[bad] = torch.isfinite(lj_new + g_new.sum(-1))
+        nv = int(valid.sum())
+        dropped = S - nv
+        if nv == 0:
+            return GradientEstimate(None, None, math.nan, 0, resampled, dropped, calls, z, theta, valid)
+        if nv < S:
+            zv, gv, ljv = z[valid], g[valid], lj[valid]
+        else:
+            zv, gv, ljv = z, g, lj
+        c = C if scale == "diag" else torch.diagonal(C)
+        term_value, term_mu, term_c = self._term(base)(mu, c)
+        grad_mu = gv.mean(0)
+        if term_mu is not None:
+            grad_mu = grad_mu + term_mu
+        if self.fixed_mean_mask is not None:
+            grad_mu = grad_mu.masked_fill(self.fixed_mean_mask, 0.0)
+        if scale == "diag":
+            grad_C = (gv * zv).mean(0) + term_c
+        else:
+            G = gv.T @ zv / nv
+            if self.blocks is not None:
+                mask = self._cache.get("mask")
+                if mask is None or mask.shape[0] != D:
+                    mask = self._cache["mask"] = self._mask(D)
+                G = G * mask
+            else:
+                G = torch.tril(G)
+            G.diagonal().add_(term_c)
+            grad_C = G
+        bound = float(ljv.mean()) + term_value
+        return GradientEstimate(grad_mu, grad_C, bound, nv, resampled, dropped, calls, z, theta, valid)
+
+    def step(self, target: Any, state: DSVIState) -> tuple[DSVIState, dict[str, Any]]:
+        r"""One iteration of Algorithm 1 (or its Adam variant): advance ``state`` in place and return it.
+
+        Parameters
+        ----------
+        target : target
+        state : DSVIState
+
+        Returns
+        -------
+        state : DSVIState
+            The same object, advanced (``t`` + 1).
+        info : dict
+            ``t`` (steps done), ``bound`` (instantaneous bound at the parameters before the update),
+            ``bound_avg``, ``rho`` (:math:`\rho_\mu`), ``num_valid``, ``resampled``, ``dropped``, ``skipped``,
+            ``c_shrink`` (factor applied to the C step, 1 if none), ``converged``.
+
+        Raises
+        ------
+        NumericalFaultError
+            ``max_failed_steps`` consecutive steps had no valid draw; ``err.state`` is the last good state.
+        """
+        t = state.t
+        sched = self._schedule(state)
+        rho = float(sched(t))
+        rho_C = rho * (state.rho0_C / state.rho0_mu) if state.rho0_mu > 0 else 0.0
+        est = self.estimate_gradient(target, state)
+        cnt = state.counters
+        info: dict[str, Any] = {"rho": rho, "num_valid": est.num_valid, "resampled": est.resampled,
+                                "dropped": est.dropped, "skipped": False, "c_shrink": 1.0}
+        first_resample = cnt["resampled_draws"] == 0 and est.resampled > 0
+        cnt["resampled_draws"] += est.resampled
+        cnt["dropped_draws"] += est.dropped
+        cnt["log_joint_calls"] += est.log_joint_calls
+        if first_resample:
+            warnings.warn(f"DSVI: log joint was NaN/inf for {est.resampled} draw(s) at step {t}; redrawn "
+                          f"(counted in info['resampled_draws'])", NumericalWarning, stacklevel=2)
+        # one reduction checks both gradients (a sum of finite entries that overflows also counts as a fault)
+        ok = est.num_valid > 0 and math.isfinite(float(est.grad_mu.sum() + est.grad_C.sum()))
+        if not ok:
+            state.consecutive_failures += 1
+            cnt["skipped_steps"] += 1
+            info["skipped"] = True
+            if state.consecutive_failures == 1:
+                warnings.warn(f"DSVI: step {t} skipped (no draw with a finite log joint and gradient after "
+                              f"{self.max_resample} resampling rounds)", NumericalWarning, stacklevel=2)
+            state.t = t + 1
+            self._record(state, math.nan, rho, 0, info)
+            if state.consecutive_failures >= self.max_failed_steps:
+                raise NumericalFaultError(
+                    f"DSVI: {state.consecutive_failures} consecutive steps failed (log joint or gradient NaN/inf "
+                    f"for all draws, last at step {t}); err.state holds mu and C from the last good step (the "
+                    f"skipped steps changed neither)", state=state)
+            return state, info
+        state.consecutive_failures = 0
+        # --- proposed steps
+        if self.optimizer == "sgd":
+            d_mu = rho * est.grad_mu
+            d_C = rho_C * est.grad_C
+        else:
+            d_mu, d_C = self._adam(state, est.grad_mu, est.grad_C, rho, rho_C)
+        # --- C positivity: never apply a step that makes a diagonal entry <= 0
+        c_old = state.C if state.scale == "diag" else torch.diagonal(state.C)
+        dc = d_C if state.scale == "diag" else torch.diagonal(d_C)
+        apply_C = rho_C > 0
+        if apply_C and bool(((c_old + dc) <= 0).any()):
+            neg = dc < 0
+            alpha = float((0.5 * c_old[neg] / (-dc[neg])).min())
+            if math.isfinite(alpha) and alpha > 0:
+                d_C = alpha * d_C
+                cnt["c_shrinks"] += 1
+                info["c_shrink"] = alpha
+            else:
+                apply_C = False
+                cnt["c_rejects"] += 1
+                info["c_shrink"] = 0.0
+        new_mu = state.mu + d_mu
+        new_C = state.C + d_C if apply_C else state.C
+        if self.fixed_mean_mask is not None:
+            new_mu = torch.where(self.fixed_mean_mask, state.mu, new_mu)
+        # --- commit
+        state.mu, state.C = new_mu, new_C
+        state.t = t + 1
+        if self.polyak is not None:
+            start = int(math.floor((1.0 - self.polyak) * self.num_steps))
+            if state.t > start:
+                state.polyak_n += 1
+                if state.polyak_mu is None:
+                    state.polyak_mu, state.polyak_C = new_mu.clone(), new_C.clone()
+                else:
+                    w = 1.0 / state.polyak_n
+                    state.polyak_mu = state.polyak_mu + w * (new_mu - state.polyak_mu)
+                    state.polyak_C = state.polyak_C + w * (new_C - state.polyak_C)
+        self._accumulate(state)
+        self._record(state, est.bound, rho, est.num_valid, info)
+        return state, info
+
+    def _adam(self, state: DSVIState, g_mu: torch.Tensor, g_C: torch.Tensor, rho: float, rho_C: float
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        b1, b2 = self.adam_betas
+        o = state.opt
+        n = o["n"] + 1
+        o["m_mu"] = b1 * o["m_mu"] + (1 - b1) * g_mu
+        o["v_mu"] = b2 * o["v_mu"] + (1 - b2) * g_mu * g_mu
+        o["m_C"] = b1 * o["m_C"] + (1 - b1) * g_C
+        o["v_C"] = b2 * o["v_C"] + (1 - b2) * g_C * g_C
+        o["n"] = n
+        c1, c2 = 1 - b1 ** n, 1 - b2 ** n
+        d_mu = rho * (o["m_mu"] / c1) / (torch.sqrt(o["v_mu"] / c2) + self.adam_eps)
+        d_C = rho_C * (o["m_C"] / c1) / (torch.sqrt(o["v_C"] / c2) + self.adam_eps)
+        return d_mu, d_C
+
+    def _record(self, state: DSVIState, bound: float, rho: float, num_valid: int, info: dict[str, Any]) -> None:
+        if math.isfinite(bound):
+            state.window.append(bound)
+        avg = state.bound_average()
+        tr = state.trace
+        tr["bound"].append(bound)
+        tr["bound_avg"].append(avg)
+        tr["rho"].append(rho)
+        tr["num_valid"].append(float(num_valid))
+        if state.t % self.window == 0 and len(state.window) == self.window:
+            self._check_convergence(state)
+        info.update(t=state.t, bound=bound, bound_avg=avg, converged=state.converged)
+
+    def _accumulate(self, state: DSVIState) -> None:
+        ck = state.check
+        if ck.get("sum_mu") is None:
+            ck["sum_mu"], ck["sum_C"], ck["n"] = state.mu.clone(), state.C.clone(), 1
+        else:
+            ck["sum_mu"].add_(state.mu)
+            ck["sum_C"].add_(state.C)
+            ck["n"] += 1
+
+    def _check_convergence(self, state: DSVIState) -> None:
+        """Compare this window's averages (bound, mu, C) with the previous window's."""
+        W = len(state.window)
+        avg = sum(state.window) / W
+        var = sum((b - avg) ** 2 for b in state.window) / max(W - 1, 1)
+        ck = state.check
+        n = max(ck.get("n", 0), 1)
+        mu_bar = ck["sum_mu"] / n if ck.get("sum_mu") is not None else state.mu.clone()
+        C_bar = ck["sum_C"] / n if ck.get("sum_C") is not None else state.C.clone()
+        sd = C_bar.abs() if state.scale == "diag" else torch.sqrt((C_bar ** 2).sum(-1))
+        if ck.get("avg") is not None:
+            se = math.sqrt((var + ck["var"]) / W)
+            ok_bound = abs(avg - ck["avg"]) <= self.tol * max(1.0, abs(avg)) + 2.0 * se
+            dmu = float(((mu_bar - ck["mu"]).abs() / sd).max())
+            dC_abs = (C_bar - ck["C"]).abs()
+            dC = float((dC_abs / sd).max()) if state.scale == "diag" else float((dC_abs / sd[:, None]).max())
+            ok = ok_bound and dmu <= self.param_tol and dC <= self.param_tol
+            ck["streak"] = ck.get("streak", 0) + 1 if ok else 0
+            ck["last"] = {"t": state.t, "dbound": abs(avg - ck["avg"]), "se": se, "dmu_sd": dmu, "dC_sd": dC}
+            state.converged = ck["streak"] >= self.patience
+        ck.update(avg=avg, var=var, mu=mu_bar, C=C_bar, sum_mu=None, sum_C=None, n=0)
+
+    # ------------------------------------------------------------------ bound estimate
+    def estimate_bound(self, target: Any, mu: torch.Tensor, C: torch.Tensor, *, num_samples: int | None = None,
+                       generator: torch.Generator | None = None, seed: int | None = None
+                       ) -> tuple[float, float, int]:
+        r"""Monte Carlo estimate of the bound :math:`\mathcal F(\mu, C)` (eq. 4) with its standard error.
+
+        :math:`\hat{\mathcal F} = \frac1n\sum_i \log g(Cz_i + \mu) + \text{analytic term}`, with the full-data log
+        joint for minibatch targets (streamed in chunks), ``elbo_batch`` draws per call, no gradients.
+
+        Parameters
+        ----------
+        target : target
+        mu : tensor of shape (D,)
+        C : tensor of shape (D, D) (lower triangular) or (D,) (diagonal scale)
+        num_samples : int, optional
+            n (default ``num_elbo_samples``).
+        generator, seed
+            Randomness of the draws.
+
+        Returns
+        -------
+        (estimate, standard_error, num_invalid)
+            Invalid draws (NaN/inf log joint) are left out of the average and counted.
+        """
+        n = self.num_elbo_samples if num_samples is None else check_positive_int(num_samples, "num_samples")
+        D = mu.shape[0]
+        base = self.make_base(D)
+        gen = resolve_generator(seed if seed is not None else 0, generator)
+        scale = "diag" if C.dim() == 1 else "full"
+        vals = []
+        with torch.no_grad():
+            for start in range(0, n, self.elbo_batch):
+                k = min(self.elbo_batch, n - start)
+                z = base.sample(k, gen, dtype=torch.float64)
+                vals.append(self._call(target, self._theta(mu, C, z, scale), None).detach())
+        v = torch.cat(vals)
+        ok = torch.isfinite(v)
+        bad = int((~ok).sum())
+        v = v[ok]
+        c = C if scale == "diag" else torch.diagonal(C)
+        term_value, _, _ = self._term(base)(mu, c)
+        if v.numel() == 0:
+            return math.nan, math.nan, bad
+        se = float(v.std() / math.sqrt(v.numel())) if v.numel() > 1 else math.nan
+        return float(v.mean()) + term_value, se, bad
+
+    # ------------------------------------------------------------------ driver
+    def run(self, target: Any, init: Any = None, *, generator: torch.Generator | None = None,
+            callback: Callable[[DSVIState, dict[str, Any]], None] | None = None,
+            state: DSVIState | dict[str, Any] | None = None) -> GaussianPosterior:
+        r"""Run Algorithm 1 until ``num_steps`` steps are done and return the posterior.
+
+        Parameters
+        ----------
+        target : target
+            Anything with ``log_joint(theta)`` (``(S, D) -> (S,)``, differentiable) and ``names``:
+            :class:`gpvi.GPRegression`, :class:`gpvi.Target`, :class:`gpvi.logistic.BayesianLogisticRegression`,
+            :class:`gpvi.subsample.MinibatchTarget`, ...
+        init : None, array-like (D,), PointPosterior or GaussianPosterior
+            See :meth:`init`. Not allowed together with ``state``.
+        generator : torch.Generator, optional
+            Overrides ``seed``. Not allowed together with ``state`` (the state carries its generator).
+        callback : callable, optional
+            ``callback(state, info)`` after every step; raising ``KeyboardInterrupt`` stops the run like Ctrl-C.
+        state : DSVIState or its state_dict, optional
+            Resume from this state (e.g. ``q.engine_state``, or a state_dict loaded from disk) and continue up to
+            ``num_steps`` total steps. The result equals that of an uninterrupted run with the same settings.
+
+        Returns
+        -------
+        GaussianPosterior
+            ``mean``, ``scale_tril`` (the Polyak average when ``polyak`` is set, else the final iterate),
+            ``elbo`` and ``elbo_se`` (a fresh estimate with ``num_elbo_samples`` draws at the returned
+            :math:`(\mu, C)`), ``trace`` (tensors ``bound``, ``bound_avg``, ``rho``, ``num_valid`` per step),
+            ``info`` (counters, ``converged``, ``steps``, ``time_s``, ``lr_mu``, ``lr_C``, ``interrupted``,
+            ``settings``, ``convergence`` diagnostics) and ``engine_state`` (the final :class:`DSVIState`).
+
+        Raises
+        ------
+        NumericalFaultError
+            ``max_failed_steps`` consecutive failed steps; ``err.state`` is the last good state and
+            ``err.partial`` the posterior built from it.
+
+        Warns
+        -----
+        InterruptedRunWarning
+            Ctrl-C / KeyboardInterrupt from the callback: the posterior so far is returned.
+        NumericalWarning
+            Draws were resampled or dropped, steps skipped, or C steps shrunk during the run.
+        ConvergenceWarning
+            The convergence rule did not hold at the end of the run.
+        """
+        target = as_target(target)
+        D = len(target.names)
+        if state is not None:
+            if init is not None or generator is not None:
+                raise ValueError("state cannot be combined with init or generator (the state carries both)")
+            if isinstance(state, dict):
+                state = DSVIState.from_state_dict(state)
+            elif not isinstance(state, DSVIState):
+                raise TypeError(f"state must be a DSVIState or its state_dict; got {type(state).__name__}")
+            if state.dim != D:
+                raise ValueError(f"state has dimension {state.dim} but the target has D = {D}")
+            if state.scale != self.scale:
+                raise ValueError(f"state was made with scale={state.scale!r} but this engine has scale={self.scale!r}")
+            if state.window.maxlen != self.window:
+                state.window = deque(state.window, maxlen=self.window)
+        else:
+            state = self.init(target, init, generator=generator)
+        if callback is not None and not callable(callback):
+            raise TypeError(f"callback must be callable; got {type(callback).__name__}")
+        before = dict(state.counters)
+        interrupted = False
+        t_start = state.t
+        t0 = time.perf_counter()
+        bar = Progress(self.num_steps, enabled=self.progress_bar, desc="DSVI", initial=state.t)
+        try:
+            while state.t < self.num_steps:
+                snap = state.generator.get_state()
+                try:
+                    state, info = self.step(target, state)
+                except KeyboardInterrupt:
+                    state.generator.set_state(snap)     # the step did not happen: rewind its randomness
+                    raise
+                bar.update(1, bound=info["bound_avg"])
+                if callback is not None:
+                    callback(state, info)
+                if self.stop_on_convergence and state.converged:
+                    break
+        except KeyboardInterrupt:
+            interrupted = True
+            bar.close()
+            warn_interrupted("DSVI", state.t, self.num_steps)
+        except NumericalFaultError as err:
+            bar.close()
+            state.wall_time += time.perf_counter() - t0
+            err.partial = self._posterior(target, state, interrupted=True, run_time=time.perf_counter() - t0,
+                                          steps_this_run=state.t - t_start)
+            raise
+        finally:
+            bar.close()
+        run_time = time.perf_counter() - t0
+        state.wall_time += run_time
+        self._warn_counters(state, before)
+        if not interrupted and not state.converged:
+            last = state.check.get("last")
+            detail = "" if last is None else (f" (last check at step {last['t']}: bound change {last['dbound']:.3g} "
+                                              f"vs se {last['se']:.3g}, max change of mu {last['dmu_sd']:.3g} sd, "
+                                              f"of C {last['dC_sd']:.3g} sd)")
+            warnings.warn(f"DSVI: convergence rule not met after {state.t} steps{detail}; consider more steps, a "
+                          f"decaying schedule or polyak averaging", ConvergenceWarning, stacklevel=2)
+        return self._posterior(target, state, interrupted=interrupted, run_time=run_time,
+                               steps_this_run=state.t - t_start)
+
+    def _warn_counters(self, state: DSVIState, before: dict[str, int]) -> None:
+        diff = {k: state.counters[k] - before.get(k, 0) for k in _COUNTERS if k != "log_joint_calls"}
+        if any(v > 0 for v in diff.values()):
+            parts = ", ".join(f"{k}={v}" for k, v in diff.items() if v > 0)
+            warnings.warn(f"DSVI survived numerical faults in this run: {parts} (see q.info)", NumericalWarning,
+                          stacklevel=3)
+
+    def _posterior(self, target: Any, state: DSVIState, *, interrupted: bool, run_time: float,
+                   steps_this_run: int) -> GaussianPosterior:
+        D = state.dim
+        base = self.make_base(D)
+        if state.polyak_n > 0:
+            mu, C = state.polyak_mu, state.polyak_C
+        else:
+            mu, C = state.mu, state.C
+        elbo_method = "rolling window average"
+        elbo, se, invalid = state.bound_average(), math.nan, 0
+        if not interrupted and self.num_elbo_samples > 0:
+            g = torch.Generator(device=state.generator.device)
+            g.set_state(state.generator.get_state())   # a copy: the state's stream is not advanced
+            elbo, se, invalid = self.estimate_bound(target, mu, C, generator=g)
+            elbo_method = f"Monte Carlo, {self.num_elbo_samples} draws at the returned (mu, C)"
+            if invalid:
+                warnings.warn(f"DSVI: {invalid} of {self.num_elbo_samples} draws for the final bound estimate had "
+                              f"a non-finite log joint and were left out", NumericalWarning, stacklevel=3)
+        scale_tril = torch.diag(C) if state.scale == "diag" else C
+        info = dict(state.counters)
+        info.update(
+            converged=state.converged, steps=state.t, steps_this_run=steps_this_run, time_s=run_time,
+            total_time_s=state.wall_time, lr_mu=state.rho0_mu, lr_C=state.rho0_C, interrupted=interrupted,
+            polyak_n=state.polyak_n, elbo_method=elbo_method, elbo_invalid=invalid,
+            convergence=dict(state.check.get("last") or {}), settings=self.settings(),
+        )
+        trace = {k: torch.tensor(v, dtype=torch.float64) for k, v in state.trace.items()}
+        return GaussianPosterior(mu.clone(), scale_tril.clone(), list(target.names), target, base=base, elbo=elbo,
+                                 elbo_se=se, trace=trace, info=info, engine_state=state)
+
+    def __repr__(self) -> str:
+        return (f"DSVI(scale={self.scale!r}, base={self.base if isinstance(self.base, str) else type(self.base).__name__}"
+                f", num_samples={self.num_samples}, num_steps={self.num_steps}, lr={self.lr!r}, "
+                f"optimizer={self.optimizer!r})")
