@@ -1,0 +1,266 @@
+r"""Latent Gaussian-process models with a factorised non-conjugate likelihood (the CVI paper's "GP example").
+
+.. math::
+
+    p(\mathbf y, \mathbf f) = \Big[\prod_{n=1}^N p(y_n \mid f_n)\Big]\,\mathcal N(\mathbf f \mid 0, K_\theta)
+
+(Khan & Lin 2017, eq. 4). :class:`LatentGP` holds the data, the likelihood and the kernel (through
+:class:`gpvi.hyperparameters.KernelParametrisation`, so theta is the vector of **log-hyperparameters of the
+kernel only**: there is no noise term) and evaluates :math:`K_\theta`. :class:`GPClassification` is the binary
+front door: labels are checked by :func:`gpvi.validation.check_binary_labels` ({0, 1} or {-1, +1}) and the link
+is ``"logit"`` or ``"probit"``. The inference engine is :class:`gpvi.cvi.CVI`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import gpytorch
+import numpy as np
+import torch
+
+from .expectations import Likelihood, make_likelihood
+from .fastpaths import scaled_rbf_covariance
+from .hyperparameters import KernelParametrisation
+from .validation import as_float_tensor, check_binary_labels, check_memory, check_theta, check_X
+
+__all__ = ["LatentGP", "GPClassification"]
+
+
+class LatentGP:
+    r"""A GP prior :math:`f \sim \mathcal{GP}(0, k_\theta)` with a factorised likelihood :math:`\prod_n p(y_n \mid f_n)`.
+
+    Parameters
+    ----------
+    X : array-like of shape (n_samples, n_features)
+        Training inputs (numpy or torch; converted to float64 without loss).
+    y : array-like of shape (n_samples,)
+        Targets. For a binary likelihood they must be labels in {0, 1} or {-1, +1} (stored as 0/1 floats);
+        otherwise real values.
+    kernel : gpytorch.kernels.Kernel, optional
+        Covariance function (deep-copied); default ``ScaleKernel(RBFKernel(ard_num_dims=n_features))``.
+    likelihood : {"logit", "probit"} or Likelihood
+        Site likelihood (a :mod:`gpvi.expectations` object such as ``Gaussian(noise_var)`` is accepted too).
+    theta : array-like of shape (D,), optional
+        Log-hyperparameters of the kernel at which :math:`K_\theta` is evaluated by default (the starting
+        point when they are learned). Default: the user kernel's current values when ``kernel`` is given,
+        else the data-scaled :meth:`initial_theta` (lengthscale^2 = d var(x_j), signal variance 1).
+    device : torch.device or str, optional
+
+    Attributes
+    ----------
+    X, y : torch.Tensor
+        float64 training inputs ``(N, d)`` and targets ``(N,)``.
+    likelihood : Likelihood
+    link : str
+        The likelihood's name (``"logit"``, ``"probit"``, ``"gaussian"``).
+    names, natural_names : list of str
+        theta's components, e.g. ``["log_lengthscale_sq[0]", ..., "log_signal_var"]``.
+    theta : torch.Tensor of shape (D,)
+    kernel_params : KernelParametrisation
+
+    Examples
+    --------
+    >>> import torch
+    >>> from gpvi.expectations import Gaussian
+    >>> X = torch.linspace(-1, 1, 8, dtype=torch.float64).unsqueeze(-1)
+    >>> model = LatentGP(X, torch.sin(3 * X[:, 0]), likelihood=Gaussian(0.1))
+    >>> model.names
+    ['log_lengthscale_sq[0]', 'log_signal_var']
+    >>> model.kernel_matrix().shape
+    torch.Size([8, 8])
+    """
+
+    use_fast_path: bool = True
+    """Use :func:`gpvi.fastpaths.scaled_rbf_covariance` for ``ScaleKernel(RBFKernel)`` (exact same values)."""
+
+    def __init__(self, X: Any, y: Any, kernel: gpytorch.kernels.Kernel | None = None,
+                 likelihood: str | Likelihood = "logit", theta: Any = None, *,
+                 device: torch.device | str | None = None) -> None:
+        self.likelihood = make_likelihood(likelihood)
+        Xt = check_X(X, "X", device=device)
+        self._set_targets(y, Xt)
+        n, d = Xt.shape
+        check_memory(n, copies=4, device=Xt.device, what="exact latent-GP inference (CVI)")
+        self.X = Xt
+        user_kernel = kernel is not None
+        if kernel is None:
+            kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=d))
+        self.kernel_params = KernelParametrisation(kernel, dtype=torch.float64, device=Xt.device)
+        self.kernel_template = copy.deepcopy(kernel)
+        self.names = list(self.kernel_params.names)
+        self.natural_names = list(self.kernel_params.natural_names)
+        if theta is None:
+            th = self.kernel_params.theta_from_kernel().to(Xt) if user_kernel else self.initial_theta()
+        else:
+            th = check_theta(theta, self.dim, "theta", device=Xt.device).detach().clone()
+            if th.dim() != 1:
+                raise ValueError(f"theta must have shape ({self.dim},); got {tuple(th.shape)}")
+            if not bool(torch.isfinite(th).all()):
+                raise ValueError("theta contains non-finite values")
+        self.theta = th
+        self._cache: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _set_targets(self, y: Any, X: torch.Tensor) -> None:
+        if self.likelihood.binary:
+            y01, classes = check_binary_labels(y, "y", device=X.device)
+            self.classes = classes
+        else:
+            y01 = as_float_tensor(y, "y", ndim=(1, 2), device=X.device)
+            if y01.dim() == 2:
+                if y01.shape[1] != 1:
+                    raise ValueError(f"y must be 1-D (one target per row); got shape {tuple(y01.shape)}")
+                y01 = y01[:, 0]
+            self.classes = None
+        if y01.shape[0] != X.shape[0]:
+            raise ValueError(f"X has {X.shape[0]} rows but y has {y01.shape[0]}")
+        if X.shape[0] < 2:
+            raise ValueError(f"X has {X.shape[0]} row(s); need at least 2 training points")
+        self.y = y01
+
+    # ------------------------------------------------------------------ basics
+    @property
+    def dim(self) -> int:
+        """Number of kernel hyperparameters D."""
+        return self.kernel_params.dim
+
+    @property
+    def num_data(self) -> int:
+        """Number of training points N."""
+        return self.X.shape[0]
+
+    @property
+    def link(self) -> str:
+        return self.likelihood.name
+
+    @property
+    def device(self) -> torch.device:
+        return self.X.device
+
+    def check_theta(self, theta: Any = None, name: str = "theta") -> torch.Tensor:
+        """Validated ``(D,)`` theta (``None`` -> the model's theta); keeps autograd graphs."""
+        if theta is None:
+            return self.theta
+        t = check_theta(theta, self.dim, name, device=self.X.device)
+        if t.dim() != 1:
+            raise ValueError(f"{name} must have shape ({self.dim},); got {tuple(t.shape)}")
+        return t
+
+    # ------------------------------------------------------------------ kernel matrices
+    def _matrix(self, theta: torch.Tensor, X1: torch.Tensor, X2: torch.Tensor | None = None) -> torch.Tensor:
+        kp = self.kernel_params
+        if X2 is None and kp.fast_path and self.use_fast_path:
+            # the fast path builds K + exp(log_noise) I; log_noise = -inf adds exactly 0
+            pad = torch.full((1,), -math.inf, dtype=theta.dtype, device=theta.device)
+            return scaled_rbf_covariance(torch.cat([theta, pad]), X1)
+        return kp.matrix(theta, X1, X2)
+
+    def kernel_matrix(self, theta: Any = None) -> torch.Tensor:
+        r""":math:`K_\theta` at the training inputs, ``(N, N)``; differentiable if ``theta`` requires grad.
+
+        The value for the last theta that did not require grad is cached (the engine calls this often).
+        """
+        t = self.check_theta(theta)
+        if t.requires_grad:
+            return self._matrix(t, self.X)
+        if self._cache is not None and torch.equal(self._cache[0], t):
+            return self._cache[1]
+        with torch.no_grad():
+            K = self._matrix(t, self.X).contiguous()
+        self._cache = (t.detach().clone(), K)
+        return K
+
+    def cross_covariance(self, theta: Any, X_new: Any) -> torch.Tensor:
+        r""":math:`K_{*X} = k_\theta(X_*, X)`, shape ``(n, N)``."""
+        t = self.check_theta(theta)
+        Xs = check_X(X_new, "X_new", n_features=self.X.shape[1], device=self.X.device)
+        with torch.no_grad():
+            return self.kernel_params.matrix(t.detach(), Xs, self.X)
+
+    def prior_variance(self, theta: Any, X_new: Any) -> torch.Tensor:
+        r""":math:`k_\theta(x_*, x_*)` for each row of ``X_new``, shape ``(n,)``."""
+        t = self.check_theta(theta)
+        Xs = check_X(X_new, "X_new", n_features=self.X.shape[1], device=self.X.device)
+        with torch.no_grad():
+            return self.kernel_params.matrix(t.detach(), Xs, diag=True)
+
+    # ------------------------------------------------------------------ helpers
+    def initial_theta(self) -> torch.Tensor:
+        """Data-scaled start: ``lengthscale^2 = d var(x_j)``, signal variance 1 (log 0), others 0."""
+        return self.kernel_params.initial_theta(self.X).to(torch.float64)
+
+    def natural(self, theta: Any = None) -> torch.Tensor:
+        """Natural-scale values (lengthscales ``exp(theta/2)``, variances ``exp(theta)``)."""
+        return self.kernel_params.natural(self.check_theta(theta).detach())
+
+    def describe(self, theta: Any = None) -> dict[str, float]:
+        """``{natural name: value}`` for theta (default: the model's)."""
+        nat = self.natural(theta)
+        return {n: float(v) for n, v in zip(self.natural_names, nat)}
+
+    def kernel_at(self, theta: Any = None) -> gpytorch.kernels.Kernel:
+        """A copy of the user's (or default) GPyTorch kernel with its hyperparameters set to ``theta``."""
+        t = self.check_theta(theta).detach()
+        k = copy.deepcopy(self.kernel_template).to(dtype=torch.float64, device=self.X.device)
+        for b in self.kernel_params.blocks:
+            owner_path, _, pname = b.path.rpartition(".")
+            owner = k.get_submodule(owner_path) if owner_path else k
+            raw = owner._parameters[pname]
+            vals = t[b.start:b.stop].reshape(b.shape).to(raw)
+            stem = pname[4:] if pname.startswith("raw_") else pname
+            with torch.no_grad():
+                if b.log:
+                    setattr(owner, stem, torch.exp(b.natural_power * vals))
+                else:
+                    raw.copy_(vals)
+        return k
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(N={self.num_data}, d={self.X.shape[1]}, D={self.dim}, "
+                f"likelihood={self.link!r}, kernel={type(self.kernel_params.kernel).__name__})")
+
+
+class GPClassification(LatentGP):
+    r"""Binary GP classification: :math:`p(y_n = 1 \mid f_n) = \sigma(f_n)` (logit) or :math:`\Phi(f_n)` (probit).
+
+    Parameters
+    ----------
+    X : array-like of shape (n_samples, n_features)
+    y : array-like of shape (n_samples,)
+        Labels in {0, 1} or {-1, +1} (booleans accepted); anything else (NaN, three classes, one class) is a
+        ``ValueError`` naming ``y``.
+    kernel : gpytorch.kernels.Kernel, optional
+        Default ``ScaleKernel(RBFKernel(ard_num_dims=n_features))``.
+    likelihood : {"logit", "probit"}
+        The link (default ``"logit"``, the CVI paper's and scikit-learn's; GPyTorch's ``BernoulliLikelihood``
+        is probit). Every result records it.
+    theta : array-like of shape (D,), optional
+        Kernel log-hyperparameters; see :class:`LatentGP`.
+    device : torch.device or str, optional
+
+    Attributes
+    ----------
+    classes : numpy.ndarray of shape (2,)
+        The original label values, sorted (``classes[1]`` is the positive class, ``y = 1`` internally).
+
+    Examples
+    --------
+    >>> import gpvi
+    >>> from gpvi.classification import GPClassification
+    >>> ds = gpvi.datasets.load_pima()
+    >>> model = GPClassification(ds.X_train, ds.y_train, likelihood="probit")
+    >>> model.link, model.num_data, model.dim
+    ('probit', 200, 8)
+    """
+
+    def __init__(self, X: Any, y: Any, kernel: gpytorch.kernels.Kernel | None = None,
+                 likelihood: str | Likelihood = "logit", theta: Any = None, *,
+                 device: torch.device | str | None = None) -> None:
+        lik = make_likelihood(likelihood)
+        if not getattr(lik, "binary", False):
+            raise ValueError(f"likelihood must be a binary likelihood ('logit' or 'probit'); got {lik.name!r} "
+                             f"(use gpvi.classification.LatentGP for other likelihoods)")
+        super().__init__(X, y, kernel, lik, theta, device=device)
+        self.classes: np.ndarray

@@ -1,0 +1,559 @@
+r"""Per-site expectations :math:`\mathbb E_{q(f_n)}[\log p(y_n \mid f_n)]` and their gradients, for CVI.
+
+For one site with Gaussian marginal :math:`q(f_n) = \mathcal N(m_n, v_n)` and log-likelihood
+:math:`h(f) = \log p(y_n \mid f)`, CVI (Khan & Lin 2017, eq. 13) needs
+
+.. math::
+
+    E_n = \mathbb E_q[h(f_n)],\qquad
+    \frac{\partial E_n}{\partial m_n} = \mathbb E_q[h'(f_n)],\qquad
+    \frac{\partial E_n}{\partial v_n} = \tfrac12\,\mathbb E_q[h''(f_n)]
+
+(Bonnet's and Price's theorems; Opper & Archambeau 2009), and the gradients with respect to the mean
+parameters :math:`\mu^{(1)}_n = m_n`, :math:`\mu^{(2)}_n = v_n + m_n^2` of the marginal:
+
+.. math::
+
+    \hat g^{(1)}_n = \frac{\partial E_n}{\partial m_n} - 2 m_n \frac{\partial E_n}{\partial v_n},\qquad
+    \hat g^{(2)}_n = \frac{\partial E_n}{\partial v_n}.
+
+Names in the code: ``m`` (:math:`m_n`), ``v`` (:math:`v_n = V_{nn}`), ``dm``, ``dv`` (the two partial
+derivatives), ``g1``, ``g2`` (:math:`\hat g^{(1)}, \hat g^{(2)}`), ``y`` the site's target (binary labels as
+0/1 floats, sign :math:`s = 2y - 1`).
+
+Estimators
+----------
+* **Quadrature** (:class:`Quadrature`), deterministic. The default rule, ``"gl-asinh"``, is Gauss–Legendre
+  on the window :math:`[m - T\sqrt v,\, m + T\sqrt v]` (``T = 8.5``: the Gaussian mass outside is 2e-17)
+  after the change of variables :math:`f = c \sinh u` (``c = 1``). The map puts nodes densely where the
+  logit/probit log-likelihoods bend (near :math:`f = 0`, on a scale of 1) and sparsely in their nearly
+  polynomial tails, and is locally affine when the window is far from 0, so a fixed number of nodes works for
+  every :math:`(m, v)`. With 96 nodes the relative error of :math:`E, \partial_m E, \partial_v E` is below
+  1e-13 (logit) and 1e-9 (probit; its log-likelihood is quadratic in the left tail) for
+  :math:`|m| \le 30`, :math:`10^{-4} \le v \le 2000` against adaptive quadrature (``tests/test_expectations.py``).
+  ``"gauss-hermite"`` is the classical rule (GPyTorch's default with 20 points): exact for polynomials, but
+  the logit/probit log-likelihoods have complex singularities at distance about :math:`\pi` (logit) and 2.8
+  (probit) from the real axis, i.e. at :math:`O(1/\sqrt v)` in the standardised variable, so its error grows
+  with the marginal variance: with 20 points it errs by up to 5e-2 at :math:`v \approx 50\text{--}400`, and
+  even 100 points leave 2e-2 there.
+* **Monte Carlo** (:func:`expected_log_lik` with ``method="mc"``): reparameterised draws
+  :math:`f = m + \sqrt v\,\varepsilon`, :math:`\varepsilon \sim \mathcal N(0, 1)` from a ``torch.Generator``
+  (the paper's default). ``mc_variance_grad="hessian"`` averages :math:`\tfrac12 h''(f)` (Price); for a
+  log-concave likelihood every draw gives :math:`\hat g^{(2)} < 0`, so sites stay valid.
+  ``"reparam"`` uses only first derivatives, :math:`\partial_v E = \mathbb E[h'(f)\,\varepsilon] / (2\sqrt v)`
+  (Bonnet + reparameterisation); unbiased but it can return :math:`\hat g^{(2)} \ge 0`, which CVI must then
+  reject or shrink.
+
+The Gaussian likelihood (used by the conjugacy check of CVI) has closed forms and never uses a rule.
+
+Likelihoods
+-----------
+:class:`BernoulliLogit` (:math:`p(y=1\mid f) = \sigma(f)`; the CVI paper's and scikit-learn's link),
+:class:`BernoulliProbit` (:math:`\Phi(f)`; GPyTorch's ``BernoulliLikelihood``) and :class:`Gaussian`
+(:math:`\mathcal N(y \mid f, \sigma^2)`). A likelihood is any object with ``name``, ``binary``,
+``derivatives(y, f) -> (h, h', h'')`` and ``closed_form(y, m, v) -> None | (E, dm, dv)``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from .rng import resolve_generator
+from .validation import as_float_tensor, check_choice, check_positive, check_positive_int
+
+__all__ = [
+    "BernoulliLogit",
+    "BernoulliProbit",
+    "Gaussian",
+    "Likelihood",
+    "make_likelihood",
+    "Quadrature",
+    "SiteExpectations",
+    "expected_log_lik",
+    "mean_parameter_gradients",
+    "gaussian_expectation",
+    "ExpectedLogLik",
+]
+
+_LOG_2PI = math.log(2.0 * math.pi)
+_HALF_LOG_2PI = 0.5 * _LOG_2PI
+
+
+# --------------------------------------------------------------------------- likelihoods
+class Likelihood:
+    """Base of the site likelihoods (documentation of the protocol; subclass or duck-type it).
+
+    Attributes
+    ----------
+    name : str
+        ``"logit"``, ``"probit"``, ``"gaussian"``... recorded in every result.
+    binary : bool
+        Whether targets are binary labels (0/1 floats internally).
+    """
+
+    name: str = "likelihood"
+    binary: bool = False
+
+    def derivatives(self, y: torch.Tensor, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        r"""``(h, h', h'')`` of :math:`h(f) = \log p(y \mid f)`, broadcasting ``y`` against ``f``."""
+        raise NotImplementedError
+
+    def log_prob(self, y: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+        r""":math:`\log p(y \mid f)`, broadcast."""
+        return self.derivatives(y, f)[0]
+
+    def closed_form(self, y: torch.Tensor, m: torch.Tensor, v: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """Exact ``(E, dE/dm, dE/dv)`` when available, else ``None`` (then a rule is used)."""
+        return None
+
+    def spec(self) -> dict[str, Any]:
+        """A description that :func:`make_likelihood` can rebuild."""
+        return {"name": self.name}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class BernoulliLogit(Likelihood):
+    r"""Bernoulli likelihood with the logistic link, :math:`p(y = 1 \mid f) = \sigma(f) = 1/(1 + e^{-f})`.
+
+    With :math:`s = 2y - 1 \in \{-1, +1\}`:
+
+    .. math::
+
+        h = \log\sigma(s f),\qquad h' = s\,\sigma(-s f),\qquad h'' = -\sigma(f)\,\sigma(-f) \in [-\tfrac14, 0).
+
+    Examples
+    --------
+    >>> import torch
+    >>> lik = BernoulliLogit()
+    >>> h, h1, h2 = lik.derivatives(torch.tensor([1.0]), torch.tensor([0.0], dtype=torch.float64))
+    >>> round(float(h), 6), float(h1), float(h2)
+    (-0.693147, 0.5, -0.25)
+    """
+
+    name = "logit"
+    binary = True
+
+    def derivatives(self, y, f):
+        s = 2.0 * y - 1.0
+        z = s * f
+        h = torch.nn.functional.logsigmoid(z)
+        h1 = s * torch.sigmoid(-z)
+        h2 = -torch.sigmoid(f) * torch.sigmoid(-f)
+        return h, h1, h2
+
+    def response(self, f: torch.Tensor) -> torch.Tensor:
+        r""":math:`p(y = 1 \mid f) = \sigma(f)`."""
+        return torch.sigmoid(f)
+
+
+class BernoulliProbit(Likelihood):
+    r"""Bernoulli likelihood with the probit link, :math:`p(y = 1 \mid f) = \Phi(f)` (GPyTorch's ``BernoulliLikelihood``).
+
+    With :math:`s = 2y - 1`, :math:`z = s f` and the inverse Mills ratio :math:`r = \phi(z)/\Phi(z)`:
+
+    .. math::
+
+        h = \log\Phi(z),\qquad h' = s\,r,\qquad h'' = -r\,(z + r) \in [-1, 0).
+
+    Examples
+    --------
+    >>> import torch
+    >>> lik = BernoulliProbit()
+    >>> h, h1, h2 = lik.derivatives(torch.tensor([0.0]), torch.tensor([0.0], dtype=torch.float64))
+    >>> round(float(h), 6), round(float(h1), 6)
+    (-0.693147, -0.797885)
+    """
+
+    name = "probit"
+    binary = True
+
+    def derivatives(self, y, f):
+        s = 2.0 * y - 1.0
+        z = s * f
+        h = torch.special.log_ndtr(z)
+        r = torch.exp(-0.5 * z * z - _HALF_LOG_2PI - h)
+        h1 = s * r
+        h2 = -r * (z + r)
+        return h, h1, h2
+
+    def response(self, f: torch.Tensor) -> torch.Tensor:
+        r""":math:`p(y = 1 \mid f) = \Phi(f)`."""
+        return torch.special.ndtr(f)
+
+
+class Gaussian(Likelihood):
+    r"""Gaussian likelihood :math:`\mathcal N(y \mid f, \sigma^2)` (the conjugate case; used to check CVI).
+
+    Closed forms: :math:`E = -\tfrac12\log(2\pi\sigma^2) - ((y - m)^2 + v)/(2\sigma^2)`,
+    :math:`\partial_m E = (y - m)/\sigma^2`, :math:`\partial_v E = -1/(2\sigma^2)`, hence
+    :math:`\hat g^{(1)} = y/\sigma^2` and :math:`\hat g^{(2)} = -1/(2\sigma^2)` whatever :math:`q` is: one CVI step
+    with :math:`\beta = 1` lands on the exact GP regression posterior.
+
+    Parameters
+    ----------
+    noise_var : float or array-like of shape (N,)
+        :math:`\sigma^2 > 0` (scalar or one per site).
+
+    Examples
+    --------
+    >>> import torch
+    >>> lik = Gaussian(0.5)
+    >>> E, dm, dv = lik.closed_form(torch.tensor([1.0], dtype=torch.float64),
+    ...                             torch.tensor([0.0], dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64))
+    >>> float(dm), float(dv)
+    (2.0, -1.0)
+    """
+
+    name = "gaussian"
+    binary = False
+
+    def __init__(self, noise_var: float | Any = 1.0) -> None:
+        if isinstance(noise_var, (int, float)) and not isinstance(noise_var, bool):
+            check_positive(noise_var, "noise_var")
+            self.noise_var = torch.tensor(float(noise_var), dtype=torch.float64)
+        else:
+            t = as_float_tensor(noise_var, "noise_var", ndim=(0, 1))
+            if bool((t <= 0).any()):
+                raise ValueError("noise_var must be > 0 everywhere")
+            self.noise_var = t
+
+    def _nv(self, like: torch.Tensor) -> torch.Tensor:
+        return self.noise_var.to(like)
+
+    def derivatives(self, y, f):
+        nv = self._nv(f)
+        r = y - f
+        h = -0.5 * (_LOG_2PI + torch.log(nv)) - 0.5 * r * r / nv
+        return h, r / nv, (-1.0 / nv).expand_as(f)
+
+    def closed_form(self, y, m, v):
+        nv = self._nv(m)
+        r = y - m
+        E = -0.5 * (_LOG_2PI + torch.log(nv)) - 0.5 * (r * r + v) / nv
+        return E, r / nv, (-0.5 / nv).expand_as(m)
+
+    def spec(self) -> dict[str, Any]:
+        return {"name": self.name, "noise_var": self.noise_var.tolist()}
+
+    def __repr__(self) -> str:
+        nv = self.noise_var
+        return f"Gaussian(noise_var={float(nv):g})" if nv.dim() == 0 else f"Gaussian(noise_var=<{nv.numel()} values>)"
+
+
+_LIKELIHOODS = {"logit": BernoulliLogit, "probit": BernoulliProbit}
+
+
+def make_likelihood(likelihood: Any, name: str = "likelihood") -> Likelihood:
+    """Return a likelihood object from ``"logit"``, ``"probit"``, a spec dict or a likelihood object.
+
+    Raises
+    ------
+    ValueError
+        Unknown name.
+    TypeError
+        Neither a string nor an object with ``derivatives``.
+    """
+    if isinstance(likelihood, dict):
+        if likelihood.get("name") == "gaussian":
+            return Gaussian(torch.tensor(likelihood["noise_var"], dtype=torch.float64))
+        likelihood = likelihood.get("name")
+    if isinstance(likelihood, str):
+        check_choice(likelihood, name, ["logit", "probit"])
+        return _LIKELIHOODS[likelihood]()
+    if callable(getattr(likelihood, "derivatives", None)) and hasattr(likelihood, "name"):
+        return likelihood
+    raise TypeError(f"{name} must be 'logit', 'probit' or a likelihood object with derivatives(y, f); "
+                    f"got {type(likelihood).__name__}")
+
+
+# --------------------------------------------------------------------------- quadrature
+@functools.lru_cache(maxsize=32)
+def _gauss_legendre(n: int) -> tuple[np.ndarray, np.ndarray]:
+    x, w = np.polynomial.legendre.leggauss(n)
+    return x, w
+
+
+@functools.lru_cache(maxsize=32)
+def _gauss_hermite(n: int) -> tuple[np.ndarray, np.ndarray]:
+    x, w = np.polynomial.hermite_e.hermegauss(n)
+    return x, w / math.sqrt(2.0 * math.pi)
+
+
+class Quadrature:
+    r"""A deterministic rule for Gaussian expectations :math:`\mathbb E_{\mathcal N(m, v)}[g(f)]`, batched over sites.
+
+    Parameters
+    ----------
+    num_points : int
+        Number of nodes per site (default 96).
+    rule : {"gl-asinh", "gauss-hermite"}
+        ``"gl-asinh"`` (default): Gauss–Legendre in :math:`u` with :math:`f = c\sinh u` on the window
+        :math:`m \pm T\sqrt v`; accurate for every marginal variance (see the module docstring).
+        ``"gauss-hermite"``: probabilists' Gauss–Hermite nodes :math:`f = m + \sqrt v\,x_k`; exact for polynomials
+        of degree < 2 ``num_points`` but slow to converge when :math:`v` is large (kept for comparison with
+        GPyTorch, whose default is 20 points).
+    scale : float
+        :math:`c`, the length scale (in :math:`f`) on which the likelihood bends; 1 suits logit and probit.
+    width : float
+        :math:`T`, half-width of the window in standard deviations (8.5: neglected mass 2e-17).
+
+    Examples
+    --------
+    >>> import torch
+    >>> q = Quadrature(64)
+    >>> f, w = q.nodes(torch.tensor([1.0], dtype=torch.float64), torch.tensor([4.0], dtype=torch.float64))
+    >>> round(float((w * f * f).sum()), 10)       # E[f^2] = v + m^2
+    5.0
+    """
+
+    def __init__(self, num_points: int = 96, rule: str = "gl-asinh", *, scale: float = 1.0,
+                 width: float = 8.5) -> None:
+        self.num_points = check_positive_int(num_points, "num_quadrature", minimum=2)
+        self.rule = check_choice(rule, "quadrature", ["gl-asinh", "gauss-hermite"])
+        self.scale = check_positive(scale, "scale")
+        self.width = check_positive(width, "width")
+
+    def nodes(self, m: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""Nodes ``f`` and weights ``w`` of shape ``(B, num_points)`` with :math:`\mathbb E[g(f)] \approx \sum_k w_k g(f_k)`.
+
+        Parameters
+        ----------
+        m, v : torch.Tensor of shape (B,)
+            Means and variances of the site marginals (``v`` is clamped at 0).
+        """
+        sd = torch.sqrt(v.clamp_min(0.0))
+        if self.rule == "gauss-hermite":
+            x, w = _gauss_hermite(self.num_points)
+            xt = torch.as_tensor(x, dtype=m.dtype, device=m.device)
+            wt = torch.as_tensor(w, dtype=m.dtype, device=m.device)
+            return m.unsqueeze(-1) + sd.unsqueeze(-1) * xt, wt.expand(m.shape[0], -1)
+        x, w = _gauss_legendre(self.num_points)
+        xt = torch.as_tensor(x, dtype=m.dtype, device=m.device)
+        wt = torch.as_tensor(w, dtype=m.dtype, device=m.device)
+        c = self.scale
+        half = self.width * sd
+        ulo = torch.asinh((m - half) / c)
+        uhi = torch.asinh((m + half) / c)
+        mid, rad = 0.5 * (uhi + ulo), 0.5 * (uhi - ulo)
+        u = mid.unsqueeze(-1) + rad.unsqueeze(-1) * xt
+        f = c * torch.sinh(u)
+        # density of N(m, v) at f times the Jacobian df/du = c cosh u
+        sd_safe = torch.where(sd > 0, sd, torch.ones_like(sd)).unsqueeze(-1)
+        zz = (f - m.unsqueeze(-1)) / sd_safe
+        dens = torch.exp(-0.5 * zz * zz - _HALF_LOG_2PI) / sd_safe
+        weights = (rad.unsqueeze(-1) * wt) * (c * torch.cosh(u)) * dens
+        # a degenerate window (v == 0, or v so small that m +- T sd rounds to m): a point mass at m
+        degenerate = (uhi <= ulo).unsqueeze(-1)
+        if bool(degenerate.any()):
+            point = torch.zeros_like(weights)
+            point[..., 0] = 1.0
+            weights = torch.where(degenerate, point, weights)
+            f = torch.where(degenerate, m.unsqueeze(-1).expand_as(f), f)
+        return f, weights
+
+    def spec(self) -> dict[str, Any]:
+        return {"num_points": self.num_points, "rule": self.rule, "scale": self.scale, "width": self.width}
+
+    def __repr__(self) -> str:
+        return f"Quadrature(num_points={self.num_points}, rule={self.rule!r})"
+
+
+def gaussian_expectation(fn: Any, m: torch.Tensor, v: torch.Tensor, quadrature: Quadrature | None = None
+                         ) -> torch.Tensor:
+    r""":math:`\mathbb E_{\mathcal N(m_b, v_b)}[g(f)]` for each of ``B`` sites by quadrature.
+
+    Parameters
+    ----------
+    fn : callable
+        ``fn(f)`` for ``f`` of shape ``(B, Q)``, returning the same shape.
+    m, v : torch.Tensor of shape (B,)
+    quadrature : Quadrature, optional
+        Default ``Quadrature()`` (96-point asinh-mapped Gauss–Legendre).
+
+    Returns
+    -------
+    torch.Tensor of shape (B,)
+
+    Examples
+    --------
+    >>> import torch
+    >>> m = torch.tensor([0.0, 2.0], dtype=torch.float64); v = torch.tensor([1.0, 9.0], dtype=torch.float64)
+    >>> [round(x, 10) for x in gaussian_expectation(lambda f: f * f, m, v).tolist()]     # v + m^2
+    [1.0, 13.0]
+    """
+    quad = quadrature if quadrature is not None else Quadrature()
+    f, w = quad.nodes(m, v)
+    return (w * fn(f)).sum(-1)
+
+
+# --------------------------------------------------------------------------- site expectations
+class SiteExpectations(NamedTuple):
+    r"""Per-site :math:`E_n`, :math:`\partial E_n/\partial m_n`, :math:`\partial E_n/\partial v_n`, each of shape (B,)."""
+
+    value: torch.Tensor
+    dm: torch.Tensor
+    dv: torch.Tensor
+
+
+def _check_site_tensors(y: torch.Tensor, m: torch.Tensor, v: torch.Tensor) -> None:
+    if m.dim() != 1 or v.shape != m.shape or y.shape != m.shape:
+        raise ValueError(f"y, m and v must be 1-D of equal length; got shapes {tuple(y.shape)}, {tuple(m.shape)}, "
+                         f"{tuple(v.shape)}")
+
+
+def expected_log_lik(
+    likelihood: Likelihood,
+    y: torch.Tensor,
+    m: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    method: str = "quadrature",
+    quadrature: Quadrature | None = None,
+    num_mc: int = 10,
+    mc_variance_grad: str = "hessian",
+    generator: torch.Generator | None = None,
+) -> SiteExpectations:
+    r"""Per-site :math:`E_n = \mathbb E_{\mathcal N(m_n, v_n)}[\log p(y_n \mid f)]` with its derivatives in :math:`m_n, v_n`.
+
+    .. math::
+
+        \partial_m E = \mathbb E[h'(f)],\qquad \partial_v E = \tfrac12\mathbb E[h''(f)]
+
+    (Opper & Archambeau 2009; these feed Khan & Lin 2017, eq. 13 through :func:`mean_parameter_gradients`).
+
+    Parameters
+    ----------
+    likelihood : Likelihood
+    y, m, v : torch.Tensor of shape (B,)
+        Targets (binary labels as 0/1), marginal means and variances.
+    method : {"quadrature", "mc"}
+        Deterministic rule, or reparameterised Monte Carlo with ``num_mc`` draws per site. A likelihood with a
+        closed form (Gaussian) ignores this.
+    quadrature : Quadrature, optional
+        Rule for ``method="quadrature"`` (default ``Quadrature()``).
+    num_mc : int
+        Draws per site for ``method="mc"``.
+    mc_variance_grad : {"hessian", "reparam"}
+        Monte Carlo estimator of :math:`\partial_v E`: :math:`\tfrac12\overline{h''(f)}` or
+        :math:`\overline{h'(f)\varepsilon}/(2\sqrt v)`.
+    generator : torch.Generator, optional
+        Randomness for ``method="mc"`` (a fresh non-deterministic generator if omitted).
+
+    Returns
+    -------
+    SiteExpectations
+        ``(value, dm, dv)``, each of shape (B,). For Monte Carlo, ``value`` is the Monte Carlo average too.
+
+    Examples
+    --------
+    >>> import torch
+    >>> y = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    >>> m = torch.tensor([0.5, -1.0], dtype=torch.float64); v = torch.tensor([2.0, 30.0], dtype=torch.float64)
+    >>> ex = expected_log_lik(BernoulliLogit(), y, m, v)
+    >>> ex.dv.lt(0).all().item()
+    True
+    """
+    _check_site_tensors(y, m, v)
+    method = check_choice(method, "estimator", ["quadrature", "mc"])
+    closed = likelihood.closed_form(y, m, v)
+    if closed is not None:
+        return SiteExpectations(*closed)
+    if method == "quadrature":
+        quad = quadrature if quadrature is not None else Quadrature()
+        f, w = quad.nodes(m, v)
+        h, h1, h2 = likelihood.derivatives(y.unsqueeze(-1), f)
+        return SiteExpectations((w * h).sum(-1), (w * h1).sum(-1), 0.5 * (w * h2).sum(-1))
+    num_mc = check_positive_int(num_mc, "num_mc")
+    mc_variance_grad = check_choice(mc_variance_grad, "mc_variance_grad", ["hessian", "reparam"])
+    gen = resolve_generator(None, generator)
+    eps = torch.randn((m.shape[0], num_mc), generator=gen, dtype=m.dtype, device=m.device)
+    sd = torch.sqrt(v.clamp_min(0.0)).unsqueeze(-1)
+    f = m.unsqueeze(-1) + sd * eps
+    h, h1, h2 = likelihood.derivatives(y.unsqueeze(-1), f)
+    if mc_variance_grad == "hessian":
+        dv = 0.5 * h2.mean(-1)
+    else:
+        dv = (h1 * eps).mean(-1) / (2.0 * sd.squeeze(-1))
+    return SiteExpectations(h.mean(-1), h1.mean(-1), dv)
+
+
+def mean_parameter_gradients(dm: torch.Tensor, dv: torch.Tensor, m: torch.Tensor
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Gradients with respect to the mean parameters :math:`\mu^{(1)} = m`, :math:`\mu^{(2)} = v + m^2`.
+
+    Since :math:`m = \mu^{(1)}` and :math:`v = \mu^{(2)} - (\mu^{(1)})^2`,
+
+    .. math::
+
+        \hat g^{(1)} = \partial_m E - 2 m\,\partial_v E,\qquad \hat g^{(2)} = \partial_v E
+
+    (Khan & Lin 2017, eq. 13; Opper & Archambeau 2009).
+
+    Parameters
+    ----------
+    dm, dv, m : torch.Tensor of shape (B,)
+
+    Returns
+    -------
+    g1, g2 : torch.Tensor of shape (B,)
+
+    Examples
+    --------
+    >>> import torch
+    >>> g1, g2 = mean_parameter_gradients(torch.tensor([1.0]), torch.tensor([-0.5]), torch.tensor([2.0]))
+    >>> float(g1), float(g2)
+    (3.0, -0.5)
+    """
+    return dm - 2.0 * m * dv, dv
+
+
+class _ExpectedLogLikFn(torch.autograd.Function):
+    """Sum of per-site expectations with the backward from the quadrature derivatives (dm, dv)."""
+
+    @staticmethod
+    def forward(ctx, m, v, value, dm, dv):  # type: ignore[override]
+        ctx.save_for_backward(dm, dv)
+        return value.sum()
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        dm, dv = ctx.saved_tensors
+        return grad * dm, grad * dv, None, None, None
+
+
+def ExpectedLogLik(likelihood: Likelihood, y: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
+                   quadrature: Quadrature | None = None) -> torch.Tensor:
+    r""":math:`\sum_n \mathbb E_{\mathcal N(m_n, v_n)}[\log p(y_n \mid f)]`, differentiable in ``m`` and ``v``.
+
+    The backward pass uses the deterministic derivatives :math:`\partial_m E = \mathbb E[h']`,
+    :math:`\partial_v E = \tfrac12\mathbb E[h'']` rather than autograd through the quadrature nodes.
+    Used for the hyperparameter gradient of the ELBO (Khan & Lin 2017, eq. 5).
+
+    Parameters
+    ----------
+    likelihood, y, m, v, quadrature
+        As in :func:`expected_log_lik` (``m``, ``v`` may require grad).
+
+    Returns
+    -------
+    torch.Tensor of shape ()
+
+    Examples
+    --------
+    >>> import torch
+    >>> m = torch.zeros(3, dtype=torch.float64, requires_grad=True)
+    >>> v = torch.ones(3, dtype=torch.float64)
+    >>> val = ExpectedLogLik(BernoulliLogit(), torch.ones(3, dtype=torch.float64), m, v)
+    >>> val.backward(); m.grad.shape
+    torch.Size([3])
+    """
+    ex = expected_log_lik(likelihood, y, m.detach(), v.detach(), quadrature=quadrature)
+    return _ExpectedLogLikFn.apply(m, v, ex.value, ex.dm, ex.dv)
