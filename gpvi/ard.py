@@ -80,10 +80,10 @@ class ARDTerm:
     Examples
     --------
     >>> import torch
-    >>> mu, c = torch.tensor([0.0, 1.0], dtype=torch.float64), torch.tensor([1.0, 1.0], dtype=torch.float64)
+    >>> mu, c = torch.tensor([0.5, 1.0], dtype=torch.float64), torch.tensor([1.0, 1.0], dtype=torch.float64)
     >>> value, gmu, gc = ARDTerm()(mu, c)
     >>> round(value, 6), gmu.tolist(), gc.tolist()
-    (-0.346574, [0.0, -0.5], [0.0, 0.5])
+    (-0.458145, [-0.4, -0.5], [0.2, 0.5])
     """
 
     def __call__(self, mu: torch.Tensor, c: torch.Tensor) -> tuple[float, torch.Tensor, torch.Tensor]:

@@ -510,3 +510,36 @@ def test_bad_run_inputs():
         quiet(num_steps=5).run(target, torch.zeros(3), state=st)
     with pytest.raises(ValueError, match="scale"):
         quiet(scale="diag", num_steps=5).run(target, state=st)
+
+
+# ------------------------------------------------------------------------------------------------ logistic target
+def test_logistic_target_log_joint_labels_and_prediction():
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(30, 2, generator=g, dtype=torch.float64)
+    y01 = (X[:, 0] > 0).double()
+    m01 = BayesianLogisticRegression(X, y01, prior_var=2.0)
+    mpm = BayesianLogisticRegression(X.numpy(), (2 * y01 - 1).numpy(), prior_var=2.0)   # numpy, {-1, +1}
+    theta = torch.randn(4, 3, generator=g, dtype=torch.float64)
+    assert m01.names == ["bias", "w[0]", "w[1]"]
+    # hand-written: sum_n log sigmoid(y_n x_n^T theta) + log N(theta | 0, 2 I)
+    Phi = torch.cat([torch.ones(30, 1, dtype=torch.float64), X], 1)
+    yy = 2 * y01 - 1
+    manual = torch.log(torch.sigmoid(yy * (theta @ Phi.T))).sum(-1) \
+        + torch.distributions.Normal(0.0, math.sqrt(2.0)).log_prob(theta).sum(-1)
+    assert torch.allclose(m01.log_joint(theta), manual, rtol=1e-10)
+    assert torch.equal(m01.log_joint(theta), mpm.log_joint(theta))
+    assert m01.log_joint(theta[0]).shape == ()
+    p = m01.predict_proba(X, theta[0])
+    assert torch.allclose(p, torch.sigmoid(Phi @ theta[0]))
+    # Gaussian posterior: Gauss-Hermite predictive equals a large Monte Carlo average
+    q = GaussianPosterior(theta[0], 0.5 * torch.eye(3, dtype=torch.float64), m01.names)
+    mc = torch.sigmoid(q.sample(200_000, seed=1) @ Phi.T).mean(0)
+    assert torch.allclose(m01.predict_proba(X, q), mc, atol=5 * 0.5 / math.sqrt(200_000))
+    with pytest.raises(ValueError, match="y"):
+        BayesianLogisticRegression(X, torch.full((30,), 2.0))
+    with pytest.raises(ValueError, match="rows"):
+        BayesianLogisticRegression(X, y01[:-1])
+    with pytest.raises(ValueError, match="prior_var"):
+        BayesianLogisticRegression(X, y01, prior_var=0.0)
+    with pytest.raises(ValueError, match="feature_names"):
+        BayesianLogisticRegression(X, y01, feature_names=["a"])
