@@ -525,7 +525,7 @@ def test_logistic_target_log_joint_labels_and_prediction():
     Phi = torch.cat([torch.ones(30, 1, dtype=torch.float64), X], 1)
     yy = 2 * y01 - 1
     manual = torch.log(torch.sigmoid(yy * (theta @ Phi.T))).sum(-1) \
-        + torch.distributions.Normal(0.0, math.sqrt(2.0)).log_prob(theta).sum(-1)
+        + torch.distributions.Normal(torch.tensor(0.0, dtype=torch.float64), math.sqrt(2.0)).log_prob(theta).sum(-1)
     assert torch.allclose(m01.log_joint(theta), manual, rtol=1e-10)
     assert torch.equal(m01.log_joint(theta), mpm.log_joint(theta))
     assert m01.log_joint(theta[0]).shape == ()
