@@ -63,7 +63,11 @@ estimator always give :math:`\hat g^{(2)} < 0`, so every convex combination is v
 a site invalid (``"reparam"`` Monte Carlo, other likelihoods), ``invalid="shrink"`` shrinks that site's step to
 half the distance to the boundary (:math:`\beta' = \tfrac12\,\tilde\lambda^{(2)}/(\tilde\lambda^{(2)} - \hat g^{(2)})`,
 so the precision at most halves; counted in ``info["sites_shrunk"]``), ``invalid="reject"`` skips that site's
-update (``info["sites_rejected"]``). Non-finite estimates are skipped (``info["sites_nonfinite"]``) with a
+update (``info["sites_rejected"]``). A site's precision :math:`-2\tilde\lambda^{(2)}_n` is floored at
+:math:`10^{-10}/\overline{K_{nn}}` (pseudo-noise at most :math:`10^{10}` times the mean prior variance; such a site
+changes :math:`q` by less than 1e-10 relative, and the floor keeps :math:`s_n` finite when
+:math:`\mathbb E[h'']` underflows, e.g. for a diverging :math:`\beta = 1` run); floored updates are counted in
+``info["sites_floored"]``. Non-finite estimates are skipped (``info["sites_nonfinite"]``) with a
 :class:`~gpvi.exceptions.NumericalWarning`; a factorisation or ELBO failure rolls back to the last good state
 and halves the step; after ``max_faults`` consecutive faults a :class:`~gpvi.exceptions.NumericalFaultError`
 carrying the last good state is raised.
@@ -78,20 +82,18 @@ modes share one code path and are compared like with like.
 
 ELBO (eq. 5)
 ------------
-With :math:`\mu^{(2)}_n = V_{nn} + m_n^2` and the GP-regression evidence of the pseudo-data,
+With the marginals, :math:`\boldsymbol\alpha = (K+S)^{-1}\tilde{\mathbf y}` and the factor,
 
 .. math::
 
     \mathcal L = \sum_n \mathbb E_q[\log p(y_n \mid f_n)]
-      - \sum_n\big(\tilde\lambda^{(1)}_n m_n + \tilde\lambda^{(2)}_n\mu^{(2)}_n\big) + \log Z_q,\qquad
-    \log Z_q = \sum_n\Big[\tfrac12\log(2\pi s_n) + \frac{\tilde y_n^2}{2 s_n}\Big]
-      + \log\mathcal N(\tilde{\mathbf y}\mid 0, K + S),
+      - \tfrac12\Big[\mathbf m^\top\boldsymbol\alpha - \sum_n \frac{V_{nn}}{s_n} + \log|K+S| - \sum_n\log s_n\Big]
 
-since :math:`\mathrm{KL}(q\,\|\,p) = \mathbb E_q[\log t(\mathbf f)] - \log Z_q` for :math:`q = t\,p / Z_q`. Given
-the factor and the marginals this costs O(N^2) (one solve for :math:`(K+S)^{-1}\tilde{\mathbf y}`), plus the
-quadrature. The marginals themselves cost O(N^3) (:math:`L^{-1}K`), so: full-batch mode evaluates the ELBO every
-step (the marginals are needed anyway); stochastic mode evaluates it once per refactorisation (O(N^3) once per
-sweep by default, the same order as the sweep's N single-site steps).
+(:func:`site_elbo`; the bracket is :math:`2\,\mathrm{KL}(q\,\|\,p)` since :math:`K^{-1}V = (K+S)^{-1}S`). Given
+the factor and the marginals this costs O(N) plus the quadrature; the marginals themselves cost O(N^3)
+(:math:`L^{-1}K`), so full-batch mode evaluates the ELBO every step (the marginals are needed anyway) and
+stochastic mode once per refactorisation (O(N^3) once per sweep by default, the same order as the sweep's N
+single-site steps).
 
 Hyperparameters
 ---------------
@@ -155,8 +157,10 @@ from .validation import (
 __all__ = ["CVI", "CVIState", "LatentPosterior", "BernoulliPredictive", "site_elbo", "cholesky_site_update_"]
 
 _LOG_2PI = math.log(2.0 * math.pi)
-_COUNTERS = ("sites_shrunk", "sites_rejected", "sites_nonfinite", "faults", "refactorisations",
+_COUNTERS = ("sites_shrunk", "sites_rejected", "sites_nonfinite", "sites_floored", "faults", "refactorisations",
              "factor_faults", "jitter_events", "theta_phases")
+_MIN_SITE_PRECISION = 1e-10
+"""Floor on a site's precision -2 lam2, relative to 1 / mean(diag K) (see the module docstring)."""
 
 
 # =========================================================================== linear algebra of the sites
@@ -267,11 +271,18 @@ def site_elbo(value_sum: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor, m
               var: torch.Tensor, L: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
     r"""The ELBO (Khan & Lin 2017, eq. 5) of the site-parametrised :math:`q` given its marginals and factor.
 
+    With :math:`V = S(K+S)^{-1}K`, :math:`K^{-1}V = (K+S)^{-1}S` and :math:`\mathbf m = K\boldsymbol\alpha`, the
+    Gaussian KL divergence needs only the marginals, :math:`\boldsymbol\alpha = (K+S)^{-1}\tilde{\mathbf y}` and
+    the factor :math:`L L^\top = K + S`:
+
     .. math::
 
-        \mathcal L = \sum_n E_n - \sum_n\big(\tilde\lambda^{(1)}_n m_n + \tilde\lambda^{(2)}_n (V_{nn} + m_n^2)\big)
-          + \sum_n\Big[\tfrac12\log(2\pi s_n) + \frac{\tilde y_n^2}{2 s_n}\Big]
-          - \tfrac12\tilde{\mathbf y}^\top\boldsymbol\alpha - \sum_n \log L_{nn} - \tfrac N2\log 2\pi
+        \mathcal L = \sum_n \mathbb E_q[\log p(y_n \mid f_n)] - \tfrac12\Big[\mathbf m^\top\boldsymbol\alpha
+          - \sum_n \frac{V_{nn}}{s_n} + \log|K + S| - \sum_n \log s_n\Big]
+
+    (:math:`\operatorname{tr}(K^{-1}V) = N - \sum_n V_{nn}/s_n`, :math:`\log|K| - \log|V| = \log|K+S| - \sum_n\log s_n`).
+    This form has no :math:`\tilde y_n^2/s_n` terms, which cancel catastrophically for weak sites (large
+    :math:`s_n`). O(N) given its inputs.
 
     Parameters
     ----------
@@ -298,11 +309,9 @@ def site_elbo(value_sum: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor, m
     >>> round(float(kl), 6) == round(2 * 0.5 * (0.5 - 1 - math.log(0.5)), 6)   # KL(N(0, .5) || N(0, 1)) per site
     True
     """
-    ytilde, s = _pseudo(lam1, lam2)
-    n = lam1.shape[0]
-    log_z = (0.5 * torch.log(2.0 * math.pi * s) + 0.5 * ytilde * ytilde / s).sum() \
-        - 0.5 * (ytilde * alpha).sum() - 0.5 * logdet_from_cholesky(L) - 0.5 * n * _LOG_2PI
-    return value_sum - (lam1 * m + lam2 * (var + m * m)).sum() + log_z
+    s = -0.5 / lam2
+    kl2 = (m * alpha).sum() - (var / s).sum() + logdet_from_cholesky(L) - torch.log(s).sum()
+    return value_sum - 0.5 * kl2
 
 
 # =========================================================================== state
@@ -793,8 +802,14 @@ class CVI:
         """Sum of per-site expected log-likelihoods by quadrature (for the ELBO, whatever the estimator)."""
         return expected_log_lik(model.likelihood, model.y, m, v, quadrature=self.quadrature).value.sum()
 
+    @staticmethod
+    def _lam2_cap(K: torch.Tensor) -> float:
+        """Largest allowed lam2: site precision -2 lam2 >= 1e-10 / mean(diag K), i.e. s <= 1e10 mean(diag K)."""
+        return -0.5 * _MIN_SITE_PRECISION / max(float(K.diagonal().mean()), 1e-300)
+
     def _site_update(self, lam1: torch.Tensor, lam2: torch.Tensor, g1: torch.Tensor, g2: torch.Tensor,
-                     beta: float, counters: dict[str, float]) -> tuple[torch.Tensor, torch.Tensor]:
+                     beta: float, counters: dict[str, float], lam2_cap: float
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Eq. 13 on the given sites with the validity rule; returns new (lam1, lam2) for those sites."""
         finite = torch.isfinite(g1) & torch.isfinite(g2)
         b = torch.full_like(lam1, beta)
@@ -817,7 +832,12 @@ class CVI:
             b = torch.where(finite, b, torch.zeros_like(b))
             g1 = torch.where(finite, g1, torch.zeros_like(g1))
             g2 = torch.where(finite, g2, torch.zeros_like(g2))
-        return (1.0 - b) * lam1 + b * g1, (1.0 - b) * lam2 + b * g2
+        new1, new2 = (1.0 - b) * lam1 + b * g1, (1.0 - b) * lam2 + b * g2
+        weak = new2 > lam2_cap
+        if bool(weak.any()):
+            counters["sites_floored"] += int(weak.sum())
+            new2 = torch.where(weak, torch.full_like(new2, lam2_cap), new2)
+        return new1, new2
 
     # ------------------------------------------------------------------ public pieces
     def init(self, model: LatentGP, theta: Any = None, *, lam1: Any = None, lam2: Any = None) -> CVIState:
@@ -905,7 +925,7 @@ class CVI:
         beta = self._beta_t(st)
         info = {"elbo": elbo_f, "residual": residual, "beta": beta, "sites": n, "checked": True,
                 "elbo_step": st.step, "rng_used": self.estimator == "mc"}
-        st.lam1, st.lam2 = self._site_update(st.lam1, st.lam2, g1, g2, beta, st.counters)
+        st.lam1, st.lam2 = self._site_update(st.lam1, st.lam2, g1, g2, beta, st.counters, self._lam2_cap(K))
         st.initialised = True
         st.step += 1
         st.sites_updated += n
@@ -967,7 +987,7 @@ class CVI:
         ex = self._expectations(model, idx, m_b, v_b, gen)
         g1, g2 = mean_parameter_gradients(ex.dm, ex.dv, m_b)
         beta = self._beta_t(st)
-        new1, new2 = self._site_update(st.lam1[idx], st.lam2[idx], g1, g2, beta, st.counters)
+        new1, new2 = self._site_update(st.lam1[idx], st.lam2[idx], g1, g2, beta, st.counters, self._lam2_cap(K))
         lam1, lam2 = st.lam1.clone(), st.lam2.clone()
         lam1[idx], lam2[idx] = new1, new2
         st.lam1, st.lam2 = lam1, lam2

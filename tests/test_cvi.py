@@ -1,0 +1,560 @@
+"""CVI for latent GP models: conjugacy, full vs single-site fixed point, the cached factor, an independent
+optimiser (GPyTorch), ELBO ascent, hyperparameter gradients, faults, interruption/resume and bad input."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+
+import gpvi
+from conftest import make_gp_data
+from gpvi.classification import GPClassification, LatentGP
+from gpvi.cvi import CVI, CVIState, LatentPosterior, cholesky_site_update_, site_elbo
+from gpvi.exceptions import InterruptedRunWarning, NotPSDError, NumericalFaultError, NumericalWarning
+from gpvi.expectations import BernoulliLogit, Gaussian, expected_log_lik
+from gpvi.linalg import cholesky_update
+from gpvi.model import GPRegression
+
+F64 = torch.float64
+
+
+def clf_data(n: int = 60, d: int = 2, *, seed: int = 0):
+    """Small synthetic binary data with a smooth decision boundary (labels in {0, 1})."""
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand((n, d), generator=g, dtype=F64) * 4 - 2
+    f = torch.sin(2 * X[:, 0]) + (X[:, 1] if d > 1 else 0.0)
+    y = (torch.rand(n, generator=g, dtype=F64) < torch.sigmoid(3 * f)).to(F64)
+    return X, y
+
+
+def engine(**kw) -> CVI:
+    kw.setdefault("progress_bar", False)
+    return CVI(**kw)
+
+
+def dense_elbo(model: LatentGP, theta: torch.Tensor, m: torch.Tensor, V: torch.Tensor) -> float:
+    """ELBO of a general Gaussian q = N(m, V) with dense matrices (independent of the site formulas)."""
+    K = model.kernel_matrix(theta)
+    n = K.shape[0]
+    E = expected_log_lik(model.likelihood, model.y, m, V.diagonal()).value.sum()
+    Lk = torch.linalg.cholesky(K)
+    Lv = torch.linalg.cholesky(V)
+    Kinv_V = torch.cholesky_solve(V, Lk)
+    kl = 0.5 * (Kinv_V.diagonal().sum() + m @ torch.cholesky_solve(m.unsqueeze(-1), Lk).squeeze(-1) - n
+                + 2 * torch.log(Lk.diagonal()).sum() - 2 * torch.log(Lv.diagonal()).sum())
+    return float(E - kl)
+
+
+def site_covariance(model: LatentGP, theta: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor):
+    """Dense m and V of q from the sites: V = (K^-1 + diag(-2 lam2))^-1, m = V lam1."""
+    K = model.kernel_matrix(theta)
+    W = -2 * lam2
+    Ws = torch.sqrt(W)
+    B = torch.eye(K.shape[0], dtype=F64) + Ws[:, None] * K * Ws[None, :]
+    V = K - (K * Ws[None, :]) @ torch.linalg.solve(B, Ws[:, None] * K)
+    V = 0.5 * (V + V.T)
+    return V @ lam1, V
+
+
+# ----------------------------------------------------------------------------------------------- (1) conjugacy
+def test_one_beta_one_step_with_gaussian_likelihood_is_exact_gp_regression():
+    X, y = make_gp_data(n=40, d=2, seed=0)
+    noise = 0.05
+    model = LatentGP(X, y, likelihood=Gaussian(noise))
+    theta = torch.tensor([0.3, -0.5, 0.2], dtype=F64)
+    reg = GPRegression(X, y)
+    theta_reg = torch.cat([theta, torch.tensor([math.log(noise)], dtype=F64)])
+    mean_ref, var_ref = reg.predict(theta_reg, X, include_noise=False)
+    # before the step q is the prior: far from the regression posterior (the check below is not vacuous)
+    prior = engine(mode="full", beta=1.0, num_steps=1, tol=0).init(model, theta)
+    assert float((torch.zeros(40, dtype=F64) - mean_ref).abs().max()) > 0.1
+    post = engine(mode="full", beta=1.0, num_steps=1, tol=0).run(model, theta=theta, state=prior)
+    assert torch.allclose(post.m, mean_ref, rtol=0, atol=1e-10)
+    assert torch.allclose(post.var, var_ref, rtol=0, atol=1e-10)
+    assert torch.allclose(post.lam1, y / noise, rtol=1e-14) and torch.allclose(post.lam2, torch.full_like(y, -0.5 / noise))
+    # at the exact posterior KL(q || p(f | y)) = 0, so the ELBO is the log marginal likelihood
+    assert post.elbo == pytest.approx(float(reg.log_marginal_likelihood(theta_reg)), rel=1e-10)
+    # the stochastic engine's first step (full, from the prior) is the same step
+    post_s = engine(mode="stochastic", beta=1.0, num_steps=1, tol=0).run(model, theta=theta)
+    assert torch.allclose(post_s.m, mean_ref, rtol=0, atol=1e-10)
+
+
+def test_site_elbo_matches_the_dense_gaussian_elbo():
+    X, y = clf_data(30)
+    model = GPClassification(X, y)
+    post = engine(mode="full", num_steps=5, tol=0).run(model)
+    m, V = site_covariance(model, post.theta, post.lam1, post.lam2)
+    assert torch.allclose(post.m, m, atol=1e-10) and torch.allclose(post.var, V.diagonal(), atol=1e-10)
+    assert post.elbo == pytest.approx(dense_elbo(model, post.theta, m, V), rel=1e-10)
+
+
+# --------------------------------------------------------------------------- (2) full vs single-site fixed point
+@pytest.mark.parametrize("link", ["logit", "probit"])
+def test_full_batch_and_single_site_reach_the_same_fixed_point(link):
+    X, y = clf_data(50, seed=1)
+    model = GPClassification(X, y, likelihood=link)
+    full = engine(mode="full", beta=0.5, tol=1e-14, max_sweeps=500).run(model)
+    single = engine(mode="stochastic", beta=0.5, tol=1e-14, max_sweeps=400, seed=3).run(model)
+    assert full.converged and single.converged
+    rel = lambda a, b: float(((a - b).abs() / b.abs().clamp_min(1e-3)).max())  # noqa: E731
+    # issue tolerance 1e-4 relative; both converge to ~1e-9 here
+    assert rel(single.lam1, full.lam1) < 1e-4
+    assert rel(single.lam2, full.lam2) < 1e-4
+    assert single.elbo == pytest.approx(full.elbo, rel=1e-4)
+    # not vacuous: a few single-site steps are far from the fixed point
+    early = engine(mode="stochastic", num_steps=20, tol=0).run(model)
+    assert rel(early.lam2, full.lam2) > 1e-2
+
+
+def test_minibatch_single_site_steps_reach_the_same_fixed_point():
+    X, y = clf_data(40, seed=2)
+    model = GPClassification(X, y)
+    full = engine(mode="full", tol=1e-14).run(model)
+    batched = engine(mode="stochastic", batch_size=7, tol=1e-14, max_sweeps=400).run(model)
+    assert torch.allclose(batched.lam2, full.lam2, rtol=1e-6)
+    assert batched.elbo == pytest.approx(full.elbo, rel=1e-9)
+
+
+# --------------------------------------------------------------------------- (3) the cached factor
+def test_rank_one_updated_factor_equals_fresh_cholesky_after_1000_single_site_updates():
+    X, y = clf_data(80, seed=4)
+    model = GPClassification(X, y)
+    post = engine(mode="stochastic", beta=0.7, num_steps=1001, tol=0, refactor_every=10**6).run(model)
+    st = post.engine_state
+    assert st.since_refactor == 1000 and st.counters["refactorisations"] == 1
+    K = model.kernel_matrix(st.theta)
+    fresh = torch.linalg.cholesky(K + torch.diag(-0.5 / st.lam2))
+    drift = float((st.factor - fresh).abs().max())
+    assert drift < 1e-8, drift                       # measured ~3e-14
+    assert float(st.factor.triu(1).abs().max()) == 0.0
+
+
+def test_drift_is_measured_at_every_refactorisation():
+    X, y = clf_data(40, seed=5)
+    post = engine(mode="stochastic", max_sweeps=6, tol=0, refactor_every=25).run(GPClassification(X, y))
+    drifts = [d for d in post.trace["drift"] if not math.isnan(d)]
+    assert len(drifts) >= 8 and post.info["max_drift"] == max(drifts)
+    assert 0 < post.info["max_drift"] < 1e-11
+
+
+@pytest.mark.parametrize("N,block", [(1, None), (2, None), (9, 2), (40, 3), (130, None)])
+def test_cholesky_site_update_matches_fresh_factor_and_generic_update(N, block):
+    g = torch.Generator().manual_seed(N)
+    A = torch.randn(N, N, generator=g, dtype=F64)
+    M = A @ A.T / N + 4 * torch.eye(N, dtype=F64)
+    U = torch.linalg.cholesky(M).mT.contiguous()
+    L = U.mT.clone(memory_format=torch.contiguous_format)       # a separate copy (for N = 1 .contiguous() aliases)
+    for it in range(60):
+        n = int(torch.randint(N, (1,), generator=g))
+        alpha = float(torch.rand(1, generator=g)) * 6 - 3            # updates and downdates
+        if M[n, n] + alpha <= 1.0:
+            alpha = -alpha
+        M[n, n] += alpha
+        cholesky_site_update_(U, n, alpha, block=block)
+        e = torch.zeros(N - n, dtype=F64)
+        e[0] = 1.0
+        L[n:, n:] = cholesky_update(L[n:, n:], e, alpha)
+    fresh = torch.linalg.cholesky(M)
+    assert torch.allclose(U.mT, fresh, atol=1e-12)
+    assert torch.allclose(U.mT, L, atol=1e-12)
+    assert float(U.tril(-1).abs().max()) == 0.0 if N > 1 else True
+
+
+def test_cholesky_site_downdate_to_indefinite_raises_and_leaves_factor_unchanged():
+    M = torch.tensor([[2.0, 1.0], [1.0, 2.0]], dtype=F64)
+    U = torch.linalg.cholesky(M).mT.contiguous()
+    before = U.clone()
+    with pytest.raises(NotPSDError, match="indefinite"):
+        cholesky_site_update_(U, 1, -1.9)
+    assert torch.equal(U, before)
+
+
+def test_generic_and_blocked_factor_updates_give_the_same_run():
+    X, y = clf_data(50, seed=6)
+    model = GPClassification(X, y)
+    a = engine(mode="stochastic", num_steps=300, tol=0).run(model)
+    b = engine(mode="stochastic", num_steps=300, tol=0, factor_update="generic").run(model)
+    assert torch.allclose(a.lam1, b.lam1, atol=1e-12) and torch.allclose(a.lam2, b.lam2, atol=1e-12)
+
+
+# ------------------------------------------------------------------ (4) an independent optimiser: GPyTorch VI
+def _gpytorch_elbo(X, y, kernel, link: str) -> tuple[float, torch.Tensor, torch.Tensor]:
+    """Optimise GPyTorch's CholeskyVariationalDistribution (inducing points = training inputs, fixed; whitened)
+    to convergence with L-BFGS at fixed hyperparameters; return (ELBO, m, S) of q(f)."""
+    import gpytorch
+    from gpytorch.likelihoods.likelihood import _OneDimensionalLikelihood
+    from gpytorch.utils.quadrature import GaussHermiteQuadrature1D
+
+    class LogitBernoulli(_OneDimensionalLikelihood):
+        def forward(self, function_samples, *args, **kwargs):
+            return torch.distributions.Bernoulli(logits=function_samples)
+
+    for p in kernel.parameters():
+        p.requires_grad_(False)
+
+    class Model(gpytorch.models.ApproximateGP):
+        def __init__(self):
+            vd = gpytorch.variational.CholeskyVariationalDistribution(X.shape[0])
+            vs = gpytorch.variational.VariationalStrategy(self, X, vd, learn_inducing_locations=False,
+                                                          jitter_val=1e-10)
+            super().__init__(vs)
+            self.mean_module = gpytorch.means.ZeroMean()
+            self.covar_module = kernel
+
+        def forward(self, x):
+            return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+    gm = Model().double()
+    lik = (LogitBernoulli() if link == "logit" else gpytorch.likelihoods.BernoulliLikelihood()).double()
+    lik.quadrature = GaussHermiteQuadrature1D(num_locs=100)     # GPyTorch's default of 20 is too coarse
+    mll = gpytorch.mlls.VariationalELBO(lik, gm, num_data=X.shape[0])
+    params = [p for p in gm.parameters() if p.requires_grad]
+    opt = torch.optim.LBFGS(params, lr=1, max_iter=5000, history_size=50, line_search_fn="strong_wolfe",
+                            tolerance_grad=1e-9, tolerance_change=1e-13)
+    with gpytorch.settings.max_cholesky_size(10**6), gpytorch.settings.cholesky_jitter(double_value=1e-10):
+        def closure():
+            opt.zero_grad()
+            loss = -mll(gm(X), y)
+            loss.backward()
+            return loss
+        opt.step(closure)
+        with torch.no_grad():
+            elbo = float(mll(gm(X), y)) * X.shape[0]
+            qf = gm(X)
+            return elbo, qf.mean.detach(), qf.covariance_matrix.detach()
+
+
+@pytest.mark.parametrize("link", ["logit", "probit"])
+def test_converged_elbo_equals_gpytorch_variational_gp_on_pima(link):
+    ds = gpvi.datasets.load_pima()
+    model = GPClassification(ds.X_train, ds.y_train, likelihood=link)
+    theta = model.theta.clone()
+    theta[-1] = math.log(2.0)                     # fixed: lengthscale^2 = d var(x_j) = 7, signal variance 2
+    post = engine(mode="full", tol=1e-12).run(model, theta=theta)
+    elbo_gp, m_gp, S_gp = _gpytorch_elbo(ds.X_train, ds.y_train, model.kernel_at(theta), link)
+    # GPyTorch's q evaluated with gpvi's expectations: the same optimum (measured agreement ~1e-8 relative)
+    assert dense_elbo(model, theta, m_gp, S_gp) == pytest.approx(post.elbo, rel=1e-7)
+    assert dense_elbo(model, theta, m_gp, S_gp) <= post.elbo + 1e-9 * abs(post.elbo)
+    assert torch.allclose(m_gp, post.m, atol=1e-3)
+    # GPyTorch's own ELBO (the issue asks for 1e-3 relative). Logit: measured ~1e-8 (its quadrature nodes are
+    # float32). Probit: GPyTorch's log_normal_cdf is a rational approximation with errors up to 1.8e-3 (at
+    # z = -1), which biases its reported ELBO by ~5e-5 relative here.
+    assert elbo_gp == pytest.approx(post.elbo, rel=1e-6 if link == "logit" else 2e-4)
+
+
+# ------------------------------------------------------------------------------------ (5) ELBO ascent
+@pytest.mark.parametrize("link", ["logit", "probit"])
+def test_elbo_does_not_decrease_with_exact_gradients_and_small_beta(link):
+    ds = gpvi.datasets.load_pima()
+    model = GPClassification(ds.X_train, ds.y_train, likelihood=link)
+    theta = model.theta.clone()
+    theta[-1] = math.log(100.0)                   # large signal variance: beta = 1 diverges here
+    post = engine(mode="full", beta=0.2, num_steps=60, tol=0).run(model, theta=theta)
+    e = torch.tensor(post.trace["elbo"], dtype=F64)
+    assert float((e[1:] - e[:-1]).min()) >= -1e-10 * float(e.abs().max())
+    # the check can fail: with beta = 1 the ELBO goes down at some step
+    big = engine(mode="full", beta=1.0, num_steps=60, tol=0).run(model, theta=theta)
+    e1 = torch.tensor(big.trace["elbo"], dtype=F64)
+    assert float((e1[1:] - e1[:-1]).min()) < -1e-6
+
+
+# -------------------------------------------------------------------------------- hyperparameters
+def test_theta_gradient_of_the_elbo_matches_autograd_through_cholesky_and_finite_differences():
+    X, y = clf_data(30, seed=7)
+    model = GPClassification(X, y)
+    eng = engine(mode="full", num_steps=4, tol=0)
+    st = eng.run(model).engine_state                  # not converged: a != 0, b != 0 in the closed form
+    theta = st.theta + torch.tensor([0.2, -0.1, 0.3], dtype=F64)
+    val, grad = eng._theta_objective(model, st, theta)
+
+    # independent: autograd through torch.linalg.cholesky and a triangular solve
+    th = theta.clone().requires_grad_(True)
+    K = model.kernel_matrix(th)
+    s = -0.5 / st.lam2
+    yt = s * st.lam1
+    L = torch.linalg.cholesky(K + torch.diag(s))
+    alpha = torch.cholesky_solve(yt.unsqueeze(-1), L).squeeze(-1)
+    m = K @ alpha
+    W = torch.linalg.solve_triangular(L, K, upper=False)
+    v = K.diagonal() - (W * W).sum(0)
+    from gpvi.expectations import ExpectedLogLik
+    E = ExpectedLogLik(model.likelihood, model.y, m, v)
+    ref = site_elbo(E, st.lam1, st.lam2, m, v, L, alpha)
+    (g_ref,) = torch.autograd.grad(ref, th)
+    assert val == pytest.approx(float(ref.detach()), rel=1e-12)
+    assert torch.allclose(grad, g_ref, rtol=1e-8, atol=1e-10)
+    eps = 1e-6
+    for i in range(3):
+        d = torch.zeros(3, dtype=F64)
+        d[i] = eps
+        fd = (eng._theta_objective(model, st, theta + d)[0] - eng._theta_objective(model, st, theta - d)[0]) / (2 * eps)
+        assert fd == pytest.approx(float(grad[i]), rel=1e-6, abs=1e-8)
+
+
+def test_learning_hyperparameters_increases_the_elbo_and_converges():
+    ds = gpvi.datasets.load_pima()
+    model = GPClassification(ds.X_train, ds.y_train)
+    fixed = engine(mode="full", tol=1e-10).run(model)
+    learned = engine(mode="full", tol=1e-10, learn_hyperparameters=True).run(model)
+    assert learned.converged and learned.info["theta_phases"] >= 2
+    assert learned.elbo > fixed.elbo + 1.0
+    # at the end the theta gradient (sites fixed at the CVI fixed point) is small unless at a bound
+    eng = engine(mode="full")
+    _, grad = eng._theta_objective(model, learned.engine_state, learned.theta)
+    inside = (learned.theta > -11.4) & (learned.theta < 11.4)
+    assert float(grad[inside].abs().max()) < 1e-2
+
+
+# -------------------------------------------------------------------------------- validity and faults
+def test_invalid_site_estimates_are_shrunk_or_rejected_and_counted():
+    X, y = clf_data(40, seed=8)
+    model = GPClassification(X, y)
+    kw = dict(mode="full", beta=1.0, estimator="mc", num_mc=1, mc_variance_grad="reparam", num_steps=8, tol=0)
+    shrunk = engine(invalid="shrink", **kw).run(model)
+    rejected = engine(invalid="reject", **kw).run(model)
+    assert shrunk.info["sites_shrunk"] > 0 and rejected.info["sites_rejected"] > 0
+    for post in (shrunk, rejected):
+        assert bool((post.lam2 < 0).all()) and math.isfinite(post.elbo)
+
+
+class _FlakyLikelihood(BernoulliLogit):
+    """Logit likelihood whose derivatives are NaN at a few sites on chosen calls (fault injection)."""
+
+    def __init__(self, bad_calls, *, all_sites=False):
+        self.calls = 0
+        self.bad_calls = set(bad_calls)
+        self.all_sites = all_sites
+
+    def derivatives(self, y, f):
+        self.calls += 1
+        h, h1, h2 = super().derivatives(y, f)
+        if self.calls in self.bad_calls:
+            sl = slice(None) if self.all_sites else slice(0, 3)
+            h, h1, h2 = h.clone(), h1.clone(), h2.clone()
+            h1[sl] = float("nan")
+            h2[sl] = float("nan")
+            if self.all_sites:
+                h[sl] = float("nan")
+        return h, h1, h2
+
+
+def test_nonfinite_site_estimates_are_skipped_with_a_warning():
+    X, y = clf_data(40, seed=9)
+    model = LatentGP(X, y, likelihood=_FlakyLikelihood({4}))
+    with pytest.warns(NumericalWarning, match="not finite"):
+        post = engine(mode="full", num_steps=10, tol=0).run(model)
+    assert post.info["sites_nonfinite"] == 3 and math.isfinite(post.elbo)
+
+
+def test_a_failing_factorisation_mid_run_is_rolled_back_and_survived(monkeypatch):
+    import gpvi.cvi as cvi_mod
+
+    X, y = clf_data(40, seed=10)
+    model = GPClassification(X, y)
+    ref = engine(mode="full", tol=1e-12).run(model)
+    real = cvi_mod._factor
+    calls = {"n": 0}
+
+    def flaky(K, s, theta=None):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise NotPSDError("injected failure")
+        return real(K, s, theta)
+
+    monkeypatch.setattr(cvi_mod, "_factor", flaky)
+    with pytest.warns(NumericalWarning, match="rolled back"):
+        post = engine(mode="full", tol=1e-12).run(model)
+    assert post.info["faults"] == 1
+    assert post.elbo == pytest.approx(ref.elbo, rel=1e-10)
+
+
+def test_repeated_faults_raise_numerical_fault_error_keeping_the_last_good_state():
+    X, y = clf_data(30, seed=11)
+    model = LatentGP(X, y, likelihood=_FlakyLikelihood(set(range(5, 10**6)), all_sites=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NumericalWarning)
+        with pytest.raises(NumericalFaultError, match="consecutive numerical faults") as err:
+            engine(mode="full", num_steps=50, tol=0, max_faults=4).run(model)
+    st = err.value.state
+    assert isinstance(st, CVIState) and st.step >= 1 and bool((st.lam2 < 0).all())
+    assert bool(torch.isfinite(st.lam1).all())
+
+
+# ------------------------------------------------------------------------------ interruption and resume
+def _interrupt_at(k):
+    def cb(state, info):
+        if state.step == k:
+            raise KeyboardInterrupt
+    return cb
+
+
+def test_interrupted_run_returns_partial_result_and_resume_equals_uninterrupted(tmp_path):
+    X, y = clf_data(50, seed=12)
+    model = GPClassification(X, y)
+    kw = dict(mode="stochastic", estimator="mc", num_mc=4, beta_schedule="robbins_monro", max_sweeps=8, tol=0,
+              refactor_every=17, seed=5)
+    full = engine(**kw).run(model)
+    with pytest.warns(InterruptedRunWarning, match="interrupted after 150"):
+        part = engine(**kw).run(model, callback=_interrupt_at(150))
+    assert part.info["interrupted"] and part.engine_state.step == 150 and math.isfinite(part.elbo)
+    path = tmp_path / "cvi_state.pt"
+    torch.save(part.engine_state.state_dict(), path)
+    resumed = engine(**kw).run(model, state=torch.load(path, weights_only=False))
+    assert torch.equal(resumed.lam1, full.lam1) and torch.equal(resumed.lam2, full.lam2)
+    assert resumed.elbo == full.elbo
+    assert resumed.trace["elbo"] == full.trace["elbo"]
+
+
+def test_resume_in_a_new_process_equals_the_uninterrupted_run(tmp_path):
+    X, y = clf_data(40, seed=13)
+    torch.save({"X": X, "y": y}, tmp_path / "data.pt")
+    kw = dict(mode="stochastic", estimator="mc", num_mc=3, max_sweeps=5, tol=0, seed=9, progress_bar=False)
+    model = GPClassification(X, y)
+    full = CVI(**kw).run(model)
+    with pytest.warns(InterruptedRunWarning):
+        part = CVI(**kw).run(model, callback=_interrupt_at(77))
+    torch.save(part.engine_state.state_dict(), tmp_path / "state.pt")
+    script = textwrap.dedent(f"""
+        import torch
+        from gpvi.classification import GPClassification
+        from gpvi.cvi import CVI
+        d = torch.load({str(tmp_path / 'data.pt')!r})
+        st = torch.load({str(tmp_path / 'state.pt')!r}, weights_only=False)
+        post = CVI(**{kw!r}).run(GPClassification(d['X'], d['y']), state=st)
+        torch.save({{'lam1': post.lam1, 'lam2': post.lam2}}, {str(tmp_path / 'out.pt')!r})
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, env={"OMP_NUM_THREADS": "1", "PATH": ""},
+                   timeout=300)
+    out = torch.load(tmp_path / "out.pt")
+    assert torch.equal(out["lam1"], full.lam1) and torch.equal(out["lam2"], full.lam2)
+
+
+def test_same_seed_same_result_and_no_global_rng_use():
+    X, y = clf_data(40, seed=14)
+    model = GPClassification(X, y)
+    kw = dict(mode="stochastic", estimator="mc", max_sweeps=3, tol=0)
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    a = engine(seed=1, **kw).run(model)
+    assert torch.equal(torch.get_rng_state(), before)
+    b = engine(seed=1, **kw).run(model)
+    c = engine(seed=2, **kw).run(model)
+    d = engine(**kw).run(model, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(a.lam1, b.lam1) and not torch.equal(a.lam1, c.lam1) and torch.equal(a.lam1, d.lam1)
+
+
+def test_step_does_not_modify_its_input_state():
+    X, y = clf_data(30, seed=15)
+    model = GPClassification(X, y)
+    eng = engine(mode="stochastic", tol=0)
+    st0 = eng.init(model)
+    st1, info = eng.step(model, st0)
+    st2, _ = eng.step(model, st1)
+    snapshot = st1.state_dict()
+    st3, _ = eng.step(model, st1)
+    assert torch.equal(st1.factor, snapshot["factor"]) and torch.equal(st1.lam1, snapshot["lam1"])
+    assert torch.equal(st2.lam2, st3.lam2)
+    assert not st0.initialised and st1.initialised and info["checked"]
+
+
+# ------------------------------------------------------------------------------------- results
+def test_posterior_predictions_dtypes_and_round_trip():
+    X, y = clf_data(40, seed=16)
+    model = GPClassification(X.to(torch.float32), y.to(torch.int64), likelihood="probit")
+    post = engine(mode="full", tol=1e-10).run(model)
+    for t in (post.lam1, post.lam2, post.m, post.var, post.theta):
+        assert t.dtype == F64
+    mean, var = post.predict_latent(X)
+    assert torch.allclose(mean, post.m, atol=1e-10) and torch.allclose(var, post.var, atol=1e-10)
+    p = post.predict_proba(X)
+    assert torch.allclose(p, torch.special.ndtr(post.m / torch.sqrt(1 + post.var)))
+    assert post.link == "probit" and post.info["link"] == "probit"
+    pred = post.predict(X)
+    assert gpvi.metrics.nlpd(pred, y) == pytest.approx(float(-pred.log_prob(y).mean()))
+    again = LatentPosterior.from_state_dict(post.state_dict(), model)
+    assert torch.allclose(again.predict_proba(X), p, atol=1e-14)
+    table = post.summary()
+    assert table["link"]["value"] == "probit"
+    assert "converged=True" in repr(post)
+
+
+def test_logit_prediction_is_the_quadrature_of_the_sigmoid():
+    X, y = clf_data(40, seed=17)
+    post = engine(mode="full", tol=1e-10).run(GPClassification(X, y))
+    Xs = torch.rand(5, 2, dtype=F64, generator=torch.Generator().manual_seed(1)) * 4 - 2
+    mean, var = post.predict_latent(Xs)
+    ref = torch.tensor([expected_log_lik(BernoulliLogit(), torch.ones(1, dtype=F64), mean[i:i + 1],
+                                         var[i:i + 1]).value.exp() for i in range(5)])
+    # E[sigma(f)] != exp(E[log sigma(f)]); check against direct quadrature instead
+    from gpvi.expectations import gaussian_expectation
+    direct = gaussian_expectation(torch.sigmoid, mean, var)
+    assert torch.allclose(post.predict_proba(Xs), direct, atol=1e-14)
+    assert bool((direct > ref).all())                         # Jensen: E[sigma] > exp(E[log sigma])
+
+
+def test_robbins_monro_monte_carlo_run_gets_close_to_the_quadrature_solution():
+    X, y = clf_data(40, seed=18)
+    model = GPClassification(X, y)
+    exact = engine(mode="full", tol=1e-12).run(model)
+    mc = engine(mode="full", estimator="mc", num_mc=50, beta_schedule="robbins_monro", num_steps=150, tol=0,
+                seed=0).run(model)
+    # residual noise of the sites ~ beta_t sd(g) with beta_150 = 0.5 * 151^-0.6 = 0.025: ELBO within 1e-3
+    assert mc.elbo == pytest.approx(exact.elbo, rel=1e-3)
+
+
+# ------------------------------------------------------------------------------------- (6) bad input
+def test_bad_input_gives_clear_errors():
+    X, y = clf_data(20)
+    Xnan = X.clone()
+    Xnan[3, 1] = float("nan")
+    with pytest.raises(ValueError, match="X contains 1 non-finite"):
+        GPClassification(Xnan, y)
+    with pytest.raises(ValueError, match="y must hold two classes"):
+        GPClassification(X, torch.arange(20) % 3)
+    with pytest.raises(ValueError, match="y holds a single class"):
+        GPClassification(X, torch.ones(20))
+    with pytest.raises(ValueError, match="X has 20 rows but y has 19"):
+        GPClassification(X, y[:19])
+    with pytest.raises(ValueError, match=r"y must use labels \{0, 1\} or \{-1, \+1\}"):
+        GPClassification(X, 2 * y + 3)
+    with pytest.raises(ValueError, match="likelihood must be a binary likelihood"):
+        GPClassification(X, y, likelihood=Gaussian(1.0))
+    with pytest.raises(ValueError, match="likelihood must be one of"):
+        GPClassification(X, y, likelihood="cloglog")
+    with pytest.raises(ValueError, match="theta must have length D = 3"):
+        GPClassification(X, y, theta=[0.0, 1.0])
+    with pytest.raises(TypeError, match="X must be an array of numbers"):
+        GPClassification("abc", y)
+    with pytest.raises(ValueError, match=r"beta must be in \(0, 1\]; got -0.5"):
+        CVI(beta=-0.5)
+    with pytest.raises(ValueError, match=r"beta must be in \(0, 1\]; got 0"):
+        CVI(beta=0.0)
+    with pytest.raises(ValueError, match=r"beta must be in \(0, 1\]; got 1.5"):
+        CVI(beta=1.5)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        CVI(mode="minibatch")
+    with pytest.raises(ValueError, match="estimator must be one of"):
+        CVI(estimator="laplace")
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        CVI(batch_size=0)
+    with pytest.raises(ValueError, match="num_mc must be >= 1"):
+        CVI(num_mc=0)
+    with pytest.raises(ValueError, match="tol must be >= 0"):
+        CVI(tol=-1.0)
+    with pytest.raises(ValueError, match="theta_bounds"):
+        CVI(theta_bounds=(1.0, -1.0))
+    with pytest.raises(TypeError, match="model must be"):
+        CVI(progress_bar=False).run(X)
+    model = GPClassification(X, y)
+    with pytest.raises(ValueError, match="lam2 must be < 0"):
+        CVI().init(model, lam1=torch.zeros(20), lam2=torch.zeros(20))
+    with pytest.raises(ValueError, match="state has 20 sites but the model has N = 19"):
+        CVI(progress_bar=False).run(GPClassification(X[:19], y[:19]), state=CVI().init(model))
+    with pytest.raises(TypeError, match="callback must be callable"):
+        CVI(progress_bar=False).run(model, callback=3)
