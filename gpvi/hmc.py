@@ -57,7 +57,7 @@ from typing import Any
 
 import torch
 
-from .exceptions import ConvergenceWarning, InterruptedRunWarning, NotPSDError
+from .exceptions import ConvergenceWarning, InterruptedRunWarning, NotPSDError, NumericalWarning
 from .posterior import PointPosterior, SamplePosterior
 from .progress import Progress
 from .rng import resolve_generator
@@ -116,6 +116,9 @@ class ChainState:
         Log-joint gradient evaluations (warm-up and sampling).
     num_nonfinite : int
         Evaluations where the log joint was not finite (counted, handled as zero density).
+    num_numerical_warnings, num_numerical_warnings_warmup : int
+        :class:`~gpvi.exceptions.NumericalWarning` s raised by the target (e.g. Cholesky jitter) while
+        sampling and during warm-up.
     """
 
     seed: int
@@ -132,6 +135,8 @@ class ChainState:
     sampling_time_s: float = 0.0
     num_evaluations: int = 0
     num_nonfinite: int = 0
+    num_numerical_warnings: int = 0
+    num_numerical_warnings_warmup: int = 0
 
     @property
     def warmed_up(self) -> bool:
@@ -195,20 +200,32 @@ class _Potential:
 
     The target is evaluated as a batch of one (``(1, D) -> (1,)``), so a kernel matrix that cannot be
     factorised gives ``-inf`` (zero density, zero gradient) instead of an exception; Pyro then rejects the
-    proposal (or marks the trajectory divergent).
+    proposal (or marks the trajectory divergent). :class:`~gpvi.exceptions.NumericalWarning` s raised by the
+    target (e.g. Cholesky jitter at extreme theta, common in early warm-up) are counted instead of repeated
+    at every leapfrog step; the run reports the counts and warns once if any happened after warm-up.
     """
 
     def __init__(self, target: Any) -> None:
         self.target = target
         self.evaluations = 0
         self.nonfinite = 0
+        self.numerical_warnings = 0
 
     def __call__(self, z: dict[str, torch.Tensor]) -> torch.Tensor:
         theta = z[_SITE]
         self.evaluations += 1
-        try:
-            lj = self.target.log_joint(theta.unsqueeze(0))[0]
-        except NotPSDError:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                lj = self.target.log_joint(theta.unsqueeze(0))[0]
+            except NotPSDError:
+                lj = None
+        for w in caught:
+            if issubclass(w.category, NumericalWarning):
+                self.numerical_warnings += 1
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+        if lj is None:
             self.nonfinite += 1
             return theta.sum() * 0.0 + math.inf
         if not bool(torch.isfinite(lj)):
@@ -345,7 +362,7 @@ class _Hamiltonian:
                 centre = t
             if not bool(torch.isfinite(centre).all()):
                 raise ValueError("init contains non-finite values")
-            if not bool(torch.isfinite(lj(centre))):
+            if not bool(torch.isfinite(lj(centre.unsqueeze(0))[0])):
                 raise ValueError(f"the log joint is not finite at init {centre.tolist()}")
 
             def sampler(n: int) -> torch.Tensor:
@@ -482,7 +499,7 @@ class _Hamiltonian:
     def _warmup(self, c: int, cs: ChainState, potential: _Potential, callback: Any, bar: Progress) -> ChainState:
         W = self.num_warmup
         t0 = time.perf_counter()
-        e0, n0 = potential.evaluations, potential.nonfinite
+        e0, n0, w0 = potential.evaluations, potential.nonfinite, potential.numerical_warnings
         torch.manual_seed(cs.seed)
         kernel = self._make_kernel(potential, self.step_size, adapt=True)
         kernel.initial_params = {_SITE: cs.init.clone()}
@@ -519,13 +536,14 @@ class _Hamiltonian:
                        position=z[_SITE].detach().clone(), rng_state=rng,
                        warmup_time_s=time.perf_counter() - t0,
                        num_evaluations=cs.num_evaluations + potential.evaluations - e0,
-                       num_nonfinite=cs.num_nonfinite + potential.nonfinite - n0)
+                       num_nonfinite=cs.num_nonfinite + potential.nonfinite - n0,
+                       num_numerical_warnings_warmup=potential.numerical_warnings - w0)
 
     def _sample(self, c: int, cs: ChainState, potential: _Potential, callback: Any, bar: Progress,
                 st: MCMCState) -> ChainState:
         S = self.num_samples
         t0 = time.perf_counter()
-        e0, n0 = potential.evaluations, potential.nonfinite
+        e0, n0, w0 = potential.evaluations, potential.nonfinite, potential.numerical_warnings
         # a fresh, non-adapting kernel at the snapshot: identical for first runs and resumed ones
         kernel = self._make_kernel(potential, cs.step_size, adapt=False)
         kernel.initial_params = {_SITE: cs.position.clone()}
@@ -551,7 +569,8 @@ class _Hamiltonian:
                            rng_state=committed[-1][2] if committed else cs.rng_state,
                            sampling_time_s=cs.sampling_time_s + time.perf_counter() - t0,
                            num_evaluations=cs.num_evaluations + potential.evaluations - e0,
-                           num_nonfinite=cs.num_nonfinite + potential.nonfinite - n0)
+                           num_nonfinite=cs.num_nonfinite + potential.nonfinite - n0,
+                           num_numerical_warnings=cs.num_numerical_warnings + potential.numerical_warnings - w0)
 
         try:
             for i in range(cs.num_draws, S):
@@ -638,8 +657,15 @@ class _Hamiltonian:
             "time_s": wall,
             "num_evaluations": [cs.num_evaluations for cs in use],
             "num_nonfinite": [cs.num_nonfinite for cs in use],
+            "num_numerical_warnings": [cs.num_numerical_warnings for cs in use],
+            "num_numerical_warnings_warmup": [cs.num_numerical_warnings_warmup for cs in use],
         }
         post = SamplePosterior(draws, list(st.names), target, stats=stats, info=info, engine_state=st)
+        n_num = sum(info["num_numerical_warnings"])
+        if n_num:
+            warnings.warn(f"{self._kind}: the log joint raised {n_num} NumericalWarning(s) (e.g. Cholesky jitter) "
+                          f"while sampling, over {sum(info['num_evaluations'])} evaluations; counts per chain in "
+                          f"posterior.info['num_numerical_warnings']", NumericalWarning, stacklevel=3)
         if interrupted:
             warnings.warn(f"{self._kind} interrupted: returning {len(use)} chain(s) of {length} draws "
                           f"(of {self.num_chains} x {S}); resume with run(target, state=posterior.engine_state)",

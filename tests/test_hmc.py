@@ -93,7 +93,10 @@ def test_hmc_recovers_correlated_gaussian(gauss):
 def test_gp_four_chains_converge():
     X, y = make_gp_data(n=50, d=1, seed=2)
     model = gpvi.GPRegression(X, y)
-    mc = quiet(NUTS(num_chains=4, num_warmup=150, num_samples=150, seed=0, progress_bar=False), model)
+    # dense mass matrix: log lengthscale and log signal variance are correlated a posteriori
+    mc = quiet(NUTS(num_chains=4, num_warmup=150, num_samples=150, seed=0, dense_mass=True, progress_bar=False),
+               model)
+    assert mc.info["inverse_mass_matrix"].shape == (4, model.dim, model.dim)
     rhat = mc.r_hat()
     assert rhat.shape == (model.dim,)
     assert bool((rhat < 1.05).all()), rhat
@@ -146,6 +149,22 @@ def test_nonfinite_region_is_never_visited():
     assert bool(torch.isfinite(mc.stats["lp"]).all())
 
 
+def test_numerical_warnings_of_the_target_are_counted_and_reported_once():
+    def f(th):
+        if bool((th[..., 0] > 1.0).any()):
+            warnings.warn("jitter added", gpvi.NumericalWarning)
+        return -0.5 * (th ** 2).sum(-1)
+    target = gpvi.Target(f, ["x", "y"])
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        mc = NUTS(num_chains=2, num_warmup=50, num_samples=100, seed=0, progress_bar=False, min_ess=0,
+                  max_r_hat=10.0).run(target)
+    numerical = [w for w in rec if issubclass(w.category, gpvi.NumericalWarning)]
+    assert sum(mc.info["num_numerical_warnings"]) > 0
+    assert sum(mc.info["num_numerical_warnings_warmup"]) > 0
+    assert len(numerical) == 1 and "while sampling" in str(numerical[0].message)
+
+
 # ---------------------------------------------------------------------------------------------- determinism
 def small(seed=0, **kw):
     return NUTS(num_chains=2, num_warmup=30, num_samples=20, seed=seed, progress_bar=False, **kw)
@@ -189,7 +208,13 @@ class StopAt:
             raise KeyboardInterrupt
 
 
-def test_interrupt_keeps_draws_and_resume_equals_uninterrupted(gauss, tmp_path):
+def small_hmc(seed=0, **kw):
+    return HMC(step_size=0.3, num_steps=5, num_chains=2, num_warmup=30, num_samples=20, seed=seed,
+               progress_bar=False, **kw)
+
+
+@pytest.mark.parametrize("small", [small, small_hmc], ids=["NUTS", "HMC"])
+def test_interrupt_keeps_draws_and_resume_equals_uninterrupted(gauss, tmp_path, small):
     full = quiet(small(seed=7), gauss)
     with pytest.warns(InterruptedRunWarning, match="1 chain"):
         part = small(seed=7).run(gauss, callback=StopAt(1, 30 + 10))
