@@ -1,0 +1,205 @@
+"""GPClassifier: the scikit-learn estimator contract, predictions, labels, input types and error messages."""
+
+from __future__ import annotations
+
+import math
+
+import gpytorch
+import numpy as np
+import pytest
+import torch
+
+import gpvi
+from gpvi.classifier import GPClassifier
+from gpvi.cvi import CVI
+from gpvi.classification import GPClassification
+
+F64 = torch.float64
+
+
+@pytest.fixture(scope="module")
+def pima():
+    return gpvi.datasets.load_pima()
+
+
+def small(n=60, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand((n, 2), generator=g, dtype=F64) * 4 - 2
+    y = (torch.rand(n, generator=g, dtype=F64) < torch.sigmoid(3 * (torch.sin(2 * X[:, 0]) + X[:, 1]))).to(F64)
+    return X, y
+
+
+def fast(**kw) -> GPClassifier:
+    kw.setdefault("progress_bar", False)
+    kw.setdefault("learn_hyperparameters", False)
+    return GPClassifier(**kw)
+
+
+def test_init_only_stores_and_clone_get_set_params_work():
+    from sklearn.base import clone
+
+    kern = gpytorch.kernels.ScaleKernel(gpytorch.kernels.MaternKernel(nu=2.5))
+    clf = GPClassifier(kernel=kern, likelihood="probit", mode="stochastic", beta=7.0, random_state=3)   # not validated yet
+    params = clf.get_params()
+    assert params["beta"] == 7.0 and params["kernel"] is kern and params["mode"] == "stochastic"
+    assert set(params) == {"kernel", "likelihood", "method", "mode", "learn_hyperparameters", "beta", "estimator",
+                           "num_quadrature", "num_mc", "batch_size", "max_sweeps", "tol", "theta", "random_state",
+                           "progress_bar"}
+    c = clone(clf)
+    assert c is not clf and c.get_params()["beta"] == 7.0 and c.get_params()["kernel"] is not kern
+    assert clf.set_params(beta=0.3, mode="full") is clf and clf.beta == 0.3
+    with pytest.raises(ValueError, match="invalid parameter 'betta'"):
+        clf.set_params(betta=0.3)
+    assert "likelihood='probit'" in repr(clf)
+
+
+def test_fit_returns_self_and_sets_fitted_attributes(pima):
+    clf = fast()
+    assert clf.fit(pima.X_train, pima.y_train) is clf
+    assert clf.classes_.tolist() == [0, 1] and clf.link_ == "logit" and clf.n_features_in_ == 7
+    assert clf.elbo_ == clf.posterior_.elbo and math.isfinite(clf.elbo_)
+    assert torch.equal(clf.theta_, clf.posterior_.theta)
+    assert clf.posterior_.converged and clf.posterior_.info["link"] == "logit"
+    # kernel_ is a GPyTorch kernel at the fitted hyperparameters
+    K = clf.kernel_(pima.X_train[:5]).to_dense().detach()
+    assert torch.allclose(K, clf.model_.kernel_matrix(clf.theta_)[:5, :5], atol=1e-12)
+    assert clf.hyperparameters_["signal_var"] == pytest.approx(math.exp(float(clf.theta_[-1])))
+
+
+def test_predict_proba_predict_and_score(pima):
+    clf = fast().fit(pima.X_train, pima.y_train)
+    P = clf.predict_proba(pima.X_test)
+    assert P.shape == (332, 2) and P.dtype == np.float64
+    assert np.allclose(P.sum(1), 1.0) and (P >= 0).all() and (P <= 1).all()
+    pred = clf.predict(pima.X_test)
+    assert set(np.unique(pred)) <= {0, 1}
+    acc = clf.score(pima.X_test, pima.y_test)
+    assert acc == pytest.approx(float((pred == pima.y_test.numpy()).mean()))
+    assert acc == pytest.approx(1 - gpvi.metrics.error_rate(P[:, 1], pima.y_test))
+    # a reasonable classifier on Pima (test error of GP classifiers is ~20%)
+    assert 0.74 < acc < 0.85
+    assert clf.decision_function(pima.X_test[:4]).shape == (4,)
+
+
+def test_minus_one_plus_one_labels_and_column_order():
+    X, y = small()
+    ypm = (2 * y - 1).numpy().astype(int)
+    a = fast().fit(X, y)
+    b = fast().fit(X.numpy(), ypm)
+    assert b.classes_.tolist() == [-1, 1]
+    assert np.allclose(a.predict_proba(X), b.predict_proba(X), atol=1e-12)
+    assert set(np.unique(b.predict(X))) <= {-1, 1}
+    # column 1 is the probability of classes_[1]: high where the label is mostly +1
+    p1 = b.predict_proba(X)[:, 1]
+    assert p1[ypm == 1].mean() > p1[ypm == -1].mean() + 0.2
+    assert b.score(X, ypm) == a.score(X, y)
+
+
+def test_numpy_and_torch_inputs_agree_and_float32_is_converted():
+    X, y = small(seed=1)
+    a = fast().fit(X, y)
+    b = fast().fit(X.numpy(), y.numpy())
+    c = fast().fit(X.to(torch.float32).to(F64), y.to(torch.int32))
+    assert np.array_equal(a.predict_proba(X), b.predict_proba(X.numpy()))
+    assert np.allclose(a.predict_proba(X), c.predict_proba(X), atol=1e-12)
+    assert a.posterior_.m.dtype == F64
+
+
+def test_probit_and_logit_are_recorded_and_differ():
+    X, y = small(seed=2)
+    lo = fast(likelihood="logit").fit(X, y)
+    pr = fast(likelihood="probit").fit(X, y)
+    assert lo.link_ == "logit" and pr.link_ == "probit"
+    assert pr.posterior_.link == "probit" and pr.posterior_.info["link"] == "probit"
+    assert not np.allclose(lo.predict_proba(X), pr.predict_proba(X), atol=1e-3)
+
+
+def test_stochastic_mode_matches_full_mode():
+    X, y = small(40, seed=3)
+    full = fast(mode="full", tol=1e-13).fit(X, y)
+    sto = fast(mode="stochastic", tol=1e-13, random_state=0).fit(X, y)
+    assert sto.elbo_ == pytest.approx(full.elbo_, rel=1e-8)
+    assert np.allclose(sto.predict_proba(X), full.predict_proba(X), atol=1e-6)
+
+
+def test_learned_hyperparameters_improve_the_bound(pima):
+    fixed = fast().fit(pima.X_train, pima.y_train)
+    learned = GPClassifier(progress_bar=False).fit(pima.X_train, pima.y_train)
+    assert learned.elbo_ > fixed.elbo_ + 1.0
+    assert not torch.equal(learned.theta_, fixed.theta_)
+    assert learned.posterior_.info["learn_hyperparameters"] is True
+
+
+def test_fixed_hyperparameters_are_kept_and_theta_and_kernel_values_are_used():
+    X, y = small(seed=4)
+    theta = torch.tensor([0.5, -0.2, 1.0], dtype=F64)
+    clf = fast(theta=theta).fit(X, y)
+    assert torch.equal(clf.theta_, theta)
+    kern = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel())
+    kern.base_kernel.lengthscale = 0.7
+    kern.outputscale = 3.0
+    k = fast(kernel=kern).fit(X, y)
+    assert k.hyperparameters_["lengthscale"] == pytest.approx(0.7) and k.hyperparameters_["signal_var"] == pytest.approx(3.0)
+
+
+def test_close_to_scikit_learn_laplace_classifier_at_the_same_hyperparameters(pima):
+    from sklearn.gaussian_process import GaussianProcessClassifier
+    from sklearn.gaussian_process.kernels import RBF, ConstantKernel
+
+    clf = fast().fit(pima.X_train, pima.y_train)
+    ls = [clf.hyperparameters_[f"lengthscale[{j}]"] for j in range(7)]
+    sk = GaussianProcessClassifier(ConstantKernel(clf.hyperparameters_["signal_var"], "fixed")
+                                   * RBF(ls, "fixed"), optimizer=None).fit(pima.X_train.numpy(), pima.y_train.numpy())
+    p_sk = sk.predict_proba(pima.X_test.numpy())[:, 1]
+    p_cvi = clf.predict_proba(pima.X_test)[:, 1]
+    # different approximations (VI vs Laplace), same model: measured max |dp| = 0.010, 99.7% labels agree
+    assert np.abs(p_sk - p_cvi).max() < 0.03
+    assert (np.round(p_sk) == np.round(p_cvi)).mean() > 0.99
+
+
+def test_works_inside_scikit_learn_tools():
+    from sklearn.model_selection import cross_val_score
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    X, y = small(60, seed=5)
+    pipe = make_pipeline(StandardScaler(), fast())
+    scores = cross_val_score(pipe, X.numpy(), y.numpy().astype(int), cv=3)
+    assert scores.shape == (3,) and (scores > 0.5).all()
+
+
+def test_bad_input_gives_clear_errors():
+    X, y = small(20)
+    Xn = X.clone()
+    Xn[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="X contains 1 non-finite"):
+        fast().fit(Xn, y)
+    with pytest.raises(ValueError, match="y must hold two classes"):
+        fast().fit(X, np.arange(20) % 3)
+    with pytest.raises(ValueError, match="y holds a single class"):
+        fast().fit(X, np.zeros(20))
+    with pytest.raises(ValueError, match="X has 20 rows but y has 18"):
+        fast().fit(X, y[:18])
+    with pytest.raises(ValueError, match=r"beta must be in \(0, 1\]; got 0"):
+        fast(beta=0.0).fit(X, y)
+    with pytest.raises(ValueError, match=r"beta must be in \(0, 1\]; got -1"):
+        fast(beta=-1).fit(X, y)
+    with pytest.raises(ValueError, match="method must be one of"):
+        fast(method="ep").fit(X, y)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        fast(mode="fast").fit(X, y)
+    with pytest.raises(ValueError, match="likelihood must be one of"):
+        fast(likelihood="gaussian").fit(X, y)
+    with pytest.raises(TypeError, match="random_state must be an int"):
+        fast(random_state=1.5).fit(X, y)
+    with pytest.raises(TypeError, match="learn_hyperparameters must be True or False"):
+        GPClassifier(learn_hyperparameters="yes", progress_bar=False).fit(X, y)
+    with pytest.raises(RuntimeError, match="not fitted"):
+        fast().predict(X)
+    clf = fast().fit(X, y)
+    with pytest.raises(ValueError, match="X has 3 features but the model was built with 2"):
+        clf.predict(torch.zeros(4, 3, dtype=F64))
+    with pytest.raises(ValueError, match="X must be 2-D"):
+        clf.predict_proba(torch.zeros(4, dtype=F64))
+    with pytest.raises(ValueError, match="labels"):
+        clf.score(X, 5 * np.ones(20))
