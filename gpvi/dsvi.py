@@ -93,6 +93,13 @@ class EntropyTerm:
     ----------
     entropy : float
         :math:`\mathcal H_\phi`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> value, g_mu, g_c = EntropyTerm(0.0)(torch.zeros(2), torch.tensor([1.0, 2.0]))
+    >>> round(value, 4), g_mu, g_c.tolist()
+    (0.6931, None, [1.0, 0.5])
     """
 
     def __init__(self, entropy: float) -> None:
@@ -145,6 +152,18 @@ class DSVIState:
         Whether the convergence rule currently holds.
     wall_time : float
         Seconds spent in :meth:`DSVI.run` (all segments of a resumed run).
+
+    Examples
+    --------
+    >>> import torch, gpvi
+    >>> from gpvi.dsvi import DSVI, DSVIState
+    >>> target = gpvi.Target(lambda th: -0.5 * (th ** 2).sum(-1), names=2)
+    >>> engine = DSVI(num_steps=100, lr=0.1, progress_bar=False)
+    >>> state = engine.init(target)
+    >>> saved = state.state_dict()                 # torch.save(saved, path) works too
+    >>> state, info = engine.step(target, state)
+    >>> DSVIState.from_state_dict(saved).t, state.t
+    (0, 1)
     """
 
     mu: torch.Tensor
@@ -304,7 +323,11 @@ class DSVI:
         estimated by 20 power iterations with finite-difference Hessian-vector products (2 log-joint evaluations
         each, batched). This keeps the mean update stable whatever the scale of the problem; it is a heuristic
         of gpvi, not the paper's (the paper hand-picks :math:`\rho_0`, e.g. 0.05 / N for DSVI-ARD). For Adam,
-        ``"auto"`` means 0.01. The resolved rates are in ``info["lr_mu"]``, ``info["lr_C"]``.
+        ``"auto"`` means 0.01. The resolved rates are in ``info["lr_mu"]``, ``info["lr_C"]``. With a minibatch
+        target the gradient noise grows like :math:`\sqrt{N/M}`: keep ``"auto"`` for a fast transient but let
+        the rate decay by about N / M over the run, e.g. ``schedule="robbins_monro",
+        schedule_options={"kappa": 1.0, "tau": num_steps * M / N}``, and keep Polyak averaging on; a rate that
+        stays large leaves C biased (the :math:`1/C_{dd}` term is non-linear in the noisy C).
     lr_scale : float, optional
         :math:`\rho_C / \rho_\mu`. Default: 0.1 for SGD (the paper's :math:`0.1\rho_t`), 1 for Adam (whose steps
         are already scale-free per coordinate). ``0`` keeps C fixed at its initial value.
@@ -645,6 +668,14 @@ class DSVI:
         Returns
         -------
         DSVIState
+
+        Examples
+        --------
+        >>> import torch, gpvi
+        >>> target = gpvi.Target(lambda th: -0.5 * (th ** 2).sum(-1), names=3)
+        >>> state = DSVI(init_scale=0.5).init(target, torch.ones(3))
+        >>> state.mu.tolist(), torch.diagonal(state.C).tolist(), round(state.rho0_mu, 6)   # lr='auto': 0.5 / 1
+        ([1.0, 1.0, 1.0], [0.5, 0.5, 0.5], 0.5)
         """
         target = as_target(target)
         D = len(target.names)
@@ -768,6 +799,17 @@ class DSVI:
         ------
         NumericalFaultError
             ``max_failed_steps`` consecutive steps had no valid draw; ``err.state`` is the last good state.
+
+        Examples
+        --------
+        >>> import torch, gpvi
+        >>> target = gpvi.Target(lambda th: -0.5 * ((th - 3.0) ** 2).sum(-1), names=2)
+        >>> engine = DSVI(lr=0.2, schedule="constant")
+        >>> state = engine.init(target, torch.zeros(2))
+        >>> for _ in range(200):
+        ...     state, info = engine.step(target, state)
+        >>> bool((state.mu - 3.0).abs().max() < 0.5), info["t"]
+        (True, 200)
         """
         t = state.t
         sched = self._schedule(state)
@@ -926,9 +968,29 @@ class DSVI:
         -------
         (estimate, standard_error, num_invalid)
             Invalid draws (NaN/inf log joint) are left out of the average and counted.
+
+        Examples
+        --------
+        >>> import math, torch, gpvi
+        >>> lognormal = lambda th: -0.5 * (th ** 2).sum(-1) - math.log(2 * math.pi)     # normalised, D = 2
+        >>> est, se, bad = DSVI().estimate_bound(gpvi.Target(lognormal, names=2), torch.zeros(2), torch.eye(2),
+        ...                                      num_samples=4000)
+        >>> abs(est) < 5 * se, bad                      # q = target: the bound is log Z = 0
+        (True, 0)
         """
         n = self.num_elbo_samples if num_samples is None else check_positive_int(num_samples, "num_samples")
+        if n == 0:
+            raise ValueError("num_samples must be >= 1 for a bound estimate (num_elbo_samples is 0)")
+        target = as_target(target)
+        mu = as_float_tensor(mu, "mu", ndim=1)
+        C = as_float_tensor(C, "C", ndim=(1, 2))
         D = mu.shape[0]
+        if D != len(target.names):
+            raise ValueError(f"mu has length {D} but the target has D = {len(target.names)}")
+        if C.shape not in ((D,), (D, D)):
+            raise ValueError(f"C must be ({D}, {D}) lower triangular or ({D},) diagonal; got {tuple(C.shape)}")
+        if not bool(((torch.diagonal(C) if C.dim() == 2 else C) > 0).all()):
+            raise ValueError("C must have a strictly positive diagonal")
         base = self.make_base(D)
         gen = resolve_generator(seed if seed is not None else 0, generator)
         scale = "diag" if C.dim() == 1 else "full"
@@ -994,6 +1056,16 @@ class DSVI:
             Draws were resampled or dropped, steps skipped, or C steps shrunk during the run.
         ConvergenceWarning
             The convergence rule did not hold at the end of the run.
+
+        Examples
+        --------
+        >>> import gpvi
+        >>> from gpvi.logistic import BayesianLogisticRegression
+        >>> ds = gpvi.datasets.load_pima()
+        >>> model = BayesianLogisticRegression(ds.X_train, ds.y_train)
+        >>> q = DSVI(num_steps=2000, progress_bar=False).run(model)
+        >>> q.mean.shape, q.info["steps"], q.trace["bound_avg"].shape
+        (torch.Size([8]), 2000, torch.Size([2000]))
         """
         target = as_target(target)
         D = len(target.names)

@@ -103,6 +103,9 @@ class BayesianLogisticRegression:
     (8, torch.Size([]))
     """
 
+    max_block: int = 2 ** 22
+    """Largest number of (draw, data point) pairs evaluated at once by :meth:`log_joint` (32 MB of float64)."""
+
     def __init__(self, X: Any, y: Any, *, prior_var: float | None = 1.0, bias: bool = True,
                  feature_names: Sequence[str] | None = None, device: torch.device | str | None = None) -> None:
         Xt = check_X(X, "X", device=device)
@@ -175,9 +178,22 @@ class BayesianLogisticRegression:
         return -0.5 * (theta * theta).sum(-1) / v - 0.5 * self.dim * math.log(2 * math.pi * v)
 
     def log_joint(self, theta: Any) -> torch.Tensor:
-        r"""Log joint :math:`\log g(\theta)`: ``(D,) -> ()``, ``(S, D) -> (S,)``; one ``(S, D) x (D, N)`` product."""
+        r"""Log joint :math:`\log g(\theta)`: ``(D,) -> ()``, ``(S, D) -> (S,)``.
+
+        One ``(S, D) x (D, N)`` product, done in blocks of data rows when :math:`S N` exceeds ``max_block``
+        entries (so a large batch of draws on large data never materialises an ``(S, N)`` matrix).
+        """
         theta = check_theta(theta, self.dim, device=self.Phi.device)
-        return self.log_likelihood_terms(theta).sum(-1) + self.log_prior(theta)
+        S = 1 if theta.dim() == 1 else theta.shape[0]
+        N = self.num_data
+        if S * N <= self.max_block:
+            return self.log_likelihood_terms(theta).sum(-1) + self.log_prior(theta)
+        rows = max(1, self.max_block // S)
+        total = self.log_prior(theta)
+        for start in range(0, N, rows):
+            idx = torch.arange(start, min(start + rows, N), device=self.Phi.device)
+            total = total + self.log_likelihood_terms(theta, idx).sum(-1)
+        return total
 
     def minibatch(self, batch_size: int = 500, *, replace: bool = True, chunk_size: int = 10_000):
         r"""This model as a :class:`gpvi.subsample.MinibatchTarget`: :math:`\frac NM\sum_{n\in B_t}\log s(\cdot) + \log p(\theta)`.

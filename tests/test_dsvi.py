@@ -543,3 +543,17 @@ def test_logistic_target_log_joint_labels_and_prediction():
         BayesianLogisticRegression(X, y01, prior_var=0.0)
     with pytest.raises(ValueError, match="feature_names"):
         BayesianLogisticRegression(X, y01, feature_names=["a"])
+
+
+def test_logistic_log_joint_blocks_large_batches():
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(500, 3, generator=g, dtype=torch.float64)
+    model = BayesianLogisticRegression(X, (X[:, 1] > 0).double())
+    theta = torch.randn(40, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    whole = model.log_joint(theta)
+    model.max_block = 1000                       # 25 rows per block at S = 40
+    blocked = model.log_joint(theta)
+    assert torch.allclose(whole, blocked, rtol=1e-12)
+    (ga,) = torch.autograd.grad(whole.sum(), theta)
+    (gb,) = torch.autograd.grad(blocked.sum(), theta)
+    assert torch.allclose(ga, gb, rtol=1e-12)
