@@ -203,3 +203,58 @@ def test_bad_input_gives_clear_errors():
         clf.predict_proba(torch.zeros(4, dtype=F64))
     with pytest.raises(ValueError, match="labels"):
         clf.score(X, 5 * np.ones(20))
+
+
+# ------------------------------------------------------------------------ property-based: malformed inputs
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@st.composite
+def _inputs(draw):
+    valid = draw(st.booleans())                            # about half the draws are well formed
+    n = draw(st.integers(2, 7)) if valid else draw(st.integers(0, 7))
+    d = draw(st.integers(1, 3)) if valid else draw(st.integers(0, 3))
+    vals = draw(st.lists(st.floats(-50, 50, allow_nan=False), min_size=n * d, max_size=n * d))
+    X: object = np.asarray(vals, dtype=np.float64).reshape(n, d)
+    if valid:
+        labels = draw(st.sampled_from([(0, 1), (-1, 1), (False, True)]))
+        y = np.asarray([labels[0], labels[1]] + draw(st.lists(st.sampled_from(labels), min_size=n - 2,
+                                                              max_size=n - 2)))
+        if draw(st.booleans()):
+            X = torch.as_tensor(X)
+        return X, y
+    bad_x = draw(st.sampled_from(["none", "none", "nan", "inf", "strings", "1d", "object", "none_value"]))
+    if bad_x == "nan" and n * d:
+        X[draw(st.integers(0, n - 1)), draw(st.integers(0, d - 1))] = np.nan
+    elif bad_x == "inf" and n * d:
+        X[0, 0] = -np.inf
+    elif bad_x == "strings":
+        X = [["a"] * d for _ in range(n)]
+    elif bad_x == "1d":
+        X = np.asarray(vals, dtype=np.float64)
+    elif bad_x == "object":
+        X = np.asarray([[{"x": 1}] * d for _ in range(n)], dtype=object)
+    elif bad_x == "none_value":
+        X = None
+    label_set = draw(st.sampled_from([(0, 1), (-1, 1), (0, 1, 2), (5,), (0.5, 1.0), (True, False)]))
+    m = draw(st.sampled_from([n, n, max(n - 1, 0), n + 1]))
+    y: object = np.asarray(draw(st.lists(st.sampled_from(label_set), min_size=m, max_size=m)))
+    if draw(st.booleans()) and m:
+        y = y.astype(np.float64)
+        y[0] = draw(st.sampled_from([0.0, np.nan, np.inf]))
+    return X, y
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_inputs())
+def test_malformed_inputs_give_only_clear_errors_and_valid_ones_finite_probabilities(inp):
+    X, y = inp
+    clf = fast(max_sweeps=3, tol=0)
+    try:
+        clf.fit(X, y)
+    except (ValueError, TypeError) as err:                 # NotPSDError is a ValueError
+        assert str(err)
+        return
+    P = clf.predict_proba(X)
+    assert P.dtype == np.float64 and np.isfinite(P).all() and (P >= 0).all() and (P <= 1).all()

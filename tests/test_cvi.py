@@ -558,3 +558,11 @@ def test_bad_input_gives_clear_errors():
         CVI(progress_bar=False).run(GPClassification(X[:19], y[:19]), state=CVI().init(model))
     with pytest.raises(TypeError, match="callback must be callable"):
         CVI(progress_bar=False).run(model, callback=3)
+
+
+def test_exact_inference_on_too_large_n_is_refused_before_allocating():
+    n = 2_000_000                                          # K alone would need 32 TB
+    X = torch.zeros(n, 1, dtype=F64)
+    y = (torch.arange(n) % 2).to(F64)
+    with pytest.raises(MemoryError, match="N = 2000000"):
+        GPClassification(X, y)
