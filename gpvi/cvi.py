@@ -223,7 +223,7 @@ def cholesky_site_update_(U: torch.Tensor, n: int, alpha: float, *, p: torch.Ten
     p : torch.Tensor of shape (N - n,), optional
         :math:`L_{n:,n:}^{-1} e_0` if already known (it is :math:`(L^{-1}e_n)_{n:}`); solved for otherwise.
     block : int, optional
-        Rows per block (default ``max(64, ceil((N - n) / 16))``).
+        Rows per block (default: one block when ``N - n <= 256``, else ``max(64, ceil((N - n) / 16))``).
 
     Returns
     -------
@@ -257,7 +257,7 @@ def cholesky_site_update_(U: torch.Tensor, n: int, alpha: float, *, p: torch.Ten
     d = torch.sqrt(t / tp)
     beta = alpha * p / torch.sqrt(t * tp)
     T = p @ M
-    b = block if block is not None else max(64, -(-k // 16))
+    b = block if block is not None else (k if k <= 256 else max(64, -(-k // 16)))
     P = torch.zeros_like(T)
     for j0 in range(0, k, b):
         j1 = min(k, j0 + b)

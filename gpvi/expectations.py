@@ -320,6 +320,17 @@ class Quadrature:
         self.rule = check_choice(rule, "quadrature", ["gl-asinh", "gauss-hermite"])
         self.scale = check_positive(scale, "scale")
         self.width = check_positive(width, "width")
+        self._tables: dict[tuple[torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _table(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (like.dtype, like.device)
+        tab = self._tables.get(key)
+        if tab is None:
+            x, w = (_gauss_hermite if self.rule == "gauss-hermite" else _gauss_legendre)(self.num_points)
+            tab = (torch.as_tensor(x, dtype=like.dtype, device=like.device),
+                   torch.as_tensor(w, dtype=like.dtype, device=like.device))
+            self._tables[key] = tab
+        return tab
 
     def nodes(self, m: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         r"""Nodes ``f`` and weights ``w`` of shape ``(B, num_points)`` with :math:`\mathbb E[g(f)] \approx \sum_k w_k g(f_k)`.
@@ -330,14 +341,9 @@ class Quadrature:
             Means and variances of the site marginals (``v`` is clamped at 0).
         """
         sd = torch.sqrt(v.clamp_min(0.0))
+        xt, wt = self._table(m)
         if self.rule == "gauss-hermite":
-            x, w = _gauss_hermite(self.num_points)
-            xt = torch.as_tensor(x, dtype=m.dtype, device=m.device)
-            wt = torch.as_tensor(w, dtype=m.dtype, device=m.device)
             return m.unsqueeze(-1) + sd.unsqueeze(-1) * xt, wt.expand(m.shape[0], -1)
-        x, w = _gauss_legendre(self.num_points)
-        xt = torch.as_tensor(x, dtype=m.dtype, device=m.device)
-        wt = torch.as_tensor(w, dtype=m.dtype, device=m.device)
         c = self.scale
         half = self.width * sd
         ulo = torch.asinh((m - half) / c)
