@@ -91,7 +91,9 @@ def main() -> None:
                f"{d['slope_engine']:.2f} (step time: {d['slope_step']:.2f})\n")
     md += ("\nExpected: ~1 for diag (O(D): z * c, g * z) and ~2 for full (O(D^2): C z and tril(g z^T)) once D is "
            "large enough that the fixed per-step Python/dispatch overhead (~100-200 us) no longer dominates. No "
-           "matrix is inverted or factorised per step.\n")
+           "matrix is inverted or factorised per step. At large D the diagonal engine's time is mostly drawing the "
+           "S x D float64 standard normals (torch.randn float64 costs ~25 ns per number here, 7x its float32 "
+           "cost). Timings on a shared 2-core machine: see the load average above.\n")
     print(md)
     write("dsvi_cost" + ("_quick" if args.quick else ""), md, data)
 

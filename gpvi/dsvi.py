@@ -69,6 +69,7 @@ from .validation import (
     check_bool,
     check_choice,
     check_fraction,
+    check_memory,
     check_nonnegative_int,
     check_positive,
     check_positive_int,
@@ -576,26 +577,30 @@ class DSVI:
         if not bool(torch.isfinite(mu0).all()):
             raise ValueError("init contains non-finite values")
         mu0 = mu0.clone()
+        diag = self.scale == "diag"
         if C0 is None:
             s = self.init_scale
             if isinstance(s, numbers.Real) and not isinstance(s, bool):
-                C0 = float(s) * torch.eye(D, dtype=torch.float64)
+                C0 = torch.full((D,), float(s), dtype=torch.float64) if diag else \
+                    float(s) * torch.eye(D, dtype=torch.float64)
             else:
                 st = as_float_tensor(s, "init_scale", ndim=(1, 2))
                 if st.dim() == 1:
                     if st.shape[0] != D:
                         raise ValueError(f"init_scale must have length D = {D}; got {st.shape[0]}")
-                    C0 = torch.diag(st)
+                    C0 = st.clone() if diag else torch.diag(st)
                 else:
                     if st.shape != (D, D):
                         raise ValueError(f"init_scale must be ({D}, {D}); got {tuple(st.shape)}")
                     if bool((torch.triu(st, 1) != 0).any()):
                         raise ValueError("init_scale must be lower triangular")
                     C0 = st.clone()
-        if not bool((torch.diagonal(C0) > 0).all()) or not bool(torch.isfinite(C0).all()):
+        c0 = C0 if C0.dim() == 1 else torch.diagonal(C0)
+        if not bool((c0 > 0).all()) or not bool(torch.isfinite(C0).all()):
             raise ValueError("init_scale must be finite with a strictly positive diagonal")
-        if self.scale == "diag":
-            C0 = torch.sqrt((C0 ** 2).sum(-1))        # marginal scales of the given C
+        if diag:
+            if C0.dim() == 2:
+                C0 = torch.sqrt((C0 ** 2).sum(-1))        # marginal scales of the given C
         else:
             mask = self._mask(D)
             C0 = torch.tril(C0) if mask is None else C0 * mask
@@ -1154,7 +1159,11 @@ class DSVI:
             if invalid:
                 warnings.warn(f"DSVI: {invalid} of {self.num_elbo_samples} draws for the final bound estimate had "
                               f"a non-finite log joint and were left out", NumericalWarning, stacklevel=3)
-        scale_tril = torch.diag(C) if state.scale == "diag" else C
+        if state.scale == "diag":
+            check_memory(D, copies=2, what=f"the ({D}, {D}) scale_tril of the GaussianPosterior for scale='diag'")
+            scale_tril = torch.diag(C)
+        else:
+            scale_tril = C
         info = dict(state.counters)
         info.update(
             converged=state.converged, steps=state.t, steps_this_run=steps_this_run, time_s=run_time,
