@@ -500,7 +500,7 @@ class _Hamiltonian:
         W = self.num_warmup
         t0 = time.perf_counter()
         e0, n0, w0 = potential.evaluations, potential.nonfinite, potential.numerical_warnings
-        torch.manual_seed(cs.seed)
+        torch.default_generator.manual_seed(cs.seed)       # CPU only (fork_rng restores it)
         kernel = self._make_kernel(potential, self.step_size, adapt=True)
         kernel.initial_params = {_SITE: cs.init.clone()}
         kernel.setup(warmup_steps=W)
