@@ -7,7 +7,7 @@ theta) -> engines (:class:`ML2`, DSVI, CVI, NUTS) -> posteriors (:mod:`gpvi.post
 
 from __future__ import annotations
 
-from . import datasets, linalg, metrics
+from . import datasets, linalg, metrics, plots
 from .exceptions import (
     ConvergenceWarning,
     InterruptedRunWarning,
@@ -15,6 +15,7 @@ from .exceptions import (
     NumericalFaultError,
     NumericalWarning,
 )
+from .hmc import HMC, NUTS, MCMCState
 from .ml2 import ML2
 from .model import GPRegression
 from .posterior import GaussianPosterior, PointPosterior, SamplePosterior
@@ -30,6 +31,9 @@ __all__ = [
     "Factorised",
     "GPRegression",
     "GaussianPosterior",
+    "HMC",
+    "MCMCState",
+    "NUTS",
     "InterruptedRunWarning",
     "ML2",
     "MixturePredictive",
@@ -45,5 +49,6 @@ __all__ = [
     "datasets",
     "linalg",
     "metrics",
+    "plots",
     "__version__",
 ]
