@@ -57,6 +57,8 @@ class _ScaledRBFCovariance(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, G):
+        if torch.is_grad_enabled():  # create_graph=True: refuse rather than return a silently wrong Hessian
+            raise NotImplementedError("second derivatives are not available: gpvi computes the gradient of the exact log marginal in closed form (1/2 (alpha alpha^T - K^-1)), which autograd cannot differentiate again; use finite differences of the gradient (e.g. batched central differences) for Hessians")
         theta, X, K = ctx.saved_tensors
         m = theta.shape[-1] - 2
         noise = torch.exp(theta[:, m + 1])

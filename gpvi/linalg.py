@@ -195,6 +195,8 @@ class _GaussianLogMarginal(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
+        if torch.is_grad_enabled():  # create_graph=True: refuse rather than return a silently wrong Hessian
+            raise NotImplementedError("second derivatives are not available: gpvi computes the gradient of the exact log marginal in closed form (1/2 (alpha alpha^T - K^-1)), which autograd cannot differentiate again; use finite differences of the gradient (e.g. batched central differences) for Hessians")
         L, alpha, ok = ctx.saved_tensors
         g = torch.where(ok, grad, torch.zeros_like(grad))
         grad_K = grad_y = None

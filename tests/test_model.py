@@ -278,3 +278,13 @@ def test_memory_guard_refuses_huge_n_before_allocating(monkeypatch):
     X, y = make_gp_data(2000, 1)
     with pytest.raises(MemoryError, match="N = 2000"):
         gpvi.GPRegression(X, y)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_second_derivatives_refused_not_silently_wrong(fast):
+    """The closed-form backward is not differentiable again; asking for a Hessian must fail loudly."""
+    X, y = make_gp_data(10, 2)
+    model = gpvi.GPRegression(X, y)
+    model.use_fast_path = fast
+    with pytest.raises(NotImplementedError, match="second derivatives"):
+        torch.autograd.functional.hessian(model.log_joint, model.initial_theta())
