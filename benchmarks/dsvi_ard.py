@@ -88,6 +88,8 @@ def evaluate(name, Xtr, ytr, Xte, yte, rel, steps, bias):
             mask[rel] = False
             rec["relevant_in_top_k"] = f"{len(set(amu.topk(k).indices.tolist()) & set(rel.tolist()))}/{k}"
             rec["max_irrelevant_abs_mu"] = float(amu[mask].max())
+            sel = set((amu > 0.1 * amu.max()).nonzero().flatten().tolist())
+            rec["selected_relevant"] = f"{len(sel & set(rel.tolist()))}/{len(sel)}"
             rec["min_relevant_abs_mu"] = float(amu[rel].min())
         out[method] = rec
         print(name, method, {k: v for k, v in rec.items() if k not in ("mu", "bound_avg")}, flush=True)
@@ -144,8 +146,8 @@ def main() -> None:
            "0.1 rho for c, diagonal scale, Polyak average of the last 25%. Synthetic problems: 42 train / 20 test, "
            "D = 2000, 10 relevant features (no bias). Sonar: seed-0 stratified split, 146 / 62, D = 60 + bias.\n\n"
            "| problem | method | train errors | test errors | relevant in top 10 abs(mu) | max abs(mu) irrelevant | "
-           "min abs(mu) relevant | weights with abs(mu) > 10% of max | bound (eq. 14 / eq. 4) | time s |\n"
-           "|---|---|---|---|---|---|---|---|---|---|\n")
+           "min abs(mu) relevant | selected: abs(mu) > 10% of max | of which relevant | bound (eq. 14 / eq. 4) | "
+           "time s |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
     for pname in names:
         for method in ("ARD", "CONCAV"):
             r = results[pname][method]
@@ -153,13 +155,19 @@ def main() -> None:
                    f"{r.get('relevant_in_top_k', '-')} | "
                    f"{r['max_irrelevant_abs_mu'] if 'max_irrelevant_abs_mu' in r else float('nan'):.3g} | "
                    f"{r['min_relevant_abs_mu'] if 'min_relevant_abs_mu' in r else float('nan'):.3g} | "
-                   f"{r['selected_10pct']} | {r['bound']:.2f} +- {r['bound_se']:.2f} | {r['time_s']:.1f} |\n")
+                   f"{r['selected_10pct']} | {r.get('selected_relevant', '-')} | {r['bound']:.2f} +- "
+                   f"{r['bound_se']:.2f} | {r['time_s']:.1f} |\n")
     md += (f"\n![Figure 3 analogue]({name}.png)\n\n"
            "Paper (Table 2, gene-expression data): Colon ARD 0/42 train, 1/20 test; CONCAV 0/42, 0/20. "
            "Leukemia ARD 3/34 test, CONCAV 12/34; Breast ARD 2/4, CONCAV 0/4.\n\n"
            "Notes: the bounds of ARD (eq. 14, prior optimised) and CONCAV (eq. 4 with N(0, 1)) are different "
            "objectives and are not comparable with each other. 'relevant in top 10' counts true relevant features "
-           "among the 10 largest abs(mu).\n")
+           "among the 10 largest abs(mu); 'selected' are the weights with abs(mu) above 10% of the largest, and "
+           "'of which relevant' how many of those are truly relevant (ARD may keep fewer than 10: with 42 points, "
+           "some equally informative relevant features are redundant, and the bound prefers pruning them). On the "
+           "logistic design 42 points are below what sparse recovery of 10 of 2000 weights needs, and ARD "
+           "overfits with a few spurious features - an honest failure case, like the paper's Breast / Colon "
+           "results where CONCAV did better.\n")
     print(md)
     write(name, md, results)
 

@@ -64,6 +64,7 @@ import torch
 
 from .dsvi import DSVI, DSVIState
 from .posterior import GaussianPosterior
+from .subsample import MinibatchTarget
 from .target import as_target
 from .validation import check_positive
 
@@ -181,9 +182,12 @@ class DSVIARD:
 
     def _check(self, target: Any) -> Any:
         target = as_target(target)
-        if getattr(target, "prior_var", None) is not None:
+        has_prior = getattr(target, "prior_var", None) is not None or (
+            isinstance(target, MinibatchTarget) and target.log_prior is not None)
+        if has_prior:
             raise ValueError("DSVI-ARD supplies its own ARD prior: build the target without one "
-                             "(e.g. BayesianLogisticRegression(X, y, prior_var=None))")
+                             "(e.g. BayesianLogisticRegression(X, y, prior_var=None), or a MinibatchTarget with "
+                             "log_prior=None)")
         return target
 
     def run(self, target: Any, init: Any = None, *, generator: torch.Generator | None = None,

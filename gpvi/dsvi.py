@@ -365,7 +365,8 @@ class DSVI:
         Average :math:`(\mu, C)` over the last fraction ``polyak`` (in (0, 1]) of the ``num_steps`` steps and
         return the average (Polyak–Ruppert averaging). Default 0.25: the last quarter of the run. Not in the
         paper; it does not change the iteration, only what is reported, and removes most of the step-to-step
-        noise of the final iterate. ``None``: return the final iterate (the paper's output).
+        noise of the final iterate. ``None``: return the final iterate (the paper's output), which is also what
+        a run returns when it stops (interrupted, or ``stop_on_convergence``) before the averaging window.
     fixed_mean_mask : array-like of bool, shape (D,), optional
         True where :math:`\mu_d` is held at its initial value (the slides' tip "some components of :math:`\mu`
         can be fixed at zero").

@@ -103,8 +103,9 @@ class BayesianLogisticRegression:
     (8, torch.Size([]))
     """
 
-    max_block: int = 2 ** 22
-    """Largest number of (draw, data point) pairs evaluated at once by :meth:`log_joint` (32 MB of float64)."""
+    max_block: int = 2 ** 20
+    """Largest number of (draw, data point) pairs evaluated at once by :meth:`log_joint` (8 MB per float64
+    temporary)."""
 
     def __init__(self, X: Any, y: Any, *, prior_var: float | None = 1.0, bias: bool = True,
                  feature_names: Sequence[str] | None = None, device: torch.device | str | None = None) -> None:

@@ -102,3 +102,14 @@ def test_ard_validation():
         DSVIARD(scale="full")
     with pytest.raises(ValueError, match="num_steps"):
         DSVIARD(num_steps=0)
+
+
+def test_ard_rejects_minibatch_target_with_prior():
+    X, y, _ = _mean_shift_data(N=40, D=5)
+    with pytest.raises(ValueError, match="prior"):
+        DSVIARD(num_steps=5).run(BayesianLogisticRegression(X, y).minibatch(10))
+    lik = BayesianLogisticRegression(X, y, prior_var=None, bias=False).minibatch(10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        q = DSVIARD(num_steps=50, progress_bar=False, num_elbo_samples=20).run(lik)
+    assert q.info["lr_mu"] == pytest.approx(0.05 / 40) and q.mean.shape == (5,)
