@@ -1,0 +1,22 @@
+"""The benchmark runner's local paths (in-process and joblib's process pool) give the same results."""
+
+from __future__ import annotations
+
+from benchmarks.runner import Job, run_jobs
+
+
+def _square(x: int) -> dict:
+    if x < 0:
+        raise ValueError("negative")
+    return {"y": x * x}
+
+
+def test_in_process_and_joblib_agree_and_failures_are_reported():
+    jobs = [Job(_square, {"x": i}, name=f"sq{i}") for i in (1, 2, -1)]
+    local = run_jobs(jobs)
+    pooled = run_jobs(jobs, n_jobs=2)
+    threaded = run_jobs(jobs, n_jobs=2, backend="threading")
+    for res in (local, pooled, threaded):
+        assert [r.get("y") for r in res] == [1, 4, None]
+        assert res[2]["error"].startswith("ValueError") and res[0]["error"] == ""
+        assert [r["job"] for r in res] == ["sq1", "sq2", "sq-1"] and res[1]["x"] == 2
