@@ -517,11 +517,21 @@ class DSVI:
                 "max_failed_steps": self.max_failed_steps, "seed": self.seed}
 
     def make_base(self, dim: int) -> Any:
-        """The standard distribution :math:`\\phi` for dimension ``dim``."""
-        return make_standard(self.base, dim, df=self.df)
+        """The standard distribution :math:`\\phi` for dimension ``dim`` (built once per dimension, cached)."""
+        cached = self._cache.get("base")
+        if cached is None or cached[0] != dim:
+            cached = (dim, make_standard(self.base, dim, df=self.df))
+            self._cache["base"] = cached
+        return cached[1]
 
     def _term(self, base: Any) -> Callable[..., Any]:
-        return self.analytic_term if self.analytic_term is not None else EntropyTerm(base.entropy())
+        if self.analytic_term is not None:
+            return self.analytic_term
+        term = self._cache.get("term")
+        if term is None or term[0] is not base:
+            term = (base, EntropyTerm(base.entropy()))
+            self._cache["term"] = term
+        return term[1]
 
     def _schedule(self, state: DSVIState) -> Any:
         if not isinstance(self.schedule, str):

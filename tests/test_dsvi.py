@@ -557,3 +557,14 @@ def test_logistic_log_joint_blocks_large_batches():
     (ga,) = torch.autograd.grad(whole.sum(), theta)
     (gb,) = torch.autograd.grad(blocked.sum(), theta)
     assert torch.allclose(ga, gb, rtol=1e-12)
+
+
+def test_factorised_base_runs_and_is_reported():
+    """phi = prod_d phi_d with user-given univariate standard distributions (the slides' first tip)."""
+    target = gaussian_target(torch.zeros(2, dtype=torch.float64))
+    comps = [torch.distributions.Laplace(torch.tensor(0.0, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64)),
+             torch.distributions.Normal(torch.tensor(0.0, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64))]
+    q = run_quiet(quiet(base=comps, num_steps=300, lr=0.1, seed=0, num_elbo_samples=200), target)
+    assert isinstance(q.base, gpvi.Factorised) and math.isfinite(q.elbo)
+    # the entropy term of the bound includes H_phi = H(Laplace) + H(Normal) = (1 + log 2) + (1 + log 2 pi) / 2
+    assert q.base.entropy() == pytest.approx(1 + math.log(2) + 0.5 * (1 + math.log(2 * math.pi)))
