@@ -7,7 +7,11 @@ theta) -> engines (:class:`ML2`, DSVI, CVI, NUTS) -> posteriors (:mod:`gpvi.post
 
 from __future__ import annotations
 
-from . import datasets, linalg, metrics, plots
+from . import datasets, linalg, metrics, plots, schedules
+from .ard import DSVIARD
+from .dsvi import DSVI, DSVIState
+from .logistic import BayesianLogisticRegression
+from .subsample import MinibatchTarget
 from .exceptions import (
     ConvergenceWarning,
     InterruptedRunWarning,
@@ -27,6 +31,11 @@ from .target import Target
 __version__ = "0.1.0"
 
 __all__ = [
+    "BayesianLogisticRegression",
+    "DSVI",
+    "DSVIARD",
+    "DSVIState",
+    "MinibatchTarget",
     "ConvergenceWarning",
     "Factorised",
     "GPRegression",
@@ -50,5 +59,6 @@ __all__ = [
     "linalg",
     "metrics",
     "plots",
+    "schedules",
     "__version__",
 ]
