@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(os.environ.get("GPVI_BENCH_OUT") or Path(__file__).resolve().parent / "results")
+"""Where results go: ``benchmarks/results`` or ``$GPVI_BENCH_OUT`` (set by ``gpvi bench --out DIR``)."""
 
 
 def machine_info() -> dict[str, Any]:
