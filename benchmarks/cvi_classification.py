@@ -143,7 +143,7 @@ def gpytorch_run(ds, model, K, kernel, *, natural: bool, lr: float, max_iter: in
                 times.append(clock)
                 elbos.append(e if math.isfinite(e) else -math.inf)
                 iters.append(it)
-                if e >= target or clock > budget_s or not math.isfinite(float(loss)):
+                if e >= target or clock > budget_s or not math.isfinite(float(loss.detach())):
                     break
         gm.eval()
         with torch.no_grad():
@@ -217,7 +217,7 @@ def main() -> None:
         kern = model.kernel_at(theta)
         with torch.no_grad():
             kdiff = float((kern(ds.X_train).to_dense() - K).abs().max())
-        assert kdiff < 1e-10, kdiff
+        assert kdiff < 1e-10 * float(K.abs().max()), kdiff          # same kernel matrix (measured <= 6e-12 relative)
         print(f"   type-II fit {fit_s:.1f}s, ELBO {clf.elbo_:.4f}, signal var {clf.hyperparameters_['signal_var']:.3g}",
               flush=True)
 

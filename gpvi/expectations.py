@@ -77,7 +77,7 @@ __all__ = [
     "expected_log_lik",
     "mean_parameter_gradients",
     "gaussian_expectation",
-    "ExpectedLogLik",
+    "expected_log_lik_sum",
 ]
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -535,7 +535,7 @@ class _ExpectedLogLikFn(torch.autograd.Function):
         return grad * dm, grad * dv, None, None, None
 
 
-def ExpectedLogLik(likelihood: Likelihood, y: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
+def expected_log_lik_sum(likelihood: Likelihood, y: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
                    quadrature: Quadrature | None = None) -> torch.Tensor:
     r""":math:`\sum_n \mathbb E_{\mathcal N(m_n, v_n)}[\log p(y_n \mid f)]`, differentiable in ``m`` and ``v``.
 
@@ -557,7 +557,7 @@ def ExpectedLogLik(likelihood: Likelihood, y: torch.Tensor, m: torch.Tensor, v: 
     >>> import torch
     >>> m = torch.zeros(3, dtype=torch.float64, requires_grad=True)
     >>> v = torch.ones(3, dtype=torch.float64)
-    >>> val = ExpectedLogLik(BernoulliLogit(), torch.ones(3, dtype=torch.float64), m, v)
+    >>> val = expected_log_lik_sum(BernoulliLogit(), torch.ones(3, dtype=torch.float64), m, v)
     >>> val.backward(); m.grad.shape
     torch.Size([3])
     """
