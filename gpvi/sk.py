@@ -304,8 +304,9 @@ class SKState:
         P_t^{-1})`). Only positive-definite precisions are ever stored here.
     stats : dict of str to tensor
         Running (exponentially weighted) statistics. ``method="hessian"``: ``a`` (D,), ``z`` (D,), ``P`` (D, D)
-        of Algorithm 2. ``method="gradient"``: ``a``, ``z``, ``e`` (mean of eps), ``A`` = mean of
-        :math:`x\varepsilon^\top`, ``B`` = mean of :math:`g\varepsilon^\top` (see :class:`SKGaussian`).
+        of Algorithm 2. ``method="gradient"``: ``a``, ``z``, ``A`` = mean of :math:`\tfrac12(x_+ - x_-)
+        \varepsilon^\top`, ``B`` = mean of :math:`\tfrac12(g_+ - g_-)\varepsilon^\top` over antithetic pairs (see
+        :class:`SKGaussian`).
     sums : list of two dicts
         Plain sums of the per-step estimates over the two halves of the averaging window, with counts ``n``.
     t : int
@@ -455,8 +456,10 @@ class SKGaussian:
         Source of Hessians for ``method="hessian"`` (default ``"auto"``; rejected for ``method="gradient"``),
         see :func:`value_grad_hessian`. ``"auto"`` probes the target once at the initial mean: autograd if it
         supports double backward, else central finite differences (recorded in ``info["hessian"]``).
-    num_samples : int
-        S, draws per step (the paper uses 1); the per-step estimates are averages over the S draws.
+    num_samples : int, optional
+        S, draws per step; the per-step estimates are averages over the S draws. Default 1 for
+        ``method="hessian"`` (the paper's single draw) and 2 (one antithetic pair) for ``method="gradient"``,
+        which needs an even S.
     step_size : float, optional
         :math:`w` in (0, 1]; default :math:`1/\sqrt N` (paper Algorithm 2).
     average_fraction : float
@@ -466,18 +469,15 @@ class SKGaussian:
     init_scale : float, (D,) or (D, D) array-like
         Initial scale when ``init`` is not a Gaussian posterior: :math:`V_1 = CC^\top` with ``C =
         init_scale * I`` (default 0.1, as DSVI), a diagonal, or a lower-triangular matrix.
-    on_non_pd : {"auto", "reject", "keep", "raise"}
+    on_non_pd : {"reject", "keep", "raise"}
         What to do when the update would make the running precision :math:`P_{t+1}` not positive definite
         (possible early on, with a large :math:`w`, a poor start or a heavy-tailed target; paper section 4).
-        ``"reject"``: the step is rejected — its draw does not enter the running statistics and :math:`q_t` is
-        kept, so the iteration only moves between valid Gaussians. ``"keep"``: the statistics absorb the draw
-        (the paper's recursion) but draws keep coming from the last valid :math:`q_t` until :math:`P` is positive
-        definite again. ``"auto"`` (default): ``"reject"`` for ``method="hessian"`` (each draw carries a
-        full-rank curvature estimate, so an update that would flip :math:`P` indefinite is an outlier, and
-        absorbing it can start a runaway towards ever wider q on heavy-tailed targets) and ``"keep"`` for
-        ``method="gradient"`` (each draw adds rank-one information to the instrumental regression, which is
-        routinely indefinite until the window holds about D draws: rejecting would starve it).
-        ``"raise"``: stop at once with :class:`~gpvi.exceptions.NumericalFaultError`. In all cases the step is
+        ``"reject"`` (default): the step is rejected — its draws do not enter the running statistics and
+        :math:`q_t` is kept, so the iteration only moves between valid Gaussians (an update that would flip
+        :math:`P` indefinite is an outlier against the running average; absorbing it can start a runaway towards
+        ever wider q on heavy-tailed targets). ``"keep"``: the statistics absorb the draws (the paper's
+        recursion) but draws keep coming from the last valid :math:`q_t` until :math:`P` is positive definite
+        again. ``"raise"``: stop at once with :class:`~gpvi.exceptions.NumericalFaultError`. In all cases the step is
         counted in ``info["non_pd_steps"]`` with one :class:`~gpvi.exceptions.NumericalWarning`; the averaged
         statistics of the output always use every draw of the window, and an averaged :math:`\bar P` that is not
         positive definite raises :class:`~gpvi.exceptions.NumericalFaultError` (advice: more steps, i.e. a
@@ -515,23 +515,27 @@ class SKGaussian:
     :math:`\hat g = \nabla_\phi\log g(s(\phi,\varepsilon))`, :math:`\hat C = \nabla_\phi T(s(\phi,\varepsilon))`
     with :math:`T(x) = (x, -\tfrac12 xx^\top)` and :math:`\phi = (m, R)`. Since :math:`\hat C\eta =
     J^\top(\eta_1 - Px)` and :math:`\hat g = J^\top\nabla\log g(x)` with :math:`J^\top v = (v,
-    v\varepsilon^\top)`, the normal equations :math:`\bar C\eta = \bar g` read
+    v\varepsilon^\top)`, the normal equations :math:`\bar C\eta = \bar g` say: regress the gradient on the draw,
+    :math:`\nabla\log g(x) \approx \eta_1 - Px`, with instruments :math:`(1, \varepsilon)`. gpvi draws
+    antithetic pairs :math:`x_\pm = m \pm R\varepsilon` (``num_samples`` even; the paper's section 6.0.1 suggests
+    antithetic draws) and estimates the slope from the half-differences within each pair, so the moving mean
+    :math:`m_t` cannot leak into it,
 
     .. math::
 
-        \bar{\nabla\log g} = \eta_1 - P\bar x,\qquad
-        \overline{(\nabla\log g - \bar{\nabla\log g})\varepsilon^\top} = -P\,\overline{(x - \bar x)\varepsilon^\top},
+        A = \overline{\tfrac12(x_+ - x_-)\varepsilon^\top} = \overline{R\varepsilon\varepsilon^\top},\qquad
+        B = \overline{\tfrac12(\nabla\log g(x_+) - \nabla\log g(x_-))\varepsilon^\top},\qquad
+        P = -\mathrm{sym}(BA^{-1}),\qquad m = \bar z + P^{-1}\bar a,
 
-    an instrumental-variable regression of the gradient on the draw with instruments :math:`(1, \varepsilon)`.
-    gpvi solves the second equation as :math:`P = -\mathrm{sym}(B A^{-1})` with :math:`A`, :math:`B` the centred
-    averages of :math:`x\varepsilon^\top` and :math:`g\varepsilon^\top` (one :math:`D\times D` solve; an
-    unconstrained square root :math:`R` gives :math:`D^2` equations, symmetrised, instead of the
-    :math:`D(D+1)/2`-dimensional system of a triangular :math:`R`), and :math:`m = \bar x + P^{-1}\bar g`. For a
-    Gaussian target :math:`B = -\Lambda A` exactly, so this variant also recovers it exactly once the averaging
-    window holds more than D draws; for other targets it converges to the same fixed point as Algorithm 2
-    (:math:`A \to R`, :math:`B \to \mathbb E[\nabla^2\log g]R` by Stein's lemma), with more Monte Carlo noise
-    but :math:`O(SD^2 + D^3)` work per step and no Hessian. The running statistics start from the values a
-    Gaussian target equal to :math:`q_1` would give (:math:`A = R_1`, :math:`B = -P_1R_1`).
+    with :math:`a`, :math:`z` the averages of all gradients and draws as in Algorithm 2 (the intercept block).
+    One :math:`D\times D` solve: an unconstrained square root :math:`R` gives :math:`D^2` equations, symmetrised,
+    instead of the :math:`D(D+1)/2`-dimensional system of a triangular :math:`R`. For a Gaussian target
+    :math:`\nabla\log g(x_+) - \nabla\log g(x_-) = -2\Lambda R\varepsilon`, so :math:`B = -\Lambda A` exactly and
+    this variant also recovers the target exactly once the averaging window holds at least D pairs; for other
+    targets it converges to the fixed point of Algorithm 2 (:math:`B \to \mathbb E_q[\nabla^2\log g]R` by
+    Stein's lemma) with more Monte Carlo noise, since each pair carries rank-one curvature information, but with
+    :math:`O(SD^2 + D^3)` work per step and no Hessian. The running statistics start from the values a Gaussian
+    target equal to :math:`q_1` would give (:math:`A = R_1`, :math:`B = -P_1R_1`).
 
     *Cost per step*: the log joint (S rows; ``hessian="fd"``: S(2D+1) rows in one call; ``"autograd"``: D extra
     backward passes) plus :math:`O(D^3)` for the Cholesky factor of :math:`P_{t+1}`. Memory: a few
@@ -558,8 +562,8 @@ class SKGaussian:
     """
 
     def __init__(self, num_steps: int = 2000, *, method: str = "hessian", hessian: str | None = None,
-                 num_samples: int = 1, step_size: float | None = None, average_fraction: float = 0.5,
-                 fd_step: float = 1e-4, init_scale: Any = 0.1, on_non_pd: str = "auto", max_resample: int = 10,
+                 num_samples: int | None = None, step_size: float | None = None, average_fraction: float = 0.5,
+                 fd_step: float = 1e-4, init_scale: Any = 0.1, on_non_pd: str = "reject", max_resample: int = 10,
                  max_failed_steps: int = 20, drift_tol: float = 0.5, window: int = 200,
                  num_elbo_samples: int = 1000, elbo_batch: int = 250, seed: int | None = 0,
                  progress_bar: bool = True) -> None:
@@ -570,7 +574,12 @@ class SKGaussian:
             if self.method == "gradient":
                 raise ValueError("hessian is only used with method='hessian' (method='gradient' needs no Hessian)")
         self.hessian = hessian if hessian is not None else ("auto" if self.method == "hessian" else None)
+        if num_samples is None:
+            num_samples = 1 if self.method == "hessian" else 2
         self.num_samples = check_positive_int(num_samples, "num_samples")
+        if self.method == "gradient" and self.num_samples % 2:
+            raise ValueError(f"num_samples must be even for method='gradient' (draws come in antithetic pairs "
+                             f"m +- R eps); got {self.num_samples}")
         self.step_size = None if step_size is None else check_fraction(step_size, "step_size")
         self.average_fraction = check_fraction(average_fraction, "average_fraction")
         self.fd_step = check_positive(fd_step, "fd_step")
@@ -581,10 +590,7 @@ class SKGaussian:
         elif init_scale is None or isinstance(init_scale, (bool, str)):
             raise TypeError(f"init_scale must be a positive number or an array; got {type(init_scale).__name__}")
         self.init_scale = init_scale
-        check_choice(on_non_pd, "on_non_pd", ("auto", "reject", "keep", "raise"))
-        if on_non_pd == "auto":
-            on_non_pd = "reject" if self.method == "hessian" else "keep"
-        self.on_non_pd = on_non_pd
+        self.on_non_pd = check_choice(on_non_pd, "on_non_pd", ("reject", "keep", "raise"))
         self.max_resample = check_nonnegative_int(max_resample, "max_resample")
         self.max_failed_steps = check_positive_int(max_failed_steps, "max_failed_steps")
         self.drift_tol = check_positive(drift_tol, "drift_tol", allow_inf=True)
@@ -617,7 +623,7 @@ class SKGaussian:
         return start, mid
 
     def _empty_sums(self, D: int) -> dict[str, Any]:
-        keys = ("a", "z", "P") if self.method == "hessian" else ("a", "z", "e", "A", "B")
+        keys = ("a", "z", "P") if self.method == "hessian" else ("a", "z", "A", "B")
         out: dict[str, Any] = {}
         for k in keys:
             out[k] = torch.zeros((D, D) if k in ("P", "A", "B") else (D,), dtype=torch.float64)
@@ -722,7 +728,7 @@ class SKGaussian:
             stats["P"] = P0
         else:
             R0 = torch.linalg.solve_triangular(L0.T, torch.eye(D, dtype=torch.float64), upper=True)  # L^-T
-            stats.update(e=torch.zeros(D, dtype=torch.float64), A=R0, B=-L0.clone())
+            stats.update(A=R0, B=-L0.clone())
         return SKState(m=m0, L=L0, stats=stats, sums=[self._empty_sums(D), self._empty_sums(D)], t=0,
                        num_steps=self.num_steps, w=self.w, method=self.method, hessian=hessian, hessian_note=note,
                        generator=gen, window=deque(maxlen=self.window), counters=counters)
@@ -751,36 +757,56 @@ class SKGaussian:
         return lj, g, H, valid, S * (2 * D + 1), 0
 
     def _estimate(self, target: Any, state: SKState) -> _Estimate:
-        """Draw S points from q_t, evaluate, resample invalid ones; average the regression statistics."""
+        """Draw S points from q_t, evaluate, resample invalid ones; average the regression statistics.
+
+        Draws are organised in *units*: single draws (``method="hessian"``) or antithetic pairs
+        :math:`m \pm R\varepsilon` (``method="gradient"``; rows u and u + U of the batch). A unit with an invalid
+        row is redrawn whole.
+        """
         gen, D, S = state.generator, state.dim, self.num_samples
+        pairs = state.method == "gradient"
+        U = S // 2 if pairs else S
         batch = target.sample_minibatch(gen) if _is_minibatch_target(target) else None
         L, m = state.L, state.m
 
         def draw(k: int) -> tuple[torch.Tensor, torch.Tensor]:
             eps = torch.randn((k, D), generator=gen, dtype=torch.float64)
+            if pairs:
+                eps = torch.cat([eps, -eps], 0)
             x = m + torch.linalg.solve_triangular(L.T, eps.T, upper=True).T      # m + L^-T eps
             return eps, x
 
-        eps, theta = draw(S)
+        def unit_ok(v: torch.Tensor) -> torch.Tensor:
+            return v[: v.shape[0] // 2] & v[v.shape[0] // 2:] if pairs else v
+
+        def rows(units: torch.Tensor, k: int) -> torch.Tensor:
+            return torch.cat([units, units + k]) if pairs else units
+
+        eps, theta = draw(U)
         lj, g, H, valid, evals, back = self._evaluate(target, state, theta, batch)
+        ok = unit_ok(valid)
         calls, resampled = 1, 0
         for _ in range(self.max_resample):
-            bad = (~valid).nonzero().flatten()
+            bad = (~ok).nonzero().flatten()
             if bad.numel() == 0:
                 break
             e_new, x_new = draw(bad.numel())
             lj_n, g_n, H_n, v_n, ev, bk = self._evaluate(target, state, x_new, batch)
-            calls, evals, back, resampled = calls + 1, evals + ev, back + bk, resampled + bad.numel()
-            eps[bad], theta[bad], lj[bad], g[bad], valid[bad] = e_new, x_new, lj_n, g_n, v_n
+            calls, evals, back = calls + 1, evals + ev, back + bk
+            resampled += x_new.shape[0]
+            r = rows(bad, U)
+            eps[r], theta[r], lj[r], g[r] = e_new, x_new, lj_n, g_n
             if H is not None:
-                H[bad] = H_n
-        nv = int(valid.sum())
+                H[r] = H_n
+            ok[bad] = unit_ok(v_n)
+        nu = int(ok.sum())
+        nv = 2 * nu if pairs else nu
         est = _Estimate(nv, resampled, S - nv, calls, evals, back, math.nan, None)
-        if nv == 0:
+        if nu == 0:
             return est
-        if nv < S:
-            eps, theta, lj, g = eps[valid], theta[valid], lj[valid], g[valid]
-            H = None if H is None else H[valid]
+        keep = rows(ok.nonzero().flatten(), U)
+        eps, theta, lj, g = eps[keep], theta[keep], lj[keep], g[keep]
+        H = None if H is None else H[keep]
         # instantaneous bound: mean of log g(x) - log q_t(x), log q_t(x) = -|eps|^2/2 - D/2 log 2pi + sum log L_dd
         log_q = -0.5 * (eps * eps).sum(-1) - 0.5 * D * _LOG_2PI + float(torch.log(torch.diagonal(L)).sum())
         est.bound = float((lj - log_q).mean())
@@ -788,7 +814,11 @@ class SKGaussian:
         if H is not None:
             parts["P"] = -H.mean(0)
         else:
-            parts.update(e=eps.mean(0), A=theta.T @ eps / nv, B=g.T @ eps / nv)
+            # antithetic pairs: half-differences (x+ - x-)/2 = R eps and (g+ - g-)/2 against the instrument eps
+            e_u = eps[:nu]
+            dx = 0.5 * (theta[:nu] - theta[nu:])
+            dg = 0.5 * (g[:nu] - g[nu:])
+            parts.update(A=dx.T @ e_u / nu, B=dg.T @ e_u / nu)
         est.parts = parts
         return est
 
@@ -798,11 +828,11 @@ class SKGaussian:
         if method == "hessian":
             P = 0.5 * (st["P"] + st["P"].T)
         else:
-            Ac = st["A"] - torch.outer(st["z"], st["e"])
-            Bc = st["B"] - torch.outer(st["a"], st["e"])
             try:
-                M = torch.linalg.solve(Ac.T, Bc.T).T                       # Bc Ac^-1
-            except RuntimeError:                                          # singular Ac
+                M = torch.linalg.solve(st["A"].T, st["B"].T).T              # B A^-1
+            except RuntimeError:                                          # singular A
+                return None
+            if not bool(torch.isfinite(M).all()):
                 return None
             P = -0.5 * (M + M.T)
         L = _strict_cholesky(P)
@@ -1129,9 +1159,12 @@ class SKGaussian:
                         drift_mean = float(((halves[0][0] - halves[1][0]).abs() / sd).max())
                         drift_sd = float(torch.log(sds[0] / sds[1]).abs().max())
                     if not (drift_mean <= self.drift_tol and drift_sd <= self.drift_tol):
-                        warnings.warn(f"SKGaussian: the two halves of the averaging window disagree (means differ by "
-                                      f"up to {drift_mean:.3g} sd, sds by a factor up to exp({drift_sd:.3g})); q may "
-                                      f"still be moving: consider more steps", ConvergenceWarning, stacklevel=3)
+                        what = ("one half of the averaging window gives an indefinite precision"
+                                if math.isinf(drift_mean) else
+                                f"means differ by up to {drift_mean:.3g} sd, sds by a factor up to exp({drift_sd:.3g})")
+                        warnings.warn(f"SKGaussian: the two halves of the averaging window disagree ({what}); q may "
+                                      f"still be moving or unstable: do not trust it without more steps or a start "
+                                      f"closer to the posterior", ConvergenceWarning, stacklevel=3)
         scale_tril = _scale_from_precision(L)
         elbo_method = "rolling window average of the instantaneous bound"
         elbo, se, invalid = state.bound_average(), math.nan, 0
