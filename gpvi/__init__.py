@@ -7,8 +7,11 @@ theta) -> engines (:class:`ML2`, DSVI, CVI, NUTS) -> posteriors (:mod:`gpvi.post
 
 from __future__ import annotations
 
-from . import datasets, linalg, metrics, plots, schedules
+from . import datasets, expectations, linalg, metrics, plots, schedules
 from .ard import DSVIARD
+from .classification import GPClassification, LatentGP
+from .classifier import GPClassifier
+from .cvi import CVI, CVIState, LatentPosterior
 from .dsvi import DSVI, DSVIState
 from .logistic import BayesianLogisticRegression
 from .subsample import MinibatchTarget
@@ -32,6 +35,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BayesianLogisticRegression",
+    "CVI",
+    "CVIState",
+    "GPClassification",
+    "GPClassifier",
+    "LatentGP",
+    "LatentPosterior",
     "DSVI",
     "DSVIARD",
     "DSVIState",
@@ -56,6 +65,7 @@ __all__ = [
     "Table",
     "Target",
     "datasets",
+    "expectations",
     "linalg",
     "metrics",
     "plots",

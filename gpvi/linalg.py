@@ -29,6 +29,7 @@ __all__ = [
     "cholesky_with_jitter",
     "gaussian_log_marginal",
     "cholesky_update",
+    "cholesky_site_update_",
     "cholesky_solve",
     "solve_lower",
     "logdet_from_cholesky",
@@ -303,3 +304,82 @@ def cholesky_update(L: torch.Tensor, x: torch.Tensor, alpha: float | torch.Tenso
     R = torch.zeros_like(W)
     R[..., :, :-1] = S[..., :, 1:]
     return L * d.unsqueeze(-2) + R * beta.unsqueeze(-2)
+
+
+def cholesky_site_update_(U: torch.Tensor, n: int, alpha: float, *, p: torch.Tensor | None = None,
+                           block: int | None = None) -> torch.Tensor:
+    r"""In place: the upper factor of :math:`A + \alpha\, e_n e_n^\top` from that of :math:`A = U^\top U`. O((N-n)^2).
+
+    A single-site CVI step changes one diagonal entry of :math:`K + S`. With :math:`L = U^\top`, only the trailing
+    block :math:`L_{n:,n:}` changes, and for it the update vector is :math:`e_0`. This is the closed form of
+    :func:`gpvi.linalg.cholesky_update` (Gill, Golub, Murray & Saunders 1974) with :math:`p = L_{n:,n:}^{-1}e_0`,
+    :math:`t_j = 1 + \alpha\sum_{i\le j}p_i^2`, :math:`d_j = \sqrt{t_j/t_{j-1}}`,
+    :math:`\beta_j = \alpha p_j/\sqrt{t_j t_{j-1}}`, written row-wise on :math:`U`:
+
+    .. math::
+
+        U'_{j,:} = d_j U_{j,:} + \beta_j\Big(T - \sum_{i \le j} p_i U_{i,:}\Big),\qquad T = \sum_i p_i U_{i,:},
+
+    evaluated in blocks of ``block`` rows whose prefix sums stay in cache, touching only the upper triangle. No
+    N x N temporary is allocated (the generic routine allocates several, which at N = 4000 costs more in page
+    faults than the arithmetic): about 1.2 passes over the trailing block instead of about 11.
+
+    Parameters
+    ----------
+    U : torch.Tensor of shape (N, N)
+        Contiguous upper-triangular factor, modified in place (``U.mT`` is the lower factor :math:`L`).
+    n : int
+        The diagonal entry that changes.
+    alpha : float
+        The change of :math:`A_{nn}` (negative for a downdate).
+    p : torch.Tensor of shape (N - n,), optional
+        :math:`L_{n:,n:}^{-1} e_0` if already known (it is :math:`(L^{-1}e_n)_{n:}`); solved for otherwise.
+    block : int, optional
+        Rows per block (default: one block when ``N - n <= 256``, else ``max(64, ceil((N - n) / 16))``).
+
+    Returns
+    -------
+    torch.Tensor
+        ``U`` (modified in place).
+
+    Raises
+    ------
+    NotPSDError
+        The downdate would make :math:`A` indefinite (``U`` is left unchanged).
+
+    Examples
+    --------
+    >>> import torch
+    >>> A = torch.tensor([[4.0, 2.0], [2.0, 3.0]], dtype=torch.float64)
+    >>> U = torch.linalg.cholesky(A).mT.contiguous()
+    >>> _ = cholesky_site_update_(U, 1, 0.5)
+    >>> torch.allclose(U.mT @ U, A + torch.diag(torch.tensor([0.0, 0.5], dtype=torch.float64)))
+    True
+    """
+    M = U[n:, n:]
+    k = M.shape[0]
+    if p is None:
+        e = torch.zeros(k, 1, dtype=U.dtype, device=U.device)
+        e[0, 0] = 1.0
+        p = torch.linalg.solve_triangular(M.mT, e, upper=False)[:, 0]
+    t = 1.0 + alpha * torch.cumsum(p * p, 0)
+    if not bool((t > 0).all()) or not bool(torch.isfinite(t).all()):
+        raise NotPSDError("Cholesky downdate would make the matrix indefinite", jitter=0.0)
+    tp = torch.cat([t.new_ones(1), t[:-1]])
+    d = torch.sqrt(t / tp)
+    beta = alpha * p / torch.sqrt(t * tp)
+    T = p @ M
+    b = block if block is not None else (k if k <= 256 else max(64, -(-k // 16)))
+    P = torch.zeros_like(T)
+    for j0 in range(0, k, b):
+        j1 = min(k, j0 + b)
+        blk = M[j0:j1, j0:]
+        W = blk * p[j0:j1, None]
+        W.cumsum_(0)
+        W += P[j0:]
+        P[j0:] = W[-1]
+        torch.sub(T[j0:], W, out=W)
+        W.mul_(beta[j0:j1, None])
+        blk.mul_(d[j0:j1, None]).add_(W)
+        blk[:, :j1 - j0].triu_()
+    return U
