@@ -31,6 +31,27 @@ __all__ = ["Posterior", "PointPosterior", "GaussianPosterior", "SamplePosterior"
 _SUMMARY_SEED = 20140621  # fixed seed for Monte Carlo parts of summaries (deterministic output)
 
 
+def _plain(obj: Any) -> Any:
+    """Convert to tensors, numbers, strings, lists and dicts only, so ``torch.load(weights_only=True)`` accepts it."""
+    if isinstance(obj, Table):
+        return {"index": list(obj.index), "columns": {k: _plain(v) for k, v in obj.columns.items()}}
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, (torch.Tensor, str, int, float, bool)) or obj is None:
+        return obj
+    try:
+        import numpy as np
+        if isinstance(obj, np.ndarray):
+            return torch.from_numpy(obj)
+        if isinstance(obj, np.generic):
+            return obj.item()
+    except ImportError:  # pragma: no cover
+        pass
+    return repr(obj)
+
+
 def _quantile_names(prob: float) -> tuple[str, str, str]:
     lo = 100 * (1 - prob) / 2
     return f"q{lo:g}", "q50", f"q{100 - lo:g}"
@@ -207,7 +228,8 @@ class PointPosterior(Posterior):
         return torch.where(hit, torch.zeros_like(hit, dtype=t.dtype), torch.full_like(hit, -math.inf, dtype=t.dtype))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"kind": "point", "theta": self.theta, "names": self.names, "value": self.value}
+        return {"kind": "point", "theta": self.theta, "names": self.names, "value": self.value,
+                "info": _plain({k: v for k, v in self.info.items() if k != "records"})}
 
 
 class GaussianPosterior(Posterior):
@@ -301,14 +323,18 @@ class GaussianPosterior(Posterior):
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to rebuild the posterior (and resume the run, when an engine state is attached)."""
         out = {"kind": "gaussian", "mean": self.mean, "scale_tril": self.scale_tril, "names": self.names,
-               "base": self.base.spec(), "elbo": self.elbo, "elbo_se": self.elbo_se, "info": self.info}
+               "base": _plain(self.base.spec()), "elbo": self.elbo, "elbo_se": self.elbo_se, "info": _plain(self.info)}
         if self.engine_state is not None and callable(getattr(self.engine_state, "state_dict", None)):
             out["engine_state"] = self.engine_state.state_dict()
         return out
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any], target: Any = None) -> GaussianPosterior:
-        """Rebuild from :meth:`state_dict` (normal and Student-t bases; factorised bases need ``base=``)."""
+        """Rebuild from :meth:`state_dict` (normal and Student-t bases; factorised bases need ``base=``).
+
+        ``state_dict()`` holds only tensors, numbers, strings, lists and dicts, so it can be saved with
+        ``torch.save`` and read back with ``torch.load(path, weights_only=True)``.
+        """
         spec = state["base"]
         if spec["kind"] == "factorised":
             raise ValueError("a factorised base cannot be rebuilt from its description; construct "
@@ -425,7 +451,8 @@ class SamplePosterior(Posterior):
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        out = {"kind": "samples", "draws": self.draws, "names": self.names, "stats": self.stats, "info": self.info}
+        out = {"kind": "samples", "draws": self.draws, "names": self.names, "stats": _plain(self.stats),
+               "info": _plain(self.info)}
         if self.engine_state is not None and callable(getattr(self.engine_state, "state_dict", None)):
             out["engine_state"] = self.engine_state.state_dict()
         return out

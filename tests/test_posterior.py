@@ -131,3 +131,17 @@ def test_classification_metrics():
         error_rate(p * 2, y)
     with pytest.raises(ValueError, match="three|two classes"):
         error_rate(p, torch.tensor([0, 1, 2, 0]))
+
+
+def test_state_dicts_load_with_weights_only(tmp_path):
+    X, y = make_gp_data(20, 1)
+    model = gpvi.GPRegression(X, y)
+    fit = gpvi.ML2(num_restarts=2, seed=0).run(model)
+    q = _gaussian()
+    mc = gpvi.SamplePosterior(torch.zeros(2, 5, 3, dtype=torch.float64), ["a", "b", "c"],
+                              info={"table": gpvi.Table(["x"], {"v": [1.0]}), "arr": torch.ones(2)})
+    for post in (fit, q, mc):
+        torch.save(post.state_dict(), tmp_path / "s.pt")
+        loaded = torch.load(tmp_path / "s.pt", weights_only=True)
+        assert loaded["kind"] == post.state_dict()["kind"]
+    assert torch.load(tmp_path / "s.pt", weights_only=True)["info"]["table"]["columns"]["v"] == [1.0]
