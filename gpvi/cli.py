@@ -253,12 +253,12 @@ def load_fit(path: str | os.PathLike) -> SavedFit:
 
 # --------------------------------------------------------------------------- commands
 def _cmd_fit_regression(args: argparse.Namespace) -> int:
+    X, y, names = load_csv(args.csv, args.target)          # bad input fails before any heavy work
+    Xs, ys, (mu, sd, ym, ysd) = _standardise(X, y)
     import torch
 
     import gpvi
 
-    X, y, names = load_csv(args.csv, args.target)
-    Xs, ys, (mu, sd, ym, ysd) = _standardise(X, y)
     model = gpvi.GPRegression(Xs, ys)
     progress = not args.no_progress
     t0 = time.perf_counter()
@@ -273,9 +273,10 @@ def _cmd_fit_regression(args: argparse.Namespace) -> int:
         post = gpvi.NUTS(num_chains=args.chains, num_warmup=args.warmup, seed=args.seed, progress_bar=progress,
                          **kw).run(model, init=fit)
     elapsed = time.perf_counter() - t0
-    print(f"GP regression on {args.csv}: N = {len(y)}, d = {X.shape[1]} ({', '.join(names)}), method "
-          f"{args.method}, {elapsed:.1f} s. Inputs and target standardised (target mean {ym:.4g}, sd {ysd:.4g}); "
-          "lengthscales are in training-sd units of each input.")
+    print(f"GP regression on {args.csv}: N = {len(y)}, d = {X.shape[1]}, method {args.method}, {elapsed:.1f} s. "
+          f"Inputs and target standardised (target mean {ym:.4g}, sd {ysd:.4g}); lengthscales are in units of each "
+          "input's training sd.")
+    print("inputs: " + ", ".join(f"[{j}] {n}" for j, n in enumerate(names)))
     if args.method == "dsvi":
         print(f"ELBO {post.elbo:.4f} +- {post.elbo_se:.4f}, {post.info['steps']} steps, "
               f"converged: {post.info['converged']}")
@@ -292,11 +293,11 @@ def _cmd_fit_regression(args: argparse.Namespace) -> int:
 
 
 def _cmd_fit_classifier(args: argparse.Namespace) -> int:
+    X, y, names = load_csv(args.csv, args.target)
     import torch
 
     import gpvi
 
-    X, y, names = load_csv(args.csv, args.target)
     try:
         _, classes = gpvi.validation.check_binary_labels(y, f"column {args.target!r}")
     except ValueError as exc:
