@@ -21,7 +21,8 @@ from typing import Any, TextIO
 __all__ = ["run_demo", "demo", "DEMO_DSVI_STEPS"]
 
 DEMO_DSVI_STEPS = 6000
-"""DSVI steps of the full demo (chosen so the whole demo stays under ~2 minutes on a loaded 2-core machine)."""
+"""Cap on the DSVI steps of the full demo (at ~8 ms per step on Bodyfat the whole demo stays under ~2 minutes on a
+loaded 2-core machine even if every step is taken; DSVI may stop earlier by its convergence rule)."""
 
 _QUICK = {"restarts": 1, "dsvi_steps": 150, "elbo_draws": 100, "pred_draws": 20, "max_sweeps": 20}
 _FULL = {"restarts": 5, "dsvi_steps": DEMO_DSVI_STEPS, "elbo_draws": 1000, "pred_draws": 200, "max_sweeps": 500}
