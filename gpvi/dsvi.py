@@ -1101,7 +1101,7 @@ class DSVI:
         Returns
         -------
         DSVIState
-            With ``optimizer`` (resolved) and ``init_info`` (how :math:`\mu_0, C_0` were found, and the time).
+            With ``optimizer`` (resolved) and ``init_info`` (how :math:`\\mu_0, C_0` were found, and the time).
 
         Examples
         --------
