@@ -357,6 +357,7 @@ class SKState:
     hessian: str | None
     generator: torch.Generator
     hessian_note: str = ""
+    init_info: dict[str, Any] = field(default_factory=dict)
     window: deque = field(default_factory=deque)
     trace: dict[str, array] = field(default_factory=lambda: {k: array("d") for k in _TRACE_KEYS})
     counters: dict[str, int] = field(default_factory=lambda: {k: 0 for k in _COUNTERS})
@@ -384,6 +385,7 @@ class SKState:
             "version": 1, "m": self.m.clone(), "L": self.L.clone(), "stats": cl(self.stats),
             "sums": [cl(s) for s in self.sums], "t": self.t, "num_steps": self.num_steps, "w": self.w,
             "method": self.method, "hessian": self.hessian, "hessian_note": self.hessian_note,
+            "init_info": copy.deepcopy(self.init_info),
             "generator_state": self.generator.get_state(), "generator_device": str(self.generator.device),
             "window": list(self.window), "window_size": self.window.maxlen,
             "trace": {k: _array_to_tensor(v) for k, v in self.trace.items()},
@@ -411,7 +413,8 @@ class SKState:
             m=state["m"].clone(), L=state["L"].clone(), stats=cl(state["stats"]),
             sums=[cl(s) for s in state["sums"]], t=int(state["t"]), num_steps=int(state["num_steps"]),
             w=float(state["w"]), method=state["method"], hessian=state["hessian"],
-            hessian_note=state.get("hessian_note", ""), generator=gen,
+            hessian_note=state.get("hessian_note", ""), init_info=copy.deepcopy(state.get("init_info", {})),
+            generator=gen,
             window=deque(state["window"], maxlen=state.get("window_size")),
             trace={k: array("d", torch.as_tensor(v, dtype=torch.float64).numpy().tobytes())
                    for k, v in state["trace"].items()},
@@ -466,9 +469,14 @@ class SKGaussian:
         Fraction of the final steps whose statistics are averaged for the output (paper: 0.5, the second half).
     fd_step : float
         Relative finite-difference step of ``hessian="fd"``.
-    init_scale : float, (D,) or (D, D) array-like
+    init_scale : float, (D,) or (D, D) array-like, or "laplace"
         Initial scale when ``init`` is not a Gaussian posterior: :math:`V_1 = CC^\top` with ``C =
-        init_scale * I`` (default 0.1, as DSVI), a diagonal, or a lower-triangular matrix.
+        init_scale * I`` (default 0.1: q starts narrow, as DSVI's non-Laplace default), a diagonal, or a
+        lower-triangular matrix. ``"laplace"``: :math:`V_1 = (-\nabla^2\log g(m_1))^{-1}`, matching the curvature
+        of log g at the initial mean (the paper's advice for difficult cases, section 4; best with ``init`` at the
+        mode, e.g. an ML-II/MAP point), with the Hessian from :func:`value_grad_hessian` (``hessian`` source, or
+        ``"auto"`` for the gradient variant; counted in ``info``); where :math:`-H` is not positive definite, the
+        diagonal :math:`1/\sqrt{-H_{dd}}` (0.1 where :math:`-H_{dd} \le 0`). ``info["init"]`` records which.
     on_non_pd : {"reject", "keep", "raise"}
         What to do when the update would make the running precision :math:`P_{t+1}` not positive definite
         (possible early on, with a large :math:`w`, a poor start or a heavy-tailed target; paper section 4).
@@ -587,8 +595,11 @@ class SKGaussian:
             raise ValueError(f"fd_step must be < 0.1 (a relative finite-difference step); got {self.fd_step:g}")
         if isinstance(init_scale, numbers.Real) and not isinstance(init_scale, bool):
             check_positive(init_scale, "init_scale")
-        elif init_scale is None or isinstance(init_scale, (bool, str)):
-            raise TypeError(f"init_scale must be a positive number or an array; got {type(init_scale).__name__}")
+        elif isinstance(init_scale, str):
+            check_choice(init_scale, "init_scale", ("laplace",))
+        elif init_scale is None or isinstance(init_scale, bool):
+            raise TypeError(f"init_scale must be a positive number, an array or 'laplace'; got "
+                            f"{type(init_scale).__name__}")
         self.init_scale = init_scale
         self.on_non_pd = check_choice(on_non_pd, "on_non_pd", ("reject", "keep", "raise"))
         self.max_resample = check_nonnegative_int(max_resample, "max_resample")
@@ -630,8 +641,9 @@ class SKGaussian:
         out["n"] = 0
         return out
 
-    def _initial(self, target: Any, init: Any, D: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _initial(self, target: Any, init: Any, D: int) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
         C0 = None
+        how: dict[str, Any] = {"scale": "given (GaussianPosterior)"}
         if init is None:
             if callable(getattr(target, "initial_theta", None)):
                 m0 = torch.as_tensor(target.initial_theta()).detach().to(torch.float64).cpu()
@@ -655,7 +667,10 @@ class SKGaussian:
             raise ValueError("init contains non-finite values")
         if C0 is None:
             s = self.init_scale
-            if isinstance(s, numbers.Real) and not isinstance(s, bool):
+            how = {"scale": "init_scale"}
+            if isinstance(s, str):                                    # "laplace"
+                C0, how = self._laplace_scale(target, m0)
+            elif isinstance(s, numbers.Real) and not isinstance(s, bool):
                 C0 = float(s) * torch.eye(D, dtype=torch.float64)
             else:
                 st = as_float_tensor(s, "init_scale", ndim=(1, 2))
@@ -671,7 +686,36 @@ class SKGaussian:
                     C0 = st.clone()
                 if not bool((torch.diagonal(C0) > 0).all()):
                     raise ValueError("init_scale must have a strictly positive diagonal")
-        return m0.clone(), C0
+        return m0.clone(), C0, how
+
+    def _laplace_scale(self, target: Any, m0: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        """chol((-H)^-1) at m0, or a diagonal fallback; with the evaluation cost for the counters."""
+        hessian = self.hessian if self.hessian is not None else "auto"
+        D = m0.shape[0]
+        th = m0.unsqueeze(0)
+        how: dict[str, Any] = {}
+        if hessian in ("auto", "autograd"):
+            try:
+                _, _, H, _ = _autograd_hessian(target, th, None)
+                how.update(hessian_rows=1, hessian_backward=D)
+            except _NoDoubleBackward as exc:
+                if hessian == "autograd":
+                    raise ValueError(f"hessian='autograd' is not available for this target ({exc}); use "
+                                     f"hessian='fd' or 'auto'") from None
+                hessian = "fd"
+        if hessian == "fd":
+            _, _, H, _ = _fd_hessian(target, th, None, self.fd_step)
+            how.update(hessian_rows=2 * D + 1, hessian_backward=0)
+        H = H[0]
+        if not bool(torch.isfinite(H).all()):
+            raise ValueError("init_scale='laplace': the Hessian of log g at the initial mean is not finite")
+        L = _strict_cholesky(-H)
+        if L is not None:
+            how["scale"] = "laplace"
+            return _scale_from_precision(L), how
+        d = -torch.diagonal(H)
+        how["scale"] = "laplace_diagonal (-H not positive definite)"
+        return torch.diag(torch.where(d > 0, d.clamp_min(1e-300).rsqrt(), torch.full_like(d, 0.1))), how
 
     # ------------------------------------------------------------------ functional core
     def init(self, target: Any, init: Any = None, *, generator: torch.Generator | None = None) -> SKState:
@@ -702,7 +746,7 @@ class SKGaussian:
         target = as_target(target)
         D = len(target.names)
         check_memory(D, copies=10, what="the Salimans-Knowles engine's D x D statistics")
-        m0, C0 = self._initial(target, init, D)
+        m0, C0, how = self._initial(target, init, D)
         P0 = torch.cholesky_inverse(C0)                     # (C0 C0^T)^-1
         P0 = 0.5 * (P0 + P0.T)
         L0 = _strict_cholesky(P0)
@@ -710,6 +754,10 @@ class SKGaussian:
             raise ValueError("the initial scale is too ill-conditioned: V_1^-1 is not numerically positive definite")
         gen = resolve_generator(self.seed, generator)
         counters = {k: 0 for k in _COUNTERS}
+        if "hessian_rows" in how:
+            counters["log_joint_calls"] += 1
+            counters["log_joint_evals"] += how["hessian_rows"]
+            counters["hessian_backward_passes"] += how["hessian_backward"]
         hessian, note = None, ""
         if self.method == "hessian":
             hessian = self.hessian
@@ -731,7 +779,7 @@ class SKGaussian:
             stats.update(A=R0, B=-L0.clone())
         return SKState(m=m0, L=L0, stats=stats, sums=[self._empty_sums(D), self._empty_sums(D)], t=0,
                        num_steps=self.num_steps, w=self.w, method=self.method, hessian=hessian, hessian_note=note,
-                       generator=gen, window=deque(maxlen=self.window), counters=counters)
+                       generator=gen, window=deque(maxlen=self.window), counters=counters, init_info=how)
 
     def _evaluate(self, target: Any, state: SKState, theta: torch.Tensor, batch: Any
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, int, int]:
@@ -1178,7 +1226,8 @@ class SKGaussian:
                               f"had a non-finite log joint and were left out", NumericalWarning, stacklevel=3)
         info: dict[str, Any] = dict(state.counters)
         info.update(
-            method=state.method, hessian=state.hessian, hessian_note=state.hessian_note, averaged=averaged,
+            method=state.method, hessian=state.hessian, hessian_note=state.hessian_note, init=dict(state.init_info),
+            averaged=averaged,
             num_averaged=n_avg, drift_mean_sd=drift_mean, drift_log_sd=drift_sd, steps=state.t,
             steps_this_run=steps_this_run, time_s=run_time, total_time_s=state.wall_time, step_size=state.w,
             interrupted=interrupted, elbo_method=elbo_method, elbo_invalid=invalid, settings=self.settings(),

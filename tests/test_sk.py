@@ -454,7 +454,8 @@ def test_interrupted_run_before_window_returns_current_q():
     (dict(init_scale=-1.0), "init_scale"), (dict(on_non_pd="ignore"), "on_non_pd"),
     (dict(max_resample=-1), "max_resample"), (dict(max_failed_steps=0), "max_failed_steps"),
     (dict(drift_tol=0.0), "drift_tol"), (dict(window=0), "window"), (dict(num_elbo_samples=-1), "num_elbo_samples"),
-    (dict(elbo_batch=0), "elbo_batch"), (dict(seed=-3), "seed"),
+    (dict(elbo_batch=0), "elbo_batch"), (dict(seed=-3), "seed"), (dict(init_scale="big"), "init_scale"),
+    (dict(method="gradient", num_samples=3), "num_samples"),
 ])
 def test_bad_settings_raise_value_error_naming_argument(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -462,7 +463,7 @@ def test_bad_settings_raise_value_error_naming_argument(kwargs, match):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(num_steps=2.5), "num_steps"), (dict(progress_bar="yes"), "progress_bar"), (dict(init_scale="big"), "init_scale"),
+    (dict(num_steps=2.5), "num_steps"), (dict(progress_bar="yes"), "progress_bar"), (dict(init_scale=None), "init_scale"),
     (dict(method=3), "method"),
 ])
 def test_bad_setting_types_raise_type_error(kwargs, match):
@@ -575,3 +576,25 @@ def test_algorithm_1_faults_and_validation():
     # a posterior outside the family's support of proper members: log p increasing in x -> improper, clear error
     with pytest.raises(NumericalFaultError, match="proper"):
         SKExpFamily(Exponential(), 50).run(lambda x: 0.5 * x, Exponential().natural(rate=1.0))
+
+
+def test_laplace_start_matches_the_curvature_at_the_initial_mean(pima, gp_data):
+    """init_scale='laplace' (paper section 4: match the curvature of log g at the mode): V_1 = (-H(m_1))^-1, by
+    autograd on logistic regression and by finite differences on a GP target (counted as 2D + 1 rows)."""
+    model, _ = pima
+    m0 = torch.full((model.dim,), 0.1, dtype=torch.float64)
+    st = quiet(num_steps=10, init_scale="laplace").init(model, m0)
+    _, _, H = value_grad_hessian(model, m0, hessian="autograd")
+    assert torch.allclose(st.stats["P"], -H, rtol=1e-10, atol=1e-10)
+    assert st.init_info["scale"] == "laplace" and st.counters["hessian_backward_passes"] == model.dim
+    X, y = gp_data
+    gp = gpvi.GPRegression(X, y)
+    st = quiet(num_steps=10, method="gradient", init_scale="laplace").init(gp)
+    _, _, H = value_grad_hessian(gp, gp.initial_theta(), hessian="fd")
+    # at the data-scaled initial theta -H is indefinite here: the documented diagonal fallback 1/sqrt(-H_dd)
+    assert float(torch.linalg.eigvalsh(-H)[0]) < 0 and st.init_info["scale"].startswith("laplace_diagonal")
+    P1 = -st.stats["B"] @ torch.linalg.inv(st.stats["A"])                                  # P_1 = -B A^-1
+    assert torch.allclose(P1, torch.diag(-torch.diagonal(H)), rtol=1e-10, atol=1e-10)
+    assert st.counters["log_joint_evals"] == 2 * gp.dim + 1
+    with pytest.raises(ValueError, match="init_scale"):
+        SKGaussian(init_scale="mode")
