@@ -67,30 +67,44 @@ class Counting:
 
 
 def engines(quick: bool, problem: str) -> dict[str, dict[str, Any]]:
-    """name -> {make(N, seed) -> engine, grid of N}. Settings are each engine's defaults except num_steps (and
-    optimizer='adam' for the second DSVI configuration, the DSVI engine's documented option for badly scaled
-    problems)."""
-    sk_h, sk_g, dsvi, adam = ("SK Alg. 2 (Hessian, " + ("autograd)" if problem == "pima" else "finite differences)"),
-                              "SK Hessian-free (S=4)", "DSVI (defaults: SGD, S=4)", "DSVI (Adam, S=4)")
-    if problem == "pima":
-        grids = {sk_h: [25, 50, 100, 200, 400, 800, 1600], sk_g: [25, 50, 100, 200, 400, 800, 1600],
-                 dsvi: [250, 500, 1000, 2000, 4000, 8000, 16000, 32000],
-                 adam: [250, 500, 1000, 2000, 4000, 8000, 16000, 32000]}
-        if quick:
-            grids = {k: v[:3] for k, v in grids.items()}
-    else:
-        grids = {sk_h: [25, 50, 100, 200, 400], sk_g: [125, 250, 500, 1000, 2000],
-                 dsvi: [1000, 2000, 4000, 8000, 16000], adam: [1000, 2000, 4000, 8000]}
-        if quick:
-            grids = {k: [max(4, v[0] // 5), max(8, v[1] // 5)] for k, v in grids.items()}
+    """name -> {make(N, seed) -> engine, grid of N}. Each engine's defaults except num_steps, plus: the S&K
+    Hessian-free variant with 4 draws (2 antithetic pairs) per step, once also with the Laplace start that DSVI's
+    GP default uses; DSVI with optimizer='natural' on Pima (its default there is SGD) and with optimizer='sgd' (the
+    paper's Algorithm 1) on Boston (its default there is 'natural' with a Laplace start and early stopping)."""
     common = dict(progress_bar=False, num_elbo_samples=0)
-    makers = {
-        sk_h: lambda N, s: SKGaussian(num_steps=N, seed=s, **common),
-        sk_g: lambda N, s: SKGaussian(num_steps=N, method="gradient", num_samples=4, seed=s, **common),
-        dsvi: lambda N, s: DSVI(num_steps=N, seed=s, **common),
-        adam: lambda N, s: DSVI(num_steps=N, optimizer="adam", seed=s, **common),
-    }
-    return {k: {"make": makers[k], "grid": grids[k]} for k in grids}
+    if problem == "pima":
+        specs = {
+            "SK Alg. 2 (Hessian, autograd)": ([25, 50, 100, 200, 400, 800, 1600],
+                                              lambda N, s: SKGaussian(num_steps=N, seed=s, **common)),
+            "SK Hessian-free (S=4)": ([25, 50, 100, 200, 400, 800, 1600],
+                                      lambda N, s: SKGaussian(num_steps=N, method="gradient", num_samples=4, seed=s,
+                                                              **common)),
+            "DSVI (default here: SGD, S=4)": ([250, 500, 1000, 2000, 4000, 8000, 16000, 32000],
+                                              lambda N, s: DSVI(num_steps=N, seed=s, **common)),
+            "DSVI (natural, S=4)": ([100, 200, 400, 800, 1600, 3200, 6400, 12800],
+                                    lambda N, s: DSVI(num_steps=N, optimizer="natural", seed=s, **common)),
+        }
+        if quick:
+            specs = {k: (g[:3], f) for k, (g, f) in specs.items()}
+    else:
+        specs = {
+            "SK Alg. 2 (Hessian, finite differences)": ([25, 50, 100, 200, 400],
+                                                        lambda N, s: SKGaussian(num_steps=N, seed=s, **common)),
+            "SK Hessian-free (S=4)": ([50, 125, 250, 500, 1000],
+                                      lambda N, s: SKGaussian(num_steps=N, method="gradient", num_samples=4, seed=s,
+                                                              **common)),
+            "SK Hessian-free (S=4, Laplace start)": ([25, 50, 125, 250, 500],
+                                                     lambda N, s: SKGaussian(num_steps=N, method="gradient",
+                                                                             num_samples=4, init_scale="laplace",
+                                                                             seed=s, **common)),
+            "DSVI (default here: natural, Laplace start, S=4)": ([125, 250, 500, 1000, 2000],
+                                                                 lambda N, s: DSVI(num_steps=N, seed=s, **common)),
+            "DSVI (SGD = paper's Alg. 1, S=4)": ([2000, 8000],
+                                                 lambda N, s: DSVI(num_steps=N, optimizer="sgd", seed=s, **common)),
+        }
+        if quick:
+            specs = {k: ([max(4, g[0] // 5), max(8, g[1] // 5)], f) for k, (g, f) in specs.items()}
+    return {k: {"make": f, "grid": g} for k, (g, f) in specs.items()}
 
 
 def timed_run(make, N: int, seed: int, target: Any, init: Any) -> dict[str, Any]:
@@ -237,7 +251,8 @@ def pima(quick: bool) -> tuple[list[str], dict]:
         f"F* = {F_ref:.4f}; every run's bound below is computed exactly by the same quadrature (no MC error)",
         f"- tolerances at the optimum (1000 draws): loose = 2 x se[mean(log g) + H] = {tols['loose']:.4f}, "
         f"strict = 2 x se[mean(log g - log q)] = {tols['strict']:.4f}",
-        f"- seeds {seeds}; all engines start at theta = 0 with their default initial scale (0.1 I)",
+        f"- seeds {seeds}; all engines start at theta = 0 with their default initial scale (0.1 I; DSVI natural: "
+        f"the Laplace scale at 0)",
         f"- NUTS: {nuts_kw['num_chains']} chains x {nuts_kw['num_samples']} draws (+{nuts_kw['num_warmup']} warm-up), "
         f"{t_nuts:.1f} s, min ESS {float(mc.ess().min()):.0f}, max R-hat {float(mc.r_hat().max()):.3f}", "",
         "### Time and log-joint evaluations to reach the optimum bound", "",
@@ -296,7 +311,8 @@ def boston(quick: bool) -> tuple[list[str], dict]:
     nuts_path = RESULTS / "nuts_boston_draws.npz"
     lines = ["## Boston: GP hyperparameter posterior (N = 455, d = 13, D = 15, prior N(0, 10))", "",
              f"- all engines start at the ML-II point (3 restarts, {t_ml2:.1f} s, not included in the times) with "
-             f"their default initial scale 0.1 I; one seed (0) per run length",
+             f"their default initial scale (S&K: 0.1 I unless 'Laplace start'; DSVI natural: the Laplace scale at the "
+             f"start, by finite differences; DSVI SGD: 0.1 I); one seed (0) per run length",
              f"- bounds: {n_bound}-draw Monte Carlo estimates of mean(log g - log q) with common random numbers; "
              f"reference F_ref = {F_ref:.3f} (the best of all runs: {best['who']})",
              f"- tolerances at the reference q (1000 draws): loose = 2 x se[mean(log g) + H] = {tols['loose']:.3f}, "
