@@ -140,7 +140,7 @@ def main() -> None:
            "fits in cache), which is where the slope approaches or exceeds 2. The generic rank-one update "
            "allocates several N x N temporaries per call; at large N the page faults of those fresh allocations "
            "cost more than the arithmetic, which is why the single-site path uses the blocked in-place variant.\n")
-    path = write("cvi_step_cost", md, {"rows": rows, "slopes": {"blocked": sl_blk, "blocked_N_ge_1000": sl_blk_big,
+    path = write("cvi_step_cost" + ("_quick" if args.quick else ""), md, {"rows": rows, "slopes": {"blocked": sl_blk, "blocked_N_ge_1000": sl_blk_big,
                                                                 "generic": sl_gen, "refactor": sl_chol,
                                                                 "full_step": sl_full}})
     print(md)

@@ -12,7 +12,8 @@ changes, e.g. with Dask::
         run_jobs(jobs, n_jobs=-1)
 
 or with Ray (``from ray.util.joblib import register_ray; register_ray()`` then ``backend="ray"``), or by
-setting the environment variable ``GPVI_JOBLIB_BACKEND`` (read by :func:`run_jobs`) — see ``benchmarks/README.md``.
+setting the environment variables ``GPVI_JOBLIB_BACKEND`` and ``GPVI_N_JOBS`` (read by :func:`run_jobs` when the
+caller does not pass them) — see ``benchmarks/README.md``.
 Each job sets ``OMP_NUM_THREADS``/torch threads to ``threads`` inside the worker, so workers do not oversubscribe
 the cores.
 """
@@ -55,21 +56,24 @@ def _execute(job: Job, threads: int) -> dict[str, Any]:
     return out
 
 
-def run_jobs(jobs: Sequence[Job], *, n_jobs: int = 1, threads: int = 1, backend: str | None = None,
+def run_jobs(jobs: Sequence[Job], *, n_jobs: int | None = None, threads: int = 1, backend: str | None = None,
              verbose: int = 0) -> list[dict[str, Any]]:
     """Run ``jobs`` and return their result dicts in order.
 
     Parameters
     ----------
     jobs : sequence of Job
-    n_jobs : int
-        1 runs in-process (no joblib overhead, exact timings); otherwise joblib's ``n_jobs``.
+    n_jobs : int, optional
+        1 runs in-process (no joblib overhead, exact timings); otherwise joblib's ``n_jobs`` (-1: all workers the
+        backend offers). Default: ``$GPVI_N_JOBS`` or 1.
     threads : int
         torch / OpenMP threads per job.
     backend : str, optional
         joblib backend ("loky", "threading", "dask", "ray", ...). Default: ``$GPVI_JOBLIB_BACKEND`` or joblib's
         current configuration (so ``joblib.parallel_config(backend=...)`` set by the caller applies).
     """
+    if n_jobs is None:
+        n_jobs = int(os.environ.get("GPVI_N_JOBS", "1"))
     if n_jobs == 1 and backend is None and not os.environ.get("GPVI_JOBLIB_BACKEND"):
         return [_execute(j, threads) for j in jobs]
     from joblib import Parallel, delayed, parallel_config

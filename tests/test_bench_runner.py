@@ -20,3 +20,10 @@ def test_in_process_and_joblib_agree_and_failures_are_reported():
         assert [r.get("y") for r in res] == [1, 4, None]
         assert res[2]["error"].startswith("ValueError") and res[0]["error"] == ""
         assert [r["job"] for r in res] == ["sq1", "sq2", "sq-1"] and res[1]["x"] == 2
+
+
+def test_environment_selects_backend_and_workers(monkeypatch):
+    monkeypatch.setenv("GPVI_JOBLIB_BACKEND", "threading")
+    monkeypatch.setenv("GPVI_N_JOBS", "2")
+    res = run_jobs([Job(_square, {"x": i}) for i in range(3)])
+    assert [r["y"] for r in res] == [0, 1, 4]
