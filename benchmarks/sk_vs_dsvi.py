@@ -104,7 +104,10 @@ def engines(quick: bool, problem: str) -> dict[str, dict[str, Any]]:
         }
         if quick:
             specs = {k: ([max(4, g[0] // 5), max(8, g[1] // 5)], f) for k, (g, f) in specs.items()}
-    return {k: {"make": f, "grid": g} for k, (g, f) in specs.items()}
+    short = {k: ("SK Alg.2" if k.startswith("SK Alg") else "SK HF+Laplace" if "Laplace start" in k and k.startswith("SK")
+                 else "SK HF" if k.startswith("SK") else "DSVI " + ("natural" if "natural" in k else "SGD"))
+             for k in specs}
+    return {k: {"make": f, "grid": g, "short": short[k]} for k, (g, f) in specs.items()}
 
 
 def timed_run(make, N: int, seed: int, target: Any, init: Any) -> dict[str, Any]:
@@ -123,6 +126,7 @@ def timed_run(make, N: int, seed: int, target: Any, init: Any) -> dict[str, Any]
     if failed:
         msgs = [f"FAILED: {failed}"] + msgs
     return {"q": q, "N": N, "seed": seed, "time_s": wall, "rows": proxy.rows, "failed": failed is not None,
+            "steps": int(q.info.get("steps", N)),
             "backward": int(q.info.get("hessian_backward_passes", 0)), "warnings": msgs}
 
 
@@ -140,25 +144,59 @@ def bound_se_two_ways(target: Any, mean: torch.Tensor, C: torch.Tensor, n: int, 
     return se_plain, se_low
 
 
-def reach_table(runs: dict[str, list[dict]], gap_key: str, tols: dict[str, float]) -> list[str]:
-    lines = ["| engine | criterion | first N reaching | median wall time s | log-joint rows | + Hessian backward passes |",
-             "|---|---|---|---|---|---|"]
+def reach(runs: dict[str, list[dict]], gap_key: str, tols: dict[str, float]) -> dict[str, dict[str, Any]]:
+    """engine -> criterion -> first N whose every seed is within tol (with median steps/time/rows), or None."""
+    out: dict[str, dict[str, Any]] = {}
     for name, rs in runs.items():
+        out[name] = {}
         for crit, tol in tols.items():
-            hit = None
+            out[name][crit] = None
             for N in sorted({r["N"] for r in rs}):
                 at = [r for r in rs if r["N"] == N]
                 if all(r[gap_key] <= tol for r in at):
-                    hit = at
+                    out[name][crit] = {"N": N, "steps": int(statistics.median(r["steps"] for r in at)),
+                                       "time_s": statistics.median(r["time_s"] for r in at),
+                                       "rows": int(statistics.median(r["rows"] for r in at)),
+                                       "backward": int(statistics.median(r["backward"] for r in at))}
                     break
-            if hit is None:
-                Nmax = max(r["N"] for r in rs)
-                lines.append(f"| {name} | {crit} (tol {tol:.3g}) | not reached by N = {Nmax} | - | - | - |")
+            out[name]["max_N"] = max(r["N"] for r in rs)
+    return out
+
+
+def reach_table(runs: dict[str, list[dict]], gap_key: str, tols: dict[str, float]) -> list[str]:
+    res = reach(runs, gap_key, tols)
+    lines = ["| engine | criterion | first N reaching | steps run | median wall time s | log-joint rows | "
+             "+ Hessian backward passes |", "|---|---|---|---|---|---|---|"]
+    for name in runs:
+        for crit, tol in tols.items():
+            h = res[name][crit]
+            if h is None:
+                lines.append(f"| {name} | {crit} (tol {tol:.3g}) | not reached by N = {res[name]['max_N']} | - | - | "
+                             f"- | - |")
             else:
-                lines.append(f"| {name} | {crit} (tol {tol:.3g}) | {hit[0]['N']} | "
-                             f"{statistics.median(r['time_s'] for r in hit):.2f} | "
-                             f"{int(statistics.median(r['rows'] for r in hit))} | "
-                             f"{int(statistics.median(r['backward'] for r in hit))} |")
+                lines.append(f"| {name} | {crit} (tol {tol:.3g}) | {h['N']} | {h['steps']} | {h['time_s']:.2f} | "
+                             f"{h['rows']} | {h['backward']} |")
+    return lines
+
+
+def headline(res: dict[str, dict[str, Any]], tols: dict[str, float], dsvi_default: str) -> list[str]:
+    """One sentence per criterion: the fastest engine and its ratios to DSVI's default."""
+    lines = []
+    for crit in tols:
+        hits = {n: v[crit] for n, v in res.items() if v[crit] is not None}
+        if not hits:
+            lines.append(f"- {crit}: no engine reached the reference within its grid")
+            continue
+        best = min(hits, key=lambda n: hits[n]["time_s"])
+        fewest = min(hits, key=lambda n: hits[n]["rows"] + hits[n]["backward"])
+        d = hits.get(dsvi_default)
+        vs = (f"; DSVI's default took {d['time_s']:.2f} s and {d['rows']} rows "
+              f"({d['time_s'] / hits[best]['time_s']:.1f}x the time, {d['rows'] / max(hits[best]['rows'], 1):.1f}x "
+              f"the rows of the fastest)" if d is not None else
+              f"; DSVI's default did not reach it (runs up to N = {res[dsvi_default]['max_N']})")
+        lines.append(f"- {crit} (tol {tols[crit]:.3g}): fastest **{best}** ({hits[best]['time_s']:.2f} s, "
+                     f"{hits[best]['rows']} rows); fewest evaluations {fewest} ({hits[fewest]['rows']} rows"
+                     f"{' + %d backward passes' % hits[fewest]['backward'] if hits[fewest]['backward'] else ''}){vs}")
     return lines
 
 
@@ -185,20 +223,21 @@ def cost_table(runs: dict[str, list[dict]]) -> list[str]:
         good = [r for r in rs if not r["failed"]]
         if not good:
             continue
-        r = max(good, key=lambda r: (r["N"], -r["time_s"]))
-        lines.append(f"| {name} | {1e3 * r['time_s'] / r['N']:.2f} | {r['rows'] / r['N']:.1f} | "
+        r = max(good, key=lambda r: (r["steps"], -r["time_s"]))
+        lines.append(f"| {name} | {1e3 * r['time_s'] / r['steps']:.2f} | {r['rows'] / r['steps']:.1f} | "
                      f"{1e3 * r['time_s'] / r['rows']:.3f} |")
     return lines
 
 
 def grid_table(runs: dict[str, list[dict]], gap_key: str, bound_key: str) -> list[str]:
-    lines = ["| engine | N | seeds | median time s | rows | bound (median) | gap to reference (max over seeds) | "
-             "warnings |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| engine | N | steps run | seeds | median time s | rows | bound (median) | "
+             "gap to reference (max over seeds) | warnings |", "|---|---|---|---|---|---|---|---|---|"]
     for name, rs in runs.items():
         for N in sorted({r["N"] for r in rs}):
             at = [r for r in rs if r["N"] == N]
             w = sorted({m for r in at for m in r["warnings"]})
-            lines.append(f"| {name} | {N} | {len(at)} | {statistics.median(r['time_s'] for r in at):.2f} | "
+            lines.append(f"| {name} | {N} | {int(statistics.median(r['steps'] for r in at))} | {len(at)} | "
+                         f"{statistics.median(r['time_s'] for r in at):.2f} | "
                          f"{int(statistics.median(r['rows'] for r in at))} | "
                          f"{statistics.median(r[bound_key] for r in at):.4f} | {max(r[gap_key] for r in at):.4f} | "
                          f"{'; '.join(w)[:160] or '-'} |")
@@ -215,7 +254,8 @@ def pima(quick: bool) -> tuple[list[str], dict]:
     tols = {"loose": 2 * se_plain, "strict": 2 * se_low}
     seeds = [0] if quick else [0, 1, 2]
     runs: dict[str, list[dict]] = {}
-    for name, spec in engines(quick, "pima").items():
+    specs = engines(quick, "pima")
+    for name, spec in specs.items():
         runs[name] = []
         for N in spec["grid"]:
             for s in seeds:
@@ -243,7 +283,7 @@ def pima(quick: bool) -> tuple[list[str], dict]:
         if not ok and not good:
             continue
         pick = min(ok, key=lambda r: r["N"]) if ok else max(good, key=lambda r: r["N"])
-        qs[f"{name.split(' (')[0]} N={pick['N']}"] = pick["q"]
+        qs[f"{specs[name]['short']} N={pick['N']}"] = pick["q"]
     qs["quadrature optimum"] = ref
     lines = [
         "## Pima: Bayesian logistic regression (N = 200, D = 8, prior N(0, I), bias)", "",
@@ -256,6 +296,7 @@ def pima(quick: bool) -> tuple[list[str], dict]:
         f"- NUTS: {nuts_kw['num_chains']} chains x {nuts_kw['num_samples']} draws (+{nuts_kw['num_warmup']} warm-up), "
         f"{t_nuts:.1f} s, min ESS {float(mc.ess().min()):.0f}, max R-hat {float(mc.r_hat().max()):.3f}", "",
         "### Time and log-joint evaluations to reach the optimum bound", "",
+        *headline(reach(runs, "gap", tols), tols, "DSVI (default here: SGD, S=4)"), "",
         *reach_table(runs, "gap", tols), "",
         "### Cost per step", "", *cost_table(runs), "",
         "### All runs", "", *grid_table(runs, "gap", "bound"), "",
@@ -319,7 +360,9 @@ def boston(quick: bool) -> tuple[list[str], dict]:
              f"strict = 2 x se[mean(log g - log q)] = {tols['strict']:.3f}",
              "- S&K Algorithm 2 uses finite-difference Hessians here (GPRegression refuses double backward): "
              "S (2D + 1) = 31 log-joint rows per step, in one batched call", ""]
-    lines += ["### Time and log-joint evaluations to reach the best bound", "", *reach_table(runs, "gap", tols), "",
+    lines += ["### Time and log-joint evaluations to reach the best bound", "",
+              *headline(reach(runs, "gap", tols), tols, "DSVI (default here: natural, Laplace start, S=4)"), "",
+              *reach_table(runs, "gap", tols), "",
               "### Cost per step", "", *cost_table(runs), "",
               "### All runs", "", *grid_table(runs, "gap", "bound"), ""]
     if nuts_path.exists():
@@ -333,7 +376,7 @@ def boston(quick: bool) -> tuple[list[str], dict]:
             if not ok and not good:
                 continue
             pick = min(ok, key=lambda r: r["N"]) if ok else max(good, key=lambda r: r["N"])
-            qs[f"{name.split(' (')[0]} N={pick['N']}"] = pick["q"]
+            qs[f"{specs[name]['short']} N={pick['N']}"] = pick["q"]
         lines += [f"### Final marginals vs NUTS ({draws.shape[0]} x {draws.shape[1]} draws from nuts_boston.py)", "",
                   *marginal_table(qs, mc, model.names), ""]
     else:
@@ -343,10 +386,77 @@ def boston(quick: bool) -> tuple[list[str], dict]:
     return lines, data
 
 
+# ------------------------------------------------------------------------------------------------ scaling in D
+def scaling(quick: bool) -> tuple[list[str], dict]:
+    """Engine cost per step vs D on a Gaussian target whose log joint costs O(S D^2): what the engines add."""
+    dims = [10, 50, 200] if quick else [10, 50, 200, 400, 800]
+    steps = 20 if quick else 40
+    rows, data = [], []
+    for D in dims:
+        g = torch.Generator().manual_seed(D)
+        A = torch.randn(D, D, generator=g, dtype=torch.float64) / math.sqrt(D)
+        Lam = A @ A.T + torch.eye(D, dtype=torch.float64)
+        target = gpvi.Target(lambda th, Lam=Lam: -0.5 * ((th @ Lam) * th).sum(-1), names=D)
+        cfg = {
+            "SK Alg. 2 (autograd Hessian, S=1)": lambda: SKGaussian(num_steps=steps, hessian="autograd",
+                                                                   progress_bar=False, num_elbo_samples=0),
+            "SK Hessian-free (S=4)": lambda: SKGaussian(num_steps=steps, method="gradient", num_samples=4,
+                                                        progress_bar=False, num_elbo_samples=0),
+            "DSVI (SGD, full C, S=4)": lambda: DSVI(num_steps=steps, optimizer="sgd", lr=1e-3, progress_bar=False,
+                                                     num_elbo_samples=0),
+            "DSVI (natural, full C, S=4)": lambda: DSVI(num_steps=steps, optimizer="natural", init_scale=0.1,
+                                                         progress_bar=False, num_elbo_samples=0),
+        }
+        for name, make in cfg.items():
+            if name.startswith("SK Alg. 2") and D > 400:
+                continue                                   # D backward passes per step: skipped beyond D = 400
+            times = []
+            for _ in range(3):
+                eng = make()
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    t0 = time.perf_counter()
+                    try:
+                        eng.run(target, init=torch.zeros(D, dtype=torch.float64))
+                    except gpvi.NumericalFaultError:      # too few pairs for D (only the cost matters here)
+                        pass
+                    times.append((time.perf_counter() - t0) / steps)
+            data.append({"D": D, "engine": name, "ms_per_step": 1e3 * statistics.median(times)})
+            print(f"scaling D={D} {name}: {data[-1]['ms_per_step']:.2f} ms/step", flush=True)
+    names = list(dict.fromkeys(d["engine"] for d in data))
+    lines = ["## Cost per step as D grows (Gaussian target, log joint O(S D^2); median of 3 runs of "
+             f"{steps} steps, init included)", "",
+             "| D | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for D in dims:
+        cells = []
+        for n in names:
+            v = [d["ms_per_step"] for d in data if d["D"] == D and d["engine"] == n]
+            cells.append(f"{v[0]:.2f}" if v else "skipped")
+        lines.append(f"| {D} | " + " | ".join(cells) + " |")
+    lines.append("")
+    return lines, {"scaling": data}
+
+
+def code_state() -> str:
+    """Last commits of the two engines and whether the working copy differs (the DSVI engine was still moving)."""
+    import subprocess
+    root = Path(__file__).resolve().parents[1]
+    out = []
+    for f in ("gpvi/sk.py", "gpvi/dsvi.py"):
+        try:
+            h = subprocess.run(["git", "log", "-1", "--format=%h", "--", f], cwd=root, capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+            dirty = subprocess.run(["git", "diff", "--quiet", "--", f], cwd=root, timeout=10).returncode != 0
+            out.append(f"{f} at {h or '?'}{' + uncommitted changes' if dirty else ''}")
+        except (OSError, subprocess.SubprocessError):  # pragma: no cover
+            out.append(f"{f}: git unavailable")
+    return "; ".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--part", choices=("all", "pima", "boston"), default="all")
+    ap.add_argument("--part", choices=("all", "pima", "boston", "scaling"), default="all")
     args = ap.parse_args()
     torch.set_num_threads(1)
     load_before = os.getloadavg()
@@ -361,6 +471,10 @@ def main() -> None:
         bl, bd = boston(args.quick)
         lines += bl
         data["boston"] = bd
+    if args.part in ("all", "scaling"):
+        sl, sd = scaling(args.quick)
+        lines += sl
+        data.update(sd)
     load_after = os.getloadavg()
     busy = max(load_before[0], load_after[0]) > 1.5
     name = "sk_vs_dsvi" + ("_quick" if args.quick else "") + ("" if args.part == "all" else f"_{args.part}")
@@ -369,7 +483,8 @@ def main() -> None:
             f"{[round(x, 2) for x in load_after]}" + (" (machine busy: wall times are inflated, ratios between "
                                                        "engines measured in the same run are more reliable)"
                                                        if busy else ""),
-            f"- total benchmark time {time.perf_counter() - t0:.0f} s", "",
+            f"- total benchmark time {time.perf_counter() - t0:.0f} s",
+            f"- code: {code_state()}", "",
             "Log-joint rows = points at which log g and its gradient were evaluated (counted by a proxy target). "
             "'First N reaching' = the shortest run (grid of doubling N, every seed) whose bound is within the "
             "tolerance of the reference; its median wall time and rows are the cost.", ""]
