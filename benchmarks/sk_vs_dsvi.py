@@ -500,16 +500,16 @@ READING = [
     "- *Pima* (D = 8, log-concave, autograd Hessians). Both S&K engines reach even the strict tolerance after "
     "N = 50 steps, in a fraction of DSVI's time and with one to two orders of magnitude fewer log-joint rows. "
     "Algorithm 2 needs the fewest rows (one per step) but pays D extra backward passes per step for the Hessian "
-    "(about 1.6 ms per step here), so the Hessian-free variant is the fastest in wall time. DSVI's default on this "
+    "(8 backward passes, about 1 ms per step here), so the Hessian-free variant is the fastest in wall time. DSVI's default on this "
     "target (SGD) needs thousands of steps for the strict tolerance; DSVI-natural stops on its convergence rule "
     "~0.03 nats below the optimum, inside the loose tolerance but outside the strict one, whatever num_steps is.",
     "- *Boston GP hyperparameters* (D = 15, not log-concave, no autograd Hessians). The Hessian-free S&K variant "
     "(4 rows per step) is the fastest to both tolerances, roughly 2-4x ahead of DSVI's GP default (natural "
     "gradient from a Laplace start), which reaches the loose tolerance and then stops on its convergence rule just "
     "outside the strict one. S&K Algorithm 2 must get its Hessians by finite differences here (2D + 1 = 31 rows "
-    "per step, GPRegression refuses double backward), which makes it about an order of magnitude more expensive "
-    "than the Hessian-free variant for the same bound. DSVI with plain SGD (the paper's Algorithm 1) is the "
-    "slowest by far.",
+    "per step, GPRegression refuses double backward), which makes it roughly 20x more expensive than the "
+    "Hessian-free variant for the same bound (and slower than DSVI's default). DSVI with plain SGD (the paper's "
+    "Algorithm 1) is the slowest by far.",
     "- *Marginals.* At the bound they reach, all Gaussian approximations agree with each other (same optimum) and "
     "with the quadrature optimum on Pima, where they also match NUTS closely (the posterior is nearly Gaussian). "
     "On Boston all of them differ from NUTS in the same way (means up to ~0.8 NUTS sd, sd ratios down to ~0.35 "
@@ -524,9 +524,9 @@ READING = [
     "gap; what remains is its deliberately small steps (rho_0 = 0.05 of q's scale with a decaying schedule) and its "
     "stopping rule.", "",
     "**Where S&K loses.** (1) It stores and factorises D x D matrices at every step (P, or A and B for the "
-    "Hessian-free variant): O(D^3) per step against O(D^2) for DSVI with a full C, so with a cheap log joint and "
-    "large D DSVI's per-step cost is far lower (last table) - the CVI paper's 'slow when D is large because of "
-    "the stored matrix'. When the log joint is expensive and D moderate (a GP with N >> D), the D^3 algebra is "
+    "Hessian-free variant): O(D^3) per step against O(D^2) for DSVI-SGD with a full C, so with a cheap log joint "
+    "and large D DSVI-SGD's per-step cost is an order of magnitude lower (last table; DSVI-natural's trust region "
+    "also pays O(D^3)) - the CVI paper's 'slow when D is large because of the stored matrix'. When the log joint is expensive and D moderate (a GP with N >> D), the D^3 algebra is "
     "negligible and the saved evaluations dominate, as on Boston. (2) Finite-difference Hessians cost 2D + 1 "
     "log-joint rows per draw; use the Hessian-free variant when autograd cannot give Hessians. (3) The "
     "Hessian-free variant needs at least ~D antithetic pairs in its averaging window: runs that are too short end "
