@@ -318,6 +318,9 @@ class SKState:
     method : {"hessian", "gradient"}
     hessian : {"autograd", "fd"} or None
         Resolved Hessian source (None for the gradient method); ``hessian_note`` says why "auto" chose it.
+    init_info : dict
+        How :math:`V_1` was set (``scale``: "init_scale", "laplace", "laplace_diagonal ...", "given ..."; the
+        Laplace start's evaluation cost).
     generator : torch.Generator
         The run's random stream (draws, resampled draws, minibatches).
     window : collections.deque of float
@@ -1089,7 +1092,7 @@ class SKGaussian:
         GaussianPosterior
             ``mean``, ``scale_tril`` (Cholesky factor of :math:`V`), ``elbo``/``elbo_se`` (fresh Monte Carlo
             estimate at the returned q), ``trace`` (``bound``, ``bound_avg``, ``num_valid``, ``pd`` per step),
-            ``info`` (counters, ``hessian``, ``averaged`` and ``num_averaged``, ``drift_mean_sd`` and
+            ``info`` (counters, ``hessian``, ``init``, ``averaged`` and ``num_averaged``, ``drift_mean_sd`` and
             ``drift_log_sd`` of the window-split check, ``steps``, ``time_s``, ``interrupted``, ``settings``) and
             ``engine_state``. An interrupted run returns the average so far (or the current :math:`q_t` before
             the averaging window, ``info["averaged"] = False``).
