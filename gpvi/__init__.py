@@ -27,6 +27,7 @@ from .ml2 import ML2
 from .model import GPRegression
 from .posterior import GaussianPosterior, PointPosterior, SamplePosterior
 from .predictive import MixturePredictive
+from .sk import SKExpFamily, SKGaussian
 from .standard import Factorised, StandardNormal, StandardStudentT
 from .table import Table
 from .target import Target
@@ -59,6 +60,8 @@ __all__ = [
     "NumericalFaultError",
     "NumericalWarning",
     "PointPosterior",
+    "SKExpFamily",
+    "SKGaussian",
     "SamplePosterior",
     "StandardNormal",
     "StandardStudentT",
