@@ -29,8 +29,9 @@ Protocol (everything in one run of this script, on one machine, single-threaded)
 
 Usage::
 
-    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.dsvi_table5            # full run (~1 h on 2 busy cores)
-    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.dsvi_table5 --quick    # smoke test (~3 min)
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.dsvi_table5            # full run (~65 min on 2 busy cores)
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.dsvi_table5 --quick    # smoke test (~5 min)
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.dsvi_table5 --rerender # markdown again from the stored JSON
     gpvi bench table5 [--quick]
 
 Writes ``benchmarks/results/dsvi_table5{,_quick}.{md,json}`` and ``dsvi_table5{,_quick}_boston_marginals.png``,
@@ -55,7 +56,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gpvi  # noqa: E402
-from benchmarks._common import RESULTS, header, write  # noqa: E402
+from benchmarks._common import RESULTS, machine_info, write  # noqa: E402
 from benchmarks.runner import Job, run_jobs  # noqa: E402
 from gpvi.dsvi import DSVI, laplace_approximation  # noqa: E402
 from gpvi.hmc import NUTS  # noqa: E402
@@ -336,6 +337,8 @@ def fidelity_report(fb: dict[str, Any], quick: bool, target_ess: float) -> tuple
              f"(min ESS {nuts['min_ess']:.0f}) / DSVI median {dsvi_med:.1f} s = **{ratio:.1f}x** "
              f"(vs slowest seed {nuts['wall_s'] / dsvi_max:.1f}x) | {'yes' if targets[f'DSVI <= 1/20 of the NUTS run with ESS >= {target_ess:.0f}'] else '**no**'} |")
     L.append("")
+    L += [f"Bound trace of the seed-0 run (instantaneous bound and its rolling average over the window of 100): "
+          f"![bound](dsvi_table5{'_quick' if quick else ''}_boston_bound.png)", ""]
     L += ["### Timing detail (same process, one after the other)", "",
           "| run | wall (s) | detail | load avg after |", "|---|---|---|---|"]
     for r in fb["dsvi_runs"]:
@@ -354,8 +357,10 @@ def fidelity_report(fb: dict[str, Any], quick: bool, target_ess: float) -> tuple
     L += ["## Fidelity to NUTS (paper Figure 4): DSVI defaults (seed 0) vs the long NUTS run", "",
           f"![marginals](dsvi_table5{'_quick' if quick else ''}_boston_marginals.png)", "",
           "Δmean/sd = (mean_DSVI − mean_NUTS) / sd_NUTS; NUTS Monte Carlo error of a mean is about "
-          "1/sqrt(ESS) ≈ 0.03–0.05 of these units. bimod. = Sarle's bimodality coefficient of the NUTS draws "
-          "(> 0.555: two modes likely).", "",
+          "1/sqrt(ESS) ≈ 0.03–0.05 of these units. NUTS skew / kurt = skewness and excess kurtosis of the NUTS "
+          "draws; bimod. = Sarle's bimodality coefficient (0.555 for a uniform; values near it with small or "
+          "negative kurtosis mark flat or two-mode marginals — check the figure, the coefficient is only a hint).",
+          "",
           "| hyperparameter | mean DSVI | mean NUTS | sd DSVI | sd NUTS | Δmean/sd | sd ratio | W1 | ESS | NUTS skew | "
           "NUTS kurt | bimod. | targets |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for j, n in enumerate(names):
@@ -380,8 +385,14 @@ def fidelity_report(fb: dict[str, Any], quick: bool, target_ess: float) -> tuple
         cc = fb["compare"][k]
         dm = [abs(x) for x in cc["dmean_sd"]]
         L.append(f"| {lab} | {max(dm):.2f} | {statistics.fmean(dm):.2f} | {min(cc['sd_ratio']):.2f}–"
-                 f"{max(cc['sd_ratio']):.2f} | {statistics.fmean(cc['w1']):.3f} | {_fmt(times[k], 1)} |")
-    L.append("")
+                 f"{max(cc['sd_ratio']):.2f} | {statistics.fmean(cc['w1']):.3f} | "
+                 f"{'–' if math.isnan(times[k]) else f'{times[k]:.1f}'} |")
+    sb = fb["bounds"]["Algorithm 1 (sgd)"]
+    L += ["", f"The paper's Algorithm 1 (`optimizer='sgd'`, rate from the curvature rule, the paper's 0.95-decay, "
+          f"Polyak over the last quarter) started from the same MAP/Laplace point ends near the same Gaussian "
+          f"(bound {sb['bound']:.2f} ± {sb['se']:.2f} below) after {fb['sgd']['steps']} steps "
+          f"({fb['sgd']['wall_s']:.0f} s, a fixed budget without a stopping rule): `optimizer='natural'` changes the "
+          "path and the cost, not the answer (same fixed points).", ""]
     cv = fb["compare"]["DSVI vs DSVI reference"]
     spread = fb["seed_spread"]
     L += ["### Is DSVI converged? Default run vs the long reference run", "",
@@ -475,19 +486,41 @@ def main() -> None:
     except ImportError:  # pragma: no cover
         pass
 
+    data = {"args": vars(args), "fidelity": fb, "jobs": rows, "load_start": list(load_start),
+            "load_end": list(load_end), "total_s": total, "figures": figs, "paper": PAPER}
+    md, extra = render(data, machine_info())
+    data.update(extra)
+    path = write(name, md, data)
+    print(md)
+    print(f"wrote {path}")
+
+
+def _header_from(machine: dict[str, Any], title: str) -> str:
+    """The same block as ``benchmarks._common.header`` but from a stored machine record."""
+    return "\n".join([f"# {title}", ""] + [f"- {k}: {v}" for k, v in machine.items()]) + "\n"
+
+
+def render(data: dict[str, Any], machine: dict[str, Any], note: str = "") -> tuple[str, dict[str, Any]]:
+    """The markdown report from the run's data (also used by ``--rerender`` on a stored JSON)."""
+    args = data["args"]
+    fb, rows = data["fidelity"], data["jobs"]
+    load_start, load_end = data["load_start"], data["load_end"]
     busy = max(load_start[0], load_end[0]) > 1.5
-    L = [header("DSVI paper Table 5 and Figure 4: GP hyperparameters by ML-II, DSVI and NUTS"), ""]
+    L = [_header_from(machine, "DSVI paper Table 5 and Figure 4: GP hyperparameters by ML-II, DSVI and NUTS"), ""]
+    if note:
+        L += [note, ""]
     L += [f"- load average at start / end: {[round(x, 2) for x in load_start]} / {[round(x, 2) for x in load_end]}"
           + (" — **the machine was busy (other jobs running): wall times are inflated, ratios measured in the same "
              "run remain comparable**" if busy else ""),
-          f"- total script time {total / 60:.1f} min; {args.splits} split(s) per data set; NUTS per split: "
-          f"{args.nuts_chains} chains x ({args.nuts_warmup} warm-up + {args.nuts_draws} draws) from ML-II; "
-          f"Boston split 0 NUTS: the long run below",
+          f"- total script time {data['total_s'] / 60:.1f} min; {args['splits']} split(s) per data set; NUTS per "
+          f"split: {args['nuts_chains']} chains x ({args['nuts_warmup']} warm-up + {args['nuts_draws']} draws) from "
+          f"ML-II; Boston split 0 NUTS: the long run below",
           f"- DSVI: `gpvi.DSVI(scale='full', seed=0).run(model)` with every default (`optimizer='natural'` from the "
           "MAP/Laplace point, stop on convergence; see `gpvi.dsvi.DSVI`)", ""]
-    fl, fdata = fidelity_report(fb, args.quick, args.target_ess)
+    fl, fdata = fidelity_report(fb, args["quick"], args["target_ess"])
+    tl, tsum = table5(rows, args["splits"])
+    L += summary_section(fb, fdata, args["target_ess"], tsum)
     L += fl
-    tl, tsum = table5(rows, args.splits)
     L += tl
     L += ["## Differences from the paper that we can explain", "",
           "- **Splits.** The paper does not give its splits; ours are 5 seeded random splits (90/10 for Boston and "
@@ -497,7 +530,8 @@ def main() -> None:
           "function of it (Siri's equation), except for the known bad rows (StatLib cases 42, 48, 76, 96, 182, kept "
           "unchanged; see `gpvi/datasets/data/PROVENANCE.md`). Test SMSE/NLPD are dominated by whether those rows "
           "fall in the 25 test points (per-split table). The paper's 0.07 / −2.07 cannot be matched without its "
-          "split; ML-II's 'overfitting' on Bodyfat in the paper is also split-dependent here.",
+          "split, and the paper's finding that ML-II overfits Bodyfat (SMSE 0.1992) does not reproduce on our "
+          "splits: all three methods are within split-to-split noise of each other.",
           "- **Pendulum.** The original 315/315 split is not recorded in our copy (fold column unused); the data are "
           "centred but unscaled. We use seeded random 315/315 splits.",
           "- **NLPD units.** The paper does not say whether NLPD is on standardised targets; we report both. "
@@ -505,24 +539,115 @@ def main() -> None:
           "theirs — the paper may have standardised differently per data set.",
           "- **MCMC.** The paper's MCMC took 20 h; ours is NUTS with 2 chains x 300 draws per split (4 x ≥800 on "
           "Boston split 0), enough for predictive metrics (a 200-component mixture) but not a gold standard on "
-          "every split.",
-          "- **Fidelity.** Where the NUTS marginal is skewed or bimodal (bimod. > 0.555), a Gaussian q cannot match "
-          "its mean and sd: DSVI maximises the bound, whose optimum is *not* the Gaussian with the posterior's "
-          "moments (the bound table above: the moment-matched Gaussian has a lower bound). The issue's 0.2-sd / 25% "
-          "targets then fail for reasons of the Gaussian family, not of the optimiser (which the convergence and "
-          "bound checks separate).", ""]
+          "every split. Mixing of the short runs (min ESS over parameters, max split R-hat, over splits): "
+          + mcmc_quality(rows) + ".",
+          "- **Fidelity.** Where the NUTS marginal is skewed or has two modes (Boston lengthscales 4, 7 and 11 in the "
+          "figure), a Gaussian q cannot match its mean and sd: DSVI maximises the bound, whose optimum is *not* the "
+          "Gaussian with the posterior's moments (the bound table: the moment-matched Gaussian has a lower bound). "
+          "The issue's 0.2-sd / 25% targets then fail for reasons of the Gaussian family, not of the optimiser "
+          "(which the convergence and bound checks separate). The paper's Figure 4 shows three hyperparameters; "
+          "it does not say which.", ""]
     L += ["## Warnings raised during the jobs", ""]
-    warn_lines = sorted({f"- {r.get('dataset', 'boston')}/{r.get('split', 0)}/{r.get('method', 'fidelity')}: {w}"
-                         for r in results for w in r.get("warnings", [])})
-    L += (warn_lines or ["- none"]) + [""]
-    md = "\n".join(L)
-    fb_json = {k: v for k, v in fb.items()}
-    data = {"args": vars(args), "summary": tsum, "fidelity": fb_json, "targets": fdata, "jobs": rows,
-            "load_start": load_start, "load_end": load_end, "total_s": total, "figures": figs, "paper": PAPER}
-    path = write(name, md, data)
-    print(md)
-    print(f"wrote {path}")
+    warn = {f"- {r.get('dataset')}/{r.get('split')}/{r.get('method')}: {w}" for r in rows for w in r.get("warnings", [])}
+    warn |= {f"- boston/0/DSVI timing seed {r['seed']}: {w}" for r in fb["dsvi_runs"] for w in r.get("warnings", [])}
+    warn |= {f"- boston/0/NUTS long run: {w}" for w in fb["nuts"].get("warnings", [])}
+    L += (sorted(warn) or ["- none"]) + [""]
+    return "\n".join(L), {"summary": tsum, "targets": fdata}
+
+
+def summary_section(fb: dict[str, Any], fdata: dict[str, Any], target_ess: float,
+                    tsum: dict[str, Any]) -> list[str]:
+    """What the numbers say, in a few generated sentences."""
+    c = fb["compare"]["DSVI vs NUTS"]
+    names = fb["names"]
+    cv = fb["compare"]["DSVI vs DSVI reference"]
+    rc = fb["compare"]["DSVI reference vs NUTS"]
+    b = fb["bounds"]
+    q_b, ref_b = b["DSVI (defaults, seed 0)"], b["DSVI reference run"]
+    mm_b, lap_b = b["Gaussian with NUTS mean and covariance"], b["Laplace at MAP"]
+    misses = [n for j, n in enumerate(names) if abs(c["dmean_sd"][j]) > 0.2 or abs(c["sd_ratio"][j] - 1) > 0.25]
+    t = fdata["targets"]
+    speed_ok = t["DSVI converged in <= 60 s (median of seeds)"] and fdata["nuts_to_dsvi_ratio"] >= 20
+    dm_ref, dsd_ref = max(abs(x) for x in cv["dmean_sd"]), max(abs(x - 1) for x in cv["sd_ratio"])
+    conv_ok = dm_ref <= 0.2 and dsd_ref <= 0.1 and abs(q_b["bound"] - ref_b["bound"]) <= 2 * q_b["se"]
+    return ["## Summary", "",
+            f"- **Speed ({'met' if speed_ok else 'missed'}).** DSVI with every default converged on Boston in a median {fdata['dsvi_median_s']:.1f} s "
+            f"(max {fdata['dsvi_max_s']:.1f} s) over {len(fb['dsvi_runs'])} seeds; the NUTS run that reached ESS >= "
+            f"{target_ess:.0f} took {fb['nuts']['wall_s']:.0f} s in the same process: **{fdata['nuts_to_dsvi_ratio']:.1f}x**"
+            f" (targets: <= 60 s {'met' if t['DSVI converged in <= 60 s (median of seeds)'] else 'missed'}, >= 20x "
+            f"{'met' if fdata['nuts_to_dsvi_ratio'] >= 20 else 'missed'}).",
+            f"- **Converged ({'yes' if conv_ok else 'not shown'}).** The default run is within {dm_ref:.2f} sds "
+            f"(means) and {dsd_ref:.0%} (sds) of a {fb['reference']['steps']}-step reference run, and its bound "
+            f"({q_b['bound']:.2f}) vs the reference's ({ref_b['bound']:.2f}): difference "
+            f"{q_b['bound'] - ref_b['bound']:+.2f}, se {q_b['se']:.2f} each (common draws); criterion: <= 0.2 sd, "
+            f"<= 10%, <= 2 se.",
+            f"- **Fidelity to NUTS (missed for {len(misses)} of {len(names)}).** Means within 0.2 NUTS sd for "
+            f"{sum(abs(x) <= 0.2 for x in c['dmean_sd'])}/{len(names)} and sds within 25% for "
+            f"{sum(abs(x - 1) <= 0.25 for x in c['sd_ratio'])}/{len(names)}; misses: {', '.join(misses) or 'none'}. "
+            f"These are the skewed and two-mode marginals (figure) and parameters correlated with them (q sits on "
+            f"the main mode). The long reference run misses by as much "
+            f"(max |Δmean| {max(abs(x) for x in rc['dmean_sd']):.2f} NUTS sds, sd ratio down to "
+            f"{min(rc['sd_ratio']):.2f}), and the Gaussian with NUTS's own mean and covariance has a *lower* bound "
+            f"({mm_b['bound']:.2f} ± {mm_b['se']:.2f}) than DSVI's q ({q_b['bound']:.2f}): the maximiser of the DSVI "
+            f"bound over Gaussians is not the moment-matched Gaussian, so the 0.2-sd / 25% targets are out of reach "
+            f"for any optimiser of this bound here — the miss is the Gaussian family's (KL(q||p) is mode-seeking and "
+            f"narrows q on two-mode marginals), not the optimiser's. Laplace at the MAP is further off (bound "
+            f"{lap_b['bound']:.2f}).",
+            predictions_sentence(tsum), ""]
+
+
+def mcmc_quality(rows: list[dict[str, Any]]) -> str:
+    parts = []
+    for d in DATASETS:
+        r = [x for x in rows if x.get("dataset") == d and x.get("method") == "NUTS" and not x.get("error")]
+        if r:
+            parts.append(f"{LABEL[d]}: min ESS {min(x['min_ess'] for x in r):.0f}–{max(x['min_ess'] for x in r):.0f}, "
+                         f"R-hat <= {max(x['max_r_hat'] for x in r):.3f}")
+    out = "; ".join(parts)
+    bad = [x for x in rows if x.get("method") == "NUTS" and not x.get("error") and x["max_r_hat"] > 1.05]
+    if bad:
+        out += (". Runs with R-hat > 1.05 (" + ", ".join(f"{x['dataset']}/{x['split']}" for x in bad) +
+                ") had not mixed: their test metrics are still close to DSVI's, but their marginals are not a reference")
+    return out
+
+
+def predictions_sentence(tsum: dict[str, Any]) -> str:
+    """DSVI vs NUTS and ML-II test metrics, in units of the split-to-split sd (generated from the table)."""
+    parts, ml_better = [], []
+    for d in DATASETS:
+        a, b, m = tsum.get(f"{d}/DSVI"), tsum.get(f"{d}/NUTS"), tsum.get(f"{d}/ML-II")
+        if not a or not b or not a["n"] or not b["n"]:
+            continue
+        for k in ("smse", "nlpd"):
+            sd = max(a[k][1], b[k][1])
+            parts.append(abs(a[k][0] - b[k][0]) / sd if sd > 0 else math.inf)
+        if m and m["n"] and m["nlpd"][0] < min(a["nlpd"][0], b["nlpd"][0]):
+            ml_better.append(f"{LABEL[d]} (ML-II {m['nlpd'][0]:.3f}, DSVI {a['nlpd'][0]:.3f}, NUTS {b['nlpd'][0]:.3f})")
+    if not parts or not all(math.isfinite(x) for x in parts):
+        return "- **Predictions.** (needs at least 2 splits per data set for a split-to-split sd)"
+    out = (f"- **Predictions.** DSVI's mean test SMSE and NLPD differ from NUTS's by at most {max(parts):.2f} "
+           "split-to-split sds on every data set (Table 5 below): the mixture predictive over q is as good as "
+           "NUTS's for prediction even where the marginals differ.")
+    if ml_better:
+        out += (" ML-II's point predictive has the best mean NLPD on " + "; ".join(ml_better) +
+                " — the opposite of the paper's Bodyfat finding (see the differences below).")
+    return out
+
+
+def main_rerender() -> None:
+    """Re-render the markdown of a finished run from its JSON (same numbers; the report text may have changed)."""
+    import json
+    path = RESULTS / "dsvi_table5.json"
+    stored = json.loads(path.read_text())
+    note = (f"*Report text re-rendered on {machine_info()['date']} from `{path.name}` of the run recorded below "
+            f"(same numbers; the machine record is that of the run).*")
+    md, _ = render(stored["data"], stored["machine"], note=note)
+    out = write("dsvi_table5", md)
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
-    main()
+    if "--rerender" in sys.argv[1:]:
+        main_rerender()
+    else:
+        main()

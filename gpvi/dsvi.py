@@ -415,24 +415,24 @@ def finite_difference_hessian(target: Any, theta: Any, *, step: float = 1e-4, ch
         raise ValueError(f"theta has length {D} but the target has D = {len(target.names)}")
     h = step * theta.abs().clamp_min(1.0)
     E = torch.diag(h)
-    _, G = _log_joint_grad(target, torch.cat([theta + E, theta - E]), chunk=chunk)
+    lj, G = _log_joint_grad(target, torch.cat([theta + E, theta - E]), chunk=chunk)
     H = (G[:D] - G[D:]).T / (2.0 * h)          # column j = d grad / d theta_j
+    bad = ~torch.isfinite(lj[:D] + lj[D:])     # e.g. a failed Cholesky (-inf value, zero gradient)
+    H[:, bad] = math.nan
     return 0.5 * (H + H.T)
 
 
 def _laplace_scale(H: torch.Tensor) -> tuple[torch.Tensor | None, str]:
-    """chol((-H)^-1) if -H is positive definite, else a diagonal from the positive entries of -diag(H)."""
-    if not bool(torch.isfinite(H).all()):
-        return None, "hessian not finite"
+    """chol((-H)^-1) if -H is finite and positive definite, else the diagonal -diag(H) (0 where unusable)."""
     P = -H
-    L, info = torch.linalg.cholesky_ex(P)
-    if int(info) == 0:
+    L, info = torch.linalg.cholesky_ex(torch.nan_to_num(P, nan=0.0, posinf=0.0, neginf=0.0))
+    if bool(torch.isfinite(H).all()) and int(info) == 0:
         # C C^T = P^-1 with C lower triangular: C = chol(P^-1) (computed from the inverse, symmetrised)
         Pinv = torch.cholesky_inverse(L)
         C, info2 = torch.linalg.cholesky_ex(0.5 * (Pinv + Pinv.T))
         if int(info2) == 0 and bool(torch.isfinite(C).all()):
             return C, "laplace"
-    d = torch.diagonal(P)
+    d = torch.nan_to_num(torch.diagonal(P), nan=0.0, posinf=0.0, neginf=0.0)
     if bool((d > 0).any()):
         return d, "laplace_diagonal"
     return None, "negative hessian has no positive diagonal entry"
@@ -681,10 +681,13 @@ class DSVI:
        (``info["returned"]``); ``num_steps = 20000`` is only a cap (then a ``ConvergenceWarning``);
     5. a final bound estimate from ``num_elbo_samples = 1000`` draws (``q.elbo``, ``q.elbo_se``).
 
-    On the bundled Boston, Bodyfat and Pendulum sets this stops after 400–1000 steps (5–40 s on this 2-core
-    machine; ``benchmarks/results/dsvi_table5.md``). Any setting can be overridden; ``optimizer="sgd"`` runs the
-    paper's Algorithm 1 from the same start (it needs many thousands of steps here, because the posterior sds
-    range from ~0.1 to ~1.5).
+    On the bundled sets (5 splits each) every run converged, after 400–1300 steps: Boston (N = 455, D = 15)
+    20–52 s, Bodyfat and Pendulum 4–13 s on a busy 2-core machine, 24x faster than a NUTS run reaching ESS 400
+    on Boston (``benchmarks/results/dsvi_table5.md``). Any setting can be overridden; ``optimizer="sgd"`` runs the
+    paper's Algorithm 1 (from the same start with ``init="laplace"``; it reaches the same bound on Boston in about
+    3000 steps, 3x the time, with no automatic stop). Where the posterior has skewed or two-mode marginals
+    (Boston's lengthscales 4, 7, 11) q, being Gaussian, is narrower than the posterior and centred on the main
+    mode: it is the best Gaussian by the bound, not the Gaussian with the posterior's moments.
 
     *Failed Cholesky draws.* :meth:`gpvi.GPRegression.log_joint` retries a kernel matrix that is not positive
     definite with bounded jitter; a draw of :math:`\theta` whose matrix still fails gets :math:`-\infty`, and

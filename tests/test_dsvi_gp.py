@@ -402,3 +402,15 @@ def test_bad_init_and_data(synth):
     point = PointPosterior(torch.zeros(5, dtype=torch.float64), [f"p{i}" for i in range(5)])
     with pytest.raises(ValueError, match="D = 4"):
         DSVI(progress_bar=False).run(model, init=point)
+
+
+def test_hessian_marks_points_where_the_log_joint_fails():
+    """A shifted point with log g = -inf (a failed Cholesky gives a zero gradient) must not yield a finite H."""
+    def fn(th):
+        v = -0.5 * (th ** 2).sum(-1)
+        return torch.where(th[..., 1] > 1e-5, torch.full_like(v, -math.inf), v)
+    H = finite_difference_hessian(gpvi.Target(fn, names=2), torch.zeros(2))
+    assert bool(torch.isnan(H[:, 1]).all()) and H[0, 0] == pytest.approx(-1.0)
+    lap = laplace_approximation(gpvi.Target(fn, names=2), mode=torch.zeros(2), fallback_scale=0.2)
+    assert lap.info["scale"] == "laplace_diagonal"
+    assert torch.allclose(torch.diagonal(lap.scale_tril), torch.tensor([1.0, 0.2], dtype=torch.float64))
