@@ -46,7 +46,7 @@ import gpvi
 from gpvi.classification import GPClassification
 from gpvi.classifier import GPClassifier
 from gpvi.cvi import CVI
-from gpvi.expectations import BernoulliLogit, expected_log_lik, gaussian_expectation
+from gpvi.expectations import expected_log_lik, gaussian_expectation
 
 F64 = torch.float64
 DATASETS = ["pima", "ionosphere", "sonar", "breast_cancer"]

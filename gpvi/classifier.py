@@ -15,7 +15,6 @@ import math
 from typing import Any
 
 import numpy as np
-import torch
 
 from .classification import GPClassification
 from .cvi import CVI, LatentPosterior

@@ -86,10 +86,11 @@ from typing import Any
 
 import torch
 
+from .derivatives import call_log_joint, finite_difference_hessian, is_minibatch_target, log_joint_and_grad
 from .exceptions import ConvergenceWarning, NumericalFaultError, NumericalWarning
 from .posterior import GaussianPosterior, PointPosterior
-from .progress import Progress, warn_interrupted
-from .rng import resolve_generator
+from .progress import Progress, trace_from_tensor, trace_to_tensor, warn_interrupted
+from .rng import generator_from_state, resolve_generator
 from .schedules import SCHEDULES, make_schedule
 from .standard import make_standard
 from .target import as_target
@@ -259,7 +260,7 @@ class DSVIState:
             "scale": self.scale, "rho0_mu": self.rho0_mu, "rho0_C": self.rho0_C,
             "opt": {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in self.opt.items()},
             "window": list(self.window), "window_size": self.window.maxlen,
-            "trace": {k: _array_to_tensor(v) for k, v in self.trace.items()},
+            "trace": {k: trace_to_tensor(v) for k, v in self.trace.items()},
             "counters": dict(self.counters), "consecutive_failures": self.consecutive_failures,
             "polyak_mu": None if self.polyak_mu is None else self.polyak_mu.clone(),
             "polyak_C": None if self.polyak_C is None else self.polyak_C.clone(),
@@ -280,16 +281,14 @@ class DSVIState:
         """Rebuild a state from :meth:`state_dict` output (e.g. after ``torch.load``)."""
         if not isinstance(state, dict) or "mu" not in state or "generator_state" not in state:
             raise TypeError("state must be a DSVIState or the dict returned by DSVIState.state_dict()")
-        gen = torch.Generator(device=state.get("generator_device", "cpu"))
-        gen.set_state(state["generator_state"])
+        gen = generator_from_state(state)
         maxlen = state.get("window_size")
         return cls(
             mu=state["mu"].clone(), C=state["C"].clone(), t=int(state["t"]), generator=gen,
             scale=state["scale"], rho0_mu=float(state["rho0_mu"]), rho0_C=float(state["rho0_C"]),
             opt={k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in state["opt"].items()},
             window=deque(state["window"], maxlen=maxlen),
-            trace={k: array("d", torch.as_tensor(v, dtype=torch.float64).numpy().tobytes())
-                   for k, v in state["trace"].items()},
+            trace={k: trace_from_tensor(v) for k, v in state["trace"].items()},
             counters={**{k: 0 for k in _COUNTERS}, **state["counters"]},
             consecutive_failures=int(state["consecutive_failures"]),
             polyak_mu=None if state["polyak_mu"] is None else state["polyak_mu"].clone(),
@@ -336,90 +335,6 @@ class GradientEstimate:
     z: torch.Tensor
     theta: torch.Tensor
     valid: torch.Tensor
-
-
-def _array_to_tensor(a: array) -> torch.Tensor:
-    """Copy a float64 ``array.array`` into a new tensor."""
-    if len(a) == 0:
-        return torch.zeros(0, dtype=torch.float64)
-    return torch.frombuffer(bytearray(a.tobytes()), dtype=torch.float64)
-
-
-def _is_minibatch_target(target: Any) -> bool:
-    return callable(getattr(target, "sample_minibatch", None))
-
-
-# ----------------------------------------------------------------------------------------------------------
-def _log_joint_grad(target: Any, theta: torch.Tensor, *, chunk: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log joint and its gradient for the rows of ``theta`` (S, D), in batched calls of at most ``chunk`` rows."""
-    vals, grads = [], []
-    for part in torch.split(theta.detach(), chunk):
-        th = part.clone().requires_grad_(True)
-        with torch.enable_grad():
-            lj = target.log_joint(th)
-            if not isinstance(lj, torch.Tensor) or lj.shape != th.shape[:1]:
-                raise ValueError(f"target.log_joint must map (S, D) -> (S,); got "
-                                 f"{tuple(lj.shape) if isinstance(lj, torch.Tensor) else type(lj).__name__}")
-            if lj.requires_grad:
-                (g,) = torch.autograd.grad(lj.sum(), th, allow_unused=True)
-                g = torch.zeros_like(th) if g is None else g
-            else:
-                g = torch.zeros_like(th)
-        vals.append(lj.detach())
-        grads.append(g.detach())
-    return torch.cat(vals), torch.cat(grads)
-
-
-def finite_difference_hessian(target: Any, theta: Any, *, step: float = 1e-4, chunk: int = 32) -> torch.Tensor:
-    r"""Hessian of :math:`\log g` at ``theta`` by central differences of the gradient, symmetrised.
-
-    .. math::
-
-        H_{:,j} \approx \frac{\nabla\log g(\theta + h_j e_j) - \nabla\log g(\theta - h_j e_j)}{2h_j},\qquad
-        h_j = \text{step}\cdot\max(1, |\theta_j|),\qquad H \leftarrow \tfrac12(H + H^\top).
-
-    All :math:`2D` gradients are evaluated in batched log-joint calls of ``chunk`` rows (one call for
-    :math:`2D \le` ``chunk``), so a GP target pays one batched Cholesky per chunk. Needed because
-    :class:`gpvi.GPRegression` is not twice differentiable by autograd. The truncation error is
-    :math:`O(h^2)` and the rounding error :math:`O(\epsilon\,|\nabla \log g| / h)`: about 1e-8 relative in float64.
-
-    Parameters
-    ----------
-    target : target
-        ``log_joint`` ``(S, D) -> (S,)``, differentiable once.
-    theta : array-like of shape (D,)
-    step : float
-        Relative finite-difference step (> 0).
-    chunk : int
-        Rows per log-joint call.
-
-    Returns
-    -------
-    torch.Tensor of shape (D, D)
-        Symmetric; NaN/inf entries when the log joint or its gradient is not finite at a shifted point.
-
-    Examples
-    --------
-    >>> import torch, gpvi
-    >>> A = torch.tensor([[2.0, 0.5], [0.5, 1.0]], dtype=torch.float64)
-    >>> target = gpvi.Target(lambda th: -0.5 * ((th @ A) * th).sum(-1), names=2)
-    >>> torch.allclose(finite_difference_hessian(target, torch.ones(2)), -A, atol=1e-8)
-    True
-    """
-    target = as_target(target)
-    theta = as_float_tensor(theta, "theta", ndim=1)
-    step = check_positive(step, "step")
-    chunk = check_positive_int(chunk, "chunk")
-    D = theta.shape[0]
-    if D != len(target.names):
-        raise ValueError(f"theta has length {D} but the target has D = {len(target.names)}")
-    h = step * theta.abs().clamp_min(1.0)
-    E = torch.diag(h)
-    lj, G = _log_joint_grad(target, torch.cat([theta + E, theta - E]), chunk=chunk)
-    H = (G[:D] - G[D:]).T / (2.0 * h)          # column j = d grad / d theta_j
-    bad = ~torch.isfinite(lj[:D] + lj[D:])     # e.g. a failed Cholesky (-inf value, zero gradient)
-    H[:, bad] = math.nan
-    return 0.5 * (H + H.T)
 
 
 def _laplace_scale(H: torch.Tensor) -> tuple[torch.Tensor | None, str]:
@@ -891,7 +806,7 @@ class DSVI:
         if self.optimizer != "auto":
             return self.optimizer
         target = as_target(target)
-        laplace_ok = (self.analytic_term is None and not _is_minibatch_target(target)
+        laplace_ok = (self.analytic_term is None and not is_minibatch_target(target)
                       and callable(getattr(target, "log_marginal_likelihood", None))
                       and len(target.names) <= LAPLACE_MAX_DIM)
         return "natural" if laplace_ok else "sgd"
@@ -950,7 +865,7 @@ class DSVI:
         C0 = None
         info: dict[str, Any] = {}
         natural = optimizer == "natural"
-        laplace_possible = not _is_minibatch_target(target) and D <= LAPLACE_MAX_DIM
+        laplace_possible = not is_minibatch_target(target) and D <= LAPLACE_MAX_DIM
         if isinstance(init, str):
             check_choice(init, "init", ("laplace",))
         want_laplace_scale = (isinstance(init, str) or natural) and isinstance(self.init_scale, str) \
@@ -958,7 +873,7 @@ class DSVI:
         if isinstance(init, str) or (init is None and natural and laplace_possible):
             if not laplace_possible:
                 raise ValueError(f"init='laplace' needs a full-data target with D <= {LAPLACE_MAX_DIM} "
-                                 f"(got {'a minibatch target' if _is_minibatch_target(target) else f'D = {D}'})")
+                                 f"(got {'a minibatch target' if is_minibatch_target(target) else f'D = {D}'})")
             mu0, map_info = _find_map(target, 1, 0 if self.seed is None else self.seed)
             info.update(map_info)
             info["mean"] = "map"
@@ -1033,26 +948,9 @@ class DSVI:
             C0 = torch.tril(C0) if mask is None else C0 * mask
         return mu0, C0, info
 
-    def _call(self, target: Any, theta: torch.Tensor, batch: Any) -> torch.Tensor:
-        lj = target.log_joint(theta) if batch is None else target.log_joint(theta, batch=batch)
-        if not isinstance(lj, torch.Tensor) or lj.shape != theta.shape[:1]:
-            shape = tuple(lj.shape) if isinstance(lj, torch.Tensor) else type(lj).__name__
-            raise ValueError(f"target.log_joint returned {shape} for theta of shape {tuple(theta.shape)}; expected "
-                             f"shape ({theta.shape[0]},): log_joint must map (S, D) -> (S,)")
-        return lj
-
     def _value_and_grad(self, target: Any, theta: torch.Tensor, batch: Any
                         ) -> tuple[torch.Tensor, torch.Tensor]:
-        theta = theta.detach().requires_grad_(True)
-        with torch.enable_grad():
-            lj = self._call(target, theta, batch)
-            if lj.requires_grad:
-                (g,) = torch.autograd.grad(lj.sum(), theta, allow_unused=True)
-                if g is None:
-                    g = torch.zeros_like(theta)
-            else:
-                g = torch.zeros_like(theta)
-        return lj.detach(), g.detach()
+        return log_joint_and_grad(target, theta, batch)
 
     def _theta(self, mu: torch.Tensor, C: torch.Tensor, z: torch.Tensor, scale: str) -> torch.Tensor:
         return mu + z * C if scale == "diag" else torch.addmm(mu, z, C.T)
@@ -1126,7 +1024,7 @@ class DSVI:
         if base.dim != D:
             raise ValueError(f"base has dimension {base.dim} but the target has D = {D}")
         gen = resolve_generator(self.seed, generator)
-        batch = target.sample_minibatch(gen) if _is_minibatch_target(target) else None
+        batch = target.sample_minibatch(gen) if is_minibatch_target(target) else None
         lj0, _ = self._value_and_grad(target, mu0.unsqueeze(0), batch)
         if not bool(torch.isfinite(lj0).all()):
             warnings.warn(f"log joint at the initial mean is {float(lj0[0])}; DSVI will try anyway (draws with "
@@ -1174,7 +1072,7 @@ class DSVI:
         if base is None:
             base = self.make_base(D)
         S = self.num_samples
-        batch = target.sample_minibatch(gen) if _is_minibatch_target(target) else None
+        batch = target.sample_minibatch(gen) if is_minibatch_target(target) else None
         z = base.sample(S, gen, dtype=torch.float64)
         theta = self._theta(mu, C, z, scale)
         lj, g = self._value_and_grad(target, theta, batch)
@@ -1487,7 +1385,7 @@ class DSVI:
             for start in range(0, n, self.elbo_batch):
                 k = min(self.elbo_batch, n - start)
                 z = base.sample(k, gen, dtype=torch.float64)
-                vals.append(self._call(target, self._theta(mu, C, z, scale), None).detach())
+                vals.append(call_log_joint(target, self._theta(mu, C, z, scale), None).detach())
         v = torch.cat(vals)
         ok = torch.isfinite(v)
         bad = int((~ok).sum())
@@ -1673,7 +1571,7 @@ class DSVI:
             optimizer=state.optimizer, returned=returned, stopped_on_convergence=bool(state.check.get("stopped")),
             schedule=repr(self._schedule(state)), init=copy.deepcopy(state.init_info),
         )
-        trace = {k: _array_to_tensor(v) for k, v in state.trace.items()}
+        trace = {k: trace_to_tensor(v) for k, v in state.trace.items()}
         return GaussianPosterior(mu.clone(), scale_tril.clone(), list(target.names), target, base=base, elbo=elbo,
                                  elbo_se=se, trace=trace, info=info, engine_state=state)
 

@@ -9,13 +9,16 @@ warns with :class:`~gpvi.exceptions.InterruptedRunWarning`.
 from __future__ import annotations
 
 import logging
+from array import array
 import time
 import warnings
 from typing import Any
 
+import torch
+
 from .exceptions import InterruptedRunWarning
 
-__all__ = ["Progress", "warn_interrupted", "logger"]
+__all__ = ["Progress", "warn_interrupted", "trace_to_tensor", "trace_from_tensor", "logger"]
 
 logger = logging.getLogger("gpvi")
 
@@ -41,6 +44,7 @@ class Progress:
         self.enabled = bool(enabled)
         self._bar = None
         self._last = 0.0
+        self._pending: dict[str, Any] | None = None     # newest postfix not yet shown (throttled)
         self.min_interval = min_interval
         if self.enabled:
             from tqdm.auto import tqdm
@@ -51,13 +55,24 @@ class Progress:
             return
         self._bar.update(n)
         now = time.monotonic()
-        if postfix and now - self._last >= self.min_interval:
-            self._bar.set_postfix({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in postfix.items()},
-                                  refresh=False)
+        if not postfix:
+            return
+        if now - self._last >= self.min_interval:
+            self._set_postfix(postfix, refresh=False)
             self._last = now
+            self._pending = None
+        else:
+            self._pending = postfix
+
+    def _set_postfix(self, postfix: dict[str, Any], refresh: bool) -> None:
+        self._bar.set_postfix({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in postfix.items()},
+                              refresh=refresh)
 
     def close(self) -> None:
         if self._bar is not None:
+            if self._pending is not None:               # the bar's last line shows the final values
+                self._set_postfix(self._pending, refresh=True)
+                self._pending = None
             self._bar.close()
             self._bar = None
 
@@ -72,3 +87,15 @@ def warn_interrupted(what: str, done: int, total: int) -> None:
     """Warn that ``what`` stopped after ``done`` of ``total`` steps and returned its partial result."""
     warnings.warn(f"{what} interrupted after {done} of {total} steps; returning the result so far "
                   f"(resume from its state_dict to continue)", InterruptedRunWarning, stacklevel=3)
+
+
+def trace_to_tensor(a: array) -> torch.Tensor:
+    """Copy a float64 ``array.array`` run trace (cheap to append to per step) into a new float64 tensor."""
+    if len(a) == 0:
+        return torch.zeros(0, dtype=torch.float64)
+    return torch.frombuffer(bytearray(a.tobytes()), dtype=torch.float64)
+
+
+def trace_from_tensor(t: torch.Tensor) -> array:
+    """The inverse of :func:`trace_to_tensor`: a float64 ``array.array`` holding the values of ``t``."""
+    return array("d", torch.as_tensor(t, dtype=torch.float64).cpu().numpy().tobytes())

@@ -6,7 +6,7 @@ import numbers
 
 import torch
 
-__all__ = ["resolve_generator"]
+__all__ = ["resolve_generator", "generator_from_state"]
 
 
 def resolve_generator(
@@ -52,4 +52,12 @@ def resolve_generator(
     if seed < 0:
         raise ValueError(f"seed must be non-negative; got {seed}")
     gen.manual_seed(int(seed))
+    return gen
+
+
+def generator_from_state(state: dict) -> torch.Generator:
+    """A new generator in the state saved under ``"generator_state"`` (device ``"generator_device"``, default CPU)
+    of an engine's ``state_dict`` — the inverse of storing ``gen.get_state()`` and ``str(gen.device)``."""
+    gen = torch.Generator(device=state.get("generator_device", "cpu"))
+    gen.set_state(state["generator_state"])
     return gen

@@ -61,15 +61,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import scipy.special
 import torch
 
+from .derivatives import (
+    _autograd_hessian,
+    _fd_hessian,
+    _NoDoubleBackward,
+    call_log_joint,
+    is_minibatch_target,
+    log_joint_and_grad,
+    value_grad_hessian,
+)
 from .exceptions import ConvergenceWarning, NumericalFaultError, NumericalWarning
 from .linalg import cholesky_solve, cholesky_with_jitter
 from .posterior import GaussianPosterior, PointPosterior
-from .progress import Progress, warn_interrupted
-from .rng import resolve_generator
+from .progress import Progress, trace_from_tensor, trace_to_tensor, warn_interrupted
+from .rng import generator_from_state, resolve_generator
 from .target import as_target
 from .validation import (
     as_float_tensor,
@@ -98,171 +106,6 @@ _TRACE_KEYS = ("bound", "bound_avg", "num_valid", "pd")
 _COUNTERS = ("resampled_draws", "dropped_draws", "skipped_steps", "non_pd_steps", "log_joint_calls",
              "log_joint_evals", "hessian_backward_passes")
 _PD_JITTER = 1e-13        # relative jitter of the strict positive-definiteness test (rounding level only)
-
-
-# ==========================================================================================================
-# derivatives of the log joint
-def _is_minibatch_target(target: Any) -> bool:
-    return callable(getattr(target, "sample_minibatch", None))
-
-
-def _call(target: Any, theta: torch.Tensor, batch: Any) -> torch.Tensor:
-    lj = target.log_joint(theta) if batch is None else target.log_joint(theta, batch=batch)
-    if not isinstance(lj, torch.Tensor) or lj.shape != theta.shape[:1]:
-        shape = tuple(lj.shape) if isinstance(lj, torch.Tensor) else type(lj).__name__
-        raise ValueError(f"target.log_joint returned {shape} for theta of shape {tuple(theta.shape)}; expected "
-                         f"shape ({theta.shape[0]},): log_joint must map (S, D) -> (S,)")
-    return lj
-
-
-def _value_and_grad(target: Any, theta: torch.Tensor, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    theta = theta.detach().requires_grad_(True)
-    with torch.enable_grad():
-        lj = _call(target, theta, batch)
-        if lj.requires_grad:
-            (g,) = torch.autograd.grad(lj.sum(), theta, allow_unused=True)
-            g = torch.zeros_like(theta) if g is None else g
-        else:
-            g = torch.zeros_like(theta)
-    return lj.detach(), g.detach()
-
-
-class _NoDoubleBackward(RuntimeError):
-    """The target's gradient cannot be differentiated again by autograd."""
-
-
-def _autograd_hessian(target: Any, theta: torch.Tensor, batch: Any
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """Value, gradient and Hessian of each row of ``theta`` by double backward (D extra backward passes)."""
-    S, D = theta.shape
-    theta = theta.detach().requires_grad_(True)
-    try:
-        with torch.enable_grad():
-            lj = _call(target, theta, batch)
-            if not lj.requires_grad:
-                z = torch.zeros_like(theta)
-                return lj.detach(), z, torch.zeros(S, D, D, dtype=theta.dtype, device=theta.device), 0
-            (g,) = torch.autograd.grad(lj.sum(), theta, create_graph=True, allow_unused=True)
-            if g is None:
-                z = torch.zeros_like(theta)
-                return lj.detach(), z, torch.zeros(S, D, D, dtype=theta.dtype, device=theta.device), 0
-            if not g.requires_grad:
-                raise _NoDoubleBackward("the gradient of target.log_joint carries no autograd graph (its backward "
-                                        "is not differentiable)")
-            rows = []
-            for i in range(D):
-                (hi,) = torch.autograd.grad(g[:, i].sum(), theta, retain_graph=i < D - 1, allow_unused=True)
-                rows.append(torch.zeros_like(theta) if hi is None else hi)
-    except NotImplementedError as exc:
-        raise _NoDoubleBackward(str(exc)) from exc
-    except RuntimeError as exc:
-        if isinstance(exc, _NoDoubleBackward):
-            raise
-        msg = str(exc)
-        if "does not require grad" in msg or "double backward" in msg.lower() or "twice" in msg:
-            raise _NoDoubleBackward(msg) from exc
-        raise
-    H = torch.stack(rows, 1).detach()                  # H[s, i, :] = d g_i / d theta
-    H = 0.5 * (H + H.transpose(-1, -2))
-    return lj.detach(), g.detach(), H, D
-
-
-def _fd_hessian(target: Any, theta: torch.Tensor, batch: Any, fd_step: float
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Value, gradient and central-difference Hessian in ONE log-joint call on ``S (2D + 1)`` rows.
-
-    Returns also ``ok_aux`` (S,): whether every perturbed row had a finite value and gradient.
-    """
-    S, D = theta.shape
-    h = fd_step * (1.0 + theta.abs())                          # (S, D) per-coordinate step
-    E = torch.diag_embed(h)                                    # (S, D, D), row i = h_i e_i
-    tp = theta[:, None, :] + E
-    tm = theta[:, None, :] - E
-    # the steps actually taken (rounding of theta +- h): exact differences of the evaluation points
-    denom = torch.diagonal(tp - tm, dim1=-2, dim2=-1)          # (S, D) = 2 h_i up to rounding
-    pts = torch.cat([theta, tp.reshape(S * D, D), tm.reshape(S * D, D)], 0)
-    lj_all, g_all = _value_and_grad(target, pts, batch)
-    lj, g = lj_all[:S], g_all[:S]
-    gp = g_all[S:S + S * D].reshape(S, D, D)
-    gm = g_all[S + S * D:].reshape(S, D, D)
-    H = (gp - gm) / denom[:, :, None]                          # H[s, i, :] ~ d g / d theta_i
-    H = 0.5 * (H + H.transpose(-1, -2))
-    aux_ok = (torch.isfinite(lj_all[S:]) & torch.isfinite(g_all[S:]).all(-1)).reshape(2, S, D).all(0).all(-1)
-    return lj, g, H, aux_ok
-
-
-def value_grad_hessian(target: Any, theta: Any, *, hessian: str = "auto", fd_step: float = 1e-4,
-                       batch: Any = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    r"""Log joint, gradient and Hessian at each row of ``theta``: ``(S, D) -> (S,), (S, D), (S, D, D)``.
-
-    Parameters
-    ----------
-    target : target
-        Anything with ``log_joint(theta)`` (``(S, D) -> (S,)``) differentiable by autograd, and ``names``.
-    theta : array-like of shape (D,) or (S, D)
-    hessian : {"auto", "autograd", "fd"}
-        ``"autograd"``: :math:`D` extra backward passes through the gradient (``create_graph=True``); needs a
-        target whose backward is itself differentiable (logistic regression, :class:`gpvi.Target` callables of
-        torch operations). ``"fd"``: central differences of the autograd gradient,
-
-        .. math::
-
-            H_{:, i} \approx \frac{\nabla\log g(\theta + h_i e_i) - \nabla\log g(\theta - h_i e_i)}{2h_i},
-            \qquad h_i = \texttt{fd\_step}\,(1 + |\theta_i|),\qquad H \leftarrow \tfrac12(H + H^\top),
-
-        evaluated with ONE log-joint call on the ``(S (2D + 1), D)`` batch of :math:`\theta` and
-        :math:`\theta \pm h_i e_i` (the value and gradient at :math:`\theta` come from the same call). The
-        error is :math:`O(h^2)` (third derivatives) plus :math:`O(\epsilon_{\rm mach}|\nabla\log g| / h)`
-        rounding: about :math:`10^{-8}` relative for the default step. ``"auto"``: autograd, falling back to
-        finite differences when the target refuses second derivatives (e.g. :class:`gpvi.GPRegression`,
-        whose closed-form gradient raises ``NotImplementedError`` under double backward).
-    fd_step : float
-        Relative finite-difference step (> 0).
-    batch : optional
-        Minibatch passed as ``log_joint(theta, batch=batch)`` (the same batch for every row).
-
-    Returns
-    -------
-    (log_joint, grad, hess) : tensors of shape (S,), (S, D), (S, D, D)
-        Unbatched ``theta`` of shape (D,) gives shapes (), (D,), (D, D). Hessians are symmetrised.
-
-    Raises
-    ------
-    ValueError
-        ``hessian="autograd"`` on a target whose gradient cannot be differentiated again.
-
-    Examples
-    --------
-    >>> import torch, gpvi
-    >>> target = gpvi.Target(lambda th: -0.5 * (th ** 2).sum(-1) - th[:, 0] ** 3 / 6, names=2)
-    >>> theta = torch.tensor([1.0, 2.0], dtype=torch.float64)
-    >>> _, _, H_ad = value_grad_hessian(target, theta, hessian="autograd")
-    >>> _, _, H_fd = value_grad_hessian(target, theta, hessian="fd")
-    >>> H_ad.tolist(), bool((H_fd - H_ad).abs().max() < 1e-7)
-    ([[-2.0, 0.0], [0.0, -1.0]], True)
-    """
-    target = as_target(target)
-    hessian = check_choice(hessian, "hessian", ("auto", "autograd", "fd"))
-    fd_step = check_positive(fd_step, "fd_step")
-    D = len(target.names)
-    th = as_float_tensor(theta, "theta", ndim=(1, 2))
-    single = th.dim() == 1
-    th = th.unsqueeze(0) if single else th
-    if th.shape[1] != D:
-        raise ValueError(f"theta must have D = {D} columns; got shape {tuple(th.shape)}")
-    if hessian == "fd":
-        lj, g, H, _ = _fd_hessian(target, th, batch, fd_step)
-    else:
-        try:
-            lj, g, H, _ = _autograd_hessian(target, th, batch)
-        except _NoDoubleBackward as exc:
-            if hessian == "autograd":
-                raise ValueError(f"hessian='autograd' is not available for this target ({exc}); use hessian='fd' "
-                                 f"(or 'auto')") from None
-            lj, g, H, _ = _fd_hessian(target, th, batch, fd_step)
-    if single:
-        return lj[0], g[0], H[0]
-    return lj, g, H
 
 
 def _strict_cholesky(M: torch.Tensor) -> torch.Tensor | None:
@@ -391,7 +234,7 @@ class SKState:
             "init_info": copy.deepcopy(self.init_info),
             "generator_state": self.generator.get_state(), "generator_device": str(self.generator.device),
             "window": list(self.window), "window_size": self.window.maxlen,
-            "trace": {k: _array_to_tensor(v) for k, v in self.trace.items()},
+            "trace": {k: trace_to_tensor(v) for k, v in self.trace.items()},
             "counters": dict(self.counters), "consecutive_failures": self.consecutive_failures,
             "wall_time": self.wall_time,
         }
@@ -407,8 +250,7 @@ class SKState:
         """Rebuild a state from :meth:`state_dict` output (e.g. after ``torch.load``)."""
         if not isinstance(state, dict) or "stats" not in state or "generator_state" not in state:
             raise TypeError("state must be an SKState or the dict returned by SKState.state_dict()")
-        gen = torch.Generator(device=state.get("generator_device", "cpu"))
-        gen.set_state(state["generator_state"])
+        gen = generator_from_state(state)
 
         def cl(d):
             return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in d.items()}
@@ -419,17 +261,10 @@ class SKState:
             hessian_note=state.get("hessian_note", ""), init_info=copy.deepcopy(state.get("init_info", {})),
             generator=gen,
             window=deque(state["window"], maxlen=state.get("window_size")),
-            trace={k: array("d", torch.as_tensor(v, dtype=torch.float64).numpy().tobytes())
-                   for k, v in state["trace"].items()},
+            trace={k: trace_from_tensor(v) for k, v in state["trace"].items()},
             counters=dict(state["counters"]), consecutive_failures=int(state["consecutive_failures"]),
             wall_time=float(state["wall_time"]),
         )
-
-
-def _array_to_tensor(a: array) -> torch.Tensor:
-    if len(a) == 0:
-        return torch.zeros(0, dtype=torch.float64)
-    return torch.frombuffer(bytearray(a.tobytes()), dtype=torch.float64)
 
 
 @dataclass
@@ -772,7 +607,7 @@ class SKGaussian:
         if self.method == "hessian":
             hessian = self.hessian
             if hessian == "auto":
-                batch = target.sample_minibatch(gen) if _is_minibatch_target(target) else None
+                batch = target.sample_minibatch(gen) if is_minibatch_target(target) else None
                 counters["log_joint_calls"] += 1
                 counters["log_joint_evals"] += 1
                 try:
@@ -796,7 +631,7 @@ class SKGaussian:
         """lj, g, H (or None), valid mask, rows evaluated, extra backward passes."""
         S = theta.shape[0]
         if state.method == "gradient":
-            lj, g = _value_and_grad(target, theta, batch)
+            lj, g = log_joint_and_grad(target, theta, batch)
             return lj, g, None, torch.isfinite(lj) & torch.isfinite(g).all(-1), S, 0
         if state.hessian == "autograd":
             try:
@@ -824,7 +659,7 @@ class SKGaussian:
         gen, D, S = state.generator, state.dim, self.num_samples
         pairs = state.method == "gradient"
         U = S // 2 if pairs else S
-        batch = target.sample_minibatch(gen) if _is_minibatch_target(target) else None
+        batch = target.sample_minibatch(gen) if is_minibatch_target(target) else None
         L, m = state.L, state.m
 
         def draw(k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1055,7 +890,7 @@ class SKGaussian:
             for start in range(0, n, self.elbo_batch):
                 k = min(self.elbo_batch, n - start)
                 eps = torch.randn((k, D), generator=gen, dtype=torch.float64)
-                vals.append(_call(target, mean + eps @ torch.tril(C).T, None).detach() + 0.5 * (eps * eps).sum(-1))
+                vals.append(call_log_joint(target, mean + eps @ torch.tril(C).T, None).detach() + 0.5 * (eps * eps).sum(-1))
         v = torch.cat(vals)
         ok = torch.isfinite(v)
         bad = int((~ok).sum())
@@ -1186,7 +1021,6 @@ class SKGaussian:
 
     def _posterior(self, target: Any, state: SKState, *, interrupted: bool, run_time: float, steps_this_run: int,
                    current: bool = False) -> GaussianPosterior:
-        D = state.dim
         averaged, n_avg = False, 0
         drift_mean, drift_sd = math.nan, math.nan
         if current:
@@ -1242,7 +1076,7 @@ class SKGaussian:
             steps_this_run=steps_this_run, time_s=run_time, total_time_s=state.wall_time, step_size=state.w,
             interrupted=interrupted, elbo_method=elbo_method, elbo_invalid=invalid, settings=self.settings(),
         )
-        trace = {k: _array_to_tensor(v) for k, v in state.trace.items()}
+        trace = {k: trace_to_tensor(v) for k, v in state.trace.items()}
         return GaussianPosterior(m.clone(), scale_tril.clone(), list(target.names), target, elbo=elbo, elbo_se=se,
                                  trace=trace, info=info, engine_state=state)
 

@@ -11,8 +11,6 @@ import torch
 
 import gpvi
 from gpvi.classifier import GPClassifier
-from gpvi.cvi import CVI
-from gpvi.classification import GPClassification
 
 F64 = torch.float64
 

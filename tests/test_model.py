@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import warnings
 
 import gpytorch
 import numpy as np

@@ -9,7 +9,6 @@ edits go through the readable cell sources) and carry no outputs.
 from __future__ import annotations
 
 import importlib.util
-import os
 import time
 from pathlib import Path
 

@@ -88,3 +88,15 @@ def test_no_engine_touches_global_rng():
     gpvi.GPClassifier(mode="stochastic", learn_hyperparameters=False, progress_bar=False, random_state=1).fit(X, y > 0)
     assert torch.equal(torch_state, torch.random.get_rng_state())
     assert np.array_equal(np_state, np.random.get_state()[1])
+
+
+def test_progress_bar_ends_showing_the_final_postfix(capsys):
+    """The postfix is throttled; the bar's last line must still show the value of the last step."""
+    from gpvi.progress import Progress
+
+    bar = Progress(50, desc="t", min_interval=3600.0)
+    for i in range(50):
+        bar.update(1, bound=float(i))
+    bar.close()
+    err = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()
+    assert "bound=49" in err[-1] and "50/50" in err[-1]
