@@ -18,8 +18,9 @@ Usage: ``OMP_NUM_THREADS=1 python benchmarks/logjoint_cost.py [--quick]``
 from __future__ import annotations
 
 import argparse
-import math
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import gpytorch
@@ -31,18 +32,26 @@ import gpvi  # noqa: E402
 from benchmarks._common import header, median_time, write  # noqa: E402
 
 
-def gpvi_cost(model, theta, repeats):
+def gpvi_runner(model, theta, fast=True):
     th = theta.clone().requires_grad_(True)
 
     def run():
-        v = model.log_joint(th)
-        (g,) = torch.autograd.grad(v.sum(), th)
+        model.use_fast_path = fast
+        try:
+            v = model.log_joint(th)
+            (g,) = torch.autograd.grad(v.sum(), th)
+        finally:
+            model.use_fast_path = True
         return g
 
-    return median_time(run, repeats=repeats)[0] / theta.shape[0]
+    return run
 
 
-def floor_cost(N, S, repeats, gen):
+def gpvi_cost(model, theta, repeats):
+    return median_time(gpvi_runner(model, theta), repeats=repeats)[0] / theta.shape[0]
+
+
+def floor_runner(N, S, gen):
     A = torch.randn(S, N, N, generator=gen, dtype=torch.float64)
     K = A @ A.transpose(-1, -2) / N + torch.eye(N, dtype=torch.float64)
 
@@ -50,7 +59,27 @@ def floor_cost(N, S, repeats, gen):
         L = torch.linalg.cholesky(K)
         return torch.cholesky_inverse(L)
 
-    return median_time(run, repeats=repeats)[0] / S
+    return run
+
+
+def floor_cost(N, S, repeats, gen):
+    return median_time(floor_runner(N, S, gen), repeats=repeats)[0] / S
+
+
+def interleaved(runners, repeats):
+    """Time each runner once per round, ``repeats`` rounds (after one warm-up round): all times, per runner.
+
+    Interleaving makes the per-round ratios comparable on a machine whose load drifts.
+    """
+    for fn in runners.values():
+        fn()
+    times = {k: [] for k in runners}
+    for _ in range(repeats):
+        for k, fn in runners.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return times
 
 
 class _ExactGP(gpytorch.models.ExactGP):
@@ -63,7 +92,7 @@ class _ExactGP(gpytorch.models.ExactGP):
         return gpytorch.distributions.MultivariateNormal(self.mean(x), self.cov(x))
 
 
-def gpytorch_cost(X, y, theta, repeats):
+def gpytorch_runner(X, y, theta):
     d = X.shape[1]
     lik = gpytorch.likelihoods.GaussianLikelihood(noise_constraint=gpytorch.constraints.GreaterThan(1e-8))
     gp = _ExactGP(X, y, lik, d).double()
@@ -80,14 +109,14 @@ def gpytorch_cost(X, y, theta, repeats):
                 loss = -mll(gp(X), y)
             loss.backward()
 
-    return median_time(run, repeats=repeats)[0] / theta.shape[0]
+    return run
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
-    repeats = 3 if args.quick else 7
+    repeats = 3 if args.quick else 15
     gen = torch.Generator().manual_seed(0)
     ds = gpvi.datasets.load_boston(seed=0)
     model = gpvi.GPRegression(ds.X_train, ds.y_train)
@@ -96,17 +125,19 @@ def main() -> None:
     rows = []
     for S in (1, 8, 32):
         theta = base + 0.1 * torch.randn(S, D, generator=gen, dtype=torch.float64)
-        model.use_fast_path = True
-        t_fast = gpvi_cost(model, theta, repeats)
-        model.use_fast_path = False
-        t_gen = gpvi_cost(model, theta, repeats)
-        model.use_fast_path = True
-        t_floor = floor_cost(N, S, repeats, gen)
-        t_gpyt = gpytorch_cost(ds.X_train, ds.y_train, theta[: min(S, 8)], max(2, repeats // 2))
-        rows.append((S, t_floor, t_fast, t_gen, t_gpyt))
-        print(f"S={S:3d} floor {t_floor*1e3:7.2f} ms  gpvi {t_fast*1e3:7.2f} ms ({t_fast/t_floor:.2f}x floor, "
-              f"{t_gpyt/t_fast:.2f}x faster than GPyTorch)  generic {t_gen*1e3:7.2f} ms  gpytorch {t_gpyt*1e3:7.2f} ms",
-              flush=True)
+        S_gp = min(S, 8)                    # GPyTorch is timed on at most 8 thetas (one at a time), per draw
+        times = interleaved({"floor": floor_runner(N, S, gen), "gpvi": gpvi_runner(model, theta),
+                             "generic": gpvi_runner(model, theta, fast=False),
+                             "gpytorch": gpytorch_runner(ds.X_train, ds.y_train, theta[:S_gp])}, repeats)
+        per = {k: [t / (S_gp if k == "gpytorch" else S) for t in v] for k, v in times.items()}
+        med = {k: statistics.median(v) for k, v in per.items()}
+        r_floor = statistics.median(a / f for a, f in zip(per["gpvi"], per["floor"]))
+        r_gen = statistics.median(a / f for a, f in zip(per["generic"], per["floor"]))
+        r_gpyt = statistics.median(p / a for p, a in zip(per["gpytorch"], per["gpvi"]))
+        rows.append((S, med["floor"], med["gpvi"], med["generic"], med["gpytorch"], r_floor, r_gen, r_gpyt))
+        print(f"S={S:3d} floor {med['floor']*1e3:7.2f} ms  gpvi {med['gpvi']*1e3:7.2f} ms ({r_floor:.2f}x floor, "
+              f"{r_gpyt:.2f}x faster than GPyTorch)  generic {med['generic']*1e3:7.2f} ms  "
+              f"gpytorch {med['gpytorch']*1e3:7.2f} ms", flush=True)
 
     # threads
     thread_rows = []
@@ -133,16 +164,18 @@ def main() -> None:
     slope_floor = float(np.polyfit(ln[-3:], np.log([r[2] for r in scale_rows])[-3:], 1)[0])
 
     md = header("Log joint + gradient: cost against the Cholesky floor and GPyTorch (issue 2)")
-    md += (f"\nBoston training set, N = {N}, D = {D}; median of {repeats} repeats; times per draw of theta.\n"
+    md += (f"\nBoston training set, N = {N}, D = {D}; {repeats} interleaved rounds (each round times floor, gpvi, "
+           "generic and GPyTorch once, so load drift hits all alike); times are medians per draw of theta, ratios "
+           "are medians of the per-round ratios.\n"
            "floor = torch.linalg.cholesky + torch.cholesky_inverse of an (S, N, N) batch; gpvi = batched log joint "
            "+ autograd gradient (hand-written ScaleKernel(RBF) covariance); generic = gpvi through GPyTorch's "
            "kernel code (functional_call); gpytorch = ExactMarginalLogLikelihood forward+backward, one theta at a "
            "time, Cholesky forced. Targets: gpvi <= 2x floor, >= 2x faster than GPyTorch.\n\n")
     md += "| S | floor ms | gpvi ms | gpvi / floor | generic ms | generic / floor | GPyTorch ms | GPyTorch / gpvi |\n"
     md += "|---|---|---|---|---|---|---|---|\n"
-    for S, tf, ta, tg, tp in rows:
-        md += (f"| {S} | {tf*1e3:.2f} | {ta*1e3:.2f} | {ta/tf:.2f} | {tg*1e3:.2f} | {tg/tf:.2f} | {tp*1e3:.2f} | "
-               f"{tp/ta:.2f} |\n")
+    for S, tf, ta, tg, tp, rf, rg, rp in rows:
+        md += (f"| {S} | {tf*1e3:.2f} | {ta*1e3:.2f} | {rf:.2f} | {tg*1e3:.2f} | {rg:.2f} | {tp*1e3:.2f} | "
+               f"{rp:.2f} |\n")
     md += "\n## Threads (S = 8, N = 455)\n\n| torch threads | gpvi ms/draw | floor ms/draw |\n|---|---|---|\n"
     for nt, ta, tf in thread_rows:
         md += f"| {nt} | {ta*1e3:.2f} | {tf*1e3:.2f} |\n"
