@@ -6,8 +6,10 @@ that produced it, so numbers can be traced and compared.
 
 from __future__ import annotations
 
+import csv
 import datetime as _dt
 import json
+import re
 import os
 import platform
 import statistics
@@ -62,12 +64,65 @@ def median_time(fn: Callable[[], Any], *, repeats: int = 5, warmup: int = 1) -> 
     return statistics.median(times), times
 
 
+def markdown_tables(markdown: str) -> list[tuple[str, list[str], list[list[str]]]]:
+    """The pipe tables of a markdown report: ``(nearest heading above, header cells, body rows)`` each.
+
+    Cells lose markdown emphasis (``**``) and escaped pipes (``\\|``) become ``|``.
+    """
+    def cells(line: str) -> list[str]:
+        parts = re.split(r"(?<!\\)\|", line.strip()[1:-1])
+        return [c.strip().replace("\\|", "|").replace("**", "") for c in parts]
+
+    tables, heading, current = [], "", None
+    for line in markdown.splitlines():
+        t = line.strip()
+        if t.startswith("#"):
+            heading = t.lstrip("#").strip()
+        if t.startswith("|") and t.endswith("|"):
+            if current is None:
+                current = (heading, cells(t), [])
+            elif not re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", t):
+                current[2].append(cells(t))
+            continue
+        if current is not None:
+            tables.append(current)
+            current = None
+    if current is not None:
+        tables.append(current)
+    return tables
+
+
+def write_csv_tables(name: str, markdown: str, out: Path | None = None) -> list[Path]:
+    """Write every table of ``markdown`` as ``<out>/csv/<name>_<k>_<heading>.csv`` (k = 1, 2, ...)."""
+    folder = (out or RESULTS) / "csv"
+    for old in folder.glob(f"{name}_[0-9]*_*.csv"):
+        old.unlink()
+    paths = []
+    for k, (heading, head, rows) in enumerate(markdown_tables(markdown), 1):
+        folder.mkdir(parents=True, exist_ok=True)
+        slug = re.sub(r"[^a-z0-9]+", "_", heading.lower()).strip("_")[:48] or "table"
+        path = folder / f"{name}_{k}_{slug}.csv"
+        with path.open("w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(head)
+            w.writerows(rows)
+        paths.append(path)
+    return paths
+
+
 def write(name: str, markdown: str, data: Any | None = None) -> Path:
-    """Write ``results/<name>.md`` (and ``results/<name>.json`` when ``data`` is given)."""
+    """Write ``results/<name>.md``, its tables as CSV under ``results/csv/``, and ``results/<name>.json`` when
+    ``data`` is given."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.md"
     path.write_text(markdown)
+    write_csv_tables(name, markdown)
     if data is not None:
         (RESULTS / f"{name}.json").write_text(json.dumps({"machine": machine_info(), "data": data}, indent=2,
                                                          default=str))
     return path
+
+
+if __name__ == "__main__":  # python -m benchmarks._common: (re)write the CSV tables of every committed report
+    for md in sorted(RESULTS.glob("*.md")):
+        print(md.name, len(write_csv_tables(md.stem, md.read_text())), "tables")

@@ -27,3 +27,19 @@ def test_environment_selects_backend_and_workers(monkeypatch):
     monkeypatch.setenv("GPVI_N_JOBS", "2")
     res = run_jobs([Job(_square, {"x": i}) for i in range(3)])
     assert [r["y"] for r in res] == [0, 1, 4]
+
+
+def test_markdown_tables_become_csv(tmp_path):
+    import csv
+
+    from benchmarks._common import markdown_tables, write_csv_tables
+
+    md = ("# Title\n\ntext\n\n## Speed\n\n| S | ratio | note |\n|---|---:|---|\n| 1 | **2.18** | a \\| b |\n"
+          "| 8 | 1.70 | |\nafter\n\n| x |\n|---|\n| 3 |\n")
+    tables = markdown_tables(md)
+    assert [t[0] for t in tables] == ["Speed", "Speed"]
+    assert tables[0][1] == ["S", "ratio", "note"] and tables[0][2] == [["1", "2.18", "a | b"], ["8", "1.70", ""]]
+    paths = write_csv_tables("demo", md, out=tmp_path)
+    assert [p.name for p in paths] == ["demo_1_speed.csv", "demo_2_speed.csv"]
+    with paths[0].open() as fh:
+        assert list(csv.reader(fh)) == [["S", "ratio", "note"], ["1", "2.18", "a | b"], ["8", "1.70", ""]]
