@@ -948,10 +948,6 @@ class DSVI:
             C0 = torch.tril(C0) if mask is None else C0 * mask
         return mu0, C0, info
 
-    def _value_and_grad(self, target: Any, theta: torch.Tensor, batch: Any
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
-        return log_joint_and_grad(target, theta, batch)
-
     def _theta(self, mu: torch.Tensor, C: torch.Tensor, z: torch.Tensor, scale: str) -> torch.Tensor:
         return mu + z * C if scale == "diag" else torch.addmm(mu, z, C.T)
 
@@ -964,7 +960,7 @@ class DSVI:
         lam = math.nan
         for _ in range(20):
             pts = torch.stack([mu0 + h * v, mu0 - h * v])
-            _, g = self._value_and_grad(target, pts, batch)
+            _, g = log_joint_and_grad(target, pts, batch)
             Hv = -(g[0] - g[1]) / (2 * h)
             if not bool(torch.isfinite(Hv).all()):
                 lam = math.nan
@@ -1025,7 +1021,7 @@ class DSVI:
             raise ValueError(f"base has dimension {base.dim} but the target has D = {D}")
         gen = resolve_generator(self.seed, generator)
         batch = target.sample_minibatch(gen) if is_minibatch_target(target) else None
-        lj0, _ = self._value_and_grad(target, mu0.unsqueeze(0), batch)
+        lj0, _ = log_joint_and_grad(target, mu0.unsqueeze(0), batch)
         if not bool(torch.isfinite(lj0).all()):
             warnings.warn(f"log joint at the initial mean is {float(lj0[0])}; DSVI will try anyway (draws with "
                           f"non-finite values are resampled)", NumericalWarning, stacklevel=2)
@@ -1075,7 +1071,7 @@ class DSVI:
         batch = target.sample_minibatch(gen) if is_minibatch_target(target) else None
         z = base.sample(S, gen, dtype=torch.float64)
         theta = self._theta(mu, C, z, scale)
-        lj, g = self._value_and_grad(target, theta, batch)
+        lj, g = log_joint_and_grad(target, theta, batch)
         calls = 1
         valid = torch.isfinite(lj + g.sum(-1))       # value and every gradient entry finite
         resampled = 0
@@ -1086,7 +1082,7 @@ class DSVI:
                     break
                 z_new = base.sample(bad.numel(), gen, dtype=torch.float64)
                 th_new = self._theta(mu, C, z_new, scale)
-                lj_new, g_new = self._value_and_grad(target, th_new, batch)
+                lj_new, g_new = log_joint_and_grad(target, th_new, batch)
                 calls += 1
                 resampled += bad.numel()
                 z[bad], theta[bad], lj[bad], g[bad] = z_new, th_new, lj_new, g_new
