@@ -43,9 +43,9 @@ import torch
 
 from benchmarks._common import header, write
 import gpvi
-from gpvi.classification import GPClassification
-from gpvi.classifier import GPClassifier
-from gpvi.cvi import CVI
+from gpvi.models.classification import GPClassification
+from gpvi.sklearn import GPClassifier
+from gpvi.inference.cvi.engine import CVI
 from gpvi.expectations import expected_log_lik, gaussian_expectation
 
 F64 = torch.float64

@@ -5,7 +5,7 @@ logit link, the default kernel at its data-scaled start. For each N:
 
 * single-site step: what ``CVI(mode="stochastic").run`` executes per step (one triangular solve for the site's
   marginal, the site update, the in-place update of the cached factor of K + S), timed in blocks of steps; the
-  median per-step time over the blocks. Both factor updates are timed: ``blocked`` (gpvi.cvi.cholesky_site_update_,
+  median per-step time over the blocks. Both factor updates are timed: ``blocked`` (gpvi.inference.cvi.engine.cholesky_site_update_,
   the default) and ``generic`` (gpvi.linalg.cholesky_update on the trailing block).
 * refactorisation: Cholesky of K + S from scratch (gpvi.linalg.cholesky_with_jitter), median of 3.
 * full-batch step: one ``CVI(mode="full")`` step (factorisation, all marginals, quadrature, update), median of 3.
@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 from benchmarks._common import header, median_time, write
-from gpvi.classification import GPClassification
-from gpvi.cvi import CVI, _factor, _pseudo
+from gpvi.models.classification import GPClassification
+from gpvi.inference.cvi.engine import CVI, _factor, _pseudo
 
 
 def make_data(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

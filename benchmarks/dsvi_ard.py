@@ -11,7 +11,7 @@ The repository has no gene-expression data (Colon / Leukemia / Breast of the pap
 * **Sonar** (bundled UCI data, 146 train / 62 test, D = 60 + bias) as a small real case.
 
 Methods (both diagonal scale, one draw per step, the paper's rho0 = 0.05/N, x0.95 every 5000 steps, 0.1 rho for c,
-10^5 steps; Polyak average of the last 25%): **ARD** = DSVI-ARD (gpvi.ard.DSVIARD), **CONCAV** = DSVI with a
+10^5 steps; Polyak average of the last 25%): **ARD** = DSVI-ARD (gpvi.inference.dsvi.ard.DSVIARD), **CONCAV** = DSVI with a
 fixed N(0, 1) prior (the paper's non-sparse baseline). Errors are counts, as in the paper's Table 2.
 
 Usage: ``OMP_NUM_THREADS=1 python benchmarks/dsvi_ard.py [--quick]``
@@ -30,9 +30,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gpvi  # noqa: E402
 from benchmarks._common import RESULTS, header, write  # noqa: E402
-from gpvi.ard import DSVIARD  # noqa: E402
-from gpvi.dsvi import DSVI  # noqa: E402
-from gpvi.logistic import BayesianLogisticRegression  # noqa: E402
+from gpvi.inference.dsvi.ard import DSVIARD  # noqa: E402
+from gpvi.inference.dsvi.engine import DSVI  # noqa: E402
+from gpvi.models.logistic import BayesianLogisticRegression  # noqa: E402
 
 
 def mean_shift(delta: float, seed: int = 0, N: int = 62, D: int = 2000, k: int = 10):

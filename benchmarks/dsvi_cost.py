@@ -22,8 +22,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gpvi  # noqa: E402
 from benchmarks._common import header, write  # noqa: E402
-from gpvi.derivatives import log_joint_and_grad  # noqa: E402
-from gpvi.dsvi import DSVI  # noqa: E402
+from gpvi.inference.derivatives import log_joint_and_grad  # noqa: E402
+from gpvi.inference.dsvi.engine import DSVI  # noqa: E402
 
 
 def per_call(fn, min_time: float = 0.2) -> float:

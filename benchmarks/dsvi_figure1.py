@@ -5,7 +5,7 @@ Target (section 2.2): log g(theta) = log N(theta | m, I), D = 10, m = 2 * 1 (nor
 bound at any mu is F(mu) = -||mu - m||^2 / 2. Both methods take one draw theta ~ N(mu, I) per step and a constant
 step size rho:
 
-* DSVI (Algorithm 1, gpvi.dsvi.DSVI with lr_scale=0 so C stays I): mu <- mu + rho grad log g(theta) = mu + rho (m - theta);
+* DSVI (Algorithm 1, gpvi.inference.dsvi.engine.DSVI with lr_scale=0 so C stays I): mu <- mu + rho grad log g(theta) = mu + rho (m - theta);
 * score function (eq. 12):                                          mu <- mu + rho f(theta) (theta - mu), f = log g.
 
 Usage: ``OMP_NUM_THREADS=1 python benchmarks/dsvi_figure1.py [--quick]``
@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gpvi  # noqa: E402
 from benchmarks._common import RESULTS, header, write  # noqa: E402
-from gpvi.dsvi import DSVI  # noqa: E402
+from gpvi.inference.dsvi.engine import DSVI  # noqa: E402
 
 D = 10
 M = torch.full((D,), 2.0, dtype=torch.float64)

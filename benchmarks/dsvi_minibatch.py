@@ -35,8 +35,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._common import header, write  # noqa: E402
-from gpvi.dsvi import DSVI  # noqa: E402
-from gpvi.logistic import BayesianLogisticRegression  # noqa: E402
+from gpvi.inference.dsvi.engine import DSVI  # noqa: E402
+from gpvi.models.logistic import BayesianLogisticRegression  # noqa: E402
 
 N_TRAIN, N_TEST, D_IN = 200_000, 50_000, 49
 

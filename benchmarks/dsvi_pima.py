@@ -23,8 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gpvi  # noqa: E402
 from benchmarks._common import RESULTS, header, median_time, write  # noqa: E402
-from gpvi.dsvi import DSVI  # noqa: E402
-from gpvi.logistic import BayesianLogisticRegression  # noqa: E402
+from gpvi.inference.dsvi.engine import DSVI  # noqa: E402
+from gpvi.models.logistic import BayesianLogisticRegression  # noqa: E402
 
 
 def errors(q, ref) -> tuple[float, float]:

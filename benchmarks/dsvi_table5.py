@@ -58,9 +58,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gpvi  # noqa: E402
 from benchmarks._common import RESULTS, machine_info, write  # noqa: E402
 from benchmarks.runner import Job, run_jobs  # noqa: E402
-from gpvi.dsvi import DSVI, laplace_approximation  # noqa: E402
-from gpvi.hmc import NUTS  # noqa: E402
-from gpvi.posterior import GaussianPosterior  # noqa: E402
+from gpvi.inference.dsvi.engine import DSVI, laplace_approximation  # noqa: E402
+from gpvi.inference.mcmc.hmc import NUTS  # noqa: E402
+from gpvi.posteriors.base import GaussianPosterior  # noqa: E402
 
 # The paper's Table 5 (Titsias & Lazaro-Gredilla 2014): (smse, nlpd) per method.
 PAPER = {
@@ -516,7 +516,7 @@ def render(data: dict[str, Any], machine: dict[str, Any], note: str = "") -> tup
           f"split: {args['nuts_chains']} chains x ({args['nuts_warmup']} warm-up + {args['nuts_draws']} draws) from "
           f"ML-II; Boston split 0 NUTS: the long run below",
           f"- DSVI: `gpvi.DSVI(scale='full', seed=0).run(model)` with every default (`optimizer='natural'` from the "
-          "MAP/Laplace point, stop on convergence; see `gpvi.dsvi.DSVI`)", ""]
+          "MAP/Laplace point, stop on convergence; see `gpvi.inference.dsvi.engine.DSVI`)", ""]
     fl, fdata = fidelity_report(fb, args["quick"], args["target_ess"])
     tl, tsum = table5(rows, args["splits"])
     L += summary_section(fb, fdata, args["target_ess"], tsum)

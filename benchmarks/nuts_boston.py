@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gpvi  # noqa: E402
 from benchmarks._common import RESULTS, header, machine_info, median_time, write  # noqa: E402
-from gpvi.hmc import NUTS  # noqa: E402
+from gpvi.inference.mcmc.hmc import NUTS  # noqa: E402
 
 
 def grad_eval_time(model: gpvi.GPRegression, theta: torch.Tensor) -> float:

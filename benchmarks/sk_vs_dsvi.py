@@ -44,10 +44,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gpvi  # noqa: E402
 from benchmarks._common import RESULTS, header, write  # noqa: E402
-from gpvi.dsvi import DSVI  # noqa: E402
-from gpvi.logistic import BayesianLogisticRegression  # noqa: E402
-from gpvi.posterior import SamplePosterior  # noqa: E402
-from gpvi.sk import SKGaussian  # noqa: E402
+from gpvi.inference.dsvi.engine import DSVI  # noqa: E402
+from gpvi.models.logistic import BayesianLogisticRegression  # noqa: E402
+from gpvi.posteriors.base import SamplePosterior  # noqa: E402
+from gpvi.inference.sk.engine import SKGaussian  # noqa: E402
 
 
 class Counting:

@@ -1,20 +1,31 @@
 """gpvi: Gaussian-process inference — DSVI hyperparameter posteriors, CVI classification, ML-II and NUTS.
 
 Architecture, top to bottom: :mod:`gpvi.datasets` -> models (:class:`GPRegression`, kernel + noise + prior over
-theta) -> engines (:class:`ML2`, DSVI, CVI, NUTS) -> posteriors (:mod:`gpvi.posterior`) ->
+theta) -> engines (:class:`ML2`, DSVI, CVI, NUTS) -> posteriors (:mod:`gpvi.posteriors.base`) ->
 :mod:`gpvi.metrics` and plots. Importing gpvi changes no global state (no default dtype, no RNG seeding).
 """
 
 from __future__ import annotations
 
-from . import datasets, expectations, linalg, metrics, plots, schedules
-from .ard import DSVIARD
-from .classification import GPClassification, LatentGP
-from .classifier import GPClassifier
-from .cvi import CVI, CVIState, LatentPosterior
-from .dsvi import DSVI, DSVIState
-from .logistic import BayesianLogisticRegression
-from .subsample import MinibatchTarget
+import sys as _sys
+
+from . import datasets, linalg
+from .evaluation import metrics, plots
+from .inference import schedules
+from .models import likelihoods as expectations
+
+# The public sub-modules ``gpvi.metrics``, ``gpvi.plots``, ``gpvi.schedules`` and ``gpvi.expectations`` keep their
+# names (``import gpvi.metrics`` and ``from gpvi.metrics import nlpd`` work as before the package was reorganised).
+for _name, _mod in (("metrics", metrics), ("plots", plots), ("schedules", schedules), ("expectations", expectations)):
+    _sys.modules.setdefault(f"{__name__}.{_name}", _mod)
+del _name, _mod
+from .inference.dsvi.ard import DSVIARD
+from .models.classification import GPClassification, LatentGP
+from .sklearn import GPClassifier
+from .inference.cvi.engine import CVI, CVIState, LatentPosterior
+from .inference.dsvi.engine import DSVI, DSVIState
+from .models.logistic import BayesianLogisticRegression
+from .models.minibatch import MinibatchTarget
 from .exceptions import (
     ConvergenceWarning,
     InterruptedRunWarning,
@@ -22,15 +33,15 @@ from .exceptions import (
     NumericalFaultError,
     NumericalWarning,
 )
-from .hmc import HMC, NUTS, MCMCState
-from .ml2 import ML2
-from .model import GPRegression
-from .posterior import GaussianPosterior, PointPosterior, SamplePosterior
-from .predictive import MixturePredictive
-from .sk import SKExpFamily, SKGaussian
-from .standard import Factorised, StandardNormal, StandardStudentT
-from .table import Table
-from .target import Target
+from .inference.mcmc.hmc import HMC, NUTS, MCMCState
+from .inference.ml2 import ML2
+from .models.regression import GPRegression
+from .posteriors.base import GaussianPosterior, PointPosterior, SamplePosterior
+from .posteriors.predictive import MixturePredictive
+from .inference.sk.engine import SKExpFamily, SKGaussian
+from .inference.families import Factorised, StandardNormal, StandardStudentT
+from .evaluation.table import Table
+from .models.target import Target
 
 __version__ = "0.1.0"
 

@@ -224,7 +224,7 @@ def load_fit(path: str | os.PathLike) -> SavedFit:
     import torch
 
     import gpvi
-    from .posterior import GaussianPosterior, PointPosterior, SamplePosterior
+    from .posteriors.base import GaussianPosterior, PointPosterior, SamplePosterior
 
     path = Path(path)
     try:

@@ -34,7 +34,7 @@ def _fmt(v: float, spec: str = ".4f") -> str:
 
 def _top_marginals(fit: Any, q: Any, feature_names: tuple[str, ...], k: int = 4):
     """Table of the k most relevant lengthscales (smallest DSVI mean) plus signal and noise variance."""
-    from .table import Table
+    from .evaluation.table import Table
 
     sq, sf = q.summary(), fit.summary()
     names = list(q.names)
@@ -59,7 +59,7 @@ def _top_marginals(fit: Any, q: Any, feature_names: tuple[str, ...], k: int = 4)
 
 
 def demo(*, quick: bool = False, seed: int = 0, progress_bar: bool = True, out: TextIO | None = None):
-    """Run the demonstration and return its summary :class:`~gpvi.table.Table` (also printed to ``out``).
+    """Run the demonstration and return its summary :class:`~gpvi.evaluation.table.Table` (also printed to ``out``).
 
     Parameters
     ----------
@@ -86,7 +86,7 @@ def demo(*, quick: bool = False, seed: int = 0, progress_bar: bool = True, out: 
     ['bodyfat  ML-II', 'bodyfat  DSVI', 'pima  CVI GPClassifier']
     """
     import gpvi
-    from .table import Table
+    from .evaluation.table import Table
 
     out = sys.stdout if out is None else out
     cfg = _QUICK if quick else _FULL

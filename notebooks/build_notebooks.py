@@ -419,7 +419,7 @@ this notebook reuses:
 All ELBOs use gpvi's quadrature for the expected log-likelihood; the logit link throughout.
 """),
     ("code", r"""
-from gpvi.classification import GPClassification
+from gpvi.models.classification import GPClassification
 
 results = {}
 for name in S["datasets"]:

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import gpvi
-from gpvi.ard import ARDTerm, DSVIARD, ard_prior_variance
+from gpvi.inference.dsvi.ard import ARDTerm, DSVIARD, ard_prior_variance
 from gpvi.exceptions import ConvergenceWarning
-from gpvi.logistic import BayesianLogisticRegression
+from gpvi.models.logistic import BayesianLogisticRegression
 
 
 def eq13_closed_part(mu, c, l2):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import gpvi
-from gpvi.classifier import GPClassifier
+from gpvi.sklearn import GPClassifier
 
 F64 = torch.float64
 

@@ -14,12 +14,12 @@ import torch
 
 import gpvi
 from conftest import make_gp_data
-from gpvi.classification import GPClassification, LatentGP
-from gpvi.cvi import CVI, CVIState, LatentPosterior, cholesky_site_update_, site_elbo
+from gpvi.models.classification import GPClassification, LatentGP
+from gpvi.inference.cvi.engine import CVI, CVIState, LatentPosterior, cholesky_site_update_, site_elbo
 from gpvi.exceptions import InterruptedRunWarning, NotPSDError, NumericalFaultError, NumericalWarning
 from gpvi.expectations import BernoulliLogit, Gaussian, expected_log_lik
 from gpvi.linalg import cholesky_update
-from gpvi.model import GPRegression
+from gpvi.models.regression import GPRegression
 
 F64 = torch.float64
 
@@ -353,7 +353,7 @@ def test_nonfinite_site_estimates_are_skipped_with_a_warning():
 
 
 def test_a_failing_factorisation_mid_run_is_rolled_back_and_survived(monkeypatch):
-    import gpvi.cvi as cvi_mod
+    import gpvi.inference.cvi.engine as cvi_mod
 
     X, y = clf_data(40, seed=10)
     model = GPClassification(X, y)
@@ -422,8 +422,8 @@ def test_resume_in_a_new_process_equals_the_uninterrupted_run(tmp_path):
     torch.save(part.engine_state.state_dict(), tmp_path / "state.pt")
     script = textwrap.dedent(f"""
         import torch
-        from gpvi.classification import GPClassification
-        from gpvi.cvi import CVI
+        from gpvi.models.classification import GPClassification
+        from gpvi.inference.cvi.engine import CVI
         d = torch.load({str(tmp_path / 'data.pt')!r})
         st = torch.load({str(tmp_path / 'state.pt')!r}, weights_only=False)
         post = CVI(**{kw!r}).run(GPClassification(d['X'], d['y']), state=st)

@@ -1,4 +1,4 @@
-"""The shared derivative helpers (gpvi.derivatives) against closed forms and against each other."""
+"""The shared derivative helpers (gpvi.inference.derivatives) against closed forms and against each other."""
 
 import math
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import gpvi
-from gpvi.derivatives import (
+from gpvi.inference.derivatives import (
     call_log_joint,
     finite_difference_hessian,
     is_minibatch_target,

@@ -20,10 +20,10 @@ import pytest
 import torch
 
 import gpvi
-from gpvi.dsvi import DSVI, DSVIState
+from gpvi.inference.dsvi.engine import DSVI, DSVIState
 from gpvi.exceptions import ConvergenceWarning, InterruptedRunWarning, NumericalFaultError, NumericalWarning
-from gpvi.logistic import BayesianLogisticRegression
-from gpvi.posterior import GaussianPosterior, PointPosterior
+from gpvi.models.logistic import BayesianLogisticRegression
+from gpvi.posteriors.base import GaussianPosterior, PointPosterior
 from gpvi.schedules import Constant, DecayEveryK, RobbinsMonro, make_schedule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -300,8 +300,8 @@ def test_ctrl_c_inside_a_step_rewinds_its_randomness():
 
 RESUME_SCRIPT = textwrap.dedent("""
     import sys, warnings, torch, gpvi
-    from gpvi.dsvi import DSVI
-    from gpvi.logistic import BayesianLogisticRegression
+    from gpvi.inference.dsvi.engine import DSVI
+    from gpvi.models.logistic import BayesianLogisticRegression
     warnings.simplefilter("ignore")
     ds = gpvi.datasets.load_pima()
     model = BayesianLogisticRegression(ds.X_train, ds.y_train)

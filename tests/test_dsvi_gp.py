@@ -21,11 +21,11 @@ import pytest
 import torch
 
 import gpvi
-from gpvi.dsvi import DSVI, DSVIState, finite_difference_hessian, laplace_approximation
+from gpvi.inference.dsvi.engine import DSVI, DSVIState, finite_difference_hessian, laplace_approximation
 from gpvi.exceptions import ConvergenceWarning, NumericalWarning
-from gpvi.hmc import NUTS
-from gpvi.posterior import PointPosterior
-from gpvi.predictive import MixturePredictive
+from gpvi.inference.mcmc.hmc import NUTS
+from gpvi.posteriors.base import PointPosterior
+from gpvi.posteriors.predictive import MixturePredictive
 from gpvi.schedules import DecayEveryK, RobbinsMonro
 
 from conftest import make_gp_data
@@ -55,7 +55,7 @@ def saa_optimum(model, num_points: int = 1024, seed: int = 7):
     """Maximise (1/M) sum_m log g(mu + C z_m) + sum_d log C_dd over (mu, C) with fixed QMC draws, by L-BFGS.
 
     z_m = Phi^-1(u_m) for scrambled Sobol points u_m, in antithetic pairs. C is lower triangular with
-    log-parametrised diagonal. Independent of gpvi.dsvi (only model.log_joint and its first derivative).
+    log-parametrised diagonal. Independent of gpvi.inference.dsvi.engine (only model.log_joint and its first derivative).
     """
     from scipy.optimize import minimize
 
@@ -207,7 +207,7 @@ def test_point_mass_q_predicts_like_ml2(synth):
     """A q with a negligible scale at the ML-II point gives the ML-II predictive (mixture of equal components)."""
     model, X_test, y_test = synth
     fit = gpvi.ML2(num_restarts=1, seed=0).run(model)
-    narrow = gpvi.posterior.GaussianPosterior(fit.theta, 1e-12 * torch.eye(model.dim, dtype=torch.float64),
+    narrow = gpvi.posteriors.base.GaussianPosterior(fit.theta, 1e-12 * torch.eye(model.dim, dtype=torch.float64),
                                               model.names, model)
     a, b = narrow.predict(X_test, num_draws=5), fit.predict(X_test)
     assert torch.allclose(a.mean, b.mean, atol=1e-8) and torch.allclose(a.var, b.var, rtol=1e-8)
@@ -392,7 +392,7 @@ def test_bad_init_and_data(synth):
         gpvi.GPRegression(X[:1], torch.ones(1))
     with pytest.raises(ValueError, match="NaN|finite"):
         gpvi.GPRegression(X, torch.tensor([math.nan] + [1.0] * 9))
-    from gpvi.subsample import MinibatchTarget
+    from gpvi.models.minibatch import MinibatchTarget
     names = ["a", "b"]
     mb = MinibatchTarget(lambda th, idx: -0.5 * (th ** 2).sum(-1).unsqueeze(-1).expand(-1, len(idx)), 100, names,
                          batch_size=10)

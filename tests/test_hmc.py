@@ -17,9 +17,9 @@ from pyro.ops.stats import effective_sample_size
 
 import gpvi
 from gpvi.exceptions import ConvergenceWarning, InterruptedRunWarning
-from gpvi.hmc import HMC, NUTS, MCMCState
+from gpvi.inference.mcmc.hmc import HMC, NUTS, MCMCState
 from gpvi.metrics import compare
-from gpvi.posterior import GaussianPosterior, PointPosterior
+from gpvi.posteriors.base import GaussianPosterior, PointPosterior
 
 from conftest import make_gp_data
 

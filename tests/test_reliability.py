@@ -92,7 +92,7 @@ def test_no_engine_touches_global_rng():
 
 def test_progress_bar_ends_showing_the_final_postfix(capsys):
     """The postfix is throttled; the bar's last line must still show the value of the last step."""
-    from gpvi.progress import Progress
+    from gpvi.inference.progress import Progress
 
     bar = Progress(50, desc="t", min_interval=3600.0)
     for i in range(50):

@@ -26,9 +26,9 @@ import torch
 
 import gpvi
 from gpvi.exceptions import ConvergenceWarning, InterruptedRunWarning, NumericalFaultError, NumericalWarning
-from gpvi.logistic import BayesianLogisticRegression
-from gpvi.posterior import GaussianPosterior, PointPosterior
-from gpvi.sk import (
+from gpvi.models.logistic import BayesianLogisticRegression
+from gpvi.posteriors.base import GaussianPosterior, PointPosterior
+from gpvi.inference.sk.engine import (
     Exponential,
     Gamma,
     Normal,
@@ -378,8 +378,8 @@ def test_ctrl_c_inside_a_step_rewinds_its_randomness():
 
 RESUME_SCRIPT = textwrap.dedent("""
     import sys, warnings, torch, gpvi
-    from gpvi.sk import SKGaussian
-    from gpvi.logistic import BayesianLogisticRegression
+    from gpvi.inference.sk.engine import SKGaussian
+    from gpvi.models.logistic import BayesianLogisticRegression
     warnings.simplefilter("ignore")
     ds = gpvi.datasets.load_pima()
     model = BayesianLogisticRegression(ds.X_train, ds.y_train)

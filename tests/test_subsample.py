@@ -8,10 +8,10 @@ import warnings
 import pytest
 import torch
 
-from gpvi.dsvi import DSVI
+from gpvi.inference.dsvi.engine import DSVI
 from gpvi.exceptions import ConvergenceWarning
-from gpvi.logistic import BayesianLogisticRegression
-from gpvi.subsample import MinibatchTarget
+from gpvi.models.logistic import BayesianLogisticRegression
+from gpvi.models.minibatch import MinibatchTarget
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,9 @@ r"""Posterior objects over theta returned by the inference engines.
 * :class:`SamplePosterior` — MCMC: draws of shape ``(chains, draws, D)``.
 
 They share one interface so benchmark and notebook code treats them alike: ``names``, ``sample(n)``,
-``summary()`` (a :class:`~gpvi.table.Table` per parameter name, with natural-scale columns when the target
+``summary()`` (a :class:`~gpvi.evaluation.table.Table` per parameter name, with natural-scale columns when the target
 knows its transforms), ``predict(X, num_draws)`` (the mixture predictive over theta draws,
-:class:`~gpvi.predictive.MixturePredictive`), ``to_arviz()`` and ``state_dict()``. Posteriors never change
+:class:`~gpvi.posteriors.predictive.MixturePredictive`), ``to_arviz()`` and ``state_dict()``. Posteriors never change
 after the run that made them.
 """
 
@@ -21,10 +21,10 @@ from typing import Any
 import torch
 
 from .predictive import MixturePredictive
-from .rng import resolve_generator
-from .standard import StandardNormal, make_standard
-from .table import Table
-from .validation import check_fraction, check_positive_int, check_theta
+from ..rng import resolve_generator
+from ..inference.families import StandardNormal, make_standard
+from ..evaluation.table import Table
+from ..validation import check_fraction, check_positive_int, check_theta
 
 __all__ = ["Posterior", "PointPosterior", "GaussianPosterior", "SamplePosterior"]
 
@@ -245,7 +245,7 @@ class GaussianPosterior(Posterior):
     target : optional
         The model it approximates (needed for ``predict`` and natural-scale summaries).
     base : standard distribution, optional
-        :math:`\phi` (default :class:`~gpvi.standard.StandardNormal`).
+        :math:`\phi` (default :class:`~gpvi.inference.families.StandardNormal`).
     elbo, elbo_se : float, optional
         Final bound estimate and its Monte Carlo standard error.
     trace : dict, optional
@@ -359,7 +359,7 @@ class SamplePosterior(Posterior):
         Run details. ``info["warmup_draws"]`` (``(C, W, D)``) and ``info["warmup_stats"]`` (each ``(C, W)``),
         when present, are exported to ArviZ's ``warmup_posterior`` / ``warmup_sample_stats``.
     engine_state : optional
-        The sampler's final state (for resuming or extending the run, e.g. :class:`gpvi.hmc.MCMCState`);
+        The sampler's final state (for resuming or extending the run, e.g. :class:`gpvi.inference.mcmc.hmc.MCMCState`);
         ``state_dict()`` includes its ``state_dict()``.
     """
 

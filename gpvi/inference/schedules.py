@@ -36,7 +36,7 @@ import math
 import numbers
 from typing import Any, Protocol, runtime_checkable
 
-from .validation import check_choice, check_positive, check_positive_int
+from ..validation import check_choice, check_positive, check_positive_int
 
 __all__ = ["Schedule", "Constant", "RobbinsMonro", "DecayEveryK", "make_schedule", "SCHEDULES"]
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .exceptions import InterruptedRunWarning
+from ..exceptions import InterruptedRunWarning
 
 __all__ = ["Progress", "warn_interrupted", "trace_to_tensor", "trace_from_tensor", "logger"]
 

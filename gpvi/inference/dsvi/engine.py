@@ -63,7 +63,7 @@ over which it held. Every other target keeps Algorithm 1 (``"sgd"``) and the iss
 "GP hyperparameter posterior" section of :class:`DSVI`.
 
 Data subsampling (the "doubly" of section 3.3): a target that implements the *minibatch protocol*
-(``sample_minibatch(generator)`` and ``log_joint(theta, batch=...)``, e.g. :class:`gpvi.subsample.MinibatchTarget`)
+(``sample_minibatch(generator)`` and ``log_joint(theta, batch=...)``, e.g. :class:`gpvi.models.minibatch.MinibatchTarget`)
 gets a fresh minibatch, drawn from the engine's generator, at every step.
 
 Names in code: ``mu`` = :math:`\mu`; ``C`` = :math:`C` (``(D, D)`` lower triangular for ``scale="full"``,
@@ -86,15 +86,15 @@ from typing import Any
 
 import torch
 
-from .derivatives import call_log_joint, finite_difference_hessian, is_minibatch_target, log_joint_and_grad
-from .exceptions import ConvergenceWarning, NumericalFaultError, NumericalWarning
-from .posterior import GaussianPosterior, PointPosterior
-from .progress import Progress, trace_from_tensor, trace_to_tensor, warn_interrupted
-from .rng import generator_from_state, resolve_generator
-from .schedules import SCHEDULES, make_schedule
-from .standard import make_standard
-from .target import as_target
-from .validation import (
+from ..derivatives import call_log_joint, finite_difference_hessian, is_minibatch_target, log_joint_and_grad
+from ...exceptions import ConvergenceWarning, NumericalFaultError, NumericalWarning
+from ...posteriors.base import GaussianPosterior, PointPosterior
+from ..progress import Progress, trace_from_tensor, trace_to_tensor, warn_interrupted
+from ...rng import generator_from_state, resolve_generator
+from ..schedules import SCHEDULES, make_schedule
+from ..families import make_standard
+from ...models.target import as_target
+from ...validation import (
     as_float_tensor,
     check_bool,
     check_choice,
@@ -129,7 +129,7 @@ class EntropyTerm:
 
     Its gradient is :math:`\Delta_C = \operatorname{diag}(1/C_{dd})` (eq. 6) and nothing for :math:`\mu`.
     Engines call ``term(mu, C_diag) -> (value, grad_mu or None, grad_C_diag)``; DSVI-ARD replaces this term by
-    its own (:class:`gpvi.ard.ARDTerm`, eq. 14).
+    its own (:class:`gpvi.inference.dsvi.ard.ARDTerm`, eq. 14).
 
     Parameters
     ----------
@@ -203,7 +203,7 @@ class DSVIState:
     Examples
     --------
     >>> import torch, gpvi
-    >>> from gpvi.dsvi import DSVI, DSVIState
+    >>> from gpvi.inference.dsvi.engine import DSVI, DSVIState
     >>> target = gpvi.Target(lambda th: -0.5 * (th ** 2).sum(-1), names=2)
     >>> engine = DSVI(num_steps=100, lr=0.1, progress_bar=False)
     >>> state = engine.init(target)
@@ -433,7 +433,7 @@ def laplace_approximation(target: Any, mode: Any = None, *, map_restarts: int = 
 
 def _find_map(target: Any, restarts: int, seed: int) -> tuple[torch.Tensor, dict[str, Any]]:
     """MAP by ``gpvi.ML2(prior=True)``; its warnings are recorded (the MAP is only a starting point)."""
-    from .ml2 import ML2
+    from ..ml2 import ML2
 
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as rec:
@@ -462,7 +462,7 @@ class DSVI:
         The standard distribution :math:`\phi`: standard normal (default; q is Gaussian and the bound is the
         Gaussian bound eq. 10), independent standard Student-t components with ``df`` degrees of freedom, or a
         product of univariate standard distributions (``torch.distributions`` objects with ``icdf``), see
-        :mod:`gpvi.standard`.
+        :mod:`gpvi.inference.families`.
     df : float, optional
         Degrees of freedom :math:`\nu > 0` for ``base="t"`` (required there, rejected otherwise).
     num_samples : int
@@ -561,7 +561,7 @@ class DSVI:
     analytic_term : callable, optional
         Advanced: replaces the closed-form part of the bound (default :class:`EntropyTerm`,
         :math:`\sum\log C_{dd} + \mathcal H_\phi`). Called as ``term(mu, C_diag) -> (value, grad_mu, grad_C_diag)``;
-        used by :class:`gpvi.ard.DSVIARD`.
+        used by :class:`gpvi.inference.dsvi.ard.DSVIARD`.
     seed : int, optional
         Seed of the run's generator (default 0: runs are reproducible); ``run(..., generator=)`` overrides it.
     progress_bar : bool
@@ -612,13 +612,13 @@ class DSVI:
     puts mass where the model cannot be evaluated, and the answer should be treated with suspicion.
 
     Predictions: ``q.predict(X_test, num_draws=200)`` is the mixture over :math:`\theta \sim q` of the GP
-    predictives (:class:`~gpvi.predictive.MixturePredictive`), and ``q.summary()`` gives the marginals by name on
+    predictives (:class:`~gpvi.posteriors.predictive.MixturePredictive`), and ``q.summary()`` gives the marginals by name on
     the log and natural scales (example below).
 
     Examples
     --------
     >>> import torch, gpvi
-    >>> from gpvi.dsvi import DSVI
+    >>> from gpvi.inference.dsvi.engine import DSVI
     >>> m = torch.full((3,), 2.0, dtype=torch.float64)
     >>> target = gpvi.Target(lambda th: -0.5 * ((th - m) ** 2).sum(-1), names=3)
     >>> q = DSVI(num_steps=3000, lr=0.1, polyak=0.5, progress_bar=False, seed=0).run(target)
@@ -1403,8 +1403,8 @@ class DSVI:
         ----------
         target : target
             Anything with ``log_joint(theta)`` (``(S, D) -> (S,)``, differentiable) and ``names``:
-            :class:`gpvi.GPRegression`, :class:`gpvi.Target`, :class:`gpvi.logistic.BayesianLogisticRegression`,
-            :class:`gpvi.subsample.MinibatchTarget`, ...
+            :class:`gpvi.GPRegression`, :class:`gpvi.Target`, :class:`gpvi.models.logistic.BayesianLogisticRegression`,
+            :class:`gpvi.models.minibatch.MinibatchTarget`, ...
         init : None, "laplace", array-like (D,), PointPosterior or GaussianPosterior
             See :meth:`init`. Not allowed together with ``state``.
         generator : torch.Generator, optional
@@ -1442,7 +1442,7 @@ class DSVI:
         Examples
         --------
         >>> import gpvi
-        >>> from gpvi.logistic import BayesianLogisticRegression
+        >>> from gpvi.models.logistic import BayesianLogisticRegression
         >>> ds = gpvi.datasets.load_pima()
         >>> model = BayesianLogisticRegression(ds.X_train, ds.y_train)
         >>> q = DSVI(num_steps=2000, progress_bar=False).run(model)

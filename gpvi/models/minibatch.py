@@ -11,7 +11,7 @@ where :math:`B_t` is a fresh minibatch of :math:`M` data indices drawn at step :
 :math:`\mathbb E_{B_t}[\log g_t(\theta)] = \log g(\theta)` (and likewise for its gradient), the doubly
 stochastic gradients stay unbiased, and no step ever touches the whole data set.
 
-:class:`MinibatchTarget` implements the *minibatch target protocol* used by :class:`gpvi.dsvi.DSVI`:
+:class:`MinibatchTarget` implements the *minibatch target protocol* used by :class:`gpvi.inference.dsvi.engine.DSVI`:
 
 * ``sample_minibatch(generator) -> batch`` draws :math:`B_t` from the engine's generator (so the engine's
   generator state alone makes runs reproducible and resumable);
@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .validation import check_bool, check_positive_int, check_theta
+from ..validation import check_bool, check_positive_int, check_theta
 
 __all__ = ["MinibatchTarget"]
 
@@ -65,7 +65,7 @@ class MinibatchTarget:
     Examples
     --------
     >>> import torch
-    >>> from gpvi.subsample import MinibatchTarget
+    >>> from gpvi.models.minibatch import MinibatchTarget
     >>> x = torch.randn(1000, generator=torch.Generator().manual_seed(0), dtype=torch.float64) + 3.0
     >>> lik = lambda th, idx: -0.5 * (x[idx][None, :] - th[:, :1]) ** 2       # N(x_n | theta, 1)
     >>> t = MinibatchTarget(lik, 1000, ["m"], batch_size=100)

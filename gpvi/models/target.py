@@ -11,7 +11,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from .validation import check_bool, check_positive_int, check_theta
+from ..validation import check_bool, check_positive_int, check_theta
 
 __all__ = ["TargetLike", "Target", "as_target"]
 

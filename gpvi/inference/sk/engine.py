@@ -33,8 +33,8 @@ This module implements
     transformed parametrisation of section 6.4, eq. (47)-(49), see *Notes* of :class:`SKGaussian`.
 
   Data subsampling (section 6.5, eq. 50) comes for free: a target with the minibatch protocol of
-  :mod:`gpvi.subsample` gets a fresh minibatch at every step. The result is the same
-  :class:`~gpvi.posterior.GaussianPosterior` as :class:`gpvi.dsvi.DSVI` returns.
+  :mod:`gpvi.models.minibatch` gets a fresh minibatch at every step. The result is the same
+  :class:`~gpvi.posteriors.base.GaussianPosterior` as :class:`gpvi.inference.dsvi.engine.DSVI` returns.
 * :class:`SKExpFamily` — **Algorithm 1** for a low-dimensional exponential family (:class:`Exponential`,
   :class:`Gamma`, :class:`Normal`, or any object with the same methods), with the paper's section-5 quantities:
   the bound :math:`\hat\eta_0 + U(\hat\eta)`, the evidence estimate of eq. (19) and :math:`R^2`. When the
@@ -64,7 +64,7 @@ from typing import Any
 import scipy.special
 import torch
 
-from .derivatives import (
+from ..derivatives import (
     _autograd_hessian,
     _fd_hessian,
     _NoDoubleBackward,
@@ -73,13 +73,13 @@ from .derivatives import (
     log_joint_and_grad,
     value_grad_hessian,
 )
-from .exceptions import ConvergenceWarning, NumericalFaultError, NumericalWarning
-from .linalg import cholesky_solve, cholesky_with_jitter
-from .posterior import GaussianPosterior, PointPosterior
-from .progress import Progress, trace_from_tensor, trace_to_tensor, warn_interrupted
-from .rng import generator_from_state, resolve_generator
-from .target import as_target
-from .validation import (
+from ...exceptions import ConvergenceWarning, NumericalFaultError, NumericalWarning
+from ...linalg import cholesky_solve, cholesky_with_jitter
+from ...posteriors.base import GaussianPosterior, PointPosterior
+from ..progress import Progress, trace_from_tensor, trace_to_tensor, warn_interrupted
+from ...rng import generator_from_state, resolve_generator
+from ...models.target import as_target
+from ...validation import (
     as_float_tensor,
     check_bool,
     check_choice,
@@ -182,7 +182,7 @@ class SKState:
     Examples
     --------
     >>> import torch, gpvi
-    >>> from gpvi.sk import SKGaussian, SKState
+    >>> from gpvi.inference.sk.engine import SKGaussian, SKState
     >>> target = gpvi.Target(lambda th: -0.5 * (th ** 2).sum(-1), names=2)
     >>> engine = SKGaussian(num_steps=10, progress_bar=False)
     >>> state = engine.init(target)
@@ -395,17 +395,17 @@ class SKGaussian:
     :math:`D\times D` matrices — the "stored matrix" that makes the method costly for large D.
 
     *Subsampling* (section 6.5): the statistics are linear in log g and its derivatives, so an unbiased
-    minibatch estimate (eq. 50; :class:`gpvi.subsample.MinibatchTarget`) keeps them unbiased; a fresh batch is
+    minibatch estimate (eq. 50; :class:`gpvi.models.minibatch.MinibatchTarget`) keeps them unbiased; a fresh batch is
     drawn from the run's generator at every step and shared by all the rows of that step.
 
     *Departures from the paper*: S draws per step may be averaged; a step that would make :math:`P_{t+1}`
     indefinite is rejected by default (the paper only advises more iterations; ``on_non_pd``); draws with a
-    non-finite log joint are redrawn/dropped as in :class:`gpvi.dsvi.DSVI`; the window-split drift check is gpvi's.
+    non-finite log joint are redrawn/dropped as in :class:`gpvi.inference.dsvi.engine.DSVI`; the window-split drift check is gpvi's.
 
     Examples
     --------
     >>> import torch, gpvi
-    >>> from gpvi.sk import SKGaussian
+    >>> from gpvi.inference.sk.engine import SKGaussian
     >>> Lam = torch.tensor([[2.0, 0.5], [0.5, 1.0]], dtype=torch.float64)    # target precision
     >>> mu = torch.tensor([1.0, -1.0], dtype=torch.float64)
     >>> target = gpvi.Target(lambda th: -0.5 * (((th - mu) @ Lam) * (th - mu)).sum(-1), names=["a", "b"])
@@ -910,8 +910,8 @@ class SKGaussian:
         ----------
         target : target
             Anything with ``log_joint(theta)`` (``(S, D) -> (S,)``, differentiable) and ``names``:
-            :class:`gpvi.GPRegression`, :class:`gpvi.Target`, :class:`gpvi.logistic.BayesianLogisticRegression`,
-            :class:`gpvi.subsample.MinibatchTarget` (section 6.5), ...
+            :class:`gpvi.GPRegression`, :class:`gpvi.Target`, :class:`gpvi.models.logistic.BayesianLogisticRegression`,
+            :class:`gpvi.models.minibatch.MinibatchTarget` (section 6.5), ...
         init : None, array-like (D,), PointPosterior or GaussianPosterior
             See :meth:`init`. Not allowed together with ``state``.
         generator : torch.Generator, optional
@@ -946,7 +946,7 @@ class SKGaussian:
         Examples
         --------
         >>> import gpvi
-        >>> from gpvi.logistic import BayesianLogisticRegression
+        >>> from gpvi.models.logistic import BayesianLogisticRegression
         >>> ds = gpvi.datasets.load_pima()
         >>> model = BayesianLogisticRegression(ds.X_train, ds.y_train)
         >>> q = SKGaussian(num_steps=400, progress_bar=False).run(model)
@@ -1328,7 +1328,7 @@ class SKExpFamily:
     Exponential posterior, approximated in its own family: exact after :math:`2(k+1) = 4` steps (section 4.0.1).
 
     >>> import math, torch
-    >>> from gpvi.sk import SKExpFamily, Exponential
+    >>> from gpvi.inference.sk.engine import SKExpFamily, Exponential
     >>> fam = Exponential()
     >>> res = SKExpFamily(fam, num_steps=4, init_C="identity").run(lambda x: math.log(2.0) - 2.0 * x,
     ...                                                               fam.natural(rate=1.0))
@@ -1340,7 +1340,7 @@ class SKExpFamily:
                  init_C: Any = "moments", init_intercept: float = 0.0, seed: int | None = 0) -> None:
         for attr in ("num_stats", "stats", "sample", "is_valid", "log_normalizer", "params"):
             if not hasattr(family, attr):
-                raise TypeError(f"family must provide {attr} (like gpvi.sk.Gamma); got {type(family).__name__}")
+                raise TypeError(f"family must provide {attr} (like gpvi.inference.sk.engine.Gamma); got {type(family).__name__}")
         self.family = family
         self.num_steps = check_positive_int(num_steps, "num_steps", minimum=2)
         self.num_samples = check_positive_int(num_samples, "num_samples")

@@ -15,7 +15,7 @@ Challis & Barber 2013) and has a unique maximiser.
 Besides the target protocol (``names``, ``log_joint`` batched over ``(S, D)``), the class offers
 
 * :meth:`~BayesianLogisticRegression.log_likelihood_terms` — per-datum log likelihoods for minibatching and
-  :meth:`~BayesianLogisticRegression.minibatch`, which wraps them in a :class:`gpvi.subsample.MinibatchTarget`;
+  :meth:`~BayesianLogisticRegression.minibatch`, which wraps them in a :class:`gpvi.models.minibatch.MinibatchTarget`;
 * :meth:`~BayesianLogisticRegression.gaussian_bound` — the Gaussian bound (paper eq. 10) computed
   deterministically, with Gauss–Hermite quadrature for each one-dimensional
   :math:`\mathbb E_q[\log s(y_n x_n^\top\theta)]`, and :meth:`~BayesianLogisticRegression.fit_gaussian_quadrature`,
@@ -37,7 +37,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .validation import (
+from ..validation import (
     as_float_tensor,
     check_binary_labels,
     check_bool,
@@ -77,7 +77,7 @@ class BayesianLogisticRegression:
         Labels in {0, 1} or {-1, +1} (checked by :func:`gpvi.validation.check_binary_labels`).
     prior_var : float or None
         Prior variance :math:`v` of every weight (the paper uses 1). ``None``: no prior term, so
-        ``log_joint`` is the log likelihood alone (what :class:`gpvi.ard.DSVIARD` needs).
+        ``log_joint`` is the log likelihood alone (what :class:`gpvi.inference.dsvi.ard.DSVIARD` needs).
     bias : bool
         Prepend a constant-one input (weight named ``"bias"``), as in the paper.
     feature_names : sequence of str, optional
@@ -96,7 +96,7 @@ class BayesianLogisticRegression:
     Examples
     --------
     >>> import gpvi
-    >>> from gpvi.logistic import BayesianLogisticRegression
+    >>> from gpvi.models.logistic import BayesianLogisticRegression
     >>> ds = gpvi.datasets.load_pima()
     >>> model = BayesianLogisticRegression(ds.X_train, ds.y_train)
     >>> model.dim, model.log_joint(model.initial_theta()).shape
@@ -197,12 +197,12 @@ class BayesianLogisticRegression:
         return total
 
     def minibatch(self, batch_size: int = 500, *, replace: bool = True, chunk_size: int = 10_000):
-        r"""This model as a :class:`gpvi.subsample.MinibatchTarget`: :math:`\frac NM\sum_{n\in B_t}\log s(\cdot) + \log p(\theta)`.
+        r"""This model as a :class:`gpvi.models.minibatch.MinibatchTarget`: :math:`\frac NM\sum_{n\in B_t}\log s(\cdot) + \log p(\theta)`.
 
         Examples
         --------
         >>> import torch
-        >>> from gpvi.logistic import BayesianLogisticRegression
+        >>> from gpvi.models.logistic import BayesianLogisticRegression
         >>> g = torch.Generator().manual_seed(0)
         >>> X = torch.randn(1000, 3, generator=g, dtype=torch.float64)
         >>> m = BayesianLogisticRegression(X, (X[:, 0] > 0).double())
@@ -210,7 +210,7 @@ class BayesianLogisticRegression:
         >>> mb.log_joint(torch.zeros(5, 4, dtype=torch.float64), batch=mb.sample_minibatch(g)).shape
         torch.Size([5])
         """
-        from .subsample import MinibatchTarget
+        from .minibatch import MinibatchTarget
 
         prior = None if self.prior_var is None else self.log_prior
         return MinibatchTarget(self.log_likelihood_terms, self.num_data, self.names, log_prior=prior,
@@ -270,7 +270,7 @@ class BayesianLogisticRegression:
         Examples
         --------
         >>> import gpvi
-        >>> from gpvi.logistic import BayesianLogisticRegression
+        >>> from gpvi.models.logistic import BayesianLogisticRegression
         >>> ds = gpvi.datasets.load_pima()
         >>> ref = BayesianLogisticRegression(ds.X_train, ds.y_train).fit_gaussian_quadrature()
         >>> ref.info["converged"]
@@ -278,7 +278,7 @@ class BayesianLogisticRegression:
         """
         from scipy.optimize import minimize
 
-        from .posterior import GaussianPosterior
+        from ..posteriors.base import GaussianPosterior
 
         max_iter = check_positive_int(max_iter, "max_iter")
         gtol = check_positive(gtol, "gtol")

@@ -1,8 +1,8 @@
 r"""A scikit-learn style GP classifier over the CVI engine.
 
 ``GPClassifier`` follows the estimator contract of scikit-learn (which is *not* a runtime dependency of gpvi):
-``__init__`` only stores its arguments, ``fit`` validates, runs :class:`gpvi.cvi.CVI` on a
-:class:`gpvi.classification.GPClassification` model and sets trailing-underscore attributes, and
+``__init__`` only stores its arguments, ``fit`` validates, runs :class:`gpvi.inference.cvi.engine.CVI` on a
+:class:`gpvi.models.classification.GPClassification` model and sets trailing-underscore attributes, and
 ``get_params``/``set_params`` are implemented from the signature of ``__init__`` so that
 ``sklearn.base.clone``, grid search and pipelines work. Inputs may be numpy arrays or torch tensors; outputs of
 ``predict_proba``/``predict`` are numpy arrays (scikit-learn's convention).
@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from .classification import GPClassification
-from .cvi import CVI, LatentPosterior
+from .models.classification import GPClassification
+from .inference.cvi.engine import CVI, LatentPosterior
 from .validation import check_bool, check_choice, check_X
 
 __all__ = ["GPClassifier"]
@@ -41,7 +41,7 @@ class GPClassifier:
     method : {"cvi"}
         Inference method.
     mode : {"full", "stochastic"}
-        Full-batch CVI steps or doubly stochastic single-site steps (see :class:`gpvi.cvi.CVI`).
+        Full-batch CVI steps or doubly stochastic single-site steps (see :class:`gpvi.inference.cvi.engine.CVI`).
     learn_hyperparameters : bool
         Maximise the ELBO over the kernel hyperparameters (type-II on the bound); otherwise keep them fixed.
     beta : float
@@ -71,7 +71,7 @@ class GPClassifier:
         The two labels, sorted; ``predict_proba`` columns follow this order.
     link_ : str
         The likelihood used (``"logit"`` or ``"probit"``).
-    posterior_ : gpvi.cvi.LatentPosterior
+    posterior_ : gpvi.inference.cvi.engine.LatentPosterior
         Sites, marginals ``m``/``var`` at the training inputs, ELBO, trace and run info.
     elbo_ : float
         ELBO of the fitted :math:`q` (nats).
@@ -79,13 +79,13 @@ class GPClassifier:
         Fitted (or fixed) kernel log-hyperparameters; ``hyperparameters_`` the natural-scale values by name.
     kernel_ : gpytorch.kernels.Kernel
         A copy of the kernel with the fitted hyperparameters.
-    model_ : gpvi.classification.GPClassification
+    model_ : gpvi.models.classification.GPClassification
     n_features_in_ : int
 
     Examples
     --------
     >>> import gpvi
-    >>> from gpvi.classifier import GPClassifier
+    >>> from gpvi.sklearn import GPClassifier
     >>> ds = gpvi.datasets.load_pima()
     >>> clf = GPClassifier(learn_hyperparameters=False, progress_bar=False).fit(ds.X_train, ds.y_train)
     >>> clf.predict_proba(ds.X_test).shape

@@ -41,13 +41,13 @@ paper's supplement), one or S draws per step:
 1. :math:`z \sim \mathcal N(0, I)`, :math:`\theta = c\circ z + \mu`, :math:`g = \nabla_\theta\log\tilde g(\theta)`;
 2. :math:`\mu_d \leftarrow \mu_d + \rho_t\,\big(g_d - \mu_d/(c_d^2+\mu_d^2)\big)`;
 3. :math:`c_d \leftarrow c_d + 0.1\rho_t\,\big(g_d z_d + \mu_d^2/(c_d(c_d^2+\mu_d^2))\big)` (never letting
-   :math:`c_d \le 0`, see :class:`gpvi.dsvi.DSVI`);
+   :math:`c_d \le 0`, see :class:`gpvi.inference.dsvi.engine.DSVI`);
 4. the optimal prior variances are :math:`\ell_d^2 = c_d^2 + \mu_d^2` at any time.
 
 The regulariser :math:`\frac12\log\frac{c_d^2}{c_d^2+\mu_d^2} \le 0` is largest when :math:`\mu_d = 0`: a weight
 that does not improve the likelihood is pulled to zero, which makes :math:`\mu` sparse (the paper's Figure 3).
 With a constant-size step the zeroed weights keep rattling at a scale of about :math:`\sqrt{\rho_t}`; the
-decaying schedule and the Polyak average of :class:`~gpvi.dsvi.DSVI` shrink that.
+decaying schedule and the Polyak average of :class:`~gpvi.inference.dsvi.engine.DSVI` shrink that.
 
 Settings follow the paper: :math:`\rho_0 = 0.05/N`, multiplied by 0.95 every 5000 steps, :math:`0.1\rho_t` for
 :math:`c`, :math:`10^5` steps. Cost per step: :math:`O(D)` plus the likelihood.
@@ -62,11 +62,11 @@ from typing import Any
 
 import torch
 
-from .dsvi import DSVI, DSVIState
-from .posterior import GaussianPosterior
-from .subsample import MinibatchTarget
-from .target import as_target
-from .validation import check_positive
+from .engine import DSVI, DSVIState
+from ...posteriors.base import GaussianPosterior
+from ...models.minibatch import MinibatchTarget
+from ...models.target import as_target
+from ...validation import check_positive
 
 __all__ = ["DSVIARD", "ARDTerm", "ard_prior_variance"]
 
@@ -75,7 +75,7 @@ class ARDTerm:
     r"""Closed-form part of the DSVI-ARD bound (eq. 14): :math:`\frac12\sum_d\log\frac{c_d^2}{c_d^2+\mu_d^2}`.
 
     ``term(mu, c) -> (value, grad_mu, grad_c)`` with :math:`\partial/\partial\mu_d = -\mu_d/(c_d^2+\mu_d^2)` and
-    :math:`\partial/\partial c_d = \mu_d^2 / (c_d(c_d^2+\mu_d^2))` (derivation in :mod:`gpvi.ard`). It replaces
+    :math:`\partial/\partial c_d = \mu_d^2 / (c_d(c_d^2+\mu_d^2))` (derivation in :mod:`gpvi.inference.dsvi.ard`). It replaces
     DSVI's entropy term: the entropy of q and the optimised Gaussian prior are both inside it.
 
     Examples
@@ -102,7 +102,7 @@ def ard_prior_variance(q: GaussianPosterior) -> torch.Tensor:
 class DSVIARD:
     r"""DSVI-ARD (paper section 3.2): sparse Bayesian inference with the ARD prior optimised out analytically.
 
-    Runs diagonal-scale DSVI (:class:`gpvi.dsvi.DSVI` with ``scale="diag"``, standard-normal :math:`\phi`) on the
+    Runs diagonal-scale DSVI (:class:`gpvi.inference.dsvi.engine.DSVI` with ``scale="diag"``, standard-normal :math:`\phi`) on the
     bound of eq. (14), whose closed-form part is :class:`ARDTerm`. The target's ``log_joint`` must be the
     **log likelihood** :math:`\log\tilde g(\theta)` alone — the ARD prior is supplied here — e.g.
     ``BayesianLogisticRegression(X, y, prior_var=None)`` or its ``.minibatch(500)`` for large data
@@ -124,14 +124,14 @@ class DSVIARD:
     init_scale : float
         Initial :math:`c_d` (default 0.1).
     **kwargs
-        Any other :class:`~gpvi.dsvi.DSVI` setting (``polyak``, ``window``, ``seed``, ``progress_bar``,
+        Any other :class:`~gpvi.inference.dsvi.engine.DSVI` setting (``polyak``, ``window``, ``seed``, ``progress_bar``,
         ``optimizer``, ``max_resample``, ...).
 
     Examples
     --------
     >>> import torch
-    >>> from gpvi.ard import DSVIARD
-    >>> from gpvi.logistic import BayesianLogisticRegression
+    >>> from gpvi.inference.dsvi.ard import DSVIARD
+    >>> from gpvi.models.logistic import BayesianLogisticRegression
     >>> g = torch.Generator().manual_seed(0)
     >>> X = torch.randn(60, 30, generator=g, dtype=torch.float64)
     >>> y = (X[:, 0] - X[:, 1] > 0).double()
@@ -160,7 +160,7 @@ class DSVIARD:
                               analytic_term=ARDTerm(), **self._kwargs)
 
     def engine(self, target: Any) -> DSVI:
-        """The :class:`~gpvi.dsvi.DSVI` engine that runs this target (``lr="paper"`` resolved to 0.05 / N)."""
+        """The :class:`~gpvi.inference.dsvi.engine.DSVI` engine that runs this target (``lr="paper"`` resolved to 0.05 / N)."""
         lr = self.lr
         if lr == "paper":
             n = getattr(target, "num_data", None)
@@ -202,7 +202,7 @@ class DSVIARD:
         init : None or array-like of shape (D,)
             Initial mean (default zeros, whatever ``target.initial_theta`` says).
         generator, callback, state
-            As in :meth:`gpvi.dsvi.DSVI.run`.
+            As in :meth:`gpvi.inference.dsvi.engine.DSVI.run`.
 
         Returns
         -------

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from .target import as_target
-from .validation import as_float_tensor, check_choice, check_positive, check_positive_int
+from ..models.target import as_target
+from ..validation import as_float_tensor, check_choice, check_positive, check_positive_int
 
 __all__ = ["is_minibatch_target", "call_log_joint", "log_joint_and_grad", "value_grad_hessian",
            "finite_difference_hessian"]
@@ -230,7 +230,7 @@ def finite_difference_hessian(target: Any, theta: Any, *, step: float = 1e-4, ch
     Examples
     --------
     >>> import torch, gpvi
-    >>> from gpvi.derivatives import finite_difference_hessian
+    >>> from gpvi.inference.derivatives import finite_difference_hessian
     >>> A = torch.tensor([[2.0, 0.5], [0.5, 1.0]], dtype=torch.float64)
     >>> target = gpvi.Target(lambda th: -0.5 * ((th @ A) * th).sum(-1), names=2)
     >>> torch.allclose(finite_difference_hessian(target, torch.ones(2)), -A, atol=1e-8)

@@ -18,13 +18,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from .exceptions import ConvergenceWarning, NotPSDError
-from .posterior import PointPosterior
+from ..exceptions import ConvergenceWarning, NotPSDError
+from ..posteriors.base import PointPosterior
 from .progress import Progress, warn_interrupted
-from .rng import resolve_generator
-from .table import Table
-from .target import as_target
-from .validation import as_float_tensor, check_bool, check_positive, check_positive_int
+from ..rng import resolve_generator
+from ..evaluation.table import Table
+from ..models.target import as_target
+from ..validation import as_float_tensor, check_bool, check_positive, check_positive_int
 
 __all__ = ["ML2"]
 
@@ -108,7 +108,7 @@ class ML2:
     def run(self, target: Any, init: Any = None, *, generator: torch.Generator | None = None,
             seed: int | None = None, callback: Callable[[int, dict[str, Any]], None] | None = None
             ) -> PointPosterior:
-        """Optimise from every starting point and return the best as a :class:`~gpvi.posterior.PointPosterior`.
+        """Optimise from every starting point and return the best as a :class:`~gpvi.posteriors.base.PointPosterior`.
 
         Parameters
         ----------

@@ -5,10 +5,10 @@ r"""Latent Gaussian-process models with a factorised non-conjugate likelihood (t
     p(\mathbf y, \mathbf f) = \Big[\prod_{n=1}^N p(y_n \mid f_n)\Big]\,\mathcal N(\mathbf f \mid 0, K_\theta)
 
 (Khan & Lin 2017, eq. 4). :class:`LatentGP` holds the data, the likelihood and the kernel (through
-:class:`gpvi.hyperparameters.KernelParametrisation`, so theta is the vector of **log-hyperparameters of the
+:class:`gpvi.models.hyperparameters.KernelParametrisation`, so theta is the vector of **log-hyperparameters of the
 kernel only**: there is no noise term) and evaluates :math:`K_\theta`. :class:`GPClassification` is the binary
 front door: labels are checked by :func:`gpvi.validation.check_binary_labels` ({0, 1} or {-1, +1}) and the link
-is ``"logit"`` or ``"probit"``. The inference engine is :class:`gpvi.cvi.CVI`.
+is ``"logit"`` or ``"probit"``. The inference engine is :class:`gpvi.inference.cvi.engine.CVI`.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import gpytorch
 import numpy as np
 import torch
 
-from .expectations import Likelihood, make_likelihood
+from .likelihoods import Likelihood, make_likelihood
 from .fastpaths import scaled_rbf_covariance
 from .hyperparameters import KernelParametrisation
-from .validation import as_float_tensor, check_binary_labels, check_memory, check_theta, check_X
+from ..validation import as_float_tensor, check_binary_labels, check_memory, check_theta, check_X
 
 __all__ = ["LatentGP", "GPClassification"]
 
@@ -74,7 +74,7 @@ class LatentGP:
     """
 
     use_fast_path: bool = True
-    """Use :func:`gpvi.fastpaths.scaled_rbf_covariance` for ``ScaleKernel(RBFKernel)`` (exact same values)."""
+    """Use :func:`gpvi.models.fastpaths.scaled_rbf_covariance` for ``ScaleKernel(RBFKernel)`` (exact same values)."""
 
     def __init__(self, X: Any, y: Any, kernel: gpytorch.kernels.Kernel | None = None,
                  likelihood: str | Likelihood = "logit", theta: Any = None, *,
@@ -248,7 +248,7 @@ class GPClassification(LatentGP):
     Examples
     --------
     >>> import gpvi
-    >>> from gpvi.classification import GPClassification
+    >>> from gpvi.models.classification import GPClassification
     >>> ds = gpvi.datasets.load_pima()
     >>> model = GPClassification(ds.X_train, ds.y_train, likelihood="probit")
     >>> model.link, model.num_data, model.dim
@@ -261,6 +261,6 @@ class GPClassification(LatentGP):
         lik = make_likelihood(likelihood)
         if not getattr(lik, "binary", False):
             raise ValueError(f"likelihood must be a binary likelihood ('logit' or 'probit'); got {lik.name!r} "
-                             f"(use gpvi.classification.LatentGP for other likelihoods)")
+                             f"(use gpvi.models.classification.LatentGP for other likelihoods)")
         super().__init__(X, y, kernel, lik, theta, device=device)
         self.classes: np.ndarray

@@ -21,7 +21,7 @@ from typing import Any
 import scipy.special
 import torch
 
-from .validation import check_positive, check_positive_int
+from ..validation import check_positive, check_positive_int
 
 __all__ = ["StandardNormal", "StandardStudentT", "Factorised", "make_standard"]
 

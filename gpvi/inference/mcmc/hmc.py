@@ -57,13 +57,13 @@ from typing import Any
 
 import torch
 
-from .exceptions import ConvergenceWarning, InterruptedRunWarning, NotPSDError, NumericalWarning
-from .posterior import PointPosterior, SamplePosterior
-from .progress import Progress
-from .rng import resolve_generator
-from .table import Table
-from .target import as_target
-from .validation import (
+from ...exceptions import ConvergenceWarning, InterruptedRunWarning, NotPSDError, NumericalWarning
+from ...posteriors.base import PointPosterior, SamplePosterior
+from ..progress import Progress
+from ...rng import resolve_generator
+from ...evaluation.table import Table
+from ...models.target import as_target
+from ...validation import (
     as_float_tensor,
     check_bool,
     check_fraction,
@@ -298,9 +298,9 @@ class _Hamiltonian:
         target : GPRegression or target
         init : optional
             ``None``: ``target.initial_theta()`` if the target has it, else zeros, plus jitter;
-            a :class:`~gpvi.posterior.PointPosterior` (ML-II) or a ``(D,)`` array: that point plus jitter
+            a :class:`~gpvi.posteriors.base.PointPosterior` (ML-II) or a ``(D,)`` array: that point plus jitter
             :math:`\mathcal N(0, \text{init\_scale}^2 I)` per chain; a ``(num_chains, D)`` array: used as is;
-            any other posterior with ``sample`` (e.g. DSVI's :class:`~gpvi.posterior.GaussianPosterior`):
+            any other posterior with ``sample`` (e.g. DSVI's :class:`~gpvi.posteriors.base.GaussianPosterior`):
             one draw per chain from it.
         generator, seed
             Randomness of the jitter / draws.
@@ -412,7 +412,7 @@ class _Hamiltonian:
         SamplePosterior
             ``draws`` of shape ``(num_chains, num_samples, D)``; ``stats`` (each ``(num_chains, num_samples)``):
             ``diverging``, ``acceptance_rate``, ``step_size``, ``n_steps``, ``lp`` (+ ``tree_depth`` for NUTS);
-            ``info``: ``chains`` (a per-chain :class:`~gpvi.table.Table`), ``num_divergent``,
+            ``info``: ``chains`` (a per-chain :class:`~gpvi.evaluation.table.Table`), ``num_divergent``,
             ``step_size`` and ``inverse_mass_matrix`` per chain, ``warmup_draws`` ``(C, W, D)``,
             ``warmup_stats``, times, evaluation counters, ``ess``/``r_hat`` and ``interrupted``;
             ``engine_state`` (an :class:`MCMCState`) for resuming.
@@ -743,7 +743,7 @@ class NUTS(_Hamiltonian):
     Examples
     --------
     >>> import torch, gpvi
-    >>> from gpvi.hmc import NUTS
+    >>> from gpvi.inference.mcmc.hmc import NUTS
     >>> target = gpvi.Target(lambda th: -0.5 * (th ** 2).sum(-1), names=["a", "b"])
     >>> mc = NUTS(num_chains=2, num_warmup=100, num_samples=100, seed=0, progress_bar=False,
     ...           min_ess=0).run(target)
@@ -807,7 +807,7 @@ class HMC(_Hamiltonian):
     Examples
     --------
     >>> import gpvi
-    >>> from gpvi.hmc import HMC
+    >>> from gpvi.inference.mcmc.hmc import HMC
     >>> target = gpvi.Target(lambda th: -0.5 * (th ** 2).sum(-1), names=["a", "b"])
     >>> mc = HMC(step_size=0.3, num_steps=5, num_chains=2, num_warmup=50, num_samples=100, seed=0,
     ...          progress_bar=False, min_ess=0).run(target)

@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from .validation import as_float_tensor
+from ..validation import as_float_tensor
 
 __all__ = ["MixturePredictive"]
 

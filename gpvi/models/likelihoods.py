@@ -63,8 +63,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from .rng import resolve_generator
-from .validation import as_float_tensor, check_choice, check_positive, check_positive_int
+from ..rng import resolve_generator
+from ..validation import as_float_tensor, check_choice, check_positive, check_positive_int
 
 __all__ = [
     "BernoulliLogit",

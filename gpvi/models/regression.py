@@ -10,7 +10,7 @@ Model (Rasmussen & Williams 2006, ch. 2 and 5; DSVI paper section 3.4):
 
 For the default kernel ``ScaleKernel(RBFKernel(ard_num_dims=d))``,
 ``theta = [log l_1^2, ..., log l_d^2, log sigma_f^2, log sigma^2]`` exactly as in the paper; other GPyTorch
-kernels get their own log-parametrised names (see :mod:`gpvi.hyperparameters`). The noise variance is the
+kernels get their own log-parametrised names (see :mod:`gpvi.models.hyperparameters`). The noise variance is the
 model's own last component ``log_noise_var`` (no GPyTorch likelihood, hence no hidden noise floor).
 
 The marginal likelihood is exact: one Cholesky factorisation per theta, batched for ``(S, D)`` input
@@ -27,10 +27,10 @@ import torch
 
 from .fastpaths import scaled_rbf_covariance
 from .hyperparameters import KernelParametrisation
-from .linalg import DEFAULT_JITTER, DEFAULT_MAX_JITTER, cholesky_with_jitter, gaussian_log_marginal
-from .predictive import MixturePredictive
+from ..linalg import DEFAULT_JITTER, DEFAULT_MAX_JITTER, cholesky_with_jitter, gaussian_log_marginal
+from ..posteriors.predictive import MixturePredictive
 from .priors import check_prior, prior_log_prob
-from .validation import check_memory, check_positive, check_positive_int, check_theta, check_X, check_X_y
+from ..validation import check_memory, check_positive, check_positive_int, check_theta, check_X, check_X_y
 
 __all__ = ["GPRegression"]
 
@@ -79,7 +79,7 @@ class GPRegression:
     """
 
     use_fast_path: bool = True
-    """Use the hand-written covariance of :mod:`gpvi.fastpaths` for ``ScaleKernel(RBFKernel)`` (same values and
+    """Use the hand-written covariance of :mod:`gpvi.models.fastpaths` for ``ScaleKernel(RBFKernel)`` (same values and
     gradients as GPyTorch's generic path, which tests check; set False to force the generic path)."""
 
     def __init__(
@@ -274,7 +274,7 @@ class GPRegression:
         return mean, cov
 
     def predictive(self, theta: Any, X_new: Any, *, include_noise: bool = True) -> MixturePredictive:
-        """Predictive of y* (or f*) as a :class:`~gpvi.predictive.MixturePredictive` over the given theta rows."""
+        """Predictive of y* (or f*) as a :class:`~gpvi.posteriors.predictive.MixturePredictive` over the given theta rows."""
         mean, var = self.predict(theta, X_new, include_noise=include_noise)
         return MixturePredictive(mean, var)
 

@@ -139,19 +139,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from .classification import LatentGP
-from .exceptions import NotPSDError, NumericalFaultError, NumericalWarning
-from .expectations import (
+from ...models.classification import LatentGP
+from ...exceptions import NotPSDError, NumericalFaultError, NumericalWarning
+from ...models.likelihoods import (
     Quadrature,
     expected_log_lik,
     gaussian_expectation,
     mean_parameter_gradients,
 )
-from .linalg import cholesky_site_update_, cholesky_update, cholesky_with_jitter, logdet_from_cholesky
-from .progress import Progress, warn_interrupted
-from .rng import resolve_generator
-from .table import Table
-from .validation import (
+from ...linalg import cholesky_site_update_, cholesky_update, cholesky_with_jitter, logdet_from_cholesky
+from ..progress import Progress, warn_interrupted
+from ...rng import resolve_generator
+from ...evaluation.table import Table
+from ...validation import (
     as_float_tensor,
     check_bool,
     check_choice,
@@ -393,7 +393,7 @@ class BernoulliPredictive:
         return self.probs
 
     def log_prob(self, y: Any) -> torch.Tensor:
-        from .validation import check_binary_labels
+        from ...validation import check_binary_labels
 
         yt = as_float_tensor(y, "y", ndim=1)
         if yt.shape[0] != self.probs.shape[0]:
@@ -437,8 +437,8 @@ class LatentPosterior:
     Examples
     --------
     >>> import gpvi
-    >>> from gpvi.classification import GPClassification
-    >>> from gpvi.cvi import CVI
+    >>> from gpvi.models.classification import GPClassification
+    >>> from gpvi.inference.cvi.engine import CVI
     >>> ds = gpvi.datasets.load_pima()
     >>> post = CVI(mode="full", progress_bar=False).run(GPClassification(ds.X_train, ds.y_train))
     >>> post.predict_proba(ds.X_test[:3]).shape
@@ -638,8 +638,8 @@ class CVI:
     Examples
     --------
     >>> import gpvi
-    >>> from gpvi.classification import GPClassification
-    >>> from gpvi.cvi import CVI
+    >>> from gpvi.models.classification import GPClassification
+    >>> from gpvi.inference.cvi.engine import CVI
     >>> ds = gpvi.datasets.load_pima()
     >>> model = GPClassification(ds.X_train, ds.y_train, likelihood="probit")
     >>> post = CVI(mode="stochastic", max_sweeps=30, progress_bar=False).run(model)
@@ -1057,7 +1057,7 @@ class CVI:
         Parameters
         ----------
         model : LatentGP
-            E.g. :class:`gpvi.classification.GPClassification`.
+            E.g. :class:`gpvi.models.classification.GPClassification`.
         generator : torch.Generator, optional
             Randomness (site order, Monte Carlo draws). Default: a generator seeded with ``seed``; when resuming
             from ``state`` without ``generator``, the state's saved generator state is restored, so a resumed run
@@ -1191,7 +1191,7 @@ class CVI:
                 "learn_hyperparameters": self.learn_hyperparameters, "link": model.link, "steps": st.step,
                 "sweeps": st.sweeps, "interrupted": interrupted, "time_s": time_s, **st.counters}
         if not st.converged and not interrupted and self.tol > 0:
-            from .exceptions import ConvergenceWarning
+            from ...exceptions import ConvergenceWarning
             warnings.warn(f"CVI did not converge within {st.step} steps (tol={self.tol:g}); last relative ELBO change "
                           f"above tol", ConvergenceWarning, stacklevel=3)
         return LatentPosterior(model, lam1, lam2, st.theta, m, v, L=L, alpha=alpha, elbo=elbo,
