@@ -172,8 +172,8 @@ class ML2:
             except KeyboardInterrupt:
                 interrupted = True
                 warn_interrupted("ML-II", len(records), starts.shape[0])
-        if not records:
-            raise RuntimeError("ML-II was interrupted before the first restart finished; nothing to return")
+        if not records:   # nothing to return: the interruption goes on up to the caller
+            raise KeyboardInterrupt("ML-II was interrupted before the first restart finished")
         finite = [rec for rec in records if math.isfinite(rec["value"])]
         if not finite:
             raise NotPSDError("ML-II: the objective could not be evaluated at any restart's end point")

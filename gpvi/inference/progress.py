@@ -28,8 +28,9 @@ class Progress:
 
     Parameters
     ----------
-    total : int
-        Number of steps.
+    total : int or None
+        Number of steps; ``None`` when it is not known in advance (a run that a stop rule may end early): the bar
+        then counts steps and shows the rate without a misleading percentage.
     enabled : bool
         ``False`` gives a silent object with the same methods.
     desc : str
@@ -39,7 +40,7 @@ class Progress:
         Seconds between postfix refreshes.
     """
 
-    def __init__(self, total: int, *, enabled: bool = True, desc: str = "", initial: int = 0,
+    def __init__(self, total: int | None, *, enabled: bool = True, desc: str = "", initial: int = 0,
                  min_interval: float = 0.25, leave: bool = True) -> None:
         self.enabled = bool(enabled)
         self._bar = None

@@ -1,0 +1,336 @@
+r"""Init strategies: where an engine starts, as values (after NumPyro's ``init_to_median``, ``init_to_value``).
+
+An engine never runs another engine to find its start: ``engine.run(target, init=...)`` hands ``init`` to
+:func:`resolve_init`, which turns it into a strategy; the driver calls the strategy once and gives the engine the
+resulting :class:`Start`. A strategy is any callable ``strategy(target) -> Start``:
+
+* :func:`init_to_value` -- a given :math:`\theta` (and optionally a scale);
+* :func:`init_to_posterior` -- an earlier posterior (a point's :math:`\theta`; a Gaussian's mean and scale);
+* :func:`init_to_default` -- the target's data-scaled ``initial_theta()``, or zeros;
+* :func:`init_to_map` -- the MAP by :class:`gpvi.ML2` with ``prior=True`` (L-BFGS-B from seeded restarts);
+* :func:`init_to_ml2` -- the type-II maximum likelihood point (``prior=False``);
+* :func:`init_to_laplace` -- another strategy's point with the Laplace scale
+  :math:`C_0 = \operatorname{chol}((-\nabla^2\log g(\hat\theta))^{-1})` (Hessian by central differences);
+* :func:`init_to_prior_draw` -- a seeded draw from the target's prior.
+
+:func:`laplace_scale` is the one place that turns a Hessian into a scale, :func:`laplace_approximation` the
+Laplace approximation as a posterior.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from ..exceptions import NumericalWarning
+from ..models.target import as_target
+from ..validation import as_float_tensor, check_positive, check_positive_int
+from .derivatives import finite_difference_hessian, is_minibatch_target
+
+__all__ = ["Start", "resolve_init", "init_to_value", "init_to_posterior", "init_to_default", "init_to_map",
+           "init_to_ml2", "init_to_laplace", "init_to_prior_draw", "laplace_scale", "laplace_scale_at",
+           "laplace_approximation", "LAPLACE_MAX_DIM"]
+
+LAPLACE_MAX_DIM = 200
+"""Largest D for which a Laplace scale is built by finite differences (2D gradient evaluations)."""
+
+
+@dataclass(frozen=True)
+class Start:
+    r"""Where a run starts.
+
+    Attributes
+    ----------
+    theta : torch.Tensor of shape (D,)
+        The starting point (an engine's initial mean).
+    scale_tril : torch.Tensor of shape (D, D), or None
+        A lower-triangular starting scale, when the strategy provides one.
+    scale_source : {"posterior", "laplace", "given", None}
+        Where ``scale_tril`` comes from: a warm start from a Gaussian posterior is kept by every engine; a Laplace
+        or given scale gives way to an engine's explicit ``init_scale``.
+    info : dict
+        How the start was found (``mean``: "given", "initial_theta", "zeros", "map", "ml2", "prior_draw";
+        ``scale``; times, the MAP's value and warnings).
+    """
+
+    theta: torch.Tensor
+    scale_tril: torch.Tensor | None = None
+    scale_source: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def _point(theta: Any, D: int, name: str) -> torch.Tensor:
+    t = as_float_tensor(theta, name, ndim=1).detach()
+    if t.shape != (D,):
+        raise ValueError(f"{name} must have length D = {D}; got shape {tuple(t.shape)}")
+    if not bool(torch.isfinite(t).all()):
+        raise ValueError(f"{name} contains non-finite values")
+    return t.to(torch.float64).clone()
+
+
+def _scale(scale: Any, D: int, name: str) -> torch.Tensor:
+    s = as_float_tensor(scale, name, ndim=2).detach().to(torch.float64)
+    if s.shape != (D, D):
+        raise ValueError(f"{name} must be ({D}, {D}); got {tuple(s.shape)}")
+    return s.clone()
+
+
+class init_to_value:  # noqa: N801 - strategies read as functions, as in NumPyro
+    """Start at a given ``theta`` (and, optionally, a given lower-triangular ``scale_tril``)."""
+
+    def __init__(self, theta: Any, scale_tril: Any = None) -> None:
+        self.theta = theta
+        self.scale_tril = scale_tril
+
+    def __call__(self, target: Any) -> Start:
+        D = len(as_target(target).names)
+        scale = None if self.scale_tril is None else _scale(self.scale_tril, D, "scale_tril")
+        return Start(_point(self.theta, D, "init"), scale, None if scale is None else "given", {"mean": "given"})
+
+    def __repr__(self) -> str:
+        return "init_to_value(...)"
+
+
+class init_to_posterior:  # noqa: N801
+    """Start from an earlier posterior: a point's ``theta``, or a Gaussian's mean and scale (a warm start)."""
+
+    def __init__(self, posterior: Any) -> None:
+        self.posterior = posterior
+
+    def __call__(self, target: Any) -> Start:
+        D = len(as_target(target).names)
+        post = self.posterior
+        if getattr(post, "dim", D) != D:
+            raise ValueError(f"init (a {type(post).__name__}) has dimension {post.dim} but the target has D = {D}")
+        if hasattr(post, "scale_tril") and hasattr(post, "mean"):
+            scale = _scale(post.scale_tril, D, "init.scale_tril")
+            return Start(_point(post.mean, D, "init"), scale, "posterior", {"mean": "given", "scale": "given"})
+        if hasattr(post, "theta"):
+            return Start(_point(post.theta, D, "init"), info={"mean": "given"})
+        raise TypeError(f"init must be a PointPosterior or a GaussianPosterior; got {type(post).__name__}")
+
+
+class init_to_default:  # noqa: N801
+    """Start at ``target.initial_theta()`` when the target offers it (a data-scaled guess), else at zeros."""
+
+    def __call__(self, target: Any) -> Start:
+        D = len(as_target(target).names)
+        if callable(getattr(target, "initial_theta", None)):
+            theta = torch.as_tensor(target.initial_theta()).detach().to(torch.float64).cpu()
+            return Start(_point(theta, D, "target.initial_theta()"), info={"mean": "initial_theta"})
+        return Start(torch.zeros(D, dtype=torch.float64), info={"mean": "zeros"})
+
+    def __repr__(self) -> str:
+        return "init_to_default()"
+
+
+class init_to_map:  # noqa: N801
+    """Start at the MAP (``prior=True``) or the type-II ML point: :class:`gpvi.ML2` from seeded restarts.
+
+    ML-II's warnings are recorded in ``info["map_warnings"]`` rather than raised (the point is only a start).
+
+    Parameters
+    ----------
+    num_restarts : int
+    seed : int
+        Seed of the restarts.
+    prior : bool
+        True: maximise the log joint (MAP); False: the log marginal likelihood (ML-II).
+    """
+
+    def __init__(self, num_restarts: int = 1, *, seed: int = 0, prior: bool = True) -> None:
+        self.num_restarts = check_positive_int(num_restarts, "num_restarts")
+        self.seed = seed
+        self.prior = bool(prior)
+
+    def __call__(self, target: Any) -> Start:
+        from .ml2 import ML2
+
+        as_target(target)
+        t0 = time.perf_counter()
+        with warnings.catch_warnings(record=True) as rec:
+            warnings.simplefilter("always")
+            fit = ML2(num_restarts=self.num_restarts, prior=self.prior, seed=self.seed).run(target)
+        info = {"mode": "map" if self.prior else "ml2", "mean": "map" if self.prior else "ml2",
+                "map_value": fit.value, "map_time_s": time.perf_counter() - t0,
+                "map_warnings": sorted({f"{w.category.__name__}: {w.message}" for w in rec})}
+        return Start(fit.theta.detach().to(torch.float64).cpu().clone(), info=info)
+
+    def __repr__(self) -> str:
+        return f"init_to_map(num_restarts={self.num_restarts}, seed={self.seed}, prior={self.prior})"
+
+
+def init_to_ml2(num_restarts: int = 1, *, seed: int = 0) -> init_to_map:
+    """Start at the type-II maximum-likelihood point (:func:`init_to_map` with ``prior=False``)."""
+    return init_to_map(num_restarts, seed=seed, prior=False)
+
+
+def laplace_scale(H: torch.Tensor) -> tuple[torch.Tensor | None, str]:
+    """The Laplace scale from a Hessian ``H`` of :math:`\\log g`.
+
+    Returns ``(chol((-H)^-1), "laplace")`` when :math:`-H` is finite and positive definite; else
+    ``(diag(1/sqrt(-H_dd)) with 0 where -H_dd <= 0, "laplace_diagonal")`` as a ``(D,)`` vector of *precisions*
+    ``-H_dd`` (callers choose the scale of directions without curvature); ``(None, reason)`` when no diagonal
+    entry is usable.
+    """
+    P = -H
+    L, info = torch.linalg.cholesky_ex(torch.nan_to_num(P, nan=0.0, posinf=0.0, neginf=0.0))
+    if bool(torch.isfinite(H).all()) and int(info) == 0:
+        Pinv = torch.cholesky_inverse(L)      # C C^T = P^-1 with C lower triangular (symmetrised inverse)
+        C, info2 = torch.linalg.cholesky_ex(0.5 * (Pinv + Pinv.T))
+        if int(info2) == 0 and bool(torch.isfinite(C).all()):
+            return C, "laplace"
+    d = torch.nan_to_num(torch.diagonal(P), nan=0.0, posinf=0.0, neginf=0.0)
+    if bool((d > 0).any()):
+        return d, "laplace_diagonal"
+    return None, "negative hessian has no positive diagonal entry"
+
+
+def laplace_scale_at(target: Any, theta: torch.Tensor, *, fallback_scale: float = 0.1, step: float = 1e-4
+                     ) -> tuple[torch.Tensor | None, dict[str, Any]]:
+    """The ``(D, D)`` Laplace scale of ``target`` at ``theta`` (diagonal fallback), with a record of what was done.
+
+    Returns ``(None, info)`` when no curvature is usable at all (``info["scale_reason"]`` says why).
+    """
+    t0 = time.perf_counter()
+    H = finite_difference_hessian(target, theta, step=step)
+    C, how = laplace_scale(H)
+    info: dict[str, Any] = {"hessian_time_s": time.perf_counter() - t0, "hessian": H}
+    if C is None:
+        info["scale"], info["scale_reason"] = "fallback", how
+        return None, info
+    if C.dim() == 1:
+        C = torch.diag(torch.where(C > 0, 1.0 / torch.sqrt(C.clamp_min(1e-300)), torch.full_like(C, fallback_scale)))
+    info["scale"] = how
+    return C, info
+
+
+def check_laplace_possible(target: Any) -> None:
+    """Raise ``ValueError`` unless a Laplace scale can be built: a full-data target with D <= LAPLACE_MAX_DIM."""
+    D = len(target.names)
+    if is_minibatch_target(target) or D > LAPLACE_MAX_DIM:
+        raise ValueError(f"a Laplace start needs a full-data target with D <= {LAPLACE_MAX_DIM} "
+                         f"(got {'a minibatch target' if is_minibatch_target(target) else f'D = {D}'})")
+
+
+class init_to_laplace:  # noqa: N801
+    """Start at another strategy's point (default: :func:`init_to_map`) with the Laplace scale there."""
+
+    def __init__(self, at: Callable[[Any], Start] | None = None) -> None:
+        self.at = init_to_map() if at is None else at
+
+    def __call__(self, target: Any) -> Start:
+        check_laplace_possible(as_target(target))
+        start = self.at(target)
+        C, how = laplace_scale_at(target, start.theta)
+        info = {**start.info, **{k: v for k, v in how.items() if k != "hessian"}}
+        if C is None:
+            warnings.warn(f"no Laplace scale at the initial mean ({how['scale_reason']}); the engine's init_scale "
+                          "is used", NumericalWarning, stacklevel=3)
+            info["scale"] = "init_scale (laplace failed: " + how["scale_reason"] + ")"
+            return Start(start.theta, None, None, info)
+        return Start(start.theta, C, "laplace", info)
+
+    def __repr__(self) -> str:
+        return f"init_to_laplace(at={self.at!r})"
+
+
+class init_to_prior_draw:  # noqa: N801
+    """Start at a seeded draw from the target's ``prior`` (a Normal or independent Normal over theta)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
+
+    def __call__(self, target: Any) -> Start:
+        D = len(as_target(target).names)
+        prior = getattr(target, "prior", None)
+        base = getattr(prior, "base_dist", prior)
+        loc, scale = getattr(base, "loc", None), getattr(base, "scale", None)
+        if loc is None or scale is None:
+            raise TypeError("init_to_prior_draw needs a target whose prior is a (independent) Normal over theta; "
+                            f"got {type(prior).__name__}")
+        g = torch.Generator(device=torch.as_tensor(loc).device).manual_seed(int(self.seed))
+        z = torch.randn(D, generator=g, dtype=torch.float64, device=torch.as_tensor(loc).device)
+        theta = (torch.as_tensor(loc) + torch.as_tensor(scale) * z).to(torch.float64)
+        return Start(_point(theta.cpu(), D, "prior draw"), info={"mean": "prior_draw", "seed": self.seed})
+
+
+def resolve_init(init: Any, default: Callable[[Any], Start], *, seed: int = 0) -> Callable[[Any], Start]:
+    """Turn what ``run(init=...)`` accepts into a strategy.
+
+    ``None`` -> ``default``; ``"laplace"`` -> ``init_to_laplace(init_to_map(seed=seed))``; a posterior ->
+    :func:`init_to_posterior`; a callable strategy -> itself; an array-like -> :func:`init_to_value`.
+    """
+    if init is None:
+        return default
+    if isinstance(init, str):
+        if init != "laplace":
+            raise ValueError(f"init must be None, 'laplace', a point, a posterior or an init strategy; got {init!r}")
+        return init_to_laplace(init_to_map(seed=seed))
+    if hasattr(init, "names") and (hasattr(init, "theta") or hasattr(init, "scale_tril")):
+        return init_to_posterior(init)
+    if callable(init) and not isinstance(init, torch.Tensor):
+        return init
+    return init_to_value(init)
+
+
+def laplace_approximation(target: Any, mode: Any = None, *, map_restarts: int = 1, step: float = 1e-4,
+                          fallback_scale: float = 0.1, seed: int = 0) -> Any:
+    r"""Laplace approximation :math:`\mathcal N(\hat\theta, (-\nabla^2\log g(\hat\theta))^{-1})` at the MAP.
+
+    The mode :math:`\hat\theta = \arg\max\log g` is found by :func:`init_to_map` (``gpvi.ML2(prior=True)``)
+    unless ``mode`` is given; the Hessian by central differences of the gradient. When :math:`-H` is not
+    positive definite, the scale falls back to a diagonal: :math:`1/\sqrt{-H_{dd}}` where :math:`-H_{dd} > 0`
+    and ``fallback_scale`` elsewhere (``info["scale"]``). On GP hyperparameters this is a baseline, not a
+    substitute for DSVI: the posterior is skewed, and the Laplace mean is the mode, not the mean.
+
+    Parameters
+    ----------
+    target : target
+    mode : array-like (D,) or PointPosterior, optional
+        Point at which to expand (default: the MAP found here).
+    map_restarts : int
+    step : float
+        Relative finite-difference step.
+    fallback_scale : float
+        Scale of directions with no usable curvature.
+    seed : int
+        Seed of the MAP restarts.
+
+    Returns
+    -------
+    GaussianPosterior
+        ``info``: ``mode`` ("map" or "given"), ``scale`` ("laplace", "laplace_diagonal" or "fallback"),
+        ``map_value``, ``map_time_s``, ``hessian_time_s``, ``hessian`` (D, D), ``map_warnings``.
+
+    Examples
+    --------
+    >>> import gpvi
+    >>> from gpvi.inference.init import laplace_approximation
+    >>> ds = gpvi.datasets.load_bodyfat(seed=0)
+    >>> lap = laplace_approximation(gpvi.GPRegression(ds.X_train, ds.y_train))
+    >>> lap.info["scale"], lap.mean.shape
+    ('laplace', torch.Size([16]))
+    """
+    from ..posteriors.base import GaussianPosterior
+
+    target = as_target(target)
+    D = len(target.names)
+    map_restarts = check_positive_int(map_restarts, "map_restarts")
+    fallback_scale = check_positive(fallback_scale, "fallback_scale")
+    if mode is None:
+        start = init_to_map(map_restarts, seed=seed)(target)
+        info = {k: v for k, v in start.info.items() if k != "mean"}
+    else:
+        start = init_to_posterior(mode)(target) if hasattr(mode, "theta") else init_to_value(mode)(target)
+        info = {"mode": "given"}
+    C, how = laplace_scale_at(target, start.theta, fallback_scale=fallback_scale, step=step)
+    info.update(how)
+    if C is None:
+        C = torch.diag(torch.full((D,), fallback_scale, dtype=torch.float64))
+    return GaussianPosterior(start.theta, C, list(target.names), target, info=info)
+
