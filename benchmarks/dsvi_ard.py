@@ -64,7 +64,7 @@ def fit(method: str, Xtr, ytr, steps: int, bias: bool):
             q = DSVIARD(num_steps=steps, seed=0, progress_bar=False).run(lik)
         else:
             lik = BayesianLogisticRegression(Xtr, ytr, prior_var=1.0, bias=bias)
-            q = DSVI("diag", num_samples=1, num_steps=steps, lr=0.05 / N, seed=0, progress_bar=False).run(
+            q = DSVI("diag", num_draws=1, num_steps=steps, lr=0.05 / N, seed=0, progress_bar=False).run(
                 lik, init=torch.zeros(lik.dim, dtype=torch.float64))
         wall = time.perf_counter() - t0
     return lik, q, wall

@@ -56,7 +56,7 @@ def slope(ds: list[int], ts: list[float]) -> float:
 
 def measure(scale: str, D: int, S: int = 4) -> tuple[float, float]:
     target = gpvi.Target(lambda th: -0.5 * (th * th).sum(-1), names=D)
-    eng = DSVI(scale, num_samples=S, num_steps=10 ** 9, lr=1e-3, progress_bar=False, polyak=None, window=200)
+    eng = DSVI(scale, num_draws=S, num_steps=10 ** 9, lr=1e-3, progress_bar=False, polyak=None, window=200)
     state = eng.init(target, torch.zeros(D, dtype=torch.float64))
     t_step = per_call(lambda: eng.step(target, state))
     theta = torch.randn(S, D, dtype=torch.float64, generator=torch.Generator().manual_seed(0))

@@ -52,7 +52,7 @@ def data(n_train: int = N_TRAIN):
 
 
 def run_full(model, steps: int, callback=None):
-    eng = DSVI(num_steps=steps, seed=0, progress_bar=False, num_elbo_samples=200, polyak=0.5)
+    eng = DSVI(num_steps=steps, seed=0, progress_bar=False, num_elbo_draws=200, polyak=0.5)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return eng.run(model, callback=callback)
@@ -61,7 +61,7 @@ def run_full(model, steps: int, callback=None):
 def run_minibatch(model, steps: int, iterates: list | None = None, callback=None):
     M = 500
     eng = DSVI(num_steps=steps, seed=0, progress_bar=False, schedule="robbins_monro",
-               schedule_options={"kappa": 1.0, "tau": steps * M / model.num_data}, polyak=0.5, num_elbo_samples=200)
+               schedule_options={"kappa": 1.0, "tau": steps * M / model.num_data}, polyak=0.5, num_elbo_draws=200)
     cb = callback
     if iterates is not None:
         def cb(s, i):

@@ -73,7 +73,7 @@ def main() -> None:
             print(opt, rows[-1], flush=True)
         results[opt] = rows
     # timing of the bare iteration (no callback), median of 3 runs of DSVI with seed 0
-    t_dsvi, _ = median_time(lambda: DSVI(num_steps=T, seed=0, progress_bar=False, num_elbo_samples=0).run(model),
+    t_dsvi, _ = median_time(lambda: DSVI(num_steps=T, seed=0, progress_bar=False, num_elbo_draws=0).run(model),
                             repeats=3 if not args.quick else 1, warmup=0)
 
     import matplotlib

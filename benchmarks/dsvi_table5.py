@@ -121,7 +121,7 @@ def fit_and_score(dataset: str, split: int, method: str, nuts_chains: int, nuts_
             post = DSVI(scale="full", seed=0, progress_bar=False).run(model)
         else:
             ml2 = gpvi.ML2(num_restarts=3, seed=split).run(model)
-            post = NUTS(num_chains=nuts_chains, num_warmup=nuts_warmup, num_samples=nuts_draws, seed=split,
+            post = NUTS(num_chains=nuts_chains, num_warmup=nuts_warmup, num_draws=nuts_draws, seed=split,
                         progress_bar=False).run(model, init=ml2)
         out["time_s"] = time.perf_counter() - t0
     out.update(scores(post, ds))
@@ -144,8 +144,8 @@ def nuts_until_ess(model: gpvi.GPRegression, init: Any, *, chains: int, warmup: 
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
         while True:
-            mc = NUTS(num_chains=chains, num_warmup=warmup, num_samples=S, seed=seed,
-                      progress_bar=False).run(model, init=init, state=state)
+            eng = NUTS(num_chains=chains, num_warmup=warmup, num_draws=S, seed=seed, progress_bar=False)
+            mc = eng.run(model, init=init) if state is None else eng.run(model, state=state)
             if float(mc.ess().min()) >= target_ess or ext >= max_extensions:
                 break
             state, S, ext = mc.engine_state, int(math.ceil(1.5 * S)), ext + 1
@@ -233,7 +233,7 @@ def boston_fidelity(quick: bool, timing_seeds: int, target_ess: float) -> dict[s
     eng = DSVI(progress_bar=False)
     for name, post in {"DSVI (defaults, seed 0)": q, "DSVI reference run": ref, "Laplace at MAP": lap,
                        "Gaussian with NUTS mean and covariance": nuts_gauss, "Algorithm 1 (sgd)": sgd}.items():
-        est, se, bad = eng.estimate_bound(model, post.mean, post.scale_tril, num_samples=n_bound, seed=2024)
+        est, se, bad = eng.estimate_bound(model, post.mean, post.scale_tril, num_draws=n_bound, seed=2024)
         bounds[name] = {"bound": est, "se": se, "invalid": bad}
     out["bounds"] = bounds
     out["bound_draws"] = n_bound

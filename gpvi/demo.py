@@ -110,7 +110,7 @@ def demo(*, quick: bool = False, seed: int = 0, progress_bar: bool = True, out: 
         t_ml2 = time.perf_counter() - t0
         p_ml2 = fit.predict(ds.X_test)
         t0 = time.perf_counter()
-        q = gpvi.DSVI(scale="full", seed=seed, num_steps=cfg["dsvi_steps"], num_elbo_samples=cfg["elbo_draws"],
+        q = gpvi.DSVI(scale="full", seed=seed, num_steps=cfg["dsvi_steps"], num_elbo_draws=cfg["elbo_draws"],
                       progress_bar=progress_bar).run(model, init=fit)
         t_dsvi = time.perf_counter() - t0
         p_dsvi = q.predict(ds.X_test, num_draws=cfg["pred_draws"], seed=seed)

@@ -6,7 +6,19 @@ import numbers
 
 import torch
 
-__all__ = ["resolve_generator", "generator_from_state"]
+__all__ = ["check_seed", "resolve_generator", "generator_from_state"]
+
+
+def check_seed(seed: object, name: str = "seed") -> int | None:
+    """The one check of a seed argument: a non-negative int, or None (a fresh, non-deterministic stream).
+
+    Raises ``ValueError`` naming ``name`` for anything else (negative numbers, booleans, floats, strings).
+    """
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValueError(f"{name} must be a non-negative int or None; got {seed!r}")
+    return int(seed)
 
 
 def resolve_generator(

@@ -111,5 +111,5 @@ def test_ard_rejects_minibatch_target_with_prior():
     lik = BayesianLogisticRegression(X, y, prior_var=None, bias=False).minibatch(10)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        q = DSVIARD(num_steps=50, progress_bar=False, num_elbo_samples=20).run(lik)
+        q = DSVIARD(num_steps=50, progress_bar=False, num_elbo_draws=20).run(lik)
     assert q.info["lr_mu"] == pytest.approx(0.05 / 40) and q.mean.shape == (5,)

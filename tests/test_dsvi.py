@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import gpvi
+from gpvi.inference.engine import FaultPolicy
 from gpvi.inference.dsvi.engine import DSVI, DSVIState
 from gpvi.exceptions import ConvergenceWarning, InterruptedRunWarning, NumericalFaultError, NumericalWarning
 from gpvi.models.logistic import BayesianLogisticRegression
@@ -86,7 +87,7 @@ def test_gaussian_target_recovered_full_scale():
     """Section 2.2 / Figure 1: log g = log N(theta | m, I), D = 10, m = 2*1, mu0 = 0 -> mu = m, CC^T = I."""
     D, S, T, frac = 10, 4, 3000, 0.5
     m = torch.full((D,), 2.0, dtype=torch.float64)
-    q = run_quiet(quiet(num_samples=S, num_steps=T, lr=0.5, schedule="constant", polyak=frac, seed=0),
+    q = run_quiet(quiet(num_draws=S, num_steps=T, lr=0.5, schedule="constant", polyak=frac, seed=0),
                   gaussian_target(m), init=torch.zeros(D))
     T_avg = int(frac * T)
     assert q.info["polyak_n"] == T_avg
@@ -114,7 +115,7 @@ def test_gaussian_target_recovered_diag_scale():
     D, S, T, frac = 6, 4, 3000, 0.5
     prec = torch.arange(1, D + 1, dtype=torch.float64) ** 2 / 4.0
     m = torch.linspace(-2, 2, D, dtype=torch.float64)
-    q = run_quiet(quiet(scale="diag", num_samples=S, num_steps=T, schedule="constant", polyak=frac, seed=1),
+    q = run_quiet(quiet(scale="diag", num_draws=S, num_steps=T, schedule="constant", polyak=frac, seed=1),
                   gaussian_target(m, torch.diag(prec)), init=torch.zeros(D))
     assert torch.count_nonzero(q.scale_tril - torch.diag(torch.diagonal(q.scale_tril))) == 0
     sd_true = prec.rsqrt()
@@ -137,7 +138,7 @@ def test_pima_quadrature_bound_matches_monte_carlo(pima_reference):
     """The deterministic reference's bound (Gauss-Hermite) equals an MC estimate of eq. 4 at the same (mu, C)."""
     model, ref = pima_reference
     assert ref.info["converged"]
-    est, se, bad = quiet().estimate_bound(model, ref.mean, ref.scale_tril, num_samples=20_000, seed=3)
+    est, se, bad = quiet().estimate_bound(model, ref.mean, ref.scale_tril, num_draws=20_000, seed=3)
     assert bad == 0
     assert abs(est - ref.elbo) < 5 * se                   # se ~ 0.015 with 20 000 draws
 
@@ -146,7 +147,7 @@ def test_pima_logistic_regression_matches_deterministic_optimum(pima_reference):
     """Section 3.1: concave bound, unique optimum; DSVI's (mu, CC^T) equal L-BFGS + quadrature's."""
     model, ref = pima_reference
     S, T, frac = 4, 4000, 0.5
-    q = run_quiet(quiet(num_samples=S, num_steps=T, polyak=frac, seed=0), model)
+    q = run_quiet(quiet(num_draws=S, num_steps=T, polyak=frac, seed=0), model)
     T_avg = int(frac * T)
     sd = ref.stddev
     # mean in posterior-sd units: sd 1/sqrt(S T_avg) = 0.0112 (valid as the correlation time 2 kappa << T_avg)
@@ -178,7 +179,7 @@ def test_stochastic_gradient_is_unbiased_for_quadratic(scale, base):
     C = torch.tril(torch.randn(D, D, generator=g, dtype=torch.float64) * 0.3) + torch.diag(
         torch.rand(D, generator=g, dtype=torch.float64) + 0.5)
     df = 7.0 if base == "t" else None
-    eng = quiet(scale=scale, base=base, df=df, num_samples=1, lr=0.1, init_scale=1.0)
+    eng = quiet(scale=scale, base=base, df=df, num_draws=1, lr=0.1, init_scale=1.0)
     target = gaussian_target(m, A, normalised=False)
     state = eng.init(target, mu)
     varz = df / (df - 2) if df else 1.0
@@ -266,7 +267,7 @@ def _stop_at(t_stop: int):
 def test_resume_equals_uninterrupted_in_process(optimizer):
     m = torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)
     target = gaussian_target(m)
-    kw = dict(num_steps=500, optimizer=optimizer, polyak=0.5, window=50, seed=11, num_elbo_samples=200)
+    kw = dict(num_steps=500, optimizer=optimizer, polyak=0.5, window=50, seed=11, num_elbo_draws=200)
     full = run_quiet(quiet(**kw), target)
     with pytest.warns(InterruptedRunWarning):
         part = run_quiet(quiet(**kw), target, callback=_stop_at(180))
@@ -290,7 +291,7 @@ def test_ctrl_c_inside_a_step_rewinds_its_randomness():
             raise KeyboardInterrupt
         return base.log_joint(th)
 
-    kw = dict(num_steps=300, seed=2, num_elbo_samples=100)
+    kw = dict(num_steps=300, seed=2, num_elbo_draws=100)
     full = run_quiet(quiet(**kw), base)
     with pytest.warns(InterruptedRunWarning):
         part = run_quiet(quiet(**kw), gpvi.Target(fn, names=2))
@@ -306,7 +307,7 @@ RESUME_SCRIPT = textwrap.dedent("""
     ds = gpvi.datasets.load_pima()
     model = BayesianLogisticRegression(ds.X_train, ds.y_train)
     state = torch.load(sys.argv[1], weights_only=False)
-    q = DSVI(num_steps=400, seed=4, progress_bar=False, num_elbo_samples=100).run(model, state=state)
+    q = DSVI(num_steps=400, seed=4, progress_bar=False, num_elbo_draws=100).run(model, state=state)
     torch.save({"mean": q.mean, "C": q.scale_tril, "bound": q.trace["bound"], "elbo": q.elbo}, sys.argv[2])
 """)
 
@@ -314,7 +315,7 @@ RESUME_SCRIPT = textwrap.dedent("""
 def test_resume_from_disk_in_new_process(tmp_path):
     ds = gpvi.datasets.load_pima()
     model = BayesianLogisticRegression(ds.X_train, ds.y_train)
-    kw = dict(num_steps=400, seed=4, num_elbo_samples=100)
+    kw = dict(num_steps=400, seed=4, num_elbo_draws=100)
     full = run_quiet(quiet(**kw), model)
     with pytest.warns(InterruptedRunWarning):
         part = run_quiet(quiet(**kw), model, callback=_stop_at(150))
@@ -342,7 +343,7 @@ def test_student_t_base_recovers_student_t_target():
 
     S, T, frac = 4, 3000, 0.5
     iterates = []
-    eng = quiet(base="t", df=nu, num_samples=S, num_steps=T, polyak=frac, init_scale=1.0, seed=3)
+    eng = quiet(base="t", df=nu, num_draws=S, num_steps=T, polyak=frac, init_scale=1.0, seed=3)
     q = run_quiet(eng, gpvi.Target(fn, names=D), init=torch.zeros(D),
                   callback=lambda s, i: iterates.append(torch.cat([s.mu, s.C.flatten()])) if s.t > T * (1 - frac)
                   else None)
@@ -368,7 +369,7 @@ def test_nan_draws_are_resampled_counted_and_warned():
         out = base.log_joint(th)
         return torch.where(th[:, 0] > 1.5, torch.full_like(out, math.nan), out)
 
-    eng = quiet(num_steps=400, init_scale=1.0, lr=0.1, seed=0, num_elbo_samples=300)
+    eng = quiet(num_steps=400, init_scale=1.0, lr=0.1, seed=0, num_elbo_draws=300)
     with pytest.warns(NumericalWarning):
         q = run_quiet(eng, gpvi.Target(fn, names=2), init=m)
     assert q.info["resampled_draws"] > 0
@@ -387,7 +388,7 @@ def test_log_joint_called_once_per_step_on_whole_batch():
         shapes.append(tuple(th.shape))
         return base.log_joint(th)
 
-    run_quiet(quiet(num_steps=50, num_samples=6, seed=0, num_elbo_samples=0, lr=0.1), gpvi.Target(fn, names=3))
+    run_quiet(quiet(num_steps=50, num_draws=6, seed=0, num_elbo_draws=0, lr=0.1), gpvi.Target(fn, names=3))
     # init probes: 1 call at mu0, 20 power iterations for lr='auto' is skipped here (lr given)
     assert shapes[0] == (1, 3)
     assert shapes[1:] == [(6, 3)] * 50
@@ -408,7 +409,7 @@ def test_consecutive_failures_raise_with_last_good_state():
         if not info["skipped"]:
             good["mu"], good["C"], good["t"] = state.mu.clone(), state.C.clone(), state.t
 
-    eng = quiet(num_steps=1000, lr=0.1, max_resample=2, max_failed_steps=5, seed=0)
+    eng = quiet(num_steps=1000, lr=0.1, max_resample=2, faults=FaultPolicy(max_consecutive=5), seed=0)
     with pytest.warns(NumericalWarning), pytest.raises(NumericalFaultError, match="consecutive") as exc:
         eng.run(gpvi.Target(fn, names=2), init=m, callback=cb)
     st = exc.value.state
@@ -432,7 +433,7 @@ def test_gp_regression_target_runs():
     X = torch.rand(30, 2, generator=g, dtype=torch.float64)
     y = torch.sin(3 * X[:, 0]) + 0.1 * torch.randn(30, generator=g, dtype=torch.float64)
     model = gpvi.GPRegression(X, y)
-    q = run_quiet(quiet(num_steps=200, seed=0, num_elbo_samples=50), model)
+    q = run_quiet(quiet(num_steps=200, seed=0, num_elbo_draws=50), model)
     assert q.mean.shape == (model.dim,) and math.isfinite(q.elbo) and q.names == model.names
     assert q.info["lr_mu"] > 0 and q.summary().index == model.names
 
@@ -474,11 +475,11 @@ def test_init_options():
 # ------------------------------------------------------------------------------------------------ validation
 @pytest.mark.parametrize("kwargs,match", [
     (dict(lr=-0.1), "lr"), (dict(lr=0.0), "lr"), (dict(lr="fast"), "lr"), (dict(num_steps=0), "num_steps"),
-    (dict(num_samples=0), "num_samples"), (dict(window=0), "window"), (dict(base="t", df=-1.0), "df"),
+    (dict(num_draws=0), "num_draws"), (dict(window=0), "window"), (dict(base="t", df=-1.0), "df"),
     (dict(base="t", df=0.0), "df"), (dict(base="t"), "df"), (dict(df=3.0), "df"), (dict(scale="banana"), "scale"),
     (dict(polyak=1.5), "polyak"), (dict(schedule="cosine"), "schedule"), (dict(lr_scale=-1.0), "lr_scale"),
     (dict(optimizer="lbfgs"), "optimizer"), (dict(max_resample=-1), "max_resample"),
-    (dict(max_failed_steps=0), "max_failed_steps"), (dict(init_scale=0.0), "init_scale"), (dict(tol=0.0), "tol"),
+    (dict(faults=FaultPolicy(max_consecutive=5), num_elbo_draws=-1), "num_elbo_draws"), (dict(init_scale=0.0), "init_scale"), (dict(tol=0.0), "tol"),
     (dict(seed=-3), "seed"), (dict(schedule=RobbinsMonro(0.1), lr=0.1), "lr"),
     (dict(schedule_options={"kappa": 0.2}, schedule="robbins_monro"), "kappa"),
 ])
@@ -564,7 +565,7 @@ def test_factorised_base_runs_and_is_reported():
     target = gaussian_target(torch.zeros(2, dtype=torch.float64))
     comps = [torch.distributions.Laplace(torch.tensor(0.0, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64)),
              torch.distributions.Normal(torch.tensor(0.0, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64))]
-    q = run_quiet(quiet(base=comps, num_steps=300, lr=0.1, seed=0, num_elbo_samples=200), target)
+    q = run_quiet(quiet(base=comps, num_steps=300, lr=0.1, seed=0, num_elbo_draws=200), target)
     assert isinstance(q.base, gpvi.Factorised) and math.isfinite(q.elbo)
     # the entropy term of the bound includes H_phi = H(Laplace) + H(Normal) = (1 + log 2) + (1 + log 2 pi) / 2
     assert q.base.entropy() == pytest.approx(1 + math.log(2) + 0.5 * (1 + math.log(2 * math.pi)))

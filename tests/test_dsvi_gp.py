@@ -103,7 +103,7 @@ def test_default_gp_run_is_natural_from_laplace_and_stops_converged(synth, defau
     assert q.info["steps"] < 20_000 and q.info["steps"] % 100 == 0            # checked every window of 100
     assert q.info["returned"].startswith("average of the last 3 window(s) (300 iterates)")
     assert isinstance(q.engine_state, DSVIState) and q.engine_state.optimizer == "natural"
-    assert isinstance(DSVI()._schedule(q.engine_state), RobbinsMonro)
+    assert isinstance(DSVI().schedule_for(q.engine_state), RobbinsMonro)
     assert q.info["lr_mu"] == pytest.approx(0.05) and q.info["lr_C"] == pytest.approx(0.05)
     assert math.isfinite(q.elbo) and q.elbo_se < 0.1
     assert q.names == model.names and q.mean.dtype == torch.float64
@@ -156,7 +156,7 @@ def test_default_run_agrees_with_nuts(synth, default_q):
     model, _, _ = synth
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        mc = NUTS(num_chains=2, num_warmup=250, num_samples=400, seed=0, progress_bar=False).run(model,
+        mc = NUTS(num_chains=2, num_warmup=250, num_draws=400, seed=0, progress_bar=False).run(model,
                                                                                                init=default_q)
     ess = mc.ess()
     mean_mc, sd_mc = mc.samples.mean(0), mc.samples.std(0)
@@ -281,7 +281,7 @@ def test_natural_steps_respect_the_kl_trust_region_and_keep_C_valid():
 
 def test_natural_resume_equals_uninterrupted(synth, tmp_path):
     model, _, _ = synth
-    kw = dict(num_steps=300, stop_on_convergence=False, polyak=0.5, num_elbo_samples=50, seed=4,
+    kw = dict(num_steps=300, stop_on_convergence=False, polyak=0.5, num_elbo_draws=50, seed=4,
               progress_bar=False)
     full = quiet_run(DSVI(**kw), model)
 
@@ -300,14 +300,14 @@ def test_natural_resume_equals_uninterrupted(synth, tmp_path):
         DSVI(**{**kw, "optimizer": "sgd"}).run(model, state=part.engine_state.copy())
 
 
-def test_issue3_defaults_unchanged_for_generic_targets():
+def test_generic_targets_keep_algorithm_1_defaults():
     target = gpvi.Target(lambda th: -0.5 * (th ** 2).sum(-1), names=3)
     eng = DSVI(num_steps=1000, progress_bar=False)
     state = eng.init(target)
     assert state.optimizer == "sgd" and state.rho0_C == pytest.approx(0.1 * state.rho0_mu)
-    assert isinstance(eng._schedule(state), DecayEveryK) and state.window.maxlen == 200
+    assert isinstance(eng.schedule_for(state), DecayEveryK) and state.window.maxlen == 200
     assert torch.equal(state.C, 0.1 * torch.eye(3, dtype=torch.float64))
-    assert eng._stop_on_convergence(state) is False
+    assert eng.stop_rule().stops(state.optimizer) is False
     assert state.init_info["mean"] == "zeros"
 
 
@@ -330,7 +330,7 @@ def test_laplace_falls_back_to_a_diagonal_when_not_concave():
     lap = laplace_approximation(target, mode=torch.zeros(2), fallback_scale=0.3)
     assert lap.info["scale"] == "laplace_diagonal"
     assert torch.allclose(torch.diagonal(lap.scale_tril), torch.tensor([1.0, 0.3], dtype=torch.float64))
-    eng = DSVI(optimizer="natural", num_steps=5, stop_on_convergence=False, num_elbo_samples=0, progress_bar=False)
+    eng = DSVI(optimizer="natural", num_steps=5, stop_on_convergence=False, num_elbo_draws=0, progress_bar=False)
     state = eng.init(target, torch.zeros(2))
     assert state.init_info["scale"] == "laplace_diagonal"
     assert torch.allclose(torch.diagonal(state.C), torch.tensor([1.0, 0.1], dtype=torch.float64))
@@ -361,7 +361,7 @@ def test_failed_cholesky_draws_are_redrawn_counted_and_warned(synth, default_q):
     j = model.names.index("log_noise_var")
     flaky = FlakyGP(model, float(default_q.mean[j] - 2.0 * default_q.stddev[j]))   # ~2% of q's draws fail
     with pytest.warns(NumericalWarning, match="resampled_draws"):
-        q = quiet_run(DSVI(seed=0, num_elbo_samples=200, progress_bar=False), flaky,
+        q = quiet_run(DSVI(seed=0, num_elbo_draws=200, progress_bar=False), flaky,
                       init=default_q.mean)
     assert q.info["optimizer"] == "natural" and q.info["resampled_draws"] > 0
     assert q.info["skipped_steps"] == 0 and bool(torch.isfinite(q.mean).all())

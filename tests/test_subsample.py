@@ -62,7 +62,7 @@ def test_minibatch_dsvi_reaches_full_batch_answer(logistic_data):
     T, frac = 4000, 0.5
     iterates = []
     eng = DSVI(num_steps=T, polyak=frac, schedule="constant", lr=0.5 / (0.25 * model.num_data), seed=0,
-               progress_bar=False, num_elbo_samples=200)
+               progress_bar=False, num_elbo_draws=200)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         q = eng.run(model.minibatch(100),
@@ -78,7 +78,7 @@ def test_minibatch_dsvi_reaches_full_batch_answer(logistic_data):
 
 def test_minibatch_runs_are_reproducible_and_resumable(logistic_data):
     mb = logistic_data.minibatch(64)
-    kw = dict(num_steps=200, seed=5, progress_bar=False, num_elbo_samples=50, lr=1e-3)
+    kw = dict(num_steps=200, seed=5, progress_bar=False, num_elbo_draws=50, lr=1e-3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         a = DSVI(**kw).run(mb)

@@ -213,7 +213,7 @@ def check_laplace_possible(target: Any) -> None:
     """Raise ``ValueError`` unless a Laplace scale can be built: a full-data target with D <= LAPLACE_MAX_DIM."""
     D = len(target.names)
     if is_minibatch_target(target) or D > LAPLACE_MAX_DIM:
-        raise ValueError(f"a Laplace start needs a full-data target with D <= {LAPLACE_MAX_DIM} "
+        raise ValueError(f"init='laplace' (a Laplace start) needs a full-data target with D <= {LAPLACE_MAX_DIM} "
                          f"(got {'a minibatch target' if is_minibatch_target(target) else f'D = {D}'})")
 
 

@@ -110,7 +110,7 @@ class DSVIARD:
 
     Parameters
     ----------
-    num_samples : int
+    num_draws : int
         Draws per step (the paper's algorithm uses one).
     num_steps : int
         Steps (the paper: :math:`10^5`).
@@ -141,7 +141,7 @@ class DSVIARD:
     [0, 1]
     """
 
-    def __init__(self, *, num_samples: int = 1, num_steps: int = 100_000, lr: float | str = "paper",
+    def __init__(self, *, num_draws: int = 1, num_steps: int = 100_000, lr: float | str = "paper",
                  lr_scale: float = 0.1, schedule: Any = "decay", init_scale: float = 0.1, **kwargs: Any) -> None:
         for bad in ("scale", "base", "df", "analytic_term", "blocks"):
             if bad in kwargs:
@@ -153,28 +153,33 @@ class DSVIARD:
             lr = check_positive(lr, "lr")
         self.lr = lr
         self.init_scale = check_positive(init_scale, "init_scale")
-        self._kwargs = dict(num_samples=num_samples, num_steps=num_steps, lr_scale=lr_scale, schedule=schedule,
+        self._kwargs = dict(num_draws=num_draws, num_steps=num_steps, lr_scale=lr_scale, schedule=schedule,
                             init_scale=self.init_scale, **kwargs)
         # validate every setting now (lr resolved per target in engine())
         self._template = DSVI("diag", "normal", lr=1.0 if lr == "paper" else lr,
                               analytic_term=ARDTerm(), **self._kwargs)
+        self._engines: dict[float, DSVI] = {}
 
     def engine(self, target: Any) -> DSVI:
-        """The :class:`~gpvi.inference.dsvi.engine.DSVI` engine that runs this target (``lr="paper"`` resolved to 0.05 / N)."""
+        """The :class:`~gpvi.inference.dsvi.engine.DSVI` engine that runs this target (``lr="paper"`` resolved to
+        0.05 / N); built once per resolved rate and reused, so stepping does not rebuild it."""
         lr = self.lr
         if lr == "paper":
             n = getattr(target, "num_data", None)
             if not isinstance(n, int) or n < 1:
                 raise ValueError("lr='paper' (0.05 / N) needs target.num_data; pass lr= explicitly for this target")
             lr = 0.05 / n
-        return DSVI("diag", "normal", lr=lr, analytic_term=ARDTerm(), **self._kwargs)
+        cached = self._engines.get(lr)
+        if cached is None:
+            cached = self._engines[lr] = DSVI("diag", "normal", lr=lr, analytic_term=ARDTerm(), **self._kwargs)
+        return cached
 
     def init(self, target: Any, init: Any = None, *, generator: torch.Generator | None = None) -> DSVIState:
         """Initial state (zeros mean unless ``init``; :math:`c = ` ``init_scale``), see :meth:`DSVI.init`."""
         target = self._check(target)
         if init is None:
             init = torch.zeros(len(target.names), dtype=torch.float64)
-        return self.engine(target).init(target, init, generator=generator)
+        return self.engine(target).init(target, init, generator)
 
     def step(self, target: Any, state: DSVIState) -> tuple[DSVIState, dict[str, Any]]:
         """One step of the iteration above (see :meth:`DSVI.step`)."""
@@ -214,7 +219,7 @@ class DSVIARD:
         target = self._check(target)
         if init is None and state is None:
             init = torch.zeros(len(target.names), dtype=torch.float64)
-        q = self.engine(target).run(target, init, generator=generator, callback=callback, state=state)
+        q = self.engine(target).run(target, init, state=state, generator=generator, callback=callback)
         l2 = ard_prior_variance(q)
         q.info["prior_var"] = l2
         q.info["relevance"] = q.mean ** 2 / l2

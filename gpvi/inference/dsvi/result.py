@@ -1,0 +1,141 @@
+r"""The end of a DSVI run: what is returned (final iterate, Polyak or converged-window average) and the final
+Monte Carlo estimate of the bound, evaluated in chunks that respect the run's memory budget.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+import warnings
+from typing import Any
+
+import torch
+
+from ...exceptions import ConvergenceWarning, NumericalWarning
+from ...posteriors.base import GaussianPosterior
+from ..budget import MemoryBudget
+from ..derivatives import call_log_joint
+from ..progress import Progress, trace_to_tensor
+from .state import COUNTERS, DSVIState
+
+__all__ = ["estimate_bound", "build_posterior", "DRAW_BLOCK"]
+
+DRAW_BLOCK = 250
+"""Draws of z generated at a time for the bound estimate (their evaluation is chunked by the memory budget)."""
+
+
+def estimate_bound(target: Any, base: Any, term: Any, mu: torch.Tensor, C: torch.Tensor, n: int,
+                   generator: torch.Generator, budget: MemoryBudget, *, progress_bar: bool = False,
+                   desc: str = "DSVI bound") -> tuple[float, float, int, dict[str, Any]]:
+    r"""Monte Carlo estimate of the bound :math:`\mathcal F(\mu, C)` (eq. 4) with its standard error.
+
+    :math:`\hat{\mathcal F} = \frac1n\sum_i \log g(Cz_i + \mu) + \text{analytic term}` with the full-data log
+    joint, no gradients; the log joint is called on at most ``budget.draws_per_call(target, ...)`` draws at once.
+
+    Returns
+    -------
+    (estimate, standard_error, num_invalid, record)
+        Invalid draws (NaN/inf log joint) are left out of the average and counted; ``record`` says how the
+        draws were chunked (``budget_bytes``, ``bytes_per_draw``, ``draws_per_call``, ``calls``).
+    """
+    diag = C.dim() == 1
+    per_call = budget.draws_per_call(target, DRAW_BLOCK)
+    vals, calls = [], 0
+    with torch.no_grad(), Progress(n, enabled=progress_bar, desc=desc, leave=False) as bar:
+        for start in range(0, n, DRAW_BLOCK):
+            k = min(DRAW_BLOCK, n - start)
+            z = base.sample(k, generator, dtype=mu.dtype, device=mu.device)
+            theta = mu + z * C if diag else torch.addmm(mu, z, C.T)
+            for part in torch.split(theta, per_call):
+                vals.append(call_log_joint(target, part, None).detach())
+                calls += 1
+                bar.update(part.shape[0])
+    v = torch.cat(vals)
+    ok = torch.isfinite(v)
+    bad = int((~ok).sum())
+    v = v[ok]
+    record = {**budget.describe(target, DRAW_BLOCK), "calls": calls}
+    term_value, _, _ = term(mu, C if diag else torch.diagonal(C))
+    if v.numel() == 0:
+        return math.nan, math.nan, bad, record
+    se = float(v.std() / math.sqrt(v.numel())) if v.numel() > 1 else math.nan
+    return float(v.mean()) + term_value, se, bad, record
+
+
+def _returned(state: DSVIState, stopped: bool) -> tuple[torch.Tensor, torch.Tensor, str]:
+    hist = state.check.get("history") or []
+    if stopped and state.converged and hist:
+        w = torch.tensor([float(h["n"]) for h in hist], dtype=torch.float64)
+        w = w / w.sum()
+        mu = sum(wi * h["mu"] for wi, h in zip(w, hist))
+        C = sum(wi * h["C"] for wi, h in zip(w, hist))
+        return mu, C, (f"average of the last {len(hist)} window(s) ({int(sum(h['n'] for h in hist))} iterates) "
+                       f"over which the convergence rule held")
+    if state.polyak_n > 0:
+        return state.polyak_mu, state.polyak_C, f"Polyak average of the last {state.polyak_n} iterates"
+    return state.mu, state.C, "final iterate"
+
+
+def _warn_counters(name: str, state: DSVIState, before: dict[str, int]) -> None:
+    diff = {k: state.counters.get(k, 0) - before.get(k, 0) for k in COUNTERS
+            if k not in ("log_joint_calls", "trust_clips")}
+    if any(v > 0 for v in diff.values()):
+        parts = ", ".join(f"{k}={v}" for k, v in diff.items() if v > 0)
+        warnings.warn(f"{name} survived numerical faults in this run: {parts} (see q.info)", NumericalWarning,
+                      stacklevel=5)
+
+
+def build_posterior(engine: Any, target: Any, state: DSVIState, report: Any) -> GaussianPosterior:
+    """The posterior of a DSVI run (see :meth:`gpvi.DSVI.run` for what it holds); ``state`` is copied."""
+    if not report.faulted:
+        _warn_counters(engine.name, state, report.extra.get("counters_before", {}))
+    if not report.partial and not state.converged:
+        last = state.check.get("last")
+        detail = "" if last is None else (f" (last check at step {last['t']}: bound change {last['dbound']:.3g} "
+                                          f"vs se {last['se']:.3g}, max change of mu {last['dmu_sd']:.3g} sd, "
+                                          f"of C {last['dC_sd']:.3g} sd)")
+        warnings.warn(f"{engine.name}: convergence rule not met after {state.t} steps{detail}; consider more steps, "
+                      f"a decaying schedule or polyak averaging", ConvergenceWarning, stacklevel=5)
+    state.check["stopped"] = bool(report.stopped_early)
+    mu, C, returned = _returned(state, report.stopped_early)
+    base = engine.make_base(state.dim)
+    elbo_method, elbo, se, invalid, chunks, t_est = "rolling window average", state.bound_average(), math.nan, 0, {}, 0.0
+    if not report.partial and engine.num_elbo_draws > 0:
+        g = torch.Generator(device=state.generator.device)
+        g.set_state(state.generator.get_state())        # a copy: the state's stream is not advanced
+        t0 = time.perf_counter()
+        elbo, se, invalid, chunks = estimate_bound(target, base, engine.term(base), mu, C, engine.num_elbo_draws, g,
+                                                   report.budget, progress_bar=report.progress_bar,
+                                                   desc=f"{engine.name} bound")
+        t_est = time.perf_counter() - t0
+        elbo_method = f"Monte Carlo, {engine.num_elbo_draws} draws at the returned (mu, C)"
+        if invalid:
+            warnings.warn(f"{engine.name}: {invalid} of {engine.num_elbo_draws} draws for the final bound estimate "
+                          f"had a non-finite log joint and were left out", NumericalWarning, stacklevel=5)
+    info = dict(state.counters)
+    info.update(
+        converged=state.converged, steps=state.t, steps_this_run=report.steps_this_run, time_s=report.time_s,
+        total_time_s=state.wall_time, bound_time_s=t_est, lr_mu=state.rho0_mu, lr_C=state.rho0_C,
+        interrupted=report.interrupted, polyak_n=state.polyak_n, elbo_method=elbo_method, elbo_invalid=invalid,
+        elbo_chunks=chunks, convergence=dict(state.check.get("last") or {}), settings=engine.settings(),
+        optimizer=state.optimizer, returned=returned, stopped_on_convergence=bool(report.stopped_early),
+        schedule=repr(engine.schedule_for(state)), init=copy.deepcopy(state.init_info),
+    )
+    trace = {k: trace_to_tensor(v) for k, v in state.trace.items()}
+    scale = C.clone() if state.scale == "diag" else C.clone()
+    return GaussianPosterior(mu.clone(), scale if state.scale == "full" else _diag_scale(scale), list(target.names),
+                             target, base=base, elbo=elbo, elbo_se=se, trace=trace, info=info,
+                             engine_state=state.copy())
+
+
+def _diag_scale(c: torch.Tensor) -> torch.Tensor:
+    """The scale a GaussianPosterior takes for a diagonal C (a (D,) vector where diagonal storage is supported)."""
+    try:
+        GaussianPosterior(torch.zeros(1, dtype=c.dtype), torch.ones(1, dtype=c.dtype), ["x"])
+        return c
+    except Exception:   # dense storage only
+        from ...validation import check_memory
+
+        check_memory(c.shape[0], copies=2, what=f"the ({c.shape[0]}, {c.shape[0]}) scale_tril of the posterior")
+        return torch.diag(c)
