@@ -1,0 +1,155 @@
+"""The engine contract, checked the same way for every iterative engine that runs through the one driver.
+
+For each engine: seeded runs repeat exactly; resuming twice from one state gives identical results and leaves
+the earlier posterior (and the state handed in) unchanged; interrupt after k steps then resume equals the
+uninterrupted run bit for bit; a NaN log joint injected mid-run is skipped and counted, then reported by a
+NumericalFaultError that keeps the state; the progress bar on and off gives the same answer; the final estimate
+follows the memory budget.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+import gpvi
+from gpvi.exceptions import InterruptedRunWarning, NumericalFaultError, NumericalWarning
+from gpvi.inference.budget import MemoryBudget
+from gpvi.inference.engine import FaultPolicy
+
+M = torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64)
+
+
+def _gauss(th: torch.Tensor) -> torch.Tensor:
+    return -0.5 * ((th - M) ** 2).sum(-1)
+
+
+def _lik(th: torch.Tensor) -> torch.Tensor:          # a log likelihood for DSVI-ARD (it brings its own prior)
+    return -0.5 * ((th - M) ** 2).sum(-1) * 4.0
+
+
+def _dsvi(**kw):
+    return gpvi.DSVI(lr=0.1, seed=3, progress_bar=False, num_elbo_draws=50, **kw)
+
+
+def _ard(**kw):
+    kw.setdefault("num_steps", 60)
+    return gpvi.DSVIARD(lr=0.05, seed=3, progress_bar=False, num_elbo_draws=50, **kw)
+
+
+ENGINES = {
+    "dsvi-full": (lambda **kw: _dsvi(num_steps=kw.pop("num_steps", 60), **kw), _gauss),
+    "dsvi-diag": (lambda **kw: _dsvi(scale="diag", num_steps=kw.pop("num_steps", 60), **kw), _gauss),
+    "dsvi-sgd-t": (lambda **kw: _dsvi(base="t", df=5.0, optimizer="sgd", num_steps=kw.pop("num_steps", 60), **kw),
+                   _gauss),
+    "dsvi-ard": (_ard, _lik),
+}
+
+
+def _run(engine, target, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return engine.run(target, **kw)
+
+
+def _same(a, b) -> None:
+    assert torch.equal(a.mean, b.mean)
+    assert torch.equal(a.scale_tril, b.scale_tril)
+    assert (math.isnan(a.elbo) and math.isnan(b.elbo)) or a.elbo == b.elbo
+
+
+@pytest.fixture(params=sorted(ENGINES))
+def case(request):
+    make, fn = ENGINES[request.param]
+    return make, gpvi.Target(fn, names=3)
+
+
+def test_seeded_runs_repeat_exactly(case):
+    make, target = case
+    _same(_run(make(), target), _run(make(), target))
+
+
+def test_resuming_twice_gives_identical_results_and_changes_nothing_handed_in(case):
+    make, target = case
+    part = _run(make(num_steps=30), target)
+    before = part.engine_state.state_dict()
+    mean_before = part.mean.clone()
+    a = _run(make(num_steps=60), target, state=part.engine_state)
+    b = _run(make(num_steps=60), target, state=part.engine_state)
+    _same(a, b)
+    assert part.engine_state.t == 30 and torch.equal(part.mean, mean_before)
+    assert torch.equal(part.engine_state.state_dict()["mu"], before["mu"])
+    assert torch.equal(part.engine_state.generator.get_state(), before["generator_state"])
+
+
+def test_interrupt_then_resume_equals_the_uninterrupted_run(case):
+    make, target = case
+    full = _run(make(), target)
+
+    def stop_at(k):
+        def cb(state, info):
+            if state.t == k:
+                raise KeyboardInterrupt
+        return cb
+
+    with pytest.warns(InterruptedRunWarning):
+        part = make().run(target, callback=stop_at(17))
+    assert part.info["interrupted"] and part.engine_state.t == 17
+    _same(_run(make(), target, state=part.engine_state.state_dict()), full)
+
+
+def test_nan_log_joint_mid_run_is_skipped_counted_then_a_fault_error_keeps_the_state(case):
+    make, _ = case
+    calls = {"n": 0}
+
+    def flaky(th):
+        calls["n"] += 1
+        out = -0.5 * ((th - M) ** 2).sum(-1)
+        return out if calls["n"] <= 12 else torch.full_like(out, math.nan)
+
+    eng = make(num_steps=200, max_resample=1, faults=FaultPolicy(max_consecutive=4))
+    with pytest.warns(NumericalWarning), pytest.raises(NumericalFaultError, match="consecutive") as err:
+        eng.run(gpvi.Target(flaky, names=3))
+    st = err.value.state
+    assert st.counters["skipped_steps"] == 4 and st.consecutive_failures == 4
+    assert bool(torch.isfinite(st.mu).all())
+    assert err.value.partial.info["skipped_steps"] == 4
+
+
+def test_progress_bar_on_and_off_give_the_same_answer(case, capsys):
+    make, target = case
+    off = _run(make(), target)
+    eng = make()
+    eng.progress_bar = True
+    on = _run(eng, target)
+    _same(on, off)
+
+
+def test_final_estimate_follows_the_memory_budget():
+    class Sized(gpvi.Target):
+        def memory_per_draw(self):
+            return 1000                      # bytes per draw, as a GP target reports N x N copies
+
+    sizes = []
+
+    def fn(th):
+        sizes.append(th.shape[0])
+        return _gauss(th)
+
+    target = Sized(fn, names=3)
+    q = _run(gpvi.DSVI(lr=0.1, num_steps=10, seed=0, progress_bar=False, num_elbo_draws=40), target,
+             budget=MemoryBudget(max_bytes=3500))
+    assert q.info["elbo_chunks"]["draws_per_call"] == 3 and q.info["elbo_chunks"]["calls"] == 14
+    assert max(sizes[-14:]) == 3 and sum(sizes[-14:]) == 40
+    with pytest.raises(ValueError, match="max_bytes"):
+        MemoryBudget(max_bytes=0)
+
+
+def test_gp_regression_reports_its_memory_per_draw():
+    X = torch.linspace(0, 1, 50, dtype=torch.float64).unsqueeze(-1)
+    model = gpvi.GPRegression(X, torch.sin(6 * X[:, 0]))
+    assert model.memory_per_draw() == 5 * 50 * 50 * 8
+    assert MemoryBudget(max_bytes=10 * 50 * 50 * 8).draws_per_call(model, 250) == 2
