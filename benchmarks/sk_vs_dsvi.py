@@ -47,7 +47,7 @@ from benchmarks._common import RESULTS, header, write  # noqa: E402
 from gpvi.inference.dsvi.engine import DSVI  # noqa: E402
 from gpvi.models.logistic import BayesianLogisticRegression  # noqa: E402
 from gpvi.posteriors.base import SamplePosterior  # noqa: E402
-from gpvi.inference.sk.engine import SKGaussian  # noqa: E402
+from gpvi.inference.sk import SKGaussian  # noqa: E402
 
 
 class Counting:
@@ -71,36 +71,38 @@ def engines(quick: bool, problem: str) -> dict[str, dict[str, Any]]:
     Hessian-free variant with 4 draws (2 antithetic pairs) per step, once also with the Laplace start that DSVI's
     GP default uses; DSVI with optimizer='natural' on Pima (its default there is SGD) and with optimizer='sgd' (the
     paper's Algorithm 1) on Boston (its default there is 'natural' with a Laplace start and early stopping)."""
-    common = dict(progress_bar=False, num_elbo_samples=0)
+    dsvi_common = dict(progress_bar=False, num_elbo_draws=0)
+    sk_common = dict(progress_bar=False, num_elbo_draws=0)
     if problem == "pima":
         specs = {
             "SK Alg. 2 (Hessian, autograd)": ([25, 50, 100, 200, 400, 800, 1600],
-                                              lambda N, s: SKGaussian(num_steps=N, seed=s, **common)),
+                                              lambda N, s: SKGaussian(num_steps=N, seed=s, **sk_common)),
             "SK Hessian-free (S=4)": ([25, 50, 100, 200, 400, 800, 1600],
-                                      lambda N, s: SKGaussian(num_steps=N, method="gradient", num_samples=4, seed=s,
-                                                              **common)),
+                                      lambda N, s: SKGaussian(num_steps=N, method="gradient", num_draws=4, seed=s,
+                                                              **sk_common)),
             "DSVI (default here: SGD, S=4)": ([250, 500, 1000, 2000, 4000, 8000, 16000, 32000],
-                                              lambda N, s: DSVI(num_steps=N, seed=s, **common)),
+                                              lambda N, s: DSVI(num_steps=N, seed=s, **dsvi_common)),
             "DSVI (natural, S=4)": ([100, 200, 400, 800, 1600, 3200, 6400, 12800],
-                                    lambda N, s: DSVI(num_steps=N, optimizer="natural", seed=s, **common)),
+                                    lambda N, s: DSVI(num_steps=N, optimizer="natural", seed=s, **dsvi_common)),
         }
         if quick:
             specs = {k: (g[:3], f) for k, (g, f) in specs.items()}
     else:
         specs = {
             "SK Alg. 2 (Hessian, finite differences)": ([25, 50, 100, 200, 400],
-                                                        lambda N, s: SKGaussian(num_steps=N, seed=s, **common)),
+                                                        lambda N, s: SKGaussian(num_steps=N, seed=s, **sk_common)),
             "SK Hessian-free (S=4)": ([50, 125, 250, 500, 1000],
-                                      lambda N, s: SKGaussian(num_steps=N, method="gradient", num_samples=4, seed=s,
-                                                              **common)),
+                                      lambda N, s: SKGaussian(num_steps=N, method="gradient", num_draws=4, seed=s,
+                                                              **sk_common)),
             "SK Hessian-free (S=4, Laplace start)": ([25, 50, 125, 250, 500],
                                                      lambda N, s: SKGaussian(num_steps=N, method="gradient",
-                                                                             num_samples=4, init_scale="laplace",
-                                                                             seed=s, **common)),
+                                                                             num_draws=4, init_scale="laplace",
+                                                                             seed=s, **sk_common)),
             "DSVI (default here: natural, Laplace start, S=4)": ([125, 250, 500, 1000, 2000],
-                                                                 lambda N, s: DSVI(num_steps=N, seed=s, **common)),
+                                                                 lambda N, s: DSVI(num_steps=N, seed=s, **dsvi_common)),
             "DSVI (SGD = paper's Alg. 1, S=4)": ([2000, 8000],
-                                                 lambda N, s: DSVI(num_steps=N, optimizer="sgd", seed=s, **common)),
+                                                 lambda N, s: DSVI(num_steps=N, optimizer="sgd", seed=s,
+                                                                   **dsvi_common)),
         }
         if quick:
             specs = {k: ([max(4, g[0] // 5), max(8, g[1] // 5)], f) for k, (g, f) in specs.items()}
@@ -268,8 +270,8 @@ def pima(quick: bool) -> tuple[list[str], dict]:
                   f"max gap {max(r['gap'] for r in at):.4f}", flush=True)
             if all(r["gap"] <= tols["strict"] for r in at) and N >= 4 * spec["grid"][0]:
                 break                                     # converged to the strict target: longer runs add nothing
-    nuts_kw = dict(num_chains=2, num_warmup=100, num_samples=200) if quick else \
-        dict(num_chains=4, num_warmup=500, num_samples=1000)
+    nuts_kw = dict(num_chains=2, num_warmup=100, num_draws=200) if quick else \
+        dict(num_chains=4, num_warmup=500, num_draws=1000)
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -293,7 +295,7 @@ def pima(quick: bool) -> tuple[list[str], dict]:
         f"strict = 2 x se[mean(log g - log q)] = {tols['strict']:.4f}",
         f"- seeds {seeds}; all engines start at theta = 0 with their default initial scale (0.1 I; DSVI natural: "
         f"the Laplace scale at 0)",
-        f"- NUTS: {nuts_kw['num_chains']} chains x {nuts_kw['num_samples']} draws (+{nuts_kw['num_warmup']} warm-up), "
+        f"- NUTS: {nuts_kw['num_chains']} chains x {nuts_kw['num_draws']} draws (+{nuts_kw['num_warmup']} warm-up), "
         f"{t_nuts:.1f} s, min ESS {float(mc.ess().min()):.0f}, max R-hat {float(mc.r_hat().max()):.3f}", "",
         "### Time and log-joint evaluations to reach the optimum bound", "",
         *headline(reach(runs, "gap", tols), tols, "DSVI (default here: SGD, S=4)"), "",
@@ -316,7 +318,7 @@ def boston(quick: bool) -> tuple[list[str], dict]:
     ml2 = gpvi.ML2(num_restarts=3, seed=0).run(model)
     t_ml2 = time.perf_counter() - t0
     n_bound = 200 if quick else 1000
-    est = SKGaussian(num_elbo_samples=n_bound)
+    est = SKGaussian(num_elbo_draws=n_bound)
 
     def bound(q):
         F, se, bad = est.estimate_bound(model, q.mean, q.scale_tril, seed=12345)      # common random numbers
@@ -399,13 +401,13 @@ def scaling(quick: bool) -> tuple[list[str], dict]:
         target = gpvi.Target(lambda th, Lam=Lam: -0.5 * ((th @ Lam) * th).sum(-1), names=D)
         cfg = {
             "SK Alg. 2 (autograd Hessian, S=1)": lambda: SKGaussian(num_steps=steps, hessian="autograd",
-                                                                   progress_bar=False, num_elbo_samples=0),
-            "SK Hessian-free (S=4)": lambda: SKGaussian(num_steps=steps, method="gradient", num_samples=4,
-                                                        progress_bar=False, num_elbo_samples=0),
+                                                                   progress_bar=False, num_elbo_draws=0),
+            "SK Hessian-free (S=4)": lambda: SKGaussian(num_steps=steps, method="gradient", num_draws=4,
+                                                        progress_bar=False, num_elbo_draws=0),
             "DSVI (SGD, full C, S=4)": lambda: DSVI(num_steps=steps, optimizer="sgd", lr=1e-3, progress_bar=False,
-                                                     num_elbo_samples=0),
+                                                     num_elbo_draws=0),
             "DSVI (natural, full C, S=4)": lambda: DSVI(num_steps=steps, optimizer="natural", init_scale=0.1,
-                                                         progress_bar=False, num_elbo_samples=0),
+                                                         progress_bar=False, num_elbo_draws=0),
         }
         for name, make in cfg.items():
             if name.startswith("SK Alg. 2") and D > 400:

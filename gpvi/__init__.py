@@ -38,7 +38,7 @@ from .inference.ml2 import ML2
 from .models.regression import GPRegression
 from .posteriors.base import GaussianPosterior, PointPosterior, SamplePosterior
 from .posteriors.predictive import MixturePredictive
-from .inference.sk.engine import SKExpFamily, SKGaussian
+from .inference.sk import SKExpFamily, SKGaussian
 from .inference.families import Factorised, StandardNormal, StandardStudentT
 from .evaluation.table import Table
 from .models.target import Target

@@ -28,14 +28,19 @@ import gpvi
 from gpvi.exceptions import ConvergenceWarning, InterruptedRunWarning, NumericalFaultError, NumericalWarning
 from gpvi.models.logistic import BayesianLogisticRegression
 from gpvi.posteriors.base import GaussianPosterior, PointPosterior
-from gpvi.inference.sk.engine import (
+from gpvi.inference.budget import MemoryBudget
+from gpvi.inference.derivatives import value_grad_hessian
+from gpvi.inference.driver import run as driver_run
+from gpvi.inference.sk import (
     Exponential,
     Gamma,
+    HessianSource,
     Normal,
     SKExpFamily,
+    SKFaultPolicy,
     SKGaussian,
+    SKSchedule,
     SKState,
-    value_grad_hessian,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,7 +87,7 @@ def pima():
 
 # ================================================================================= exact recovery (noise free)
 @pytest.mark.parametrize("kw", [dict(hessian="autograd"), dict(hessian="fd"), dict(method="gradient"),
-                                dict(method="gradient", num_samples=4)], ids=["autograd", "fd", "grad", "grad-S4"])
+                                dict(method="gradient", num_draws=4)], ids=["autograd", "fd", "grad", "grad-S4"])
 def test_gaussian_target_recovered_exactly(kw):
     """Paper section 4 / Appendix B: for a Gaussian target H is constant and the gradient linear in x, so the
     averaged regression returns (mu, Lam^-1) exactly, whatever the draws. Rounding-level tolerance: 1e-8."""
@@ -90,7 +95,7 @@ def test_gaussian_target_recovered_exactly(kw):
     target = gaussian_target(mu, Lam)
     V = torch.linalg.inv(Lam)
     for seed in (0, 1):
-        q = run_quiet(quiet(num_steps=50, seed=seed, num_elbo_samples=200, **kw), target)
+        q = run_quiet(quiet(num_steps=50, seed=seed, num_elbo_draws=200, **kw), target)
         assert float((q.mean - mu).abs().max()) < 1e-8 * (1 + float(mu.abs().max()))
         assert float((q.covariance - V).abs().max()) < 1e-8 * float(V.abs().max())
         # log g - log q = log Z = 0 for every draw of the exact q: the bound estimate is 0 with zero spread
@@ -176,13 +181,13 @@ def test_gp_target_auto_uses_fd_hessian_that_matches_an_independent_autograd_hes
 
 
 # ================================================================================= independent optimum (Pima)
-@pytest.mark.parametrize("kw", [dict(), dict(method="gradient", num_samples=4)], ids=["hessian", "gradient"])
+@pytest.mark.parametrize("kw", [dict(), dict(method="gradient", num_draws=4)], ids=["hessian", "gradient"])
 def test_pima_matches_the_deterministic_gaussian_vi_optimum(pima, kw):
     """Bayesian logistic regression (DSVI paper 3.1): the Gaussian bound is concave with a unique maximiser, found
     independently by L-BFGS on the 64-point quadrature bound. Algorithm 2's fixed point (E_q[g] = 0, P = -E_q[H])
     is that maximiser. Tolerances: see the module docstring (0.05 = ~5x the largest error over 8 seeds)."""
     model, ref = pima
-    q = run_quiet(quiet(num_steps=1000, seed=0, num_elbo_samples=500, **kw), model)
+    q = run_quiet(quiet(num_steps=1000, seed=0, num_elbo_draws=500, **kw), model)
     sd = ref.stddev
     assert float(((q.mean - ref.mean) / sd).abs().max()) < 0.05
     assert float(((q.covariance - ref.covariance) / (sd[:, None] * sd[None, :])).abs().max()) < 0.05
@@ -207,7 +212,7 @@ def test_minibatch_subsampling_converges_to_the_full_data_optimum(pima):
         return sample(gen)
 
     mb.sample_minibatch = counting
-    q = run_quiet(quiet(num_steps=2000, seed=0, num_elbo_samples=0), mb)
+    q = run_quiet(quiet(num_steps=2000, seed=0, num_elbo_draws=0), mb)
     assert draws["n"] == 2000 + 1                      # one batch per step (+ the Hessian probe at init)
     sd = ref.stddev
     assert float(((q.mean - ref.mean) / sd).abs().max()) < 0.4
@@ -228,7 +233,7 @@ def test_heavy_tails_from_a_too_wide_start_is_a_clear_error_and_a_closer_start_f
         quiet(num_steps=100, init_scale=3.0, seed=0).run(t5, init=[0.0])
     assert exc.value.state.counters["non_pd_steps"] > 0
     assert bool(torch.isfinite(exc.value.partial.mean).all() and torch.isfinite(exc.value.partial.scale_tril).all())
-    q = run_quiet(quiet(num_steps=400, init_scale=1.0, seed=0, num_elbo_samples=0), t5, init=[0.0])
+    q = run_quiet(quiet(num_steps=400, init_scale=1.0, seed=0, num_elbo_draws=0), t5, init=[0.0])
     assert q.info["non_pd_steps"] == 0
     assert abs(float(q.covariance[0, 0]) - 1.36277) < 0.3 and abs(float(q.mean[0])) < 0.3
 
@@ -256,13 +261,13 @@ def test_indefinite_curvature_ends_in_a_clear_error_never_a_nan():
     for on in ("reject", "keep"):
         with pytest.warns(NumericalWarning, match="positive definite"), \
                 pytest.raises(NumericalFaultError, match="not positive definite") as exc:
-            quiet(num_steps=100, init_scale=0.5, seed=0, on_non_pd=on).run(target)
+            quiet(num_steps=100, init_scale=0.5, seed=0, faults=SKFaultPolicy(on_non_pd=on)).run(target)
         st, part = exc.value.state, exc.value.partial
         assert st.counters["non_pd_steps"] > 80 and st.t == 100
         assert bool(torch.isfinite(st.m).all() and torch.isfinite(st.L).all())   # the last valid q_t
         assert bool(torch.isfinite(part.mean).all() and torch.isfinite(part.scale_tril).all())
     with pytest.raises(NumericalFaultError, match="on_non_pd") as exc:
-        quiet(num_steps=100, init_scale=0.5, seed=0, on_non_pd="raise").run(target)
+        quiet(num_steps=100, init_scale=0.5, seed=0, faults=SKFaultPolicy(on_non_pd="raise")).run(target)
     assert 10 <= exc.value.state.t <= 20               # stopped at the first indefinite update (step ~16)
 
 
@@ -271,7 +276,7 @@ def test_non_gaussian_target_matches_its_quadrature_optimum():
     Gauss-Hermite + Nelder-Mead is m* = 1.3723, v* = 0.19144. N = 400 (200 averaged single draws): over 10 seeds
     |m - m*| <= 0.02 and |v - v*| <= 0.02; asserted 0.06 for both (3x)."""
     target = gpvi.Target(lambda th: -th[:, 0] ** 4 / 4 + th[:, 0] ** 2 / 2 + 2 * th[:, 0], names=["x"])
-    q = run_quiet(quiet(num_steps=400, init_scale=1.0, seed=0, num_elbo_samples=0), target, init=[0.0])
+    q = run_quiet(quiet(num_steps=400, init_scale=1.0, seed=0, num_elbo_draws=0), target, init=[0.0])
     assert abs(float(q.mean[0]) - 1.37227) < 0.06
     assert abs(float(q.covariance[0, 0]) - 0.19144) < 0.06
 
@@ -286,7 +291,7 @@ def test_nan_draws_are_resampled_counted_and_warned():
         return torch.where(th[:, 0] > float(mu[0]) + 0.3, torch.full_like(out, math.nan), out)
 
     with pytest.warns(NumericalWarning, match="redrawn"):
-        q = quiet(num_steps=60, init_scale=0.5, seed=0, num_elbo_samples=200).run(gpvi.Target(fn, names=2), init=mu)
+        q = quiet(num_steps=60, init_scale=0.5, seed=0, num_elbo_draws=200).run(gpvi.Target(fn, names=2), init=mu)
     assert q.info["resampled_draws"] > 0 and q.info["log_joint_calls"] > 60
     assert bool(torch.isfinite(q.mean).all()) and math.isfinite(q.elbo) and q.info["elbo_invalid"] > 0
 
@@ -302,7 +307,8 @@ def test_consecutive_failures_raise_with_last_good_state():
         return out if calls["n"] <= 21 else torch.full_like(out, -math.inf)     # probe + 20 good steps
 
     with pytest.warns(NumericalWarning), pytest.raises(NumericalFaultError, match="consecutive") as exc:
-        quiet(num_steps=200, max_resample=1, max_failed_steps=4, seed=0).run(gpvi.Target(fn, names=2))
+        quiet(num_steps=200, faults=SKFaultPolicy(max_consecutive=4, max_resample=1), seed=0).run(
+            gpvi.Target(fn, names=2))
     st = exc.value.state
     assert st.t == 24 and st.counters["skipped_steps"] == 4
     assert isinstance(exc.value.partial, GaussianPosterior) and bool(torch.isfinite(exc.value.partial.mean).all())
@@ -312,9 +318,9 @@ def test_consecutive_failures_raise_with_last_good_state():
 def test_identical_seeds_identical_runs_and_no_global_rng(pima):
     model, _ = pima
     before = torch.random.get_rng_state()
-    q1 = run_quiet(quiet(num_steps=60, seed=7, num_elbo_samples=100), model)
-    q2 = run_quiet(quiet(num_steps=60, seed=7, num_elbo_samples=100), model)
-    q3 = run_quiet(quiet(num_steps=60, seed=8, num_elbo_samples=100), model)
+    q1 = run_quiet(quiet(num_steps=60, seed=7, num_elbo_draws=100), model)
+    q2 = run_quiet(quiet(num_steps=60, seed=7, num_elbo_draws=100), model)
+    q3 = run_quiet(quiet(num_steps=60, seed=8, num_elbo_draws=100), model)
     g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
     q4 = run_quiet(quiet(num_steps=60), model, generator=g1)
     q5 = run_quiet(quiet(num_steps=60), model, generator=g2)
@@ -340,7 +346,7 @@ def _stop_at(t_stop: int):
 @pytest.mark.parametrize("t_stop", [17, 70], ids=["first-half", "averaging-window"])
 def test_resume_equals_uninterrupted_in_process(pima, method, t_stop):
     model, _ = pima
-    kw = dict(num_steps=100, method=method, seed=11, num_elbo_samples=100)
+    kw = dict(num_steps=100, method=method, seed=11, num_elbo_draws=100)
     full = run_quiet(quiet(**kw), model)
     with pytest.warns(InterruptedRunWarning):
         part = run_quiet(quiet(**kw), model, callback=_stop_at(t_stop))
@@ -367,7 +373,7 @@ def test_ctrl_c_inside_a_step_rewinds_its_randomness():
             raise KeyboardInterrupt
         return base.log_joint(th)
 
-    kw = dict(num_steps=60, seed=2, num_elbo_samples=50)
+    kw = dict(num_steps=60, seed=2, num_elbo_draws=50)
     full = run_quiet(quiet(**kw), base)
     with pytest.warns(InterruptedRunWarning):
         part = run_quiet(quiet(**kw), gpvi.Target(fn, names=3))
@@ -378,20 +384,20 @@ def test_ctrl_c_inside_a_step_rewinds_its_randomness():
 
 RESUME_SCRIPT = textwrap.dedent("""
     import sys, warnings, torch, gpvi
-    from gpvi.inference.sk.engine import SKGaussian
+    from gpvi.inference.sk import SKGaussian
     from gpvi.models.logistic import BayesianLogisticRegression
     warnings.simplefilter("ignore")
     ds = gpvi.datasets.load_pima()
     model = BayesianLogisticRegression(ds.X_train, ds.y_train)
     state = torch.load(sys.argv[1], weights_only=False)
-    q = SKGaussian(num_steps=120, seed=4, progress_bar=False, num_elbo_samples=100).run(model, state=state)
+    q = SKGaussian(num_steps=120, seed=4, progress_bar=False, num_elbo_draws=100).run(model, state=state)
     torch.save({"mean": q.mean, "C": q.scale_tril, "bound": q.trace["bound"], "elbo": q.elbo}, sys.argv[2])
 """)
 
 
 def test_resume_from_disk_in_new_process(pima, tmp_path):
     model, _ = pima
-    kw = dict(num_steps=120, seed=4, num_elbo_samples=100)
+    kw = dict(num_steps=120, seed=4, num_elbo_draws=100)
     full = run_quiet(quiet(**kw), model)
     with pytest.warns(InterruptedRunWarning):
         part = run_quiet(quiet(**kw), model, callback=_stop_at(80))
@@ -409,7 +415,7 @@ def test_resume_from_disk_in_new_process(pima, tmp_path):
 def test_gp_posterior_works_with_the_shared_posterior_api(gp_data):
     X, y = gp_data
     model = gpvi.GPRegression(X, y)
-    q = run_quiet(quiet(num_steps=30, seed=0, num_elbo_samples=50), model, init=model.initial_theta())
+    q = run_quiet(quiet(num_steps=30, seed=0, num_elbo_draws=50), model, init=model.initial_theta())
     assert isinstance(q, GaussianPosterior) and q.names == model.names and q.info["hessian"] == "fd"
     assert q.info["log_joint_evals"] == 1 + 30 * (2 * model.dim + 1)      # probe + S (2D + 1) rows per step
     assert q.summary().index == model.names
@@ -445,26 +451,85 @@ def test_interrupted_run_before_window_returns_current_q():
     assert torch.equal(q.mean, q.engine_state.m)
 
 
+class _BigDraws(gpvi.Target):
+    """A target that says one draw needs 1 MiB, and records the rows of every log-joint call without gradients."""
+
+    def __init__(self, fn, names):
+        super().__init__(fn, names=names)
+        self.no_grad_rows: list[int] = []
+
+    def log_joint(self, theta, *args, **kw):
+        if not torch.is_grad_enabled():
+            self.no_grad_rows.append(theta.shape[0])
+        return super().log_joint(theta, *args, **kw)
+
+    def memory_per_draw(self):
+        return 1 << 20
+
+
+def test_final_bound_estimate_is_chunked_by_the_memory_budget_and_does_not_depend_on_it():
+    """The final estimate (600 draws) is evaluated in calls of budget.draws_per_call draws (64 for a 64 MiB budget
+    at 1 MiB per draw; a 1 GiB budget allows 1024, capped by the block of 250 draws); its draws come in fixed
+    blocks, so the estimate is the same bit for bit."""
+    mu, Lam = correlated_gaussian(3)
+    base = gaussian_target(mu, Lam)
+    fn = lambda th: base.log_joint(th) - 0.05 * (th ** 4).sum(-1)     # noqa: E731 - not Gaussian: elbo_se > 0
+    out = {}
+    for name, budget in (("small", MemoryBudget(max_bytes=64 << 20)), ("default", MemoryBudget(max_bytes=1 << 30))):
+        target = _BigDraws(fn, 3)
+        q = driver_run(quiet(num_steps=30, seed=1, num_elbo_draws=600), target, budget=budget)
+        out[name] = (q, target.no_grad_rows)
+    q_small, rows_small = out["small"]
+    q_default, rows_default = out["default"]
+    assert max(rows_small) == 64 and sum(rows_small) == 600
+    assert max(rows_default) == 250 and sum(rows_default) == 600
+    assert q_small.elbo == q_default.elbo and q_small.elbo_se == q_default.elbo_se and q_small.elbo_se > 0
+    assert q_small.info["memory"]["draws_per_call"] == 64
+
+
+def test_run_never_changes_the_state_it_resumes_from(pima):
+    """run(target, state=s) works on a copy; the posterior keeps a copy of the final state, not the live one."""
+    model, _ = pima
+    eng = quiet(num_steps=20, seed=5, num_elbo_draws=0)
+    with pytest.warns(InterruptedRunWarning):
+        part = run_quiet(eng, model, callback=_stop_at(8))
+    s = part.engine_state
+    before = s.state_dict()
+    q = run_quiet(eng, model, state=s)
+    after = s.state_dict()
+    assert s.t == 8 and q.info["steps"] == 20
+    assert torch.equal(before["m"], after["m"]) and torch.equal(before["generator_state"], after["generator_state"])
+    assert q.engine_state is not s and q.engine_state.t == 20
+
+
 # ================================================================================= validation
 @pytest.mark.parametrize("kwargs, match", [
     (dict(num_steps=0), "num_steps"), (dict(method="newton"), "method"), (dict(hessian="exact"), "hessian"),
-    (dict(method="gradient", hessian="fd"), "hessian"), (dict(num_samples=0), "num_samples"),
-    (dict(step_size=0.0), "step_size"), (dict(step_size=1.5), "step_size"),
-    (dict(average_fraction=0.0), "average_fraction"), (dict(fd_step=0.0), "fd_step"), (dict(fd_step=0.5), "fd_step"),
-    (dict(init_scale=-1.0), "init_scale"), (dict(on_non_pd="ignore"), "on_non_pd"),
-    (dict(max_resample=-1), "max_resample"), (dict(max_failed_steps=0), "max_failed_steps"),
-    (dict(drift_tol=0.0), "drift_tol"), (dict(window=0), "window"), (dict(num_elbo_samples=-1), "num_elbo_samples"),
-    (dict(elbo_batch=0), "elbo_batch"), (dict(seed=-3), "seed"), (dict(init_scale="big"), "init_scale"),
-    (dict(method="gradient", num_samples=3), "num_samples"),
+    (dict(method="gradient", hessian="fd"), "hessian"), (dict(num_draws=0), "num_draws"),
+    (lambda: dict(schedule=SKSchedule(step_size=0.0)), "step_size"),
+    (lambda: dict(schedule=SKSchedule(step_size=1.5)), "step_size"),
+    (lambda: dict(schedule=SKSchedule(average_fraction=0.0)), "average_fraction"),
+    (lambda: dict(hessian=HessianSource("fd", fd_step=0.0)), "fd_step"),
+    (lambda: dict(hessian=HessianSource("fd", fd_step=0.5)), "fd_step"),
+    (dict(init_scale=-1.0), "init_scale"), (lambda: dict(faults=SKFaultPolicy(on_non_pd="ignore")), "on_non_pd"),
+    (lambda: dict(faults=SKFaultPolicy(max_resample=-1)), "max_resample"),
+    (lambda: dict(faults=SKFaultPolicy(max_consecutive=0)), "max_consecutive"),
+    (lambda: dict(schedule=SKSchedule(drift_tol=0.0)), "drift_tol"), (dict(window=0), "window"),
+    (dict(num_elbo_draws=-1), "num_elbo_draws"), (lambda: dict(faults=gpvi.inference.engine.FaultPolicy(0)),
+                                                  "max_consecutive"),
+    (dict(seed=-3), "seed"), (dict(init_scale="big"), "init_scale"),
+    (dict(method="gradient", num_draws=3), "num_draws"),
 ])
 def test_bad_settings_raise_value_error_naming_argument(kwargs, match):
+    """Option groups are validated where they are built (inside the ``raises`` block: hence the lambdas)."""
     with pytest.raises(ValueError, match=match):
-        SKGaussian(**kwargs)
+        SKGaussian(**(kwargs() if callable(kwargs) else kwargs))
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(num_steps=2.5), "num_steps"), (dict(progress_bar="yes"), "progress_bar"), (dict(init_scale=None), "init_scale"),
-    (dict(method=3), "method"),
+    (dict(num_steps=2.5), "num_steps"), (dict(progress_bar="yes"), "progress_bar"),
+    (dict(init_scale=None), "init_scale"), (dict(method=3), "method"), (dict(hessian=3), "hessian"),
+    (dict(schedule=0.1), "schedule"), (dict(faults=3), "faults"),
 ])
 def test_bad_setting_types_raise_type_error(kwargs, match):
     with pytest.raises(TypeError, match=match):

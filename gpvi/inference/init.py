@@ -47,8 +47,8 @@ class Start:
     ----------
     theta : torch.Tensor of shape (D,)
         The starting point (an engine's initial mean).
-    scale_tril : torch.Tensor of shape (D, D), or None
-        A lower-triangular starting scale, when the strategy provides one.
+    scale_tril : torch.Tensor of shape (D, D) or (D,), or None
+        A lower-triangular starting scale (a (D,) vector: a diagonal one), when the strategy provides one.
     scale_source : {"posterior", "laplace", "given", None}
         Where ``scale_tril`` comes from: a warm start from a Gaussian posterior is kept by every engine; a Laplace
         or given scale gives way to an engine's explicit ``init_scale``.
@@ -106,8 +106,10 @@ class init_to_posterior:  # noqa: N801
         post = self.posterior
         if getattr(post, "dim", D) != D:
             raise ValueError(f"init (a {type(post).__name__}) has dimension {post.dim} but the target has D = {D}")
-        if hasattr(post, "scale_tril") and hasattr(post, "mean"):
-            scale = _scale(post.scale_tril, D, "init.scale_tril")
+        storage = getattr(post, "storage", None)
+        if storage is not None:                 # a Gaussian posterior: keep a diagonal scale as its (D,) vector
+            scale = post.scale_diag.detach().to(torch.float64).clone() if storage == "diag" else \
+                _scale(post.scale_tril, D, "init.scale_tril")
             return Start(_point(post.mean, D, "init"), scale, "posterior", {"mean": "given", "scale": "given"})
         if hasattr(post, "theta"):
             return Start(_point(post.theta, D, "init"), info={"mean": "given"})
@@ -271,7 +273,9 @@ def resolve_init(init: Any, default: Callable[[Any], Start], *, seed: int = 0) -
         if init != "laplace":
             raise ValueError(f"init must be None, 'laplace', a point, a posterior or an init strategy; got {init!r}")
         return init_to_laplace(init_to_map(seed=seed))
-    if hasattr(init, "names") and (hasattr(init, "theta") or hasattr(init, "scale_tril")):
+    from ..posteriors.base import Posterior
+
+    if isinstance(init, Posterior):
         return init_to_posterior(init)
     if callable(init) and not isinstance(init, torch.Tensor):
         return init

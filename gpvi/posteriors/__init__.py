@@ -1,6 +1,16 @@
-"""Posteriors: what every engine returns (points, Gaussians, draws) and their predictive distributions."""
+"""Posteriors: what every engine returns (points, Gaussians, draws, CVI's latent GP) and their predictives.
 
-from .base import GaussianPosterior, PointPosterior, Posterior, SamplePosterior
+All share the surface of :class:`~gpvi.posteriors.base.Posterior` (``names``, ``dim``, ``mean``, ``std``, ``sample``,
+``quantile``, ``marginals``, ``summary``, ``predict``, ``to_arviz``, ``state_dict`` / ``from_state_dict``);
+:func:`posterior_from_state_dict` (or ``Posterior.from_state_dict``) rebuilds any of them from its ``state_dict()``.
+"""
+
+from .base import STATE_VERSION, Posterior, posterior_from_state_dict
+from .gaussian import GaussianPosterior
+from .latent import LatentPosterior
+from .point import PointPosterior
 from .predictive import MixturePredictive
+from .samples import SamplePosterior
 
-__all__ = ["Posterior", "PointPosterior", "GaussianPosterior", "SamplePosterior", "MixturePredictive"]
+__all__ = ["Posterior", "PointPosterior", "GaussianPosterior", "SamplePosterior", "LatentPosterior",
+           "MixturePredictive", "posterior_from_state_dict", "STATE_VERSION"]

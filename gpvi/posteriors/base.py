@@ -1,34 +1,48 @@
-r"""Posterior objects over theta returned by the inference engines.
+r"""The surface every posterior over theta shares, and the helpers its implementations use.
 
-* :class:`PointPosterior` — ML-II / MAP: a single theta (a point mass).
-* :class:`GaussianPosterior` — DSVI and Salimans-Knowles: :math:`\theta = C z + \mu`, :math:`z \sim \phi`,
-  i.e. :math:`q(\theta) = \phi(C^{-1}(\theta - \mu)) / |C|` (DSVI paper eq. 1); Gaussian for the default
-  standard-normal :math:`\phi`.
-* :class:`SamplePosterior` — MCMC: draws of shape ``(chains, draws, D)``.
+Every engine returns a posterior; they all answer the same questions the same way, so benchmark, plotting
+and notebook code treats them alike:
 
-They share one interface so benchmark and notebook code treats them alike: ``names``, ``sample(n)``,
-``summary()`` (a :class:`~gpvi.evaluation.table.Table` per parameter name, with natural-scale columns when the target
-knows its transforms), ``predict(X, num_draws)`` (the mixture predictive over theta draws,
-:class:`~gpvi.posteriors.predictive.MixturePredictive`), ``to_arviz()`` and ``state_dict()``. Posteriors never change
-after the run that made them.
+=========================  ===========================================================================
+``names``, ``dim``          parameter names and their number D
+``mean``, ``std``           marginal means and standard deviations, each ``(D,)`` (``stddev``: alias of ``std``)
+``sample(n, ...)``          ``(n, D)`` draws; randomness from ``generator`` or ``seed``
+``quantile(p)``             marginal quantiles: ``(D,)`` for a number ``p``, ``(len(p), D)`` for a sequence
+``marginals()``             one plain description per name of its 1-D marginal (see :meth:`Posterior.marginals`)
+``summary()``               a :class:`~gpvi.evaluation.table.Table` per parameter name (and natural-scale columns)
+``predict(X, ...)``         mixture predictive over theta draws, when the target has ``predict(theta, X)``
+``to_arviz()``              ``arviz.InferenceData`` with one variable per name
+``state_dict()``            plain tensors, numbers, strings, lists and dicts, with ``"kind"`` and ``"version"``
+``from_state_dict(d)``      the inverse; :meth:`Posterior.from_state_dict` on the base class picks the kind
+``engine_state``            the engine's final state, a private snapshot (``None`` when there is none)
+=========================  ===========================================================================
+
+The implementations live in :mod:`~gpvi.posteriors.point` (:class:`PointPosterior`, ML-II / MAP),
+:mod:`~gpvi.posteriors.gaussian` (:class:`GaussianPosterior`, DSVI and Salimans-Knowles, with full, diagonal or
+low-rank storage) and :mod:`~gpvi.posteriors.samples` (:class:`SamplePosterior`, MCMC); this module re-exports
+them for older imports. Posteriors never change after the run that made them, and never alias an engine's
+live state: ``engine_state`` is copied when the posterior is built.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any
+import copy
+from typing import Any, ClassVar
 
 import torch
 
-from .predictive import MixturePredictive
-from ..rng import resolve_generator
-from ..inference.families import StandardNormal, make_standard
 from ..evaluation.table import Table
-from ..validation import check_fraction, check_positive_int, check_theta
+from ..validation import _available_memory_bytes, check_fraction, check_positive_int
+from .predictive import MixturePredictive
 
-__all__ = ["Posterior", "PointPosterior", "GaussianPosterior", "SamplePosterior"]
+__all__ = ["Posterior", "PointPosterior", "GaussianPosterior", "SamplePosterior", "posterior_from_state_dict",
+           "STATE_VERSION"]
+
+STATE_VERSION = 1
+"""Version written under ``"version"`` by every posterior's ``state_dict`` (a dict without one reads as 1)."""
 
 _SUMMARY_SEED = 20140621  # fixed seed for Monte Carlo parts of summaries (deterministic output)
+_KINDS: dict[str, type] = {}
 
 
 def _plain(obj: Any) -> Any:
@@ -57,34 +71,191 @@ def _quantile_names(prob: float) -> tuple[str, str, str]:
     return f"q{lo:g}", "q50", f"q{100 - lo:g}"
 
 
-class Posterior:
-    """Shared behaviour. Subclasses implement ``sample``, ``_moments`` and ``_quantiles``."""
+def _check_probs(p: Any) -> tuple[torch.Tensor, bool]:
+    """``p`` as a 1-D float64 tensor of levels in (0, 1), and whether it was a single number."""
+    msg = "p must be a number in (0, 1) or a 1-D sequence of them"
+    if isinstance(p, (bool, str, bytes)):
+        raise TypeError(f"{msg}; got {type(p).__name__}")
+    try:
+        t = torch.as_tensor(p, dtype=torch.float64).detach().cpu()
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{msg}; got {type(p).__name__}") from None
+    if t.dim() > 1:
+        raise ValueError(f"{msg}; got shape {tuple(t.shape)}")
+    scalar = t.dim() == 0
+    t = t.reshape(-1)
+    if t.numel() == 0:
+        raise ValueError("p is empty; give at least one level in (0, 1)")
+    bad = ~((t > 0) & (t < 1))
+    if bool(bad.any()):
+        raise ValueError(f"p must be in (0, 1); got {float(t[bad][0]):g}")
+    return t, scalar
 
+
+def snapshot_engine_state(state: Any) -> Any:
+    """A private copy of an engine state: ``state.copy()`` when it has one, else a deep copy (dicts included).
+
+    A posterior keeps what the engine had at the end of the run; the engine (or the caller) may go on
+    advancing its own state object in place without changing the posterior.
+    """
+    if state is None:
+        return None
+    if callable(getattr(state, "copy", None)) and not isinstance(state, dict):
+        return state.copy()
+    return copy.deepcopy(state)
+
+
+def check_dense_memory(D: int, *, what: str, copies: int = 1, dtype: torch.dtype = torch.float64,
+                       device: torch.device | str | None = None, storage: str = "") -> None:
+    """Refuse, before allocating, a dense ``(D, D)`` matrix (``copies`` of them) that exceeds free memory.
+
+    Raises
+    ------
+    MemoryError
+        Naming D, the bytes needed and the bytes free, and what to use instead.
+    """
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    need = copies * D * D * torch.empty((), dtype=dtype).element_size()
+    avail = _available_memory_bytes(dev)
+    if avail is not None and need > avail:
+        via = f" from its {storage} storage" if storage else ""
+        raise MemoryError(
+            f"{what} is a dense ({D}, {D}) matrix: with D = {D} it needs about {need / 2**30:.2f} GiB but only "
+            f"{avail / 2**30:.2f} GiB is free on {dev}; mean, std, quantile, sample, log_prob and summary work"
+            f"{via} without it")
+
+
+def _import_arviz():
+    try:
+        import arviz as az
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("to_arviz needs ArviZ, an optional extra: pip install 'gpvi[arviz]'") from exc
+    return az
+
+
+class Posterior:
+    """The shared surface (see the module docstring). Subclasses set ``kind`` and implement ``mean``, ``std``,
+    ``sample``, ``_quantiles``, ``_marginal``, ``_state`` and ``_from_state``.
+
+    Parameters
+    ----------
+    names : list of str
+    target : optional
+        The model it approximates (needed for ``predict`` and natural-scale summaries).
+    info : dict, optional
+        Engine-specific details of the run.
+    engine_state : optional
+        The engine's final state; a private copy is kept (see :func:`snapshot_engine_state`).
+    """
+
+    kind: ClassVar[str] = ""
     names: list[str]
     target: Any
 
-    def __init__(self, names: list[str], target: Any = None, info: dict[str, Any] | None = None) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("kind"):
+            _KINDS[cls.kind] = cls
+
+    def __init__(self, names: list[str], target: Any = None, info: dict[str, Any] | None = None, *,
+                 engine_state: Any = None) -> None:
         self.names = list(names)
         self.target = target
         self.info = dict(info or {})
+        self.engine_state = snapshot_engine_state(engine_state)
 
     @property
     def dim(self) -> int:
         """Number of parameters D."""
         return len(self.names)
 
-    # -- to be provided by subclasses
-    def sample(self, n: int, *, generator: torch.Generator | None = None, seed: int | None = None) -> torch.Tensor:
+    # -- provided by subclasses
+    @property
+    def mean(self) -> torch.Tensor:
+        """Marginal means, shape (D,)."""
         raise NotImplementedError
 
-    def _moments(self) -> tuple[torch.Tensor, torch.Tensor]:
+    @property
+    def std(self) -> torch.Tensor:
+        """Marginal standard deviations, shape (D,) (``inf`` where the posterior has no variance)."""
+        raise NotImplementedError
+
+    def sample(self, n: int, generator: torch.Generator | None = None, seed: int | None = None) -> torch.Tensor:
+        """``(n, D)`` draws; ``generator`` is used (and advanced) when given, else a fresh one seeded by ``seed``."""
         raise NotImplementedError
 
     def _quantiles(self, probs: torch.Tensor) -> torch.Tensor:
-        """(len(probs), D) marginal quantiles."""
+        """(len(probs), D) marginal quantiles for levels ``probs`` (float64, checked)."""
+        raise NotImplementedError
+
+    def _marginal(self, mean: torch.Tensor, sd: torch.Tensor) -> list[dict[str, Any]]:
+        """Family-specific entries of :meth:`marginals` (one dict per parameter, without mean and sd)."""
+        raise NotImplementedError
+
+    def _state(self) -> dict[str, Any]:
+        """Kind-specific entries of :meth:`state_dict`."""
+        raise NotImplementedError
+
+    @classmethod
+    def _from_state(cls, state: dict[str, Any], target: Any, common: dict[str, Any]) -> Posterior:
         raise NotImplementedError
 
     # -- shared
+    @property
+    def stddev(self) -> torch.Tensor:
+        """Alias of :attr:`std`."""
+        return self.std
+
+    def _moments(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.mean, self.std
+
+    def quantile(self, p: Any) -> torch.Tensor:
+        """Marginal quantiles.
+
+        Parameters
+        ----------
+        p : float or sequence of float
+            Levels in the open interval (0, 1).
+
+        Returns
+        -------
+        torch.Tensor
+            Shape ``(D,)`` for a single level, ``(len(p), D)`` for a sequence.
+
+        Raises
+        ------
+        ValueError
+            A level outside (0, 1).
+        """
+        probs, scalar = _check_probs(p)
+        q = self._quantiles(probs)
+        return q[0] if scalar else q
+
+    def marginals(self) -> dict[str, dict[str, Any]]:
+        """A plain description of each parameter's 1-D marginal, keyed by name.
+
+        Every entry has ``"family"`` (str), ``"mean"`` and ``"sd"`` (floats), plus the family's parameters:
+
+        * ``"normal"``: ``loc``, ``scale`` (exact; Gaussian posteriors with a standard-normal base);
+        * ``"student_t"``: ``df``, ``loc``, ``scale`` (exact; diagonal Gaussian-family posteriors with a
+          Student-t base);
+        * ``"location_scale"``: ``loc``, ``scale``, ``component`` (repr of the standard 1-D distribution;
+          diagonal posteriors with a factorised base);
+        * ``"linear_combination"``: ``loc`` only (a mixture of non-normal components, e.g. a full scale with a
+          Student-t base: no closed form, use :meth:`quantile` or :meth:`sample`);
+        * ``"point"``: ``value`` (:class:`PointPosterior`);
+        * ``"empirical"``: ``num_draws`` (:class:`SamplePosterior`; the draws are ``samples[:, j]``).
+
+        Returns
+        -------
+        dict of str to dict
+            Numbers and strings only (serialisable as is).
+        """
+        mean, sd = self.mean.tolist(), self.std.tolist()
+        extra = self._marginal(self.mean, self.std)
+        return {n: {"family": e.pop("family"), "mean": m, "sd": s, **e}
+                for n, m, s, e in zip(self.names, mean, sd, extra)}
+
     def summary(self, prob: float = 0.9, *, natural: bool = True) -> Table:
         """Per-parameter marginal summary.
 
@@ -174,285 +345,73 @@ class Posterior:
     def _arviz_extra(self) -> dict[str, Any]:
         return {}
 
+    # -- serialisation
+    def _state_info(self) -> dict[str, Any]:
+        return self.info
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to rebuild the posterior (and resume the run, when an engine state is attached).
+
+        Returns
+        -------
+        dict
+            ``kind``, ``version`` (:data:`STATE_VERSION`), ``names``, the kind's own entries, ``info`` and, when
+            there is one, ``engine_state`` (its ``state_dict()``). Only tensors, numbers, strings, lists and
+            dicts, so ``torch.save`` it and read it back with ``torch.load(path, weights_only=True)``.
+        """
+        out: dict[str, Any] = {"kind": self.kind, "version": STATE_VERSION, "names": list(self.names)}
+        out.update(self._state())
+        out["info"] = _plain(self._state_info())
+        es = self.engine_state
+        if es is not None:
+            if callable(getattr(es, "state_dict", None)):
+                out["engine_state"] = es.state_dict()
+            elif isinstance(es, dict):
+                out["engine_state"] = _plain(es)
+        return out
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any], target: Any = None) -> Posterior:
+        """Rebuild a posterior from :meth:`state_dict` output (e.g. after ``torch.load(..., weights_only=True)``).
+
+        Called on :class:`Posterior` itself, the class is chosen by ``state["kind"]``; called on a subclass, the
+        kind must match it. An ``engine_state`` in the dict is kept as that plain dict (engines accept it as
+        ``run(..., state=...)``).
+
+        Raises
+        ------
+        TypeError
+            ``state`` is not a dict.
+        ValueError
+            Unknown or mismatched ``kind``, or a ``version`` newer than this gpvi writes.
+        """
+        if not isinstance(state, dict):
+            raise TypeError(f"state must be the dict returned by a posterior's state_dict(); got "
+                            f"{type(state).__name__}")
+        kind = state.get("kind")
+        if kind not in _KINDS:
+            raise ValueError(f"state has kind {kind!r}; known posterior kinds are {sorted(_KINDS)}")
+        if cls.kind and kind != cls.kind:
+            raise ValueError(f"state has kind {kind!r} but {cls.__name__} reads kind {cls.kind!r}; use "
+                             f"Posterior.from_state_dict to pick the class from the kind")
+        version = int(state.get("version", 1))
+        if version > STATE_VERSION:
+            raise ValueError(f"state has version {version} but this gpvi reads versions up to {STATE_VERSION}")
+        klass = _KINDS[kind]
+        common = {"info": state.get("info"), "engine_state": state.get("engine_state")}
+        return klass._from_state(state, target, common)
+
     def __repr__(self) -> str:
         return repr(self.summary(natural=False))
 
 
-def _import_arviz():
-    try:
-        import arviz as az
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("to_arviz needs ArviZ, an optional extra: pip install 'gpvi[arviz]'") from exc
-    return az
+def posterior_from_state_dict(state: dict[str, Any], target: Any = None) -> Posterior:
+    """Rebuild any posterior from its ``state_dict()`` (the class is chosen by ``state["kind"]``)."""
+    return Posterior.from_state_dict(state, target)
 
 
-class PointPosterior(Posterior):
-    """A point estimate of theta (ML-II or MAP) with the same interface as the other posteriors.
-
-    Attributes
-    ----------
-    theta : torch.Tensor of shape (D,)
-    value : float
-        Objective at ``theta`` (log marginal likelihood for ML-II, log joint for MAP).
-    info : dict
-        Engine-specific details (e.g. the restarts table of ML-II).
-    """
-
-    def __init__(self, theta: torch.Tensor, names: list[str], target: Any = None, *, value: float = math.nan,
-                 info: dict[str, Any] | None = None) -> None:
-        super().__init__(names, target, info)
-        self.theta = theta.detach().clone()
-        self.value = float(value)
-
-    @property
-    def mean(self) -> torch.Tensor:
-        return self.theta
-
-    def sample(self, n: int, *, generator: torch.Generator | None = None, seed: int | None = None) -> torch.Tensor:
-        n = check_positive_int(n, "n")
-        return self.theta.expand(n, -1).clone()
-
-    def _moments(self):
-        return self.theta, torch.zeros_like(self.theta)
-
-    def _quantiles(self, probs):
-        return self.theta.expand(len(probs), -1)
-
-    def _predict_draws(self, num_draws, *, generator, seed):
-        return self.theta.unsqueeze(0)
-
-    def log_prob(self, theta: Any) -> torch.Tensor:
-        """Point mass: 0 at ``theta`` (up to 1e-12), ``-inf`` elsewhere (useful only for checks)."""
-        t = check_theta(theta, self.dim, device=self.theta.device)
-        hit = (t - self.theta).abs().amax(-1) <= 1e-12
-        return torch.where(hit, torch.zeros_like(hit, dtype=t.dtype), torch.full_like(hit, -math.inf, dtype=t.dtype))
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"kind": "point", "theta": self.theta, "names": self.names, "value": self.value,
-                "info": _plain({k: v for k, v in self.info.items() if k != "records"})}
-
-
-class GaussianPosterior(Posterior):
-    r"""Location-scale posterior :math:`\theta = C z + \mu`, :math:`z \sim \phi` (Gaussian for normal phi).
-
-    Parameters
-    ----------
-    mean : torch.Tensor of shape (D,)
-        :math:`\mu`.
-    scale_tril : torch.Tensor of shape (D, D)
-        Lower-triangular :math:`C` with positive diagonal.
-    names : list of str
-    target : optional
-        The model it approximates (needed for ``predict`` and natural-scale summaries).
-    base : standard distribution, optional
-        :math:`\phi` (default :class:`~gpvi.inference.families.StandardNormal`).
-    elbo, elbo_se : float, optional
-        Final bound estimate and its Monte Carlo standard error.
-    trace : dict, optional
-        Per-step records of the run (bound, rolling average, ...).
-    info : dict, optional
-        Counters and settings of the run.
-    engine_state : optional
-        The engine's final state (for resuming); ``state_dict()`` includes its ``state_dict()``.
-
-    Attributes
-    ----------
-    covariance : torch.Tensor of shape (D, D)
-        :math:`C\,\mathrm{diag}(\mathrm{Var}\,z)\,C^\top` (:math:`CC^\top` for normal phi; infinite entries
-        when phi has no variance).
-    """
-
-    def __init__(self, mean: torch.Tensor, scale_tril: torch.Tensor, names: list[str], target: Any = None, *,
-                 base: Any = None, elbo: float = math.nan, elbo_se: float = math.nan,
-                 trace: dict[str, Any] | None = None, info: dict[str, Any] | None = None,
-                 engine_state: Any = None) -> None:
-        super().__init__(names, target, info)
-        D = len(names)
-        if mean.shape != (D,) or scale_tril.shape != (D, D):
-            raise ValueError(f"mean must be ({D},) and scale_tril ({D}, {D}); got {tuple(mean.shape)} and "
-                             f"{tuple(scale_tril.shape)}")
-        if not bool((torch.diagonal(scale_tril) > 0).all()):
-            raise ValueError("scale_tril must have a strictly positive diagonal")
-        self.mean = mean.detach().clone()
-        self.scale_tril = torch.tril(scale_tril.detach()).clone()
-        self.base = base if base is not None else StandardNormal(D)
-        self.elbo = float(elbo)
-        self.elbo_se = float(elbo_se)
-        self.trace = trace or {}
-        self.engine_state = engine_state
-
-    @property
-    def covariance(self) -> torch.Tensor:
-        v = self.base.variance().to(self.scale_tril)
-        C = self.scale_tril
-        if bool(torch.isinf(v).any()):
-            cov = C @ C.T
-            return torch.where(cov != 0, torch.full_like(cov, math.inf), cov)
-        return (C * v) @ C.T
-
-    @property
-    def stddev(self) -> torch.Tensor:
-        return torch.sqrt(torch.diagonal(self.covariance))
-
-    def sample(self, n: int, *, generator: torch.Generator | None = None, seed: int | None = None) -> torch.Tensor:
-        """Draw ``(n, D)`` values ``mu + C z``."""
-        n = check_positive_int(n, "n")
-        gen = resolve_generator(seed, generator)
-        z = self.base.sample(n, gen, dtype=self.mean.dtype).to(self.mean.device)
-        return self.mean + z @ self.scale_tril.T
-
-    def log_prob(self, theta: Any) -> torch.Tensor:
-        r""":math:`\log q(\theta) = \log\phi(C^{-1}(\theta-\mu)) - \sum_d \log C_{dd}`; ``(D,) -> ()``, ``(S, D) -> (S,)``."""
-        t = check_theta(theta, self.dim, device=self.mean.device)
-        z = torch.linalg.solve_triangular(self.scale_tril, (t - self.mean).unsqueeze(-1) if t.dim() == 1
-                                          else (t - self.mean).T, upper=False)
-        z = z.squeeze(-1) if t.dim() == 1 else z.T
-        return self.base.log_prob(z) - torch.log(torch.diagonal(self.scale_tril)).sum()
-
-    def _moments(self):
-        return self.mean, self.stddev
-
-    def _quantiles(self, probs):
-        if isinstance(self.base, StandardNormal):
-            sd = torch.sqrt((self.scale_tril ** 2).sum(-1))
-            zq = torch.special.ndtri(probs.to(self.mean))
-            return self.mean + zq[:, None] * sd[None, :]
-        draws = self.sample(20000, seed=_SUMMARY_SEED)
-        return torch.quantile(draws, probs.to(draws), dim=0)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Everything needed to rebuild the posterior (and resume the run, when an engine state is attached)."""
-        out = {"kind": "gaussian", "mean": self.mean, "scale_tril": self.scale_tril, "names": self.names,
-               "base": _plain(self.base.spec()), "elbo": self.elbo, "elbo_se": self.elbo_se, "info": _plain(self.info)}
-        if self.engine_state is not None and callable(getattr(self.engine_state, "state_dict", None)):
-            out["engine_state"] = self.engine_state.state_dict()
-        return out
-
-    @classmethod
-    def from_state_dict(cls, state: dict[str, Any], target: Any = None) -> GaussianPosterior:
-        """Rebuild from :meth:`state_dict` (normal and Student-t bases; factorised bases need ``base=``).
-
-        ``state_dict()`` holds only tensors, numbers, strings, lists and dicts, so it can be saved with
-        ``torch.save`` and read back with ``torch.load(path, weights_only=True)``.
-        """
-        spec = state["base"]
-        if spec["kind"] == "factorised":
-            raise ValueError("a factorised base cannot be rebuilt from its description; construct "
-                             "GaussianPosterior(mean, scale_tril, names, base=...) directly")
-        base = make_standard(spec["kind"], spec["dim"], df=spec.get("df"))
-        return cls(state["mean"], state["scale_tril"], list(state["names"]), target, base=base,
-                   elbo=state.get("elbo", math.nan), elbo_se=state.get("elbo_se", math.nan), info=state.get("info"))
-
-
-class SamplePosterior(Posterior):
-    """Draws from MCMC (or any sampler): ``draws`` of shape ``(chains, draws_per_chain, D)``.
-
-    Parameters
-    ----------
-    draws : torch.Tensor of shape (C, S, D)
-    names : list of str
-    target : optional
-    stats : dict, optional
-        Per-chain sampler statistics, each an array of shape ``(C, S)`` (e.g. ``diverging``,
-        ``acceptance_rate``, ``step_size``, ``tree_depth``), exported to ArviZ's ``sample_stats``.
-    info : dict, optional
-        Run details. ``info["warmup_draws"]`` (``(C, W, D)``) and ``info["warmup_stats"]`` (each ``(C, W)``),
-        when present, are exported to ArviZ's ``warmup_posterior`` / ``warmup_sample_stats``.
-    engine_state : optional
-        The sampler's final state (for resuming or extending the run, e.g. :class:`gpvi.inference.mcmc.hmc.MCMCState`);
-        ``state_dict()`` includes its ``state_dict()``.
-    """
-
-    def __init__(self, draws: torch.Tensor, names: list[str], target: Any = None, *,
-                 stats: dict[str, Any] | None = None, info: dict[str, Any] | None = None,
-                 engine_state: Any = None) -> None:
-        super().__init__(names, target, info)
-        if draws.dim() != 3 or draws.shape[-1] != len(names):
-            raise ValueError(f"draws must have shape (chains, draws, {len(names)}); got {tuple(draws.shape)}")
-        if draws.shape[0] == 0 or draws.shape[1] == 0:
-            raise ValueError(f"draws is empty (shape {tuple(draws.shape)})")
-        self.draws = draws.detach().clone()
-        self.stats = dict(stats or {})
-        self.engine_state = engine_state
-
-    @property
-    def samples(self) -> torch.Tensor:
-        """All draws pooled, ``(chains * draws, D)``."""
-        return self.draws.reshape(-1, self.dim)
-
-    @property
-    def num_chains(self) -> int:
-        return self.draws.shape[0]
-
-    @property
-    def mean(self) -> torch.Tensor:
-        return self.samples.mean(0)
-
-    @property
-    def covariance(self) -> torch.Tensor:
-        return torch.cov(self.samples.T).reshape(self.dim, self.dim)
-
-    def sample(self, n: int, *, generator: torch.Generator | None = None, seed: int | None = None) -> torch.Tensor:
-        """``n`` rows picked from the pooled draws (without replacement when ``n`` <= the number of draws)."""
-        n = check_positive_int(n, "n")
-        gen = resolve_generator(seed, generator)
-        total = self.samples.shape[0]
-        if n <= total:
-            idx = torch.randperm(total, generator=gen)[:n]
-        else:
-            idx = torch.randint(total, (n,), generator=gen)
-        return self.samples[idx.to(self.samples.device)]
-
-    def _moments(self):
-        s = self.samples
-        return s.mean(0), s.std(0) if s.shape[0] > 1 else torch.zeros(self.dim, dtype=s.dtype)
-
-    def _quantiles(self, probs):
-        return torch.quantile(self.samples, probs.to(self.samples), dim=0)
-
-    def _predict_draws(self, num_draws, *, generator, seed):
-        num_draws = check_positive_int(num_draws, "num_draws")
-        total = self.samples.shape[0]
-        if num_draws >= total:
-            return self.samples
-        # evenly spaced over the pooled chains: deterministic and low-variance
-        idx = torch.linspace(0, total - 1, num_draws).round().long()
-        return self.samples[idx]
-
-    def ess(self) -> torch.Tensor:
-        """Effective sample size per parameter (Pyro's ``effective_sample_size``, all chains), shape (D,)."""
-        from pyro.ops.stats import effective_sample_size
-        return effective_sample_size(self.draws, chain_dim=0, sample_dim=1)
-
-    def r_hat(self) -> torch.Tensor:
-        """Split R-hat per parameter (Pyro's ``split_gelman_rubin``), shape (D,)."""
-        from pyro.ops.stats import split_gelman_rubin
-        if self.draws.shape[1] < 4:
-            return torch.full((self.dim,), math.nan, dtype=self.draws.dtype)
-        return split_gelman_rubin(self.draws, chain_dim=0, sample_dim=1)
-
-    def _extra_summary_columns(self):
-        return {"ess": self.ess().tolist(), "r_hat": self.r_hat().tolist()}
-
-    def _arviz_draws(self, num_draws, seed):
-        return self.draws
-
-    def _arviz_extra(self):
-        out: dict[str, Any] = {}
-        if self.stats:
-            out["sample_stats"] = {k: torch.as_tensor(v).cpu().numpy() for k, v in self.stats.items()}
-        warm = self.info.get("warmup_draws")
-        if isinstance(warm, torch.Tensor) and warm.dim() == 3 and warm.shape[1] > 0:
-            out["warmup_posterior"] = {n: warm[:, :, j].cpu().numpy() for j, n in enumerate(self.names)}
-            wstats = self.info.get("warmup_stats") or {}
-            if wstats:
-                out["warmup_sample_stats"] = {k: torch.as_tensor(v).cpu().numpy() for k, v in wstats.items()}
-            out["save_warmup"] = True
-        return out
-
-    def state_dict(self) -> dict[str, Any]:
-        out = {"kind": "samples", "draws": self.draws, "names": self.names, "stats": _plain(self.stats),
-               "info": _plain(self.info)}
-        if self.engine_state is not None and callable(getattr(self.engine_state, "state_dict", None)):
-            out["engine_state"] = self.engine_state.state_dict()
-        return out
+# the implementations, re-exported for ``from gpvi.posteriors.base import GaussianPosterior`` (defined after
+# Posterior, which they subclass)
+from .point import PointPosterior  # noqa: E402
+from .gaussian import GaussianPosterior  # noqa: E402
+from .samples import SamplePosterior  # noqa: E402

@@ -96,7 +96,7 @@ class ARDTerm:
 
 def ard_prior_variance(q: GaussianPosterior) -> torch.Tensor:
     r"""Optimal ARD prior variances :math:`\ell_d^2 = c_d^2 + \mu_d^2` for a factorised posterior, shape (D,)."""
-    return torch.diagonal(q.scale_tril) ** 2 + q.mean ** 2
+    return q.scale_diag ** 2 + q.mean ** 2
 
 
 class DSVIARD:

@@ -123,19 +123,5 @@ def build_posterior(engine: Any, target: Any, state: DSVIState, report: Any) -> 
         schedule=repr(engine.schedule_for(state)), init=copy.deepcopy(state.init_info),
     )
     trace = {k: trace_to_tensor(v) for k, v in state.trace.items()}
-    scale = C.clone() if state.scale == "diag" else C.clone()
-    return GaussianPosterior(mu.clone(), scale if state.scale == "full" else _diag_scale(scale), list(target.names),
-                             target, base=base, elbo=elbo, elbo_se=se, trace=trace, info=info,
-                             engine_state=state.copy())
-
-
-def _diag_scale(c: torch.Tensor) -> torch.Tensor:
-    """The scale a GaussianPosterior takes for a diagonal C (a (D,) vector where diagonal storage is supported)."""
-    try:
-        GaussianPosterior(torch.zeros(1, dtype=c.dtype), torch.ones(1, dtype=c.dtype), ["x"])
-        return c
-    except Exception:   # dense storage only
-        from ...validation import check_memory
-
-        check_memory(c.shape[0], copies=2, what=f"the ({c.shape[0]}, {c.shape[0]}) scale_tril of the posterior")
-        return torch.diag(c)
+    return GaussianPosterior(mu.clone(), C.clone(), list(target.names), target, base=base, elbo=elbo, elbo_se=se,
+                             trace=trace, info=info, engine_state=state)

@@ -1,5 +1,19 @@
-"""Salimans & Knowles (2013) stochastic linear regression: Gaussian (Algorithm 2) and exponential-family engines."""
+"""Salimans & Knowles (2013) stochastic linear regression: Gaussian (Algorithm 2) and exponential-family engines.
 
-from .engine import SKExpFamily, SKExpFamilyResult, SKGaussian, SKState
+* :mod:`~gpvi.inference.sk.engine` -- :class:`SKGaussian` (settings, init, step, result; run by the driver);
+* :mod:`~gpvi.inference.sk.options` -- its option groups :class:`SKSchedule`, :class:`HessianSource`,
+  :class:`SKFaultPolicy`;
+* :mod:`~gpvi.inference.sk.state` -- :class:`SKState`;
+* :mod:`~gpvi.inference.sk.estimates` -- the regression statistics and the final bound estimate;
+* :mod:`~gpvi.inference.sk.start` -- the initial mean and scale;
+* :mod:`~gpvi.inference.sk.expfamily` -- Algorithm 1 (:class:`SKExpFamily`) and the families :class:`Exponential`,
+  :class:`Gamma`, :class:`Normal`.
+"""
 
-__all__ = ["SKGaussian", "SKState", "SKExpFamily", "SKExpFamilyResult"]
+from .engine import SKGaussian
+from .expfamily import Exponential, Gamma, Normal, SKExpFamily, SKExpFamilyResult
+from .options import HessianSource, SKFaultPolicy, SKSchedule
+from .state import SKState
+
+__all__ = ["SKGaussian", "SKState", "SKExpFamily", "SKExpFamilyResult", "SKSchedule", "HessianSource",
+           "SKFaultPolicy", "Exponential", "Gamma", "Normal"]

@@ -1,0 +1,166 @@
+r"""The state of a :class:`~gpvi.inference.sk.engine.SKGaussian` run: everything that evolves, nothing that is set.
+
+Names follow the paper (Salimans & Knowles 2013, Algorithm 2): ``m`` = :math:`m_t`, ``L`` the Cholesky factor of
+the precision :math:`P_t = LL^\top`, ``a``, ``z``, ``P`` the running statistics, ``w`` = :math:`w`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from array import array
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ...rng import generator_from_state
+from ..progress import trace_from_tensor, trace_to_tensor
+
+__all__ = ["SKState", "TRACE_KEYS", "COUNTERS"]
+
+TRACE_KEYS = ("bound", "bound_avg", "num_valid", "pd")
+COUNTERS = ("resampled_draws", "dropped_draws", "skipped_steps", "non_pd_steps", "log_joint_calls",
+            "log_joint_evals", "hessian_backward_passes")
+
+
+@dataclass
+class SKState:
+    r"""Everything that evolves during a :class:`~gpvi.inference.sk.engine.SKGaussian` run (settings stay in
+    the engine).
+
+    ``SKGaussian.step`` advances a state in place. ``state_dict()`` / :meth:`from_state_dict` round-trip
+    through ``torch.save`` and resume bit for bit (``SKGaussian.run(target, state=...)``, which works on a
+    copy: the state handed to it is never changed).
+
+    Attributes
+    ----------
+    m : torch.Tensor of shape (D,)
+        Current mean :math:`m_t` of the sampling distribution :math:`q_t`.
+    L : torch.Tensor of shape (D, D)
+        Lower Cholesky factor of the current precision, :math:`P_t = LL^\top` (:math:`q_t = \mathcal N(m_t,
+        P_t^{-1})`). Only positive-definite precisions are ever stored here.
+    stats : dict of str to tensor
+        Running (exponentially weighted) statistics. ``method="hessian"``: ``a`` (D,), ``z`` (D,), ``P`` (D, D)
+        of Algorithm 2. ``method="gradient"``: ``a``, ``z``, ``A`` = mean of :math:`\tfrac12(x_+ - x_-)
+        \varepsilon^\top`, ``B`` = mean of :math:`\tfrac12(g_+ - g_-)\varepsilon^\top` over antithetic pairs (see
+        :class:`~gpvi.inference.sk.engine.SKGaussian`).
+    sums : list of two dicts
+        Plain sums of the per-step estimates over the two halves of the averaging window, with counts ``n``.
+    t : int
+        Steps taken (including skipped ones).
+    num_steps : int
+        N of the run (it sets :math:`w` and the averaging window, so a resumed run must use the same N).
+    w : float
+        Step size of the running averages.
+    method : {"hessian", "gradient"}
+    hessian : {"autograd", "fd"} or None
+        Resolved Hessian source (None for the gradient method); ``hessian_note`` says why "auto" chose it.
+    init_info : dict
+        How the run started: the :class:`~gpvi.inference.init.Start`'s record (``mean``: "initial_theta",
+        "zeros", "given", "map", ...) and how :math:`V_1` was set (``scale``: "init_scale", "laplace",
+        "laplace_diagonal ...", "given (GaussianPosterior)", ...; an ``init_scale="laplace"`` start's evaluation
+        cost).
+    generator : torch.Generator
+        The run's random stream (draws, resampled draws, minibatches).
+    window : collections.deque of float
+        Last instantaneous bounds (rolling average).
+    trace : dict of str to array.array
+        Per step: ``bound`` (:math:`\frac1{S'}\sum_s[\log g(x_s^*) - \log q_t(x_s^*)]`, NaN when skipped),
+        ``bound_avg`` (rolling average), ``num_valid``, ``pd`` (1 if :math:`P_{t+1}` was positive definite).
+    counters : dict of str to int
+        ``resampled_draws``, ``dropped_draws``, ``skipped_steps``, ``non_pd_steps``, ``log_joint_calls``,
+        ``log_joint_evals`` (rows, i.e. points where log g and its gradient were evaluated),
+        ``hessian_backward_passes`` (extra backward passes of autograd Hessians).
+    consecutive_failures : int
+        Skipped steps in a row (counted by the driver, :func:`gpvi.inference.driver.run`).
+    wall_time : float
+        Seconds spent in ``SKGaussian.run`` over all segments.
+
+    Examples
+    --------
+    >>> import torch, gpvi
+    >>> from gpvi.inference.sk import SKGaussian, SKState
+    >>> target = gpvi.Target(lambda th: -0.5 * (th ** 2).sum(-1), names=2)
+    >>> engine = SKGaussian(num_steps=10, progress_bar=False)
+    >>> state = engine.init(target)
+    >>> saved = state.state_dict()
+    >>> state, info = engine.step(target, state)
+    >>> SKState.from_state_dict(saved).t, state.t
+    (0, 1)
+    """
+
+    m: torch.Tensor
+    L: torch.Tensor
+    stats: dict[str, torch.Tensor]
+    sums: list[dict[str, Any]]
+    t: int
+    num_steps: int
+    w: float
+    method: str
+    hessian: str | None
+    generator: torch.Generator
+    hessian_note: str = ""
+    init_info: dict[str, Any] = field(default_factory=dict)
+    window: deque = field(default_factory=deque)
+    trace: dict[str, array] = field(default_factory=lambda: {k: array("d") for k in TRACE_KEYS})
+    counters: dict[str, int] = field(default_factory=lambda: {k: 0 for k in COUNTERS})
+    consecutive_failures: int = 0
+    wall_time: float = 0.0
+
+    @property
+    def dim(self) -> int:
+        """Number of parameters D."""
+        return self.m.shape[0]
+
+    def bound_average(self) -> float:
+        """Rolling-window average of the instantaneous bound (NaN before the first valid step)."""
+        return sum(self.window) / len(self.window) if self.window else math.nan
+
+    def copy(self) -> SKState:
+        """An independent deep copy (tensors cloned, generator state copied)."""
+        return SKState.from_state_dict(self.state_dict())
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain tensors, numbers and lists (``torch.save``-able), including the generator state."""
+        def cl(d):
+            return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in d.items()}
+        return {
+            "version": 1, "m": self.m.clone(), "L": self.L.clone(), "stats": cl(self.stats),
+            "sums": [cl(s) for s in self.sums], "t": self.t, "num_steps": self.num_steps, "w": self.w,
+            "method": self.method, "hessian": self.hessian, "hessian_note": self.hessian_note,
+            "init_info": copy.deepcopy(self.init_info),
+            "generator_state": self.generator.get_state(), "generator_device": str(self.generator.device),
+            "window": list(self.window), "window_size": self.window.maxlen,
+            "trace": {k: trace_to_tensor(v) for k, v in self.trace.items()},
+            "counters": dict(self.counters), "consecutive_failures": self.consecutive_failures,
+            "wall_time": self.wall_time,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Overwrite this state with the contents of :meth:`state_dict` output."""
+        new = SKState.from_state_dict(state)
+        for f in self.__dataclass_fields__:
+            setattr(self, f, getattr(new, f))
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> SKState:
+        """Rebuild a state from :meth:`state_dict` output (e.g. after ``torch.load``)."""
+        if not isinstance(state, dict) or "stats" not in state or "generator_state" not in state:
+            raise TypeError("state must be an SKState or the dict returned by SKState.state_dict()")
+        gen = generator_from_state(state)
+
+        def cl(d):
+            return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in d.items()}
+        return cls(
+            m=state["m"].clone(), L=state["L"].clone(), stats=cl(state["stats"]),
+            sums=[cl(s) for s in state["sums"]], t=int(state["t"]), num_steps=int(state["num_steps"]),
+            w=float(state["w"]), method=state["method"], hessian=state["hessian"],
+            hessian_note=state.get("hessian_note", ""), init_info=copy.deepcopy(state.get("init_info", {})),
+            generator=gen,
+            window=deque(state["window"], maxlen=state.get("window_size")),
+            trace={k: trace_from_tensor(v) for k, v in state["trace"].items()},
+            counters=dict(state["counters"]), consecutive_failures=int(state["consecutive_failures"]),
+            wall_time=float(state["wall_time"]),
+        )
