@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys as _sys
 
-from . import datasets, linalg
+from . import datasets, io, linalg
 from .evaluation import metrics, plots
 from .inference import schedules
 from .models import likelihoods as expectations
@@ -79,6 +79,7 @@ __all__ = [
     "Table",
     "Target",
     "datasets",
+    "io",
     "expectations",
     "linalg",
     "metrics",

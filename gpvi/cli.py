@@ -3,17 +3,30 @@
 Subcommands
 -----------
 ``demo``            the README's main job: ML-II and DSVI on Bodyfat, a CVI classifier on Pima (``--quick``: smoke run)
-``fit-regression``  GP regression on a user's CSV (``--target COLUMN``): ML-II, DSVI or NUTS; summary; ``--save``
-``fit-classifier``  GP classification with CVI on a user's CSV; summary; ``--save``
+``fit-regression``  GP regression on a user's CSV (``--target COLUMN``): ML-II, DSVI (``--num-steps``) or NUTS
+                    (``--num-draws``, ``--chains``, ``--warmup``); summary; ``--save FILE``
+``fit-classifier``  GP classification with CVI on a user's CSV; summary; ``--save FILE``
+``predict``         ``gpvi predict FIT NEW.csv [--out OUT.csv]``: predictions of a saved fit at the rows of a CSV
+                    that holds the fit's feature columns (by name; other columns ignored). Regression: columns
+                    ``mean``, ``sd`` in the CSV's units (a mixture over ``--num-draws`` hyperparameter draws for
+                    DSVI/NUTS fits, ``--seed``); classification: ``p_<label>`` per class and the predicted ``label``
 ``bench``           run benchmark scripts of ``benchmarks/`` (``table5``, ``cvi``, ``scaling``, or one script by
                     name) from a source checkout; results go to ``benchmarks/results/`` or ``--out DIR``
 
-Bad input (a missing file or column, an empty file, non-numeric cells, NaN/inf, a bad label set) ends with one
-line ``gpvi: error: ...`` on stderr and exit status 2 — no traceback. Library warnings are printed as one line
-``gpvi: warning: ...`` each. Ctrl-C exits with status 130.
+Bad input (a missing file or column, an empty file, non-numeric cells, NaN/inf, a bad label set, a flag that does
+not apply to the chosen ``--method``, a ``--save``/``--out`` path whose folder is missing or not writable, a file
+that is not a gpvi fit) ends with one line ``gpvi: error: ...`` on stderr and exit status 2 — no traceback, and
+before any fitting starts. Integers on the command line are digits only (``1_000`` is refused). Library warnings
+are printed as one line ``gpvi: warning: ...`` each.
 
-A saved fit (``--save FILE``) is read back with :func:`load_fit`, which rebuilds the posterior (regression) or the
-fitted :class:`gpvi.GPClassifier` and predicts on new inputs in the CSV's original units.
+Ctrl-C exits with status 130 and one line ``gpvi: interrupted ...`` in every command. The engines catch
+``KeyboardInterrupt`` and return their partial result with an :class:`~gpvi.exceptions.InterruptedRunWarning`;
+the command turns that warning into an error, so the run stops there and **nothing is saved** (a partial fit
+would look like a finished one in the file). A second Ctrl-C stops at once even where a library carries on.
+
+A saved fit holds only tensors and a JSON description and is read back, without executing anything in the file,
+by :func:`gpvi.io.load_fit` (``gpvi.cli.load_fit`` and ``gpvi.cli.SavedFit`` are the same objects), which rebuilds
+the posterior (regression) or the fitted :class:`gpvi.GPClassifier` and predicts in the CSV's original units.
 """
 
 from __future__ import annotations
@@ -22,24 +35,83 @@ import argparse
 import csv
 import math
 import os
+import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "build_parser", "load_csv", "load_fit", "SavedFit", "CLIError"]
+from .io import SavedFit, load_fit, save_fit
 
-_FORMAT = "gpvi-fit-1"
+__all__ = ["main", "build_parser", "load_csv", "load_fit", "save_fit", "SavedFit", "CLIError"]
 
 
 class CLIError(Exception):
     """An error reported to the user as one line, exit status 2."""
 
 
+class _Abort(BaseException):
+    """A second Ctrl-C: not a KeyboardInterrupt, so no library catches it."""
+
+
 # --------------------------------------------------------------------------- CSV input
+def _read_columns(path: str | os.PathLike, choose: Callable[[Path, list[str]], list[int]],
+                  min_rows: int) -> tuple[Any, list[str]]:
+    """Parse the columns ``choose(path, header)`` selects as finite floats; ``(data (n, k), header)``."""
+    import numpy as np
+
+    p = Path(path)
+    if not p.is_file():
+        raise CLIError(f"{p}: no such file")
+    try:
+        with p.open(newline="", encoding="utf-8-sig") as fh:
+            reader = csv.reader(fh)
+            try:
+                header = next(reader)
+            except StopIteration:
+                raise CLIError(f"{p}: the file is empty") from None
+            header = [h.strip() for h in header]
+            cols = choose(p, header)
+            rows = []
+            for lineno, row in enumerate(reader, start=2):
+                if not row or all(not c.strip() for c in row):
+                    continue
+                if len(row) != len(header):
+                    raise CLIError(f"{p}, line {lineno}: {len(row)} fields but the header has {len(header)}")
+                vals = []
+                for j in cols:
+                    col, c = header[j], row[j].strip()
+                    try:
+                        if "_" in c:                    # float() reads "1_000"; a CSV number has no underscores
+                            raise ValueError(c)
+                        v = float(c)
+                    except ValueError:
+                        what = "an empty cell" if not c else f"non-numeric value {c!r}"
+                        raise CLIError(f"{p}, line {lineno}, column {col!r}: {what}") from None
+                    if not math.isfinite(v):
+                        raise CLIError(f"{p}, line {lineno}, column {col!r}: {c!r} is not a finite number")
+                    vals.append(v)
+                rows.append(vals)
+    except csv.Error as exc:
+        raise CLIError(f"{p}: malformed CSV ({exc})") from None
+    except UnicodeDecodeError:
+        raise CLIError(f"{p}: not a text (UTF-8) CSV file") from None
+    if len(rows) < min_rows:
+        raise CLIError(f"{p}: needs at least {min_rows} data row{'s' if min_rows > 1 else ''}; found {len(rows)}")
+    return np.asarray(rows, dtype=np.float64).reshape(len(rows), len(cols)), header
+
+
+def _duplicates(p: Path, header: list[str], among: list[str] | None = None) -> None:
+    dup = sorted({h for h in header if header.count(h) > 1 and (among is None or h in among)})
+    if dup:
+        raise CLIError(f"{p}: duplicate column name(s) {', '.join(map(repr, dup))} in the header")
+
+
 def load_csv(path: str | os.PathLike, target: str) -> tuple[Any, Any, list[str]]:
     """Read a numeric CSV with a header row; return ``(X, y, feature_names)`` as float64 numpy arrays.
 
@@ -75,52 +147,31 @@ def load_csv(path: str | os.PathLike, target: str) -> tuple[Any, Any, list[str]]
     """
     import numpy as np
 
-    p = Path(path)
-    if not p.is_file():
-        raise CLIError(f"{p}: no such file")
-    try:
-        with p.open(newline="", encoding="utf-8-sig") as fh:
-            reader = csv.reader(fh)
-            try:
-                header = next(reader)
-            except StopIteration:
-                raise CLIError(f"{p}: the file is empty") from None
-            header = [h.strip() for h in header]
-            if target not in header:
-                raise CLIError(f"{p}: no column {target!r}; columns are {', '.join(header)}")
-            dup = sorted({h for h in header if header.count(h) > 1})
-            if dup:
-                raise CLIError(f"{p}: duplicate column name(s) {', '.join(map(repr, dup))} in the header")
-            if len(header) < 2:
-                raise CLIError(f"{p}: needs at least one feature column besides {target!r}")
-            rows = []
-            for lineno, row in enumerate(reader, start=2):
-                if not row or all(not c.strip() for c in row):
-                    continue
-                if len(row) != len(header):
-                    raise CLIError(f"{p}, line {lineno}: {len(row)} fields but the header has {len(header)}")
-                vals = []
-                for col, cell in zip(header, row):
-                    c = cell.strip()
-                    try:
-                        v = float(c)
-                    except ValueError:
-                        what = "an empty cell" if not c else f"non-numeric value {c!r}"
-                        raise CLIError(f"{p}, line {lineno}, column {col!r}: {what}") from None
-                    if not math.isfinite(v):
-                        raise CLIError(f"{p}, line {lineno}, column {col!r}: {c!r} is not a finite number")
-                    vals.append(v)
-                rows.append(vals)
-    except csv.Error as exc:
-        raise CLIError(f"{p}: malformed CSV ({exc})") from None
-    except UnicodeDecodeError:
-        raise CLIError(f"{p}: not a text (UTF-8) CSV file") from None
-    if len(rows) < 2:
-        raise CLIError(f"{p}: needs at least 2 data rows; found {len(rows)}")
-    data = np.asarray(rows, dtype=np.float64)
+    def choose(p: Path, header: list[str]) -> list[int]:
+        if target not in header:
+            raise CLIError(f"{p}: no column {target!r}; columns are {', '.join(header)}")
+        _duplicates(p, header)
+        if len(header) < 2:
+            raise CLIError(f"{p}: needs at least one feature column besides {target!r}")
+        return list(range(len(header)))
+
+    data, header = _read_columns(path, choose, min_rows=2)
     j = header.index(target)
     features = [h for i, h in enumerate(header) if i != j]
     return np.delete(data, j, axis=1), data[:, j], features
+
+
+def _load_features(path: str | os.PathLike, features: list[str]) -> Any:
+    """The ``features`` columns of a CSV, by name and in that order, as an ``(n, d)`` float64 array."""
+    def choose(p: Path, header: list[str]) -> list[int]:
+        missing = [f for f in features if f not in header]
+        if missing:
+            raise CLIError(f"{p}: no column{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}; the "
+                           f"fit needs {', '.join(features)} and the file has {', '.join(header)}")
+        _duplicates(p, header, among=features)
+        return [header.index(f) for f in features]
+
+    return _read_columns(path, choose, min_rows=1)[0]
 
 
 def _standardise(X, y=None):
@@ -135,128 +186,54 @@ def _standardise(X, y=None):
     return Xs, (y - ym) / ys, (mu, sd, ym, ys)
 
 
-# --------------------------------------------------------------------------- saved fits
-@dataclass
-class SavedFit:
-    """A fit saved by ``gpvi fit-regression/fit-classifier --save FILE`` and read back by :func:`load_fit`.
-
-    Attributes
-    ----------
-    kind : {"regression", "classification"}
-    method : str
-        ``"ml2"``, ``"dsvi"`` or ``"nuts"`` (regression) or ``"cvi-full"`` / ``"cvi-stochastic"``.
-    features : list of str
-        Input column names, in the order :meth:`predict` expects.
-    target : str
-        Name of the target column.
-    posterior : PointPosterior, GaussianPosterior or SamplePosterior, or None
-        Regression: the posterior over log-hyperparameters, with its :class:`gpvi.GPRegression` target rebuilt
-        on the (standardised) training data, so ``posterior.predict`` and ``posterior.summary()`` work.
-    classifier : GPClassifier or None
-        Classification: the fitted estimator (it expects standardised inputs; use :meth:`predict`).
-    x_mean, x_std : numpy.ndarray of shape (d,)
-        Input standardisation of the training CSV.
-    y_mean, y_std : float
-        Target standardisation (regression; 0 and 1 for classification).
-    """
-
-    kind: str
-    method: str
-    features: list[str]
-    target: str
-    x_mean: Any
-    x_std: Any
-    y_mean: float = 0.0
-    y_std: float = 1.0
-    posterior: Any = None
-    classifier: Any = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def predict(self, X: Any, num_draws: int = 200) -> Any:
-        """Predict at raw (unstandardised) inputs ``X`` of shape ``(n, d)``.
-
-        Returns
-        -------
-        (mean, var) : tuple of numpy.ndarray of shape (n,)
-            Regression: mean and variance of the predictive of y* in the CSV's units (a mixture over
-            ``num_draws`` hyperparameter draws for DSVI/NUTS).
-        p : numpy.ndarray of shape (n,)
-            Classification: probability of the larger label (``classifier.classes_[1]``).
-        """
-        import numpy as np
-
-        Xs = (np.asarray(X, dtype=np.float64) - self.x_mean) / self.x_std
-        if self.kind == "classification":
-            return self.classifier.predict_proba(Xs)[:, 1]
-        pred = self.posterior.predict(Xs, num_draws=num_draws)
-        mean = pred.mean.detach().cpu().numpy() * self.y_std + self.y_mean
-        var = pred.var.detach().cpu().numpy() * self.y_std ** 2
-        return mean, var
+# --------------------------------------------------------------------------- output paths
+def _check_output(path: str, flag: str) -> Path:
+    """Fail early (before any fitting) when ``path`` cannot be written: a folder, or its folder is missing."""
+    p = Path(path)
+    if p.is_dir():
+        raise CLIError(f"{flag} {p}: is a folder; give a file name")
+    parent = p.parent
+    if not parent.exists():
+        raise CLIError(f"{flag} {p}: the folder {parent} does not exist")
+    if not parent.is_dir():
+        raise CLIError(f"{flag} {p}: {parent} is not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise CLIError(f"{flag} {p}: the folder {parent} is not writable")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise CLIError(f"{flag} {p}: the file exists and is not writable")
+    return p
 
 
-def load_fit(path: str | os.PathLike) -> SavedFit:
-    """Read a file written by ``gpvi fit-regression --save`` or ``gpvi fit-classifier --save``.
-
-    Regression files hold only tensors, numbers and strings and are read with ``torch.load(weights_only=True)``.
-    Classification files hold a pickled :class:`gpvi.GPClassifier` and are read with ``weights_only=False``:
-    load only files you made yourself.
-
-    Parameters
-    ----------
-    path : str or path-like
-
-    Returns
-    -------
-    SavedFit
-
-    Raises
-    ------
-    ValueError
-        The file is not a gpvi fit.
-
-    Examples
-    --------
-    >>> from gpvi.cli import load_fit
-    >>> fit = load_fit("model.pt")            # doctest: +SKIP
-    >>> mean, var = fit.predict(X_new)        # doctest: +SKIP
-    """
-    import numpy as np
-    import torch
-
-    import gpvi
-    from .posteriors.base import GaussianPosterior, PointPosterior, SamplePosterior
-
-    path = Path(path)
+def _save(fit: SavedFit, path: str, args: argparse.Namespace) -> None:
+    if getattr(args, "interrupted", None):          # a Ctrl-C some library swallowed: save nothing
+        raise KeyboardInterrupt
     try:
-        payload = torch.load(path, weights_only=True)
-    except Exception:
-        payload = torch.load(path, weights_only=False)      # classifier files pickle the estimator
-    if not isinstance(payload, dict) or payload.get("format") != _FORMAT:
-        raise ValueError(f"{path} is not a fit saved by the gpvi command (format {_FORMAT!r})")
-    common = dict(method=payload["method"], features=list(payload["features"]), target=payload["target"],
-                  x_mean=np.asarray(payload["x_mean"], dtype=np.float64),
-                  x_std=np.asarray(payload["x_std"], dtype=np.float64))
-    if payload["kind"] == "classification":
-        return SavedFit(kind="classification", classifier=payload["classifier"], **common)
-    model = gpvi.GPRegression(payload["X_train"], payload["y_train"])
-    st = payload["posterior"]
-    if st["kind"] == "point":
-        post = PointPosterior(st["theta"], list(st["names"]), model, value=st.get("value", math.nan),
-                              info=st.get("info"))
-    elif st["kind"] == "gaussian":
-        post = GaussianPosterior.from_state_dict(st, target=model)
-    else:
-        post = SamplePosterior(st["draws"], list(st["names"]), model, info=st.get("info"))
-    return SavedFit(kind="regression", posterior=post, y_mean=float(payload["y_mean"]),
-                    y_std=float(payload["y_std"]), **common)
+        save_fit(path, fit)
+    except OSError as exc:
+        raise CLIError(f"cannot write {path}: {exc.strerror or exc}") from None
+    print(f"saved to {path} (read it back with gpvi.io.load_fit, or: gpvi predict {path} NEW.csv)")
 
 
 # --------------------------------------------------------------------------- commands
+_NUTS_ONLY = ("num_draws", "chains", "warmup")
+
+
+def _check_method_flags(args: argparse.Namespace) -> None:
+    if args.num_steps is not None and args.method != "dsvi":
+        raise CLIError(f"--num-steps sets the DSVI steps and applies to --method dsvi only; got --method "
+                       f"{args.method}" + (" (NUTS draws per chain: --num-draws)" if args.method == "nuts" else ""))
+    for name in _NUTS_ONLY:
+        if getattr(args, name) is not None and args.method != "nuts":
+            raise CLIError(f"--{name.replace('_', '-')} applies to --method nuts only; got --method {args.method}"
+                           + (" (DSVI steps: --num-steps)" if args.method == "dsvi" and name == "num_draws" else ""))
+
+
 def _cmd_fit_regression(args: argparse.Namespace) -> int:
+    _check_method_flags(args)
+    if args.save:
+        _check_output(args.save, "--save")
     X, y, names = load_csv(args.csv, args.target)          # bad input fails before any heavy work
     Xs, ys, (mu, sd, ym, ysd) = _standardise(X, y)
-    import torch
-
     import gpvi
 
     model = gpvi.GPRegression(Xs, ys)
@@ -269,9 +246,9 @@ def _cmd_fit_regression(args: argparse.Namespace) -> int:
         kw = {} if args.num_steps is None else {"num_steps": args.num_steps}
         post = gpvi.DSVI(scale="full", seed=args.seed, progress_bar=progress, **kw).run(model, init=fit)
     else:
-        kw = {} if args.num_steps is None else {"num_samples": args.num_steps}
-        post = gpvi.NUTS(num_chains=args.chains, num_warmup=args.warmup, seed=args.seed, progress_bar=progress,
-                         **kw).run(model, init=fit)
+        sizes = (4 if args.chains is None else args.chains, 500 if args.warmup is None else args.warmup)
+        sizes += () if args.num_draws is None else (args.num_draws,)       # chains, warm-up, draws per chain
+        post = gpvi.NUTS(*sizes, seed=args.seed, progress_bar=progress).run(model, init=fit)
     elapsed = time.perf_counter() - t0
     print(f"GP regression on {args.csv}: N = {len(y)}, d = {X.shape[1]}, method {args.method}, {elapsed:.1f} s. "
           f"Inputs and target standardised (target mean {ym:.4g}, sd {ysd:.4g}); lengthscales are in units of each "
@@ -284,18 +261,15 @@ def _cmd_fit_regression(args: argparse.Namespace) -> int:
         print(f"log marginal likelihood {post.value:.4f}")
     print(post.summary())
     if args.save:
-        payload = {"format": _FORMAT, "kind": "regression", "method": args.method,
-                   "posterior": post.state_dict(), "features": names, "target": args.target,
-                   "x_mean": torch.as_tensor(mu), "x_std": torch.as_tensor(sd), "y_mean": ym, "y_std": ysd,
-                   "X_train": torch.as_tensor(Xs), "y_train": torch.as_tensor(ys)}
-        _save(payload, args.save)
+        _save(SavedFit(kind="regression", method=args.method, features=names, target=args.target, x_mean=mu,
+                       x_std=sd, y_mean=ym, y_std=ysd, posterior=post), args.save, args)
     return 0
 
 
 def _cmd_fit_classifier(args: argparse.Namespace) -> int:
+    if args.save:
+        _check_output(args.save, "--save")
     X, y, names = load_csv(args.csv, args.target)
-    import torch
-
     import gpvi
 
     try:
@@ -317,21 +291,43 @@ def _cmd_fit_classifier(args: argparse.Namespace) -> int:
           f"training log-loss {gpvi.metrics.log_loss_bits(p, y01):.4f} bits")
     print(clf.posterior_.summary())
     if args.save:
-        payload = {"format": _FORMAT, "kind": "classification", "method": f"cvi-{args.mode}", "classifier": clf,
-                   "features": names, "target": args.target, "x_mean": torch.as_tensor(mu),
-                   "x_std": torch.as_tensor(sd), "classes": classes.tolist()}
-        _save(payload, args.save)
+        _save(SavedFit(kind="classification", method=f"cvi-{args.mode}", features=names, target=args.target,
+                       x_mean=mu, x_std=sd, classifier=clf), args.save, args)
     return 0
 
 
-def _save(payload: dict[str, Any], path: str) -> None:
-    import torch
+def _cmd_predict(args: argparse.Namespace) -> int:
+    import numpy as np
 
+    out = _check_output(args.out, "--out") if args.out else None
+    fit = load_fit(args.fit)                          # ValueError (refused file) -> one line, exit 2
+    if fit.kind == "classification" and args.num_draws is not None:
+        raise CLIError(f"--num-draws applies to regression fits only; {args.fit} is a classifier")
+    X = _load_features(args.csv, fit.features)
+    if fit.kind == "regression":
+        mean, var = fit.predict(X, num_draws=200 if args.num_draws is None else args.num_draws, seed=args.seed)
+        header = ["mean", "sd"]
+        rows = [[repr(float(m)), repr(float(s))] for m, s in zip(mean, np.sqrt(var))]
+    else:
+        proba = fit.predict_proba(X)
+        classes = fit.classes
+        header = [f"p_{c}" for c in classes] + ["label"]
+        labels = [classes[1] if p1 > 0.5 else classes[0] for p1 in proba[:, 1]]
+        rows = [[repr(float(a)), repr(float(b)), str(lab)] for (a, b), lab in zip(proba, labels)]
+    if out is None:
+        w = csv.writer(sys.stdout, lineterminator="\n")
+        w.writerow(header)
+        w.writerows(rows)
+        return 0
     try:
-        torch.save(payload, path)
+        with out.open("w", newline="", encoding="utf-8") as fh:
+            w = csv.writer(fh, lineterminator="\n")
+            w.writerow(header)
+            w.writerows(rows)
     except OSError as exc:
-        raise CLIError(f"cannot write {path}: {exc.strerror or exc}") from None
-    print(f"saved to {path} (read it back with gpvi.cli.load_fit)")
+        raise CLIError(f"cannot write {out}: {exc.strerror or exc}") from None
+    print(f"wrote {len(rows)} predictions ({', '.join(header)}) to {out}")
+    return 0
 
 
 _BENCH = {
@@ -386,11 +382,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------- parser
+_INT = re.compile(r"-?[0-9]+")
+
+
 def _nonneg_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer; got {s!r}") from None
+    # int() also takes "1_000", " 7 " and non-ASCII digits; the command line takes plain digits only
+    if not _INT.fullmatch(s):
+        raise argparse.ArgumentTypeError(f"expected an integer written with the digits 0-9 only; got {s!r}")
+    v = int(s)
     if v < 0:
         raise argparse.ArgumentTypeError(f"expected a non-negative integer; got {v}")
     return v
@@ -404,7 +403,12 @@ def _pos_int(s: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``gpvi`` command (all subcommands)."""
+    """The argument parser of the ``gpvi`` command (all subcommands).
+
+    Returns
+    -------
+    argparse.ArgumentParser
+    """
     from . import __version__
 
     parser = argparse.ArgumentParser(
@@ -414,7 +418,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+        p.add_argument("--seed", type=_nonneg_int, default=0, help="random seed (default 0)")
         p.add_argument("--no-progress", action="store_true", help="turn progress bars off")
 
     p = sub.add_parser("demo", help="the main demonstration on bundled data (about 1-2 minutes)",
@@ -436,10 +440,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--restarts", type=_pos_int, default=3,
                    help="ML-II restarts (also the DSVI/NUTS initialisation; default 3)")
     p.add_argument("--num-steps", type=_pos_int, default=None,
-                   help="DSVI steps, or NUTS draws per chain (default: the engine's default)")
-    p.add_argument("--chains", type=_pos_int, default=4, help="NUTS chains (default 4)")
-    p.add_argument("--warmup", type=_nonneg_int, default=500, help="NUTS warm-up transitions per chain (default 500)")
-    p.add_argument("--save", metavar="FILE", help="save the posterior to FILE (read back with gpvi.cli.load_fit)")
+                   help="DSVI steps (--method dsvi only; default: the engine's default)")
+    p.add_argument("--num-draws", type=_pos_int, default=None,
+                   help="NUTS draws per chain after warm-up (--method nuts only; default: the engine's default)")
+    p.add_argument("--chains", type=_pos_int, default=None, help="NUTS chains (--method nuts only; default 4)")
+    p.add_argument("--warmup", type=_nonneg_int, default=None,
+                   help="NUTS warm-up transitions per chain (--method nuts only; default 500)")
+    p.add_argument("--save", metavar="FILE", help="save the posterior to FILE (checked before fitting; read back "
+                   "with gpvi.io.load_fit or 'gpvi predict')")
     common(p)
     p.set_defaults(func=_cmd_fit_regression)
 
@@ -452,10 +460,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--likelihood", choices=["logit", "probit"], default="logit", help="link (default logit)")
     p.add_argument("--mode", choices=["full", "stochastic"], default="full",
                    help="full-batch CVI (default) or doubly stochastic single-site steps")
-    p.add_argument("--save", metavar="FILE", help="save the fitted classifier to FILE (read back with "
-                   "gpvi.cli.load_fit)")
+    p.add_argument("--save", metavar="FILE", help="save the fitted classifier to FILE (checked before fitting; "
+                   "read back with gpvi.io.load_fit or 'gpvi predict')")
     common(p)
     p.set_defaults(func=_cmd_fit_classifier)
+
+    p = sub.add_parser("predict", help="predict with a saved fit at the rows of a CSV file",
+                       description="Predict with a fit saved by 'fit-regression --save' or 'fit-classifier --save' "
+                       "at the rows of NEW.csv, which must hold the fit's feature columns (by name; other "
+                       "columns, the target among them, are ignored). Regression: columns mean, sd (predictive of "
+                       "y in the CSV's units). Classification: p_<label> for each class, and the predicted label. "
+                       "Written as CSV to stdout, or to --out.")
+    p.add_argument("fit", metavar="FIT", help="a fit file written with --save")
+    p.add_argument("csv", metavar="NEW.csv", help="CSV file with a header row and the fit's feature columns")
+    p.add_argument("--out", metavar="OUT.csv", help="write the predictions to OUT.csv instead of stdout")
+    p.add_argument("--num-draws", type=_pos_int, default=None,
+                   help="hyperparameter draws of the regression predictive for DSVI/NUTS fits (default 200)")
+    p.add_argument("--seed", type=_nonneg_int, default=0, help="seed of those draws (default 0)")
+    p.set_defaults(func=_cmd_predict)
 
     scripts = _bench_scripts()
     p = sub.add_parser("bench", help="run a benchmark from benchmarks/ (source checkout)",
@@ -475,6 +497,22 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
     print(f"gpvi: warning: {category.__name__}: {text}", file=sys.stderr)
 
 
+def _install_sigint(state: list[bool]) -> Any:
+    """Ctrl-C: the first raises KeyboardInterrupt (engines stop and warn) and is remembered; a second aborts."""
+    def handler(signum: int, frame: Any) -> None:
+        if state:
+            raise _Abort()
+        state.append(True)
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        return signal.signal(signal.SIGINT, handler)
+    except (ValueError, OSError):       # pragma: no cover - embedded interpreters without signal support
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``gpvi`` command; returns the exit status (0 success, 2 bad input, 130 Ctrl-C).
 
@@ -482,6 +520,13 @@ def main(argv: list[str] | None = None) -> int:
     ----------
     argv : list of str, optional
         Arguments (default ``sys.argv[1:]``).
+
+    Returns
+    -------
+    int
+        0 on success; 2 for bad input or a library error (one line ``gpvi: error: ...`` on stderr); 130 after
+        Ctrl-C (one line ``gpvi: interrupted ...``; an engine's :class:`~gpvi.exceptions.InterruptedRunWarning`
+        counts as Ctrl-C, and nothing is saved).
 
     Examples
     --------
@@ -494,19 +539,38 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:           # --help, --version, usage errors: argparse has printed its message
         return int(exc.code or 0) if not isinstance(exc.code, str) else 2
-    from .exceptions import NumericalFaultError
+    from .exceptions import InterruptedRunWarning, NumericalFaultError
 
-    with warnings.catch_warnings():
-        warnings.showwarning = _one_line_warning
-        try:
-            return int(args.func(args))
-        except CLIError as exc:
-            print(f"gpvi: error: {exc}", file=sys.stderr)
-            return 2
-        except (ValueError, TypeError, MemoryError, NumericalFaultError) as exc:   # library errors: one line
-            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            print(f"gpvi: error: {msg}", file=sys.stderr)
-            return 2
-        except KeyboardInterrupt:
-            print("gpvi: interrupted", file=sys.stderr)
-            return 130
+    interrupted: list[bool] = []
+    args.interrupted = interrupted
+    saves = args.command in ("fit-regression", "fit-classifier") and getattr(args, "save", None)
+    stopped = "gpvi: interrupted (Ctrl-C)" + ("; nothing was saved" if saves else "")
+    old_handler = _install_sigint(interrupted)
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warning
+            warnings.simplefilter("error", InterruptedRunWarning)      # an engine's partial result stops the run
+            try:
+                status = int(args.func(args))
+            except CLIError as exc:
+                print(f"gpvi: error: {exc}", file=sys.stderr)
+                return 2
+            except (ValueError, TypeError, MemoryError, NumericalFaultError) as exc:   # library errors: one line
+                msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                print(f"gpvi: error: {msg}", file=sys.stderr)
+                return 2
+            except (KeyboardInterrupt, InterruptedRunWarning, _Abort):
+                print(stopped, file=sys.stderr)
+                return 130
+            except Exception:
+                if interrupted:         # a library failing on its way out of a Ctrl-C: still an interruption
+                    print(stopped, file=sys.stderr)
+                    return 130
+                raise
+            if interrupted:             # a library caught the Ctrl-C and carried on (e.g. the demo's stages)
+                print(stopped, file=sys.stderr)
+                return 130
+            return status
+    finally:
+        if old_handler is not None:
+            signal.signal(signal.SIGINT, old_handler)

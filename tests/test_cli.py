@@ -1,11 +1,14 @@
-"""The ``gpvi`` command: demo smoke run, CSV fits with --save round trips, one-line errors for bad input, help.
+"""The ``gpvi`` command: demo smoke run, CSV fits with --save round trips, ``gpvi predict``, one-line errors for bad
+input, refusal of crafted fit files, --save checked before fitting, flags per method, Ctrl-C (exit 130), help.
 
 Most cases call :func:`gpvi.cli.main` in-process (fast); a few run ``python -m gpvi`` in a subprocess to check the
-real exit status and that stderr holds exactly one line and no traceback.
+real exit status and that stderr holds exactly one line and no traceback (predict round trips, a crafted file,
+--save to a missing folder, a real SIGINT).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -104,6 +107,7 @@ def test_console_script_declared():
 BAD = {
     "missing_column": ("a,b,z\n1,2,3\n4,5,6\n", "y", r"no column 'y'; columns are a, b, z"),
     "non_numeric": ("a,b,y\n1,2,3\n4,five,6\n", "y", r"line 3, column 'b': non-numeric value 'five'"),
+    "underscore": ("a,b,y\n1,2,3\n4,1_000,6\n", "y", r"line 3, column 'b': non-numeric value '1_000'"),
     "nan": ("a,b,y\n1,2,3\n4,nan,6\n", "y", r"line 3, column 'b': 'nan' is not a finite number"),
     "inf": ("a,b,y\n1,2,inf\n4,5,6\n", "y", r"line 2, column 'y': 'inf' is not a finite number"),
     "empty_cell": ("a,b,y\n1,,3\n4,5,6\n", "y", r"line 2, column 'b': an empty cell"),
@@ -187,7 +191,8 @@ def test_fit_regression_ml2_save_round_trip(reg_csv, tmp_path, capsys):
     assert "PointPosterior summary" in text and "inputs: [0] a, [1] b" in text and "saved to" in text
     # regression files hold plain data: readable with weights_only=True
     payload = torch.load(out, weights_only=True)
-    assert payload["kind"] == "regression" and payload["method"] == "ml2"
+    meta = json.loads(payload["meta"])                          # the layout of gpvi.io: tensors + a JSON string
+    assert meta["kind"] == "regression" and meta["method"] == "ml2"
     fit = load_fit(out)
     assert fit.kind == "regression" and fit.features == ["a", "b"] and fit.target == "y"
     # the same fit made directly on the standardised data gives the same theta
@@ -288,3 +293,289 @@ def test_bench_runs_module_with_quick_and_out(tmp_path, monkeypatch, capsys):
     assert (out / "fake.md").read_text() == "--quick 1"
     assert main(["bench", "broken"]) == 2
     assert "benchmarks/broken.py failed with exit status 3" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------ gpvi predict
+def _new_csv(path: Path, X: np.ndarray, *, order=("b", "a"), extra=True, target=None) -> Path:
+    """Features by name in another order, a text column the fit does not use, optionally the target."""
+    cols = {"a": X[:, 0], "b": X[:, 1]}
+    head = list(order) + (["id"] if extra else []) + ([target] if target else [])
+    lines = [",".join(head)]
+    for i in range(X.shape[0]):
+        row = [repr(float(cols[c][i])) for c in order] + ([f"row{i}"] if extra else []) + (["7"] if target else [])
+        lines.append(",".join(row))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _read_pred(text: str) -> tuple[list[str], list[list[str]]]:
+    rows = [ln.split(",") for ln in text.strip().splitlines()]
+    return rows[0], rows[1:]
+
+
+def test_predict_regression_round_trip_subprocess(reg_csv, tmp_path, capsys):
+    p, X, y = reg_csv
+    fit_file = tmp_path / "ml2.pt"
+    assert main(["fit-regression", str(p), "--target", "y", "--method", "ml2", "--restarts", "1", "--no-progress",
+                 "--save", str(fit_file)]) == 0
+    capsys.readouterr()
+    Xnew = np.random.default_rng(3).uniform(-2, 2, (7, 2))
+    new = _new_csv(tmp_path / "new.csv", Xnew, target="y")
+    r = _run("predict", str(fit_file), str(new))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    header, rows = _read_pred(r.stdout)
+    assert header == ["mean", "sd"] and len(rows) == 7
+    got = np.array([[float(v) for v in row] for row in rows])
+    mean, var = load_fit(fit_file).predict(Xnew)
+    np.testing.assert_allclose(got[:, 0], mean, rtol=0, atol=1e-12)        # floats written with repr: exact
+    np.testing.assert_allclose(got[:, 1], np.sqrt(var), rtol=0, atol=1e-12)
+    assert np.all(np.abs(got[:, 0] - (100 + 10 * np.sin(Xnew[:, 0]))) < 3)   # in the CSV's units
+    # --out writes the same table and says so on stdout
+    out = tmp_path / "pred.csv"
+    assert main(["predict", str(fit_file), str(new), "--out", str(out)]) == 0
+    assert out.read_text() == r.stdout
+    assert "wrote 7 predictions (mean, sd) to" in capsys.readouterr().out
+
+
+def test_predict_classifier_round_trip_subprocess(cls_csv, tmp_path, capsys):
+    p, X, lab = cls_csv
+    fit_file = tmp_path / "cls.pt"
+    assert main(["fit-classifier", str(p), "--target", "label", "--no-progress", "--save", str(fit_file)]) == 0
+    capsys.readouterr()
+    Xnew = np.random.default_rng(4).uniform(-2, 2, (9, 2))
+    new = _new_csv(tmp_path / "new.csv", Xnew, order=("a", "b"), extra=False)
+    out = tmp_path / "p.csv"
+    r = _run("predict", str(fit_file), str(new), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    header, rows = _read_pred(out.read_text())
+    assert header == ["p_-1", "p_1", "label"] and len(rows) == 9
+    P = np.array([[float(v) for v in row[:2]] for row in rows])
+    labels = np.array([int(row[2]) for row in rows])
+    fit = load_fit(fit_file)
+    np.testing.assert_allclose(P, fit.predict_proba(Xnew), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(P.sum(1), 1.0, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(labels, np.where(P[:, 1] > 0.5, 1, -1))
+    assert set(labels.tolist()) == {-1, 1}                    # a ~ U(-2, 2) and the label follows the sign of a
+
+
+def test_predict_dsvi_num_draws_and_seed(reg_csv, tmp_path, capsys):
+    p, X, y = reg_csv
+    fit_file = tmp_path / "dsvi.pt"
+    assert main(["fit-regression", str(p), "--target", "y", "--method", "dsvi", "--num-steps", "20", "--restarts",
+                 "1", "--no-progress", "--save", str(fit_file)]) == 0
+    new = _new_csv(tmp_path / "new.csv", X[:5])
+    capsys.readouterr()
+    assert main(["predict", str(fit_file), str(new), "--num-draws", "7", "--seed", "3"]) == 0
+    header, rows = _read_pred(capsys.readouterr().out)
+    got = np.array([[float(v) for v in row] for row in rows])
+    mean, var = load_fit(fit_file).predict(X[:5], num_draws=7, seed=3)
+    np.testing.assert_allclose(got, np.c_[mean, np.sqrt(var)], rtol=0, atol=1e-12)
+    other, _ = load_fit(fit_file).predict(X[:5], num_draws=7, seed=4)
+    assert np.abs(other - mean).max() > 1e-9                  # the seed matters: a mixture over random draws
+
+
+PREDICT_BAD = {
+    "missing_column": ("a,y\n1,2\n", r"no column 'b'; the fit needs a, b and the file has a, y"),
+    "non_numeric": ("a,b\n1,2\n3,x\n", r"line 3, column 'b': non-numeric value 'x'"),
+    "no_rows": ("a,b\n", r"needs at least 1 data row; found 0"),
+    "duplicate_feature": ("a,b,b\n1,2,3\n", r"duplicate column name\(s\) 'b'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PREDICT_BAD))
+def test_predict_bad_csv_is_one_line(case, reg_csv, tmp_path, capsys):
+    p, X, y = reg_csv
+    fit_file = tmp_path / "ml2.pt"
+    assert main(["fit-regression", str(p), "--target", "y", "--method", "ml2", "--restarts", "1", "--no-progress",
+                 "--save", str(fit_file)]) == 0
+    capsys.readouterr()
+    text, pattern = PREDICT_BAD[case]
+    new = tmp_path / "new.csv"
+    new.write_text(text)
+    assert main(["predict", str(fit_file), str(new)]) == 2
+    cap = capsys.readouterr()
+    assert re.search(pattern, _one_error_line(cap.err)) and cap.out == ""
+
+
+def test_predict_option_and_output_errors(cls_csv, tmp_path, capsys):
+    p, X, lab = cls_csv
+    fit_file = tmp_path / "cls.pt"
+    assert main(["fit-classifier", str(p), "--target", "label", "--no-progress", "--save", str(fit_file)]) == 0
+    capsys.readouterr()
+    assert main(["predict", str(fit_file), str(p), "--num-draws", "5"]) == 2
+    assert "--num-draws applies to regression fits only" in _one_error_line(capsys.readouterr().err)
+    assert main(["predict", str(fit_file), str(p), "--out", str(tmp_path / "nope" / "p.csv")]) == 2
+    assert "does not exist" in _one_error_line(capsys.readouterr().err)
+    assert main(["predict", str(tmp_path / "absent.pt"), str(p)]) == 2
+    assert "absent.pt: no such file" in _one_error_line(capsys.readouterr().err)
+
+
+# ------------------------------------------------------------------------------------------------ crafted files
+class _OpensMarker:
+    """Unpickling this without restrictions calls open(marker, "w")."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import builtins
+        return (builtins.open, (self.marker, "w"))
+
+
+def test_crafted_fit_file_is_refused_by_the_cli_without_running(cls_csv, tmp_path, capsys):
+    p, X, lab = cls_csv
+    marker = tmp_path / "MARKER"
+    evil = tmp_path / "evil.pt"
+    torch.save({"format": "gpvi-fit", "version": 2, "meta": "{}", "tensors": {}, "x": _OpensMarker(marker)}, evil)
+    r = _run("predict", str(evil), str(p))
+    assert r.returncode == 2 and r.stdout == ""
+    line = _one_error_line(r.stderr)
+    assert str(evil) in line and "refused" in line and "could run code" in line
+    assert not marker.exists()
+    assert main(["predict", str(evil), str(p)]) == 2                 # in-process too
+    assert "refused" in _one_error_line(capsys.readouterr().err) and not marker.exists()
+    torch.load(evil, weights_only=False)                             # control: unrestricted loading runs it
+    assert marker.exists()
+
+
+# ------------------------------------------------------------------------------------------------ --save checks
+def test_save_to_a_missing_folder_fails_before_fitting_subprocess(reg_csv, tmp_path):
+    p, X, y = reg_csv
+    target = tmp_path / "no_such_folder" / "fit.pt"
+    r = _run("fit-regression", str(p), "--target", "y", "--method", "ml2", "--no-progress", "--save", str(target))
+    assert r.returncode == 2 and r.stdout == ""                      # nothing was fitted or printed
+    assert "does not exist" in _one_error_line(r.stderr) and str(target.parent) in r.stderr
+
+
+def test_save_path_checks_in_process(reg_csv, cls_csv, tmp_path, capsys):
+    p, X, y = reg_csv
+    assert main(["fit-regression", str(p), "--target", "y", "--method", "ml2", "--save", str(tmp_path)]) == 2
+    cap = capsys.readouterr()
+    assert "is a folder; give a file name" in _one_error_line(cap.err) and cap.out == ""
+    pc, _, _ = cls_csv
+    assert main(["fit-classifier", str(pc), "--target", "label", "--save", str(tmp_path / "x" / "c.pt")]) == 2
+    cap = capsys.readouterr()
+    assert "does not exist" in _one_error_line(cap.err) and cap.out == ""
+    # the path is checked before the CSV is read
+    assert main(["fit-regression", str(tmp_path / "missing.csv"), "--target", "y", "--save",
+                 str(tmp_path / "x" / "f.pt")]) == 2
+    assert "does not exist" in _one_error_line(capsys.readouterr().err)
+
+
+# ------------------------------------------------------------------------------------------------ flags and numbers
+@pytest.mark.parametrize("method,flags,message", [
+    ("nuts", ["--num-steps", "10"], r"--num-steps sets the DSVI steps and applies to --method dsvi only; got "
+                                    r"--method nuts \(NUTS draws per chain: --num-draws\)"),
+    ("ml2", ["--num-steps", "10"], r"--num-steps .* applies to --method dsvi only; got --method ml2"),
+    ("dsvi", ["--num-draws", "10"], r"--num-draws applies to --method nuts only; got --method dsvi"),
+    ("ml2", ["--chains", "2"], r"--chains applies to --method nuts only"),
+    ("dsvi", ["--warmup", "0"], r"--warmup applies to --method nuts only"),
+])
+def test_flags_that_do_not_apply_to_the_method(method, flags, message, reg_csv, capsys):
+    p, X, y = reg_csv
+    assert main(["fit-regression", str(p), "--target", "y", "--method", method, *flags]) == 2
+    cap = capsys.readouterr()
+    assert re.search(message, _one_error_line(cap.err)) and cap.out == ""
+
+
+def test_nuts_num_draws_sets_draws_per_chain(reg_csv, tmp_path, capsys):
+    p, X, y = reg_csv
+    out = tmp_path / "nuts.pt"
+    assert main(["fit-regression", str(p), "--target", "y", "--method", "nuts", "--num-draws", "6", "--chains", "2",
+                 "--warmup", "5", "--restarts", "1", "--no-progress", "--save", str(out)]) == 0
+    q = load_fit(out).posterior
+    assert isinstance(q, gpvi.SamplePosterior) and tuple(q.draws.shape[:2]) == (2, 6)
+
+
+@pytest.mark.parametrize("flag,value", [("--restarts", "1_000"), ("--seed", "1_0"), ("--num-steps", "2_0"),
+                                        ("--restarts", "\u0663"), ("--restarts", " 3")])
+def test_numbers_are_plain_digits(flag, value, reg_csv, capsys):
+    p, X, y = reg_csv
+    assert int(value) > 0                                   # Python's int() accepts all of these
+    assert main(["fit-regression", str(p), "--target", "y", flag, value]) == 2
+    assert "expected an integer written with the digits 0-9 only" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------ Ctrl-C
+def _interrupt_on_call(monkeypatch, k: int, how: str = "raise"):
+    """Make the k-th progress update (every engine's loop calls it inside its try) act as Ctrl-C."""
+    import signal
+
+    from gpvi.inference.progress import Progress
+
+    calls = []
+
+    def update(self, n=1, **postfix):
+        calls.append(1)
+        if len(calls) >= k:
+            if how == "raise":
+                raise KeyboardInterrupt
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(Progress, "update", update)
+    return calls
+
+
+@pytest.mark.parametrize("argv,k", [
+    (["fit-regression", "{reg}", "--target", "y", "--method", "ml2"], 1),
+    (["fit-regression", "{reg}", "--target", "y", "--method", "dsvi", "--num-steps", "50"], 3),
+    (["fit-classifier", "{cls}", "--target", "label"], 2),
+])
+def test_ctrl_c_in_an_engine_exits_130_and_saves_nothing(argv, k, reg_csv, cls_csv, tmp_path, monkeypatch, capsys):
+    import signal
+
+    before = signal.getsignal(signal.SIGINT)
+    _interrupt_on_call(monkeypatch, k)
+    out = tmp_path / "fit.pt"
+    argv = [a.format(reg=reg_csv[0], cls=cls_csv[0]) for a in argv]
+    assert main([*argv, "--restarts", "1", "--no-progress", "--save", str(out)] if argv[0] == "fit-regression"
+                else [*argv, "--no-progress", "--save", str(out)]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "gpvi: interrupted (Ctrl-C); nothing was saved"
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["cls.csv", "reg.csv"]     # no fit, no temporary file
+    assert signal.getsignal(signal.SIGINT) is before             # main restored the handler
+
+
+def test_real_sigint_in_process_and_a_second_one_aborts(reg_csv, tmp_path, monkeypatch, capsys):
+    # one SIGINT: the handler raises KeyboardInterrupt, ML-II returns its partial result and warns -> 130
+    _interrupt_on_call(monkeypatch, 1, how="signal")
+    out = tmp_path / "fit.pt"
+    assert main(["fit-regression", str(reg_csv[0]), "--target", "y", "--method", "ml2", "--restarts", "2",
+                 "--no-progress", "--save", str(out)]) == 130
+    assert capsys.readouterr().err.strip() == "gpvi: interrupted (Ctrl-C); nothing was saved" and not out.exists()
+    # the demo records library warnings and carries on after a Ctrl-C; a second one stops it at once
+    calls = _interrupt_on_call(monkeypatch, 1, how="signal")
+    assert main(["demo", "--quick", "--no-progress"]) == 130
+    assert capsys.readouterr().err.strip() == "gpvi: interrupted (Ctrl-C)" and len(calls) == 2
+
+
+def test_ctrl_c_subprocess_exits_130(reg_csv, tmp_path):
+    import signal
+    import threading
+    import time
+
+    p, X, y = reg_csv
+    out = tmp_path / "nuts.pt"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "gpvi", "fit-regression", str(p), "--target", "y", "--method",
+                             "nuts", "--num-draws", "1000000", "--chains", "1", "--warmup", "5", "--restarts", "1",
+                             "--save", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    err = bytearray()
+
+    def read():
+        while chunk := proc.stderr.read1(4096):
+            err.extend(chunk)
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 120
+    while b"NUTS" not in err and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)                                       # wait for the NUTS progress bar: sampling has begun
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    stdout = proc.stdout.read()
+    assert proc.wait(timeout=60) == 130
+    reader.join(timeout=10)
+    text = err.decode(errors="replace")
+    assert text.strip().splitlines()[-1] == "gpvi: interrupted (Ctrl-C); nothing was saved"
+    assert "Traceback" not in text and b"saved to" not in stdout and not out.exists()

@@ -1,0 +1,560 @@
+r"""Saving and loading fits without executing code: :func:`save_fit`, :func:`load_fit`, :class:`SavedFit`.
+
+A fit file is written by :func:`torch.save` and holds exactly four entries:
+
+* ``"format"`` — the string ``"gpvi-fit"``; ``"version"`` — the integer :data:`FORMAT_VERSION`;
+* ``"meta"`` — one JSON string (plain ``str``/``int``/``float``/``bool``/``list``/``dict``/``null`` only) that
+  describes the fit: kind, method, feature names, standardisation, model settings, the posterior's
+  ``state_dict()`` (regression) or the classifier's settings, classes and CVI sites (classification). A tensor is
+  written in the JSON as ``{"$tensor": KEY}``, a non-finite float as ``{"$float": "nan" | "inf" | "-inf"}``;
+* ``"tensors"`` — a flat ``dict`` from those keys to CPU tensors.
+
+:func:`load_fit` reads a file **only** with ``torch.load(path, weights_only=True)``, whose unpickler builds
+tensors, numbers, strings and containers and refuses every other Python object, so nothing a file carries is
+ever run. It then checks the layout, decodes the JSON and rebuilds the fit from that plain data: the
+:class:`gpvi.GPRegression` model and its posterior (through the posteriors' ``from_state_dict``), or a fitted
+:class:`gpvi.GPClassifier` whose :class:`~gpvi.inference.cvi.engine.LatentPosterior` is refactorised from the
+saved sites :math:`\tilde\lambda^{(1)}, \tilde\lambda^{(2)}` and hyperparameters :math:`\theta` exactly as the CVI
+run finalised it, so ``predict_proba`` gives the same numbers. Any other file — not a gpvi fit, a pickle of other
+objects, a file whose unpickling would run code, a truncated or corrupt file, another format version — raises a
+``ValueError`` that names the path and the reason.
+
+What is saved: the training inputs and targets (a GP predicts from them), the hyperparameter posterior or the CVI
+sites, the standardisation of the CSV columns, and the settings of the model. Models are rebuilt with the default
+kernel ``ScaleKernel(RBFKernel(ard_num_dims=d))``; a model with another kernel object cannot be described as
+plain data and :func:`save_fit` refuses it. Regression priors are saved when they are the default or a
+(possibly ``Independent``) ``Normal``; others are refused.
+
+Names: ``theta`` (log-hyperparameters), ``lam1``/``lam2`` (CVI sites), ``x_mean``/``x_std`` and
+``y_mean``/``y_std`` (the standardisation of the CSV's inputs and target).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pickle
+import re
+import uuid
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["SavedFit", "save_fit", "load_fit", "FORMAT", "FORMAT_VERSION"]
+
+FORMAT = "gpvi-fit"
+"""Value of the ``"format"`` entry of every fit file."""
+
+FORMAT_VERSION = 2
+"""Version of the layout (version 1 files, written by earlier ``gpvi --save``, pickled classifiers and are refused)."""
+
+_TENSOR, _FLOAT = "$tensor", "$float"
+_TENSOR_DTYPES = (torch.float64, torch.float32, torch.int64, torch.int32, torch.uint8, torch.bool)
+
+
+class _Invalid(Exception):
+    """Internal: the file's content is not a valid fit (wrapped into a ValueError naming the path)."""
+
+
+# ============================================================================ the fit object
+@dataclass
+class SavedFit:
+    r"""A fit saved by :func:`save_fit` (``gpvi fit-regression/fit-classifier --save FILE``), read by :func:`load_fit`.
+
+    Attributes
+    ----------
+    kind : {"regression", "classification"}
+    method : str
+        ``"ml2"``, ``"dsvi"``, ``"nuts"`` (or another engine's name) for regression; ``"cvi-full"`` /
+        ``"cvi-stochastic"`` for classification.
+    features : list of str
+        Input column names, in the order :meth:`predict` expects.
+    target : str
+        Name of the target (label) column.
+    x_mean, x_std : numpy.ndarray of shape (d,)
+        Standardisation of the inputs: the model sees :math:`(x - \bar x) / s_x`.
+    y_mean, y_std : float
+        Standardisation of the target (regression; 0 and 1 for classification).
+    posterior : PointPosterior, GaussianPosterior or SamplePosterior, or None
+        Regression: the posterior over log-hyperparameters; its ``target`` is a :class:`gpvi.GPRegression` on the
+        standardised training data, so ``posterior.predict`` and ``posterior.summary()`` work.
+    classifier : GPClassifier or None
+        Classification: the fitted estimator (it expects standardised inputs; use :meth:`predict`).
+    extra : dict
+        Plain data stored with the fit (strings, numbers, lists, dicts).
+    """
+
+    kind: str
+    method: str
+    features: list[str]
+    target: str
+    x_mean: Any
+    x_std: Any
+    y_mean: float = 0.0
+    y_std: float = 1.0
+    posterior: Any = None
+    classifier: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def classes(self) -> list[Any]:
+        """The two class labels (classification), sorted; ``predict_proba`` columns follow this order."""
+        if self.kind != "classification":
+            raise TypeError("classes exist only for classification fits; this fit is a regression")
+        return self.classifier.classes_.tolist()
+
+    def _standardised(self, X: Any) -> np.ndarray:
+        """Check ``X`` against the fit's features and standardise it."""
+        d = len(self.features)
+        Xa = np.asarray(X.detach().cpu() if isinstance(X, torch.Tensor) else X, dtype=np.float64)
+        if Xa.ndim != 2:
+            raise ValueError(f"X must be 2-D of shape (n, {d}); got {Xa.ndim}-D shape {Xa.shape}")
+        if Xa.shape[1] != d:
+            raise ValueError(f"X has {Xa.shape[1]} columns but the fit was made with {d} features "
+                             f"({', '.join(self.features)})")
+        if Xa.shape[0] == 0:
+            raise ValueError("X has no rows")
+        if not np.isfinite(Xa).all():
+            raise ValueError("X contains NaN or infinite values")
+        return (Xa - np.asarray(self.x_mean, dtype=np.float64)) / np.asarray(self.x_std, dtype=np.float64)
+
+    def predict(self, X: Any, num_draws: int = 200, *, seed: int | None = 0,
+                generator: torch.Generator | None = None) -> Any:
+        r"""Predict at raw (unstandardised) inputs.
+
+        Parameters
+        ----------
+        X : array-like of shape (n, d)
+            Columns in the order of :attr:`features`, in the CSV's units.
+        num_draws : int
+            Regression: hyperparameter draws of the mixture predictive (DSVI/NUTS; ignored for ML-II).
+        seed, generator
+            Randomness of those draws (default ``seed=0``: reproducible).
+
+        Returns
+        -------
+        (mean, var) : tuple of numpy.ndarray of shape (n,)
+            Regression: mean and variance of the predictive of :math:`y_*` in the CSV's units,
+            :math:`\bar y + s_y m_*` and :math:`s_y^2 v_*` (a mixture over ``num_draws`` draws of theta).
+        p : numpy.ndarray of shape (n,)
+            Classification: probability of the larger label ``classes[1]``.
+
+        Raises
+        ------
+        ValueError
+            ``X`` not 2-D, with a number of columns other than ``len(features)`` (the message gives both numbers),
+            empty, or non-finite.
+        """
+        Xs = self._standardised(X)
+        if self.kind == "classification":
+            return self.classifier.predict_proba(Xs)[:, 1]
+        pred = self.posterior.predict(Xs, num_draws=num_draws, seed=seed, generator=generator)
+        mean = pred.mean.detach().cpu().numpy() * self.y_std + self.y_mean
+        var = pred.var.detach().cpu().numpy() * self.y_std ** 2
+        return mean, var
+
+    def predict_proba(self, X: Any) -> np.ndarray:
+        """Classification: class probabilities at raw inputs ``X`` of shape (n, d).
+
+        Returns
+        -------
+        numpy.ndarray of shape (n, 2)
+            Columns in :attr:`classes` order: :math:`[1 - p_*, p_*]`.
+
+        Raises
+        ------
+        TypeError
+            The fit is a regression.
+        ValueError
+            As for :meth:`predict`.
+        """
+        if self.kind != "classification":
+            raise TypeError("predict_proba needs a classification fit; this fit is a regression (use predict)")
+        return self.classifier.predict_proba(self._standardised(X))
+
+
+# ============================================================================ plain-data encoding
+def _encode(obj: Any, tensors: dict[str, torch.Tensor], path: str) -> Any:
+    """JSON-ready copy of ``obj``; tensors go to ``tensors`` under their path and are referenced by key."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().clone().contiguous()
+        if t.is_sparse or t.dtype not in _TENSOR_DTYPES:
+            raise TypeError(f"{path}: cannot save a {t.dtype} tensor{' (sparse)' if t.is_sparse else ''}")
+        tensors[path] = t
+        return {_TENSOR: path}
+    if isinstance(obj, np.ndarray):
+        return _encode(torch.from_numpy(np.ascontiguousarray(obj)), tensors, path)
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        return float(obj) if math.isfinite(obj) else {_FLOAT: repr(float(obj))}
+    if isinstance(obj, dict):
+        if _TENSOR in obj or _FLOAT in obj:
+            raise TypeError(f"{path}: keys {_TENSOR!r} and {_FLOAT!r} are reserved")
+        out = {}
+        for k, v in obj.items():
+            if not isinstance(k, str):
+                raise TypeError(f"{path}: dict keys must be strings; got {type(k).__name__} {k!r}")
+            out[k] = _encode(v, tensors, f"{path}.{k}")
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [_encode(v, tensors, f"{path}.{i}") for i, v in enumerate(obj)]
+    if type(obj).__name__ == "Table" and hasattr(obj, "columns") and hasattr(obj, "index"):
+        return {"index": _encode(list(obj.index), tensors, f"{path}.index"),
+                "columns": _encode(dict(obj.columns), tensors, f"{path}.columns")}
+    raise TypeError(f"{path}: cannot save a {type(obj).__name__} as plain data")
+
+
+def _decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(obj, dict):
+        if set(obj) == {_TENSOR}:
+            key = obj[_TENSOR]
+            if not isinstance(key, str) or key not in tensors:
+                raise _Invalid(f"the description refers to a tensor {key!r} that the file does not hold")
+            return tensors[key].clone()
+        if set(obj) == {_FLOAT}:
+            if obj[_FLOAT] not in ("nan", "inf", "-inf"):
+                raise _Invalid(f"bad special float {obj[_FLOAT]!r}")
+            return float(obj[_FLOAT])
+        return {k: _decode(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_decode(v, tensors) for v in obj]
+    return obj
+
+
+def _no_constant(token: str) -> Any:
+    raise _Invalid(f"the description holds the non-JSON constant {token}")
+
+
+# ============================================================================ models: plain descriptions
+def _check_default_kernel(kernel_params: Any, d: int, what: str) -> None:
+    import gpytorch
+
+    k = kernel_params.kernel
+    ok = (type(k) is gpytorch.kernels.ScaleKernel and type(k.base_kernel) is gpytorch.kernels.RBFKernel
+          and k.base_kernel.ard_num_dims == d and getattr(k.base_kernel, "active_dims", None) is None)
+    if not ok:
+        raise ValueError(f"cannot save {what} with a custom kernel ({kernel_params.kernel!r}): a fit file holds "
+                         f"only plain data, and only the default ScaleKernel(RBFKernel(ard_num_dims={d})) can be "
+                         f"rebuilt from it")
+
+
+def _prior_spec(prior: Any) -> dict[str, Any]:
+    dist = torch.distributions
+    independent = isinstance(prior, dist.Independent)
+    base = prior.base_dist if independent else prior
+    if type(base) is not dist.Normal or (independent and prior.reinterpreted_batch_ndims != 1):
+        raise ValueError(f"cannot save a GPRegression whose prior is a {type(prior).__name__}: only Normal priors "
+                         f"(the default N(0, 10 I) included) can be written as plain data")
+    return {"kind": "normal", "independent": independent, "loc": base.loc, "scale": base.scale}
+
+
+def _regression_spec(model: Any) -> dict[str, Any]:
+    from .models.regression import GPRegression
+
+    if not isinstance(model, GPRegression):
+        raise TypeError(f"a regression fit's posterior must have a gpvi.GPRegression target; got "
+                        f"{type(model).__name__}")
+    _check_default_kernel(model.kernel_params, int(model.X.shape[1]), "a GPRegression")
+    return {"X": model.X, "y": model.y, "jitter": model.jitter, "max_jitter": model.max_jitter,
+            "batch_size": model.batch_size, "prior": _prior_spec(model.prior), "names": list(model.names)}
+
+
+def _regression_from(spec: dict[str, Any]) -> Any:
+    from .models.regression import GPRegression
+
+    pr = spec["prior"]
+    if pr.get("kind") != "normal":
+        raise _Invalid(f"unknown prior kind {pr.get('kind')!r}")
+    prior = torch.distributions.Normal(pr["loc"], pr["scale"])
+    if pr["independent"]:
+        prior = torch.distributions.Independent(prior, 1)
+    model = GPRegression(spec["X"], spec["y"], prior=prior, jitter=float(spec["jitter"]),
+                         max_jitter=float(spec["max_jitter"]), batch_size=int(spec["batch_size"]))
+    if list(model.names) != list(spec["names"]):
+        raise _Invalid(f"the rebuilt model's parameters {model.names} differ from the saved ones {spec['names']}")
+    return model
+
+
+def _posterior_from(state: dict[str, Any], model: Any) -> Any:
+    from . import posteriors
+
+    if not isinstance(state, dict):
+        raise _Invalid("the posterior description is not a dict")
+    rebuild = getattr(posteriors, "posterior_from_state_dict", None)
+    if rebuild is not None:                          # the class is chosen by state["kind"]
+        return rebuild(state, target=model)
+    from .posteriors.base import GaussianPosterior, PointPosterior, SamplePosterior
+
+    kind = state.get("kind")
+    if kind == "gaussian":
+        return GaussianPosterior.from_state_dict(state, target=model)
+    if kind == "point":
+        return PointPosterior(state["theta"], list(state["names"]), model, value=state.get("value", math.nan),
+                              info=state.get("info"))
+    if kind == "samples":
+        return SamplePosterior(state["draws"], list(state["names"]), model, stats=state.get("stats"),
+                               info=state.get("info"))
+    raise _Invalid(f"unknown posterior kind {kind!r}")
+
+
+def _classifier_spec(clf: Any) -> dict[str, Any]:
+    if not hasattr(clf, "posterior_"):
+        raise ValueError("cannot save a GPClassifier that is not fitted; call fit(X, y) first")
+    params = clf.get_params()
+    if params.get("kernel") is not None:
+        raise ValueError(f"cannot save a GPClassifier with a custom kernel ({params['kernel']!r}): a fit file holds "
+                         "only plain data, and only the default kernel (kernel=None) can be rebuilt from it")
+    model = clf.model_
+    _check_default_kernel(model.kernel_params, int(model.X.shape[1]), "a GPClassifier")
+    post = clf.posterior_.state_dict()
+    es = post.get("engine_state")
+    if isinstance(es, dict) and es.get("factor") is not None:
+        post["engine_state"] = {**es, "factor": None}      # N x N and recomputable: not stored
+    classes = np.asarray(model.classes)
+    labels = classes[model.y.detach().cpu().long().numpy()]
+    return {"params": params, "classes": classes.tolist(), "X": model.X, "y": torch.as_tensor(labels),
+            "link": model.link, "posterior": post}
+
+
+def _classifier_from(spec: dict[str, Any]) -> Any:
+    from .inference.cvi.engine import LatentPosterior
+    from .models.classification import GPClassification
+    from .models.likelihoods import Quadrature
+    from .sklearn import GPClassifier
+
+    params = dict(spec["params"])
+    if params.get("kernel") is not None:
+        raise _Invalid("a saved classifier must use the default kernel")
+    valid = set(GPClassifier._get_param_names())
+    unknown = set(params) - valid
+    if unknown:
+        raise _Invalid(f"unknown GPClassifier parameters {sorted(unknown)}")
+    clf = GPClassifier(**params)
+    model = GPClassification(spec["X"], spec["y"], likelihood=spec["link"], theta=params.get("theta"))
+    if [int(c) for c in np.asarray(model.classes)] != [int(c) for c in spec["classes"]]:
+        raise _Invalid(f"the labels give classes {np.asarray(model.classes).tolist()}, not {spec['classes']}")
+    post = LatentPosterior.from_state_dict(spec["posterior"], model)
+    q = (post.info or {}).get("quadrature")
+    if isinstance(q, dict) and q != post.quadrature.spec():
+        post.quadrature = Quadrature(int(q["num_points"]), str(q["rule"]), scale=float(q["scale"]),
+                                     width=float(q["width"]))
+    clf.model_ = model
+    clf.posterior_ = post
+    clf.classes_ = np.asarray(model.classes)
+    clf.link_ = model.link
+    clf.elbo_ = post.elbo
+    clf.theta_ = post.theta.clone()
+    clf.hyperparameters_ = model.describe(post.theta)
+    clf.kernel_ = model.kernel_at(post.theta)
+    clf.n_features_in_ = int(model.X.shape[1])
+    return clf
+
+
+# ============================================================================ save / load
+def _as_saved_fit(fit: Any) -> SavedFit:
+    from .sklearn import GPClassifier
+
+    if isinstance(fit, SavedFit):
+        return fit
+    if isinstance(fit, GPClassifier):
+        if not hasattr(fit, "posterior_"):
+            raise ValueError("cannot save a GPClassifier that is not fitted; call fit(X, y) first")
+        d = int(fit.n_features_in_)
+        return SavedFit("classification", f"cvi-{fit.mode}", [f"x{j}" for j in range(d)], "y", np.zeros(d),
+                        np.ones(d), classifier=fit)
+    if callable(getattr(fit, "state_dict", None)) and getattr(fit, "target", None) is not None:
+        d = int(fit.target.X.shape[1])
+        method = {"point": "ml2", "gaussian": "dsvi", "samples": "nuts"}.get(fit.state_dict().get("kind"), "")
+        return SavedFit("regression", method, [f"x{j}" for j in range(d)], "y", np.zeros(d), np.ones(d),
+                        posterior=fit)
+    raise TypeError(f"fit must be a SavedFit, a fitted GPClassifier or a posterior with a GPRegression target; got "
+                    f"{type(fit).__name__}")
+
+
+def save_fit(path: str | os.PathLike, fit: Any) -> None:
+    """Write a fit as tensors plus a JSON description, readable by :func:`load_fit` without running code.
+
+    Parameters
+    ----------
+    path : str or path-like
+        File to write (replaced atomically if it exists).
+    fit : SavedFit, GPClassifier or posterior
+        A :class:`SavedFit`; or a fitted :class:`gpvi.GPClassifier`, or a regression posterior whose ``target``
+        is a :class:`gpvi.GPRegression` (saved with features ``x0, x1, ...`` and no standardisation).
+
+    Raises
+    ------
+    TypeError
+        ``fit`` is none of these, or holds data that is not plain (e.g. an object in a posterior's ``info``).
+    ValueError
+        An unfitted classifier, a custom kernel, or a regression prior that is not Normal.
+    OSError
+        The file cannot be written.
+
+    Examples
+    --------
+    >>> import gpvi, tempfile, pathlib
+    >>> from gpvi.io import save_fit, load_fit
+    >>> ds = gpvi.datasets.load_pima()
+    >>> clf = gpvi.GPClassifier(learn_hyperparameters=False, progress_bar=False).fit(ds.X_train, ds.y_train)
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "clf.pt"
+    >>> save_fit(p, clf)
+    >>> fit = load_fit(p)
+    >>> bool(abs(fit.predict_proba(ds.X_test) - clf.predict_proba(ds.X_test)).max() < 1e-12)
+    True
+    """
+    from . import __version__
+
+    fit = _as_saved_fit(fit)
+    if fit.kind not in ("regression", "classification"):
+        raise ValueError(f"fit.kind must be 'regression' or 'classification'; got {fit.kind!r}")
+    meta: dict[str, Any] = {
+        "gpvi_version": __version__, "kind": fit.kind, "method": str(fit.method),
+        "features": [str(f) for f in fit.features], "target": str(fit.target),
+        "x_mean": torch.as_tensor(np.asarray(fit.x_mean, dtype=np.float64)),
+        "x_std": torch.as_tensor(np.asarray(fit.x_std, dtype=np.float64)),
+        "y_mean": float(fit.y_mean), "y_std": float(fit.y_std), "extra": dict(fit.extra)}
+    if fit.kind == "regression":
+        if fit.posterior is None:
+            raise ValueError("a regression SavedFit needs a posterior")
+        meta["model"] = _regression_spec(fit.posterior.target)
+        meta["posterior"] = fit.posterior.state_dict()
+    else:
+        if fit.classifier is None:
+            raise ValueError("a classification SavedFit needs a classifier")
+        meta["classifier"] = _classifier_spec(fit.classifier)
+    tensors: dict[str, torch.Tensor] = {}
+    text = json.dumps(_encode(meta, tensors, "fit"), allow_nan=False, separators=(",", ":"))
+    payload = {"format": FORMAT, "version": FORMAT_VERSION, "meta": text, "tensors": tensors}
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")   # same folder: atomic
+    try:
+        with open(tmp, "xb") as fh:                  # "x": never follows an existing file; mode from the umask
+            torch.save(payload, fh)
+        os.replace(tmp, target)
+    except BaseException:
+        if tmp.exists():
+            tmp.unlink()
+        raise
+
+
+def _torch_reason(exc: BaseException) -> str:
+    m = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
+    if m:
+        return f"it refers to the Python object {m.group(1)}"
+    m = re.search(r"Unsupported operand (\d+)", str(exc))
+    return f"unsupported pickle operation {m.group(1)}" if m else "it holds objects other than tensors and plain data"
+
+
+def _read(path: Path) -> dict[str, Any]:
+    """``torch.load(weights_only=True)`` and a check of the four entries; raises ValueError naming ``path``."""
+    if not path.exists():
+        raise ValueError(f"{path}: no such file")
+    if path.is_dir():
+        raise ValueError(f"{path}: is a folder, not a fit file")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            payload = torch.load(path, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as exc:
+        raise ValueError(f"{path}: refused: not a gpvi fit file ({_torch_reason(exc)}; loading it could run code, "
+                         "so it was not loaded)") from None
+    except MemoryError:
+        raise
+    except Exception as exc:                  # truncated zip, empty file, text, ...: torch's message varies
+        why = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{path}: not a gpvi fit file (unreadable, truncated or corrupt: {why})") from None
+    fmt = payload.get("format") if isinstance(payload, dict) else None
+    if not isinstance(fmt, str) or fmt != FORMAT:
+        extra = f"; it says format {fmt!r}" if isinstance(fmt, str) else ""
+        raise ValueError(f"{path}: not a fit saved by the gpvi command (no format {FORMAT!r} entry{extra})")
+    version = payload.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version != FORMAT_VERSION:
+        raise ValueError(f"{path}: a gpvi fit of format version {version!r}; this gpvi reads version "
+                         f"{FORMAT_VERSION} only (fit and save it again)")
+    meta, tensors = payload.get("meta"), payload.get("tensors")
+    if set(payload) != {"format", "version", "meta", "tensors"} or not isinstance(meta, str) \
+            or not isinstance(tensors, dict):
+        raise ValueError(f"{path}: not a valid gpvi fit (entries {sorted(map(str, payload))}; expected format, "
+                         "version, meta (a JSON string), tensors (a dict))")
+    for k, t in tensors.items():
+        if not isinstance(k, str) or not isinstance(t, torch.Tensor) or t.dtype not in _TENSOR_DTYPES \
+                or t.layout != torch.strided:
+            raise ValueError(f"{path}: not a valid gpvi fit (tensor entry {k!r} is a {type(t).__name__})")
+    return payload
+
+
+def load_fit(path: str | os.PathLike) -> SavedFit:
+    """Read a fit written by :func:`save_fit` (or ``gpvi fit-regression/fit-classifier --save``).
+
+    The file is read with ``torch.load(path, weights_only=True)`` only, so nothing it carries is executed;
+    the fit is rebuilt from its tensors and JSON description.
+
+    Parameters
+    ----------
+    path : str or path-like
+
+    Returns
+    -------
+    SavedFit
+        Regression: ``posterior`` with its :class:`gpvi.GPRegression` target; classification: a fitted
+        ``classifier`` whose ``predict_proba`` equals the saved one's.
+
+    Raises
+    ------
+    ValueError
+        Naming the path and why: no such file, a pickle of other objects (refused unread: loading it could run
+        code), a truncated or corrupt file, a file that is not a gpvi fit, another format version, or a description
+        that does not rebuild.
+
+    Examples
+    --------
+    >>> from gpvi.io import load_fit
+    >>> fit = load_fit("model.pt")            # doctest: +SKIP
+    >>> mean, var = fit.predict(X_new)        # doctest: +SKIP
+    """
+    p = Path(path)
+    payload = _read(p)
+    try:
+        meta = _decode(json.loads(payload["meta"], parse_constant=_no_constant), payload["tensors"])
+        if not isinstance(meta, dict):
+            raise _Invalid("the description is not a JSON object")
+        kind = meta["kind"]
+        features = meta["features"]
+        if not isinstance(features, list) or not all(isinstance(f, str) for f in features):
+            raise _Invalid("features must be a list of strings")
+        x_mean = np.asarray(meta["x_mean"], dtype=np.float64)
+        x_std = np.asarray(meta["x_std"], dtype=np.float64)
+        if x_mean.shape != (len(features),) or x_std.shape != (len(features),):
+            raise _Invalid(f"x_mean/x_std have shapes {x_mean.shape}/{x_std.shape} for {len(features)} features")
+        common = dict(method=str(meta["method"]), features=list(features), target=str(meta["target"]),
+                      x_mean=x_mean, x_std=x_std, extra=dict(meta.get("extra") or {}))
+        if kind == "regression":
+            model = _regression_from(meta["model"])
+            if model.X.shape[1] != len(features):
+                raise _Invalid(f"the model has {model.X.shape[1]} inputs but {len(features)} feature names")
+            post = _posterior_from(meta["posterior"], model)
+            return SavedFit(kind="regression", posterior=post, y_mean=float(meta["y_mean"]),
+                            y_std=float(meta["y_std"]), **common)
+        if kind == "classification":
+            clf = _classifier_from(meta["classifier"])
+            if clf.n_features_in_ != len(features):
+                raise _Invalid(f"the classifier has {clf.n_features_in_} inputs but {len(features)} feature names")
+            return SavedFit(kind="classification", classifier=clf, **common)
+        raise _Invalid(f"unknown kind {kind!r}")
+    except (_Invalid, KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError,
+            RecursionError) as exc:
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if isinstance(exc, KeyError):
+            why = f"missing entry {exc}"
+        raise ValueError(f"{p}: not a valid gpvi fit ({why})") from None
