@@ -13,26 +13,17 @@ need a negligible amount per draw (their batches are not cut).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from ..validation import _available_memory_bytes
+
 __all__ = ["MemoryBudget", "DEFAULT_BUDGET_BYTES", "memory_per_draw"]
 
 DEFAULT_BUDGET_BYTES = 1 << 30
 """Default budget of one batched evaluation: 1 GiB (or a quarter of the free memory, if less)."""
-
-
-def _free_bytes(device: torch.device) -> int | None:
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def memory_per_draw(target: Any) -> int:
@@ -76,7 +67,7 @@ class MemoryBudget:
         """The budget in bytes on ``device``."""
         if self.max_bytes is not None:
             return self.max_bytes
-        free = _free_bytes(torch.device(device) if device is not None else torch.device("cpu"))
+        free = _available_memory_bytes(torch.device(device) if device is not None else torch.device("cpu"))
         return DEFAULT_BUDGET_BYTES if free is None else max(1, min(DEFAULT_BUDGET_BYTES, free // 4))
 
     def draws_per_call(self, target: Any, wanted: int, device: torch.device | str | None = None) -> int:

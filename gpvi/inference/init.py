@@ -29,6 +29,7 @@ import torch
 from ..exceptions import NumericalWarning
 from ..models.target import as_target
 from ..validation import as_float_tensor, check_positive, check_positive_int
+from .budget import MemoryBudget
 from .derivatives import finite_difference_hessian, is_minibatch_target
 
 __all__ = ["Start", "resolve_init", "init_to_value", "init_to_posterior", "init_to_default", "init_to_map",
@@ -199,7 +200,8 @@ def laplace_scale_at(target: Any, theta: torch.Tensor, *, fallback_scale: float 
     Returns ``(None, info)`` when no curvature is usable at all (``info["scale_reason"]`` says why).
     """
     t0 = time.perf_counter()
-    H = finite_difference_hessian(target, theta, step=step)
+    chunk = MemoryBudget().draws_per_call(target, 32)       # the 2D gradient rows, cut by the memory budget
+    H = finite_difference_hessian(target, theta, step=step, chunk=chunk)
     C, how = laplace_scale(H)
     info: dict[str, Any] = {"hessian_time_s": time.perf_counter() - t0, "hessian": H}
     if C is None:
