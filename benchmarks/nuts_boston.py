@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gpvi  # noqa: E402
 from benchmarks._common import RESULTS, header, machine_info, median_time, write  # noqa: E402
-from gpvi.inference.mcmc.hmc import NUTS  # noqa: E402
+from gpvi.inference.mcmc import NUTS  # noqa: E402
 
 
 def grad_eval_time(model: gpvi.GPRegression, theta: torch.Tensor) -> float:
@@ -74,11 +74,11 @@ def main() -> None:
     state = None
     extensions = 0
     while True:
-        eng = NUTS(num_chains=args.chains, num_warmup=args.warmup, num_samples=S, seed=args.seed,
+        eng = NUTS(num_chains=args.chains, num_warmup=args.warmup, num_draws=S, seed=args.seed,
                    progress_bar=sys.stderr.isatty())
         with warnings.catch_warnings(record=True) as rec:
             warnings.simplefilter("always")
-            mc = eng.run(model, init=ml2, state=state)
+            mc = eng.run(model, init=ml2) if state is None else eng.run(model, state=state)
         msgs = [f"{w.category.__name__}: {w.message}" for w in rec]
         ess = mc.info["ess"]
         print(f"{args.chains} x {S} draws: min ESS {float(ess.min()):.0f}, "

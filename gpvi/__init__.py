@@ -33,7 +33,7 @@ from .exceptions import (
     NumericalFaultError,
     NumericalWarning,
 )
-from .inference.mcmc.hmc import HMC, NUTS, MCMCState
+from .inference.mcmc import HMC, NUTS, Adaptation, ConvergenceChecks, MCMCState
 from .inference.ml2 import ML2
 from .models.regression import GPRegression
 from .posteriors.base import GaussianPosterior, PointPosterior, SamplePosterior
@@ -62,6 +62,8 @@ __all__ = [
     "GPRegression",
     "GaussianPosterior",
     "HMC",
+    "Adaptation",
+    "ConvergenceChecks",
     "MCMCState",
     "NUTS",
     "InterruptedRunWarning",

@@ -100,7 +100,7 @@ def run_methods(model, ds, *, nuts=True, mc=None, title=""):
     elif nuts:
         t0 = time.perf_counter()
         posts["NUTS"] = gpvi.NUTS(num_chains=S["nuts_chains"], num_warmup=S["nuts_warmup"],
-                                  num_samples=S["nuts_samples"], max_tree_depth=S["nuts_depth"], seed=SEED,
+                                  num_draws=S["nuts_samples"], max_tree_depth=S["nuts_depth"], seed=SEED,
                                   progress_bar=PROGRESS).run(model, init=posts["DSVI"])
         times["NUTS"] = time.perf_counter() - t0
     cols = {"test SMSE": [], "test NLPD": [], "time (s)": []}
@@ -601,7 +601,7 @@ def run_dataset(ds):
     posts["DSVI"] = gpvi.DSVI(scale="full", seed=SEED, progress_bar=PROGRESS, **kw).run(model, init=posts["ML-II"])
     times["DSVI"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    posts["MCMC"] = gpvi.NUTS(num_chains=S["nuts_chains"], num_warmup=S["nuts_warmup"], num_samples=S["nuts_samples"],
+    posts["MCMC"] = gpvi.NUTS(num_chains=S["nuts_chains"], num_warmup=S["nuts_warmup"], num_draws=S["nuts_samples"],
                               max_tree_depth=S["nuts_depth"], seed=SEED,
                               progress_bar=PROGRESS).run(model, init=posts["DSVI"])
     times["MCMC"] = time.perf_counter() - t0

@@ -8,6 +8,7 @@ potential by 0.8, makes these checks fail).
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 
@@ -17,7 +18,7 @@ from pyro.ops.stats import effective_sample_size
 
 import gpvi
 from gpvi.exceptions import ConvergenceWarning, InterruptedRunWarning
-from gpvi.inference.mcmc.hmc import HMC, NUTS, MCMCState
+from gpvi.inference.mcmc import HMC, NUTS, Adaptation, ConvergenceChecks, MCMCState, init_to_chains
 from gpvi.metrics import compare
 from gpvi.posteriors.base import GaussianPosterior, PointPosterior
 
@@ -66,7 +67,7 @@ W_GAUSS, S_GAUSS = 300, 800     # 4 chains: ESS ~ 500 for the means, ~650 for th
 
 @pytest.fixture(scope="module")
 def gauss_run(gauss):
-    return quiet(NUTS(num_chains=4, num_warmup=W_GAUSS, num_samples=S_GAUSS, seed=1, progress_bar=False), gauss)
+    return quiet(NUTS(num_chains=4, num_warmup=W_GAUSS, num_draws=S_GAUSS, seed=1, progress_bar=False), gauss)
 
 
 # ---------------------------------------------------------------------------------------------- correctness
@@ -83,7 +84,7 @@ def test_nuts_recovers_correlated_gaussian(gauss_run):
 
 
 def test_hmc_recovers_correlated_gaussian(gauss):
-    mc = quiet(HMC(step_size=0.3, num_steps=10, num_chains=2, num_warmup=200, num_samples=1200, seed=3,
+    mc = quiet(HMC(step_size=0.3, num_leapfrog_steps=10, num_chains=2, num_warmup=200, num_draws=1200, seed=3,
                    progress_bar=False), gauss)
     check_gaussian_moments(mc.draws)
     assert "tree_depth" not in mc.stats
@@ -94,7 +95,8 @@ def test_gp_four_chains_converge():
     X, y = make_gp_data(n=50, d=1, seed=2)
     model = gpvi.GPRegression(X, y)
     # dense mass matrix: log lengthscale and log signal variance are correlated a posteriori
-    mc = quiet(NUTS(num_chains=4, num_warmup=150, num_samples=150, seed=0, dense_mass=True, progress_bar=False),
+    mc = quiet(NUTS(num_chains=4, num_warmup=150, num_draws=150, seed=0, adaptation=Adaptation(dense_mass=True),
+                    progress_bar=False),
                model)
     assert mc.info["inverse_mass_matrix"].shape == (4, model.dim, model.dim)
     rhat = mc.r_hat()
@@ -141,7 +143,7 @@ def test_nonfinite_region_is_never_visited():
         lj = -0.5 * (th ** 2).sum(-1)
         return torch.where(th[..., 0] > 0, lj, torch.full_like(lj, -math.inf))
     target = gpvi.Target(f, ["x", "y"])
-    mc = quiet(NUTS(num_chains=2, num_warmup=50, num_samples=50, seed=0, progress_bar=False), target,
+    mc = quiet(NUTS(num_chains=2, num_warmup=50, num_draws=50, seed=0, progress_bar=False), target,
                init=torch.tensor([1.0, 0.0]))
     assert bool((mc.samples[:, 0] > 0).all())
     assert bool((mc.info["warmup_draws"][..., 0] > 0).all())
@@ -157,8 +159,8 @@ def test_numerical_warnings_of_the_target_are_counted_and_reported_once():
     target = gpvi.Target(f, ["x", "y"])
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
-        mc = NUTS(num_chains=2, num_warmup=50, num_samples=100, seed=0, progress_bar=False, min_ess=0,
-                  max_r_hat=10.0).run(target)
+        mc = NUTS(num_chains=2, num_warmup=50, num_draws=100, seed=0, progress_bar=False,
+                  checks=ConvergenceChecks(min_ess=0, max_r_hat=10.0)).run(target)
     numerical = [w for w in rec if issubclass(w.category, gpvi.NumericalWarning)]
     assert sum(mc.info["num_numerical_warnings"]) > 0
     assert sum(mc.info["num_numerical_warnings_warmup"]) > 0
@@ -167,7 +169,7 @@ def test_numerical_warnings_of_the_target_are_counted_and_reported_once():
 
 # ---------------------------------------------------------------------------------------------- determinism
 def small(seed=0, **kw):
-    return NUTS(num_chains=2, num_warmup=30, num_samples=20, seed=seed, progress_bar=False, **kw)
+    return NUTS(num_chains=2, num_warmup=30, num_draws=20, seed=seed, progress_bar=False, **kw)
 
 
 def test_same_seed_same_draws_and_global_rng_untouched(gauss):
@@ -193,7 +195,7 @@ def test_chains_are_independent_streams(gauss):
     a = quiet(small(seed=2), gauss)
     state = MCMCState.from_state_dict(a.engine_state.state_dict())
     init = torch.stack([ch.init for ch in state.chains])
-    b = quiet(NUTS(num_chains=2, num_warmup=30, num_samples=20, seed=2, progress_bar=False), gauss, init=init)
+    b = quiet(NUTS(num_chains=2, num_warmup=30, num_draws=20, seed=2, progress_bar=False), gauss, init=init)
     assert torch.equal(a.info["inits"], b.info["inits"])
 
 
@@ -209,7 +211,7 @@ class StopAt:
 
 
 def small_hmc(seed=0, **kw):
-    return HMC(step_size=0.3, num_steps=5, num_chains=2, num_warmup=30, num_samples=20, seed=seed,
+    return HMC(step_size=0.3, num_leapfrog_steps=5, num_chains=2, num_warmup=30, num_draws=20, seed=seed,
                progress_bar=False, **kw)
 
 
@@ -253,8 +255,8 @@ def test_interrupt_during_warmup_of_second_chain_then_resume(gauss):
 
 def test_extend_run_equals_longer_run(gauss):
     short = quiet(small(seed=9), gauss)
-    longer = quiet(NUTS(num_chains=2, num_warmup=30, num_samples=35, seed=9, progress_bar=False), gauss)
-    extended = quiet(NUTS(num_chains=2, num_warmup=30, num_samples=35, progress_bar=False), gauss,
+    longer = quiet(NUTS(num_chains=2, num_warmup=30, num_draws=35, seed=9, progress_bar=False), gauss)
+    extended = quiet(NUTS(num_chains=2, num_warmup=30, num_draws=35, progress_bar=False), gauss,
                      state=short.engine_state)
     assert torch.equal(extended.draws, longer.draws)
     assert torch.equal(short.draws, longer.draws[:, :20])
@@ -263,14 +265,69 @@ def test_extend_run_equals_longer_run(gauss):
 def test_state_mismatch_is_rejected(gauss):
     run = quiet(small(seed=1), gauss)
     with pytest.raises(ValueError, match="num_warmup"):
-        NUTS(num_chains=2, num_warmup=31, num_samples=20, progress_bar=False).run(gauss, state=run.engine_state)
-    with pytest.raises(ValueError, match="num_samples must be >= 20"):
-        NUTS(num_chains=2, num_warmup=30, num_samples=10, progress_bar=False).run(gauss, state=run.engine_state)
+        NUTS(num_chains=2, num_warmup=31, num_draws=20, progress_bar=False).run(gauss, state=run.engine_state)
+    with pytest.raises(ValueError, match="num_draws must be >= 20"):
+        NUTS(num_chains=2, num_warmup=30, num_draws=10, progress_bar=False).run(gauss, state=run.engine_state)
     other = gpvi.Target(gauss_log_joint, ["x", "y"])
     with pytest.raises(ValueError, match="parameters"):
         small().run(other, state=run.engine_state)
     with pytest.raises(ValueError, match="MCMCState"):
         small().run(gauss, state={"kind": "dsvi"})
+
+
+def assert_same_tree(a, b, where="state"):
+    """Deep equality of nested dicts / lists / tensors / numbers (tensors bit for bit)."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), where
+        for k in a:
+            assert_same_tree(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_tree(x, y, f"{where}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
+    else:
+        assert a == b, where
+
+
+@pytest.mark.parametrize("as_dict", [False, True], ids=["MCMCState", "state_dict"])
+def test_run_with_state_never_changes_the_state(gauss, as_dict):
+    with pytest.warns(InterruptedRunWarning):
+        part = small(seed=7).run(gauss, callback=StopAt(1, 30 + 10))
+    given = part.engine_state.state_dict() if as_dict else part.engine_state
+    before = copy.deepcopy(given if as_dict else given.state_dict())
+    resumed = quiet(NUTS(num_chains=2, num_warmup=30, num_draws=35, progress_bar=False), gauss, state=given)
+    assert resumed.draws.shape == (2, 35, 2)
+    assert_same_tree(before, given if as_dict else given.state_dict())
+    # the posteriors keep their own states: the interrupted one still ends where it was interrupted
+    assert part.engine_state.chains[1].num_draws == 11
+    assert resumed.engine_state is not given and resumed.engine_state.chains[1].num_draws == 35
+    again = quiet(NUTS(num_chains=2, num_warmup=30, num_draws=35, progress_bar=False), gauss,
+                  state=resumed.engine_state)
+    assert torch.equal(again.draws, resumed.draws)            # nothing left to do: same draws, state untouched
+    assert resumed.engine_state.chains[1].num_draws == 35
+
+
+def test_state_counts_transitions_time_and_evaluations(gauss_run):
+    st = gauss_run.engine_state
+    assert st.t == 4 * (W_GAUSS + S_GAUSS)
+    assert st.wall_time > 0
+    assert st.counters["num_evaluations"] == sum(gauss_run.info["num_evaluations"])
+    assert st.counters["divergences"] == gauss_run.info["divergences"]
+    copied = st.copy()
+    assert copied.chains[0].draws is not st.chains[0].draws
+    assert torch.equal(copied.chains[0].draws, st.chains[0].draws)
+
+
+def test_state_with_init_or_generator_is_refused(gauss):
+    run = quiet(small(seed=1), gauss)
+    with pytest.raises(ValueError, match="state cannot be combined with init or generator"):
+        small().run(gauss, init=[0.0, 0.0], state=run.engine_state)
+    with pytest.raises(ValueError, match="state cannot be combined with init or generator"):
+        small().run(gauss, generator=torch.Generator().manual_seed(0), state=run.engine_state)
+    with pytest.raises(TypeError, match="callback"):
+        small().run(gauss, callback=3)
 
 
 # ---------------------------------------------------------------------------------------------- init
@@ -287,7 +344,7 @@ def test_init_from_point_gaussian_and_rows(gauss):
     assert not torch.equal(starts_q, eng.initial_points(gauss, q, seed=1))
     rows = torch.tensor([[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]], dtype=torch.float64)
     assert torch.equal(eng.initial_points(gauss, rows), rows)
-    mc = quiet(NUTS(num_chains=3, num_warmup=5, num_samples=5, seed=0, progress_bar=False), gauss, init=rows)
+    mc = quiet(NUTS(num_chains=3, num_warmup=5, num_draws=5, seed=0, progress_bar=False), gauss, init=rows)
     assert torch.equal(mc.info["inits"], rows)
     # ML-II fit of a GP as init
     X, y = make_gp_data(n=30, d=1)
@@ -304,30 +361,67 @@ def test_default_init_uses_initial_theta():
     assert torch.equal(s, model.initial_theta().expand(2, -1))
 
 
+def test_laplace_start_draws_from_its_scale_unless_init_scale_is_given(gauss):
+    """init="laplace": chain starts theta_c = MAP + C z_c with C C^T = (-Hessian)^-1 (here exactly COV)."""
+    eng = NUTS(num_chains=3, num_warmup=5, num_draws=5, seed=0, progress_bar=False)
+    starts = eng.initial_points(gauss, "laplace")
+    z = torch.randn((3, 2), generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    torch.testing.assert_close(starts, MEAN + z @ torch.linalg.cholesky(COV).T, rtol=0, atol=1e-4)
+    mc = quiet(eng, gauss, init="laplace")
+    assert mc.info["init"]["chains"] == "draws from the start's scale (laplace)"
+    assert mc.info["init"]["mean"] == "map" and mc.info["init"]["scale"] == "laplace"
+    assert torch.equal(mc.info["inits"], starts)
+    # an explicit init_scale takes precedence over a Laplace scale (0: every chain starts at the MAP)
+    at_map = NUTS(num_chains=3, seed=0, init_scale=0.0, progress_bar=False).initial_points(gauss, "laplace")
+    assert torch.equal(at_map, at_map[:1].expand(3, -1))
+    torch.testing.assert_close(at_map[0], MEAN, rtol=0, atol=1e-4)
+    # ... but never over a posterior's (a warm start from DSVI's Gaussian)
+    q = GaussianPosterior(MEAN.clone(), torch.linalg.cholesky(COV), ["a", "b"], gauss)
+    from_q = NUTS(num_chains=3, seed=0, init_scale=0.0, progress_bar=False).initial_points(gauss, q)
+    assert not torch.equal(from_q[0], from_q[1])
+
+
+def test_init_from_draws_of_another_run(gauss, gauss_run):
+    with pytest.raises(TypeError, match=r"sample\(num_chains, seed=...\)"):
+        small().run(gauss, init=gauss_run)
+    rows = gauss_run.sample(2, seed=0)
+    mc = quiet(small(), gauss, init=rows)
+    assert torch.equal(mc.info["inits"], rows) and mc.info["init"]["chains"] == "given rows"
+    assert torch.equal(small().initial_points(gauss, init_to_chains(rows)), rows)
+
+
 # ---------------------------------------------------------------------------------------------- bad input
-@pytest.mark.parametrize("kwargs, match", [
-    ({"num_chains": 0}, "num_chains"),
-    ({"num_samples": 0}, "num_samples"),
-    ({"num_warmup": -1}, "num_warmup"),
-    ({"max_tree_depth": 0}, "max_tree_depth"),
-    ({"target_accept": 1.0}, "target_accept"),
-    ({"step_size": 0.0}, "step_size"),
-    ({"init_scale": -1.0}, "init_scale"),
-    ({"max_r_hat": 0.9}, "max_r_hat"),
-    ({"seed": -1}, "seed"),
-])
-def test_bad_settings(kwargs, match):
+@pytest.mark.parametrize("make, match", [
+    (lambda: NUTS(num_chains=0), "num_chains"),
+    (lambda: NUTS(num_draws=0), "num_draws"),
+    (lambda: NUTS(num_warmup=-1), "num_warmup"),
+    (lambda: NUTS(max_tree_depth=0), "max_tree_depth"),
+    (lambda: NUTS(adaptation=Adaptation(target_accept=1.0)), "target_accept"),
+    (lambda: NUTS(step_size=0.0), "step_size"),
+    (lambda: NUTS(init_scale=-1.0), "init_scale"),
+    (lambda: NUTS(checks=ConvergenceChecks(max_r_hat=0.9)), "max_r_hat"),
+    (lambda: NUTS(checks=ConvergenceChecks(min_ess=-1.0)), "min_ess"),
+    (lambda: NUTS(seed=-1), "seed"),
+], ids=["num_chains", "num_draws", "num_warmup", "max_tree_depth", "target_accept", "step_size", "init_scale",
+        "max_r_hat", "min_ess", "seed"])
+def test_bad_settings(make, match):
     with pytest.raises(ValueError, match=match):
-        NUTS(**kwargs)
+        make()
 
 
 def test_bad_settings_types():
+    with pytest.raises(TypeError, match="adaptation"):
+        NUTS(adaptation={"target_accept": 0.9})
+    with pytest.raises(TypeError, match="checks"):
+        NUTS(checks=None)
+    with pytest.raises(TypeError, match="dense_mass"):
+        Adaptation(dense_mass="yes")
     with pytest.raises(TypeError, match="progress_bar"):
         NUTS(progress_bar="yes")
     with pytest.raises(TypeError, match="num_chains"):
         NUTS(num_chains=2.5)
-    with pytest.raises(ValueError, match="num_steps"):
-        HMC(num_steps=0)
+    with pytest.raises(ValueError, match="num_leapfrog_steps"):
+        HMC(num_leapfrog_steps=0)
     with pytest.raises(ValueError, match="step_size"):
         HMC(step_size=-0.1)
 
@@ -352,7 +446,8 @@ def test_bad_init(gauss):
 # ---------------------------------------------------------------------------------------------- outputs
 def test_convergence_warning_names_the_problem(gauss):
     with pytest.warns(ConvergenceWarning, match="smallest ESS"):
-        NUTS(num_chains=2, num_warmup=20, num_samples=20, seed=0, progress_bar=False, min_ess=1e6).run(gauss)
+        NUTS(num_chains=2, num_warmup=20, num_draws=20, seed=0, progress_bar=False,
+             checks=ConvergenceChecks(min_ess=1e6)).run(gauss)
 
 
 def test_to_arviz_round_trip(gauss_run):
@@ -386,4 +481,7 @@ def test_state_dict_is_plain(gauss_run):
 
 
 def test_progress_bar_runs(gauss, capsys):
-    quiet(NUTS(num_chains=1, num_warmup=5, num_samples=5, seed=0, progress_bar=True), gauss)
+    quiet(NUTS(num_chains=1, num_warmup=5, num_draws=5, seed=0, progress_bar=True), gauss)
+    assert "NUTS chain 1/1" in capsys.readouterr().err
+    quiet(NUTS(num_chains=1, num_warmup=5, num_draws=5, seed=0, progress_bar=False), gauss)
+    assert capsys.readouterr().err == ""

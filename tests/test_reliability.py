@@ -28,7 +28,7 @@ def _target():
 
 
 def test_nuts_state_saved_to_disk_resumes_in_a_new_process(tmp_path):
-    kw = dict(num_chains=2, num_warmup=20, num_samples=15, seed=3, progress_bar=False)
+    kw = dict(num_chains=2, num_warmup=20, num_draws=15, seed=3, progress_bar=False)
 
     def stop(chain, iteration, record):
         if (chain, iteration) == (1, 25):
@@ -62,7 +62,7 @@ def test_float32_and_integer_inputs_give_float64_results_end_to_end():
     q = gpvi.DSVI(num_steps=30, progress_bar=False, seed=0).run(model, init=fit)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        mc = gpvi.NUTS(num_chains=1, num_warmup=10, num_samples=10, seed=0, progress_bar=False).run(model, init=fit)
+        mc = gpvi.NUTS(num_chains=1, num_warmup=10, num_draws=10, seed=0, progress_bar=False).run(model, init=fit)
     for t in (fit.theta, q.mean, q.scale_tril, q.covariance, mc.draws, q.sample(3, seed=0)):
         assert t.dtype == torch.float64
     for post in (fit, q, mc):
@@ -84,7 +84,7 @@ def test_no_engine_touches_global_rng():
     q.predict(X[:3], num_draws=4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        gpvi.NUTS(num_chains=1, num_warmup=5, num_samples=5, seed=1, progress_bar=False).run(model)
+        gpvi.NUTS(num_chains=1, num_warmup=5, num_draws=5, seed=1, progress_bar=False).run(model)
     gpvi.GPClassifier(mode="stochastic", learn_hyperparameters=False, progress_bar=False, random_state=1).fit(X, y > 0)
     assert torch.equal(torch_state, torch.random.get_rng_state())
     assert np.array_equal(np_state, np.random.get_state()[1])

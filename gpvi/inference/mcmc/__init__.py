@@ -1,5 +1,21 @@
-"""NUTS/HMC baseline over the same log joint (Pyro's kernels inside)."""
+"""NUTS/HMC baseline over the same log joint (Pyro's kernels inside).
 
-from .hmc import HMC, NUTS, ChainState, MCMCState
+=====================  ======================================================================================
+:mod:`.nuts`           :class:`NUTS` (and the model: Hamiltonian, leapfrog, dual averaging)
+:mod:`.hmc`            :class:`HMC` (fixed trajectory length)
+:mod:`.engine`         what both share: settings, start, run over chains, resume, result
+:mod:`.settings`       :class:`Adaptation` (warm-up) and :class:`ConvergenceChecks` (end-of-run warnings)
+:mod:`.starts`         chain starts from an init strategy's ``Start``; :class:`init_to_chains`
+:mod:`.chains`         the per-chain loop around Pyro's kernel
+:mod:`.state`          :class:`MCMCState`, :class:`ChainState`
+:mod:`.diagnostics`    ESS, split R-hat, divergences, per-chain table, convergence warnings
+=====================  ======================================================================================
+"""
 
-__all__ = ["HMC", "NUTS", "ChainState", "MCMCState"]
+from .hmc import HMC
+from .nuts import NUTS
+from .settings import Adaptation, ConvergenceChecks
+from .starts import init_to_chains
+from .state import ChainState, MCMCState
+
+__all__ = ["HMC", "NUTS", "Adaptation", "ConvergenceChecks", "ChainState", "MCMCState", "init_to_chains"]

@@ -1,0 +1,342 @@
+r"""What NUTS and HMC share: settings, the start, the run over chains, resume and the result.
+
+The engines follow the contract of :mod:`gpvi.inference.engine` except for the step loop, which stays Pyro's
+kernel inside a per-chain loop (:mod:`gpvi.inference.mcmc.chains`):
+
+.. code-block:: text
+
+    start = resolve_init(init, engine.default_init(target))(target)   # an init strategy, called once
+    state = engine.init(target, start, generator)                    # chain starts and per-chain seeds
+    for each chain: warm-up, then draws (state.chains[c] is a consistent snapshot at every moment)
+    posterior = engine.result(target, state, report)                 # draws, statistics, diagnostics
+
+``run(target, state=s)`` resumes (or extends to a larger ``num_draws``) from a copy of ``s``; ``s`` is never
+changed. Ctrl-C (or a callback raising ``KeyboardInterrupt``) returns the partial result with an
+:class:`~gpvi.exceptions.InterruptedRunWarning`; the caller's global torch RNG state is unchanged by a run.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from ...exceptions import NumericalWarning
+from ...models.target import as_target
+from ...posteriors.base import PointPosterior, SamplePosterior
+from ...rng import resolve_generator
+from ...validation import check_bool, check_nonnegative_int, check_positive, check_positive_int
+from ..engine import RunReport
+from ..init import Start, init_to_default, resolve_init
+from ..progress import warn_interrupted
+from .chains import Potential, run_chain
+from .diagnostics import chain_table, convergence_problems, ess_and_r_hat, usable_block, warn_convergence
+from .settings import Adaptation, ConvergenceChecks
+from .starts import chain_starts, init_to_chains
+from .state import ChainState, MCMCState
+
+__all__ = ["HamiltonianEngine"]
+
+
+def _check_seed(seed: Any) -> int | None:
+    if seed is None:
+        return None
+    resolve_generator(seed)  # type and sign checks
+    return int(seed)
+
+
+def _ndim(x: Any) -> int | None:
+    """Number of dimensions of an array-like ``x`` (``None`` for anything else)."""
+    if isinstance(x, torch.Tensor):
+        return x.dim()
+    if isinstance(x, (np.ndarray, list, tuple)):
+        try:
+            return int(np.ndim(x))
+        except ValueError:
+            return None
+    return None
+
+
+class HamiltonianEngine:
+    """Shared engine of :class:`~gpvi.inference.mcmc.nuts.NUTS` and :class:`~gpvi.inference.mcmc.hmc.HMC`.
+
+    Holds validated settings only; everything that evolves lives in an
+    :class:`~gpvi.inference.mcmc.state.MCMCState`. Subclasses set ``name`` and provide ``_kernel_settings``,
+    ``_make_kernel`` and (optionally) ``_extra_stats``.
+    """
+
+    name = ""
+
+    def __init__(self, num_chains: int, num_warmup: int, num_draws: int, *, seed: int | None, progress_bar: bool,
+                 step_size: float, adaptation: Adaptation, init_scale: float | None,
+                 checks: ConvergenceChecks) -> None:
+        self.num_chains = check_positive_int(num_chains, "num_chains")
+        self.num_warmup = check_nonnegative_int(num_warmup, "num_warmup")
+        self.num_draws = check_positive_int(num_draws, "num_draws")
+        self.seed = _check_seed(seed)
+        self.progress_bar = check_bool(progress_bar, "progress_bar")
+        self.step_size = check_positive(step_size, "step_size")
+        if not isinstance(adaptation, Adaptation):
+            raise TypeError(f"adaptation must be a gpvi.inference.mcmc.Adaptation; got {type(adaptation).__name__}")
+        self.adaptation = adaptation
+        self.init_scale = None if init_scale is None else check_positive(init_scale, "init_scale", allow_zero=True)
+        if not isinstance(checks, ConvergenceChecks):
+            raise TypeError(f"checks must be a gpvi.inference.mcmc.ConvergenceChecks; got {type(checks).__name__}")
+        self.checks = checks
+
+    # -- to be provided by subclasses
+    def _kernel_settings(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _make_kernel(self, potential: Potential, step_size: float, adapt: bool) -> Any:
+        raise NotImplementedError
+
+    def _extra_stats(self, stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {}
+
+    # -- settings that must agree between a run and its resumption
+    def _settings(self) -> dict[str, Any]:
+        return {"kind": self.name, "num_chains": self.num_chains, "num_warmup": self.num_warmup,
+                **self.adaptation.settings(), "step_size": self.step_size, **self._kernel_settings()}
+
+    def postfix(self, info: dict[str, Any]) -> dict[str, Any]:
+        """Progress-bar postfix of one transition: phase, step size, acceptance (and divergences so far)."""
+        out = {"phase": info["phase"], "step_size": info["step_size"], "accept": info["acceptance_rate"]}
+        if "divergences" in info:
+            out["div"] = info["divergences"]
+        return out
+
+    # ------------------------------------------------------------------------------------------ init
+    def default_init(self, target: Any) -> Callable[[Any], Start]:
+        """:func:`~gpvi.inference.init.init_to_default`: ``target.initial_theta()`` (or zeros), plus jitter."""
+        return init_to_default()
+
+    def _start(self, target: Any, init: Any) -> Start:
+        """The :class:`Start` for ``init`` (any form :meth:`run` accepts), found once and timed."""
+        names = list(target.names)
+        init_names = getattr(init, "names", None)
+        if init_names is not None and _ndim(init) is None and list(init_names) != names:
+            what = "a point estimate" if isinstance(init, PointPosterior) else "a posterior"
+            raise ValueError(f"init is {what} over {list(init_names)} but the target's parameters are {names}")
+        if init_names is not None and callable(getattr(init, "sample", None)) \
+                and not (hasattr(init, "theta") or hasattr(init, "scale_tril")):
+            raise TypeError(f"init ({type(init).__name__}) is neither a point nor a Gaussian posterior; to start "
+                            f"the chains from its draws pass init={type(init).__name__}.sample(num_chains, seed=...)")
+        if _ndim(init) == 2:
+            init = init_to_chains(init)
+        strategy = resolve_init(init, self.default_init(target), seed=0 if self.seed is None else self.seed)
+        t0 = time.perf_counter()
+        start = strategy(target)
+        start.info.setdefault("time_s", time.perf_counter() - t0)
+        return start
+
+    def initial_points(self, target: Any, init: Any = None, *, generator: torch.Generator | None = None,
+                       seed: int | None = None) -> torch.Tensor:
+        r"""The ``(num_chains, D)`` starting points :meth:`run` would use.
+
+        Parameters
+        ----------
+        target : GPRegression or target
+        init : optional
+            As for :meth:`run`.
+        generator, seed
+            Randomness of the jitter / draws (default: a generator seeded with the engine's ``seed``).
+
+        Returns
+        -------
+        torch.Tensor of shape (num_chains, D)
+            Starting points where the log joint is finite (draws where it is not are redrawn, up to 100 times).
+
+        Raises
+        ------
+        ValueError
+            ``init`` has the wrong length or names, non-finite values, or a log joint that is not finite.
+        """
+        target = as_target(target)
+        gen = resolve_generator(seed if seed is not None else self.seed, generator)
+        return chain_starts(target, self._start(target, init), self.num_chains, self.init_scale, gen)[0]
+
+    def init(self, target: Any, start: Start, generator: torch.Generator) -> MCMCState:
+        """A fresh state: one starting point per chain from ``start``, then one seed per chain, from ``generator``."""
+        target = as_target(target)
+        names = list(target.names)
+        inits, how = chain_starts(target, start, self.num_chains, self.init_scale, generator)
+        seeds = torch.randint(0, 2**62, (self.num_chains,), generator=generator, dtype=torch.int64).tolist()
+        empty = torch.empty((0, len(names)), dtype=torch.float64)
+        chains = [ChainState(seed=int(s), init=inits[c].clone(), draws=empty.clone(), stats={},
+                             warmup_draws=empty.clone(), warmup_stats={}) for c, s in enumerate(seeds)]
+        info = {k: v for k, v in start.info.items() if k != "rows"}
+        return MCMCState(names, self._settings(), chains, {**info, **how})
+
+    def resume(self, target: Any, state: MCMCState | dict[str, Any]) -> MCMCState:
+        """Check ``state`` (an :class:`MCMCState` or its ``state_dict``) against ``target`` and the settings; a copy.
+
+        Raises
+        ------
+        TypeError
+            ``state`` is neither.
+        ValueError
+            Other parameter names, other settings (``num_draws`` may grow), or more draws than ``num_draws``.
+        """
+        names = list(as_target(target).names)
+        if isinstance(state, dict):
+            state = MCMCState.from_state_dict(state)
+        if not isinstance(state, MCMCState):
+            raise TypeError(f"state must be an MCMCState or its state_dict(); got {type(state).__name__}")
+        if list(state.names) != names:
+            raise ValueError(f"state is for parameters {list(state.names)} but the target has {names}")
+        mine = self._settings()
+        diff = {k: (state.settings.get(k), v) for k, v in mine.items() if state.settings.get(k) != v}
+        if diff:
+            detail = ", ".join(f"{k}: state {a!r} vs engine {b!r}" for k, (a, b) in diff.items())
+            raise ValueError(f"state does not match this engine's settings ({detail}); resume with the same "
+                             f"settings (num_draws may grow)")
+        most = max(c.num_draws for c in state.chains)
+        if most > self.num_draws:
+            raise ValueError(f"state already holds {most} draws per chain; num_draws must be >= {most}; "
+                             f"got {self.num_draws}")
+        return state.copy()
+
+    # ------------------------------------------------------------------------------------------ run
+    def run(self, target: Any, init: Any = None, *, state: MCMCState | dict[str, Any] | None = None,
+            generator: torch.Generator | None = None,
+            callback: Callable[[int, int, dict[str, Any]], None] | None = None) -> SamplePosterior:
+        r"""Run the chains and return the post-warm-up draws.
+
+        Parameters
+        ----------
+        target : GPRegression or target
+            Anything with ``log_joint(theta)`` (``(S, D) -> (S,)``, differentiable) and ``names``.
+        init : optional
+            Where the chains start, resolved by :func:`gpvi.inference.init.resolve_init` (``None``:
+            :meth:`default_init`, the target's ``initial_theta()`` or zeros): a point (ML-II
+            :class:`~gpvi.posteriors.base.PointPosterior`, a ``(D,)`` array, ``init_to_value``, ``init_to_map``)
+            plus per-chain jitter :math:`\mathcal N(0, s^2 I)`, :math:`s` = ``init_scale``; a Gaussian posterior
+            (DSVI's :class:`~gpvi.posteriors.base.GaussianPosterior`) or ``"laplace"``: one draw per chain from
+            it; a ``(num_chains, D)`` array (:class:`~gpvi.inference.mcmc.starts.init_to_chains`): used as is.
+            Not with ``state``.
+        state : MCMCState or dict, optional
+            Resume (or extend to a larger ``num_draws``) the run that produced this state
+            (``posterior.engine_state`` or its ``state_dict()``); it is never changed. Chains, warm-up and kernel
+            settings must match the state's.
+        generator : torch.Generator, optional
+            Randomness of the starting points and of every chain's seed (default: a generator seeded with
+            ``seed``). Not with ``state``. The caller's global torch RNG state is left unchanged.
+        callback : callable, optional
+            ``callback(chain, iteration, record)`` after every transition (warm-up included); ``record`` holds
+            ``theta``, ``phase`` (``"warmup"``/``"sampling"``) and the statistics of the draw. It may raise
+            ``KeyboardInterrupt`` to stop, like Ctrl-C.
+
+        Returns
+        -------
+        SamplePosterior
+            ``draws`` of shape ``(num_chains, num_draws, D)``; ``stats`` (each ``(num_chains, num_draws)``):
+            ``diverging``, ``acceptance_rate``, ``step_size``, ``n_steps``, ``lp`` (+ ``tree_depth`` for NUTS);
+            ``info``: ``chains`` (a per-chain :class:`~gpvi.evaluation.table.Table`), ``num_divergent``,
+            ``step_size`` and ``inverse_mass_matrix`` per chain, ``warmup_draws`` ``(C, W, D)``,
+            ``warmup_stats``, ``init`` (how the starts were found), times, evaluation counters, ``ess``/``r_hat``
+            and ``interrupted``; ``engine_state`` (an :class:`MCMCState`) for resuming.
+
+        Raises
+        ------
+        ValueError
+            Bad ``init`` (wrong length, non-finite, zero density at the start), ``state`` together with ``init``
+            or ``generator``, or a ``state`` that does not match.
+        TypeError
+            ``callback`` not callable, or a ``state`` or ``init`` of the wrong kind.
+        KeyboardInterrupt
+            Re-raised only when interrupted before the first post-warm-up draw (nothing to return).
+
+        Warns
+        -----
+        ConvergenceWarning
+            When any split R-hat exceeds ``checks.max_r_hat`` (1.01), the smallest ESS is below
+            ``checks.min_ess`` (default 100 per chain, Vehtari et al. 2021), or there were divergent transitions.
+        InterruptedRunWarning
+            When interrupted: the chains that finished are returned; if none did, the largest block of the
+            first k chains cut to a common length (the first chain's draws so far, in a first run). Everything
+            computed, including the unfinished chain's draws, is kept in ``engine_state`` for resuming.
+        """
+        target = as_target(target)
+        if callback is not None and not callable(callback):
+            raise TypeError(f"callback must be callable; got {type(callback).__name__}")
+        if state is not None:
+            if init is not None or generator is not None:
+                raise ValueError("state cannot be combined with init or generator (the state carries both)")
+            st = self.resume(target, state)
+        else:
+            st = self.init(target, self._start(target, init), resolve_generator(self.seed, generator))
+        potential = Potential(target)
+        interrupted = False
+        t_before, t0 = st.t, time.perf_counter()
+        with torch.random.fork_rng(devices=[]):
+            for c in range(self.num_chains):
+                try:
+                    run_chain(self, c, st, potential, callback)
+                except KeyboardInterrupt:
+                    interrupted = True
+                    break
+        report = RunReport(interrupted=interrupted, stopped_early=False, time_s=time.perf_counter() - t0,
+                           steps_this_run=st.t - t_before, budget=None, progress_bar=self.progress_bar)
+        return self.result(target, st, report)
+
+    # ------------------------------------------------------------------------------------------ result
+    def result(self, target: Any, state: MCMCState, report: RunReport) -> SamplePosterior:
+        """The posterior of the chains in ``state`` (it keeps a copy of the state); end-of-run warnings.
+
+        Raises
+        ------
+        KeyboardInterrupt
+            ``state`` holds no post-warm-up draw (an interruption during the first chain's warm-up).
+        """
+        S = self.num_draws
+        best_k, length = usable_block(state.chains, S)
+        if length == 0:
+            raise KeyboardInterrupt(f"{self.name} was interrupted before the first post-warm-up draw; "
+                                    f"nothing to return")
+        use = state.chains[:best_k]
+        interrupted = report.interrupted or best_k < len(state.chains) or length < S
+        draws = torch.stack([cs.draws[:length] for cs in use])
+        stats = {k: torch.stack([cs.stats[k][:length] for cs in use]) for k in use[0].stats}
+        W = self.num_warmup
+        have_warmup = W > 0 and all(cs.warmup_draws.shape[0] == W for cs in use)
+        wdraws = torch.stack([cs.warmup_draws for cs in use]) if have_warmup else None
+        wstats = {k: torch.stack([cs.warmup_stats[k] for cs in use]) for k in use[0].warmup_stats} \
+            if have_warmup else {}
+        ess, rhat = ess_and_r_hat(draws)
+        table, num_div, depth_hits = chain_table(self.name, use, stats, length,
+                                                 self._kernel_settings().get("max_tree_depth"))
+        info: dict[str, Any] = {
+            "engine": type(self).__name__, "settings": {**self._settings(), "num_draws": S},
+            "interrupted": interrupted, "chains": table,
+            "ess": ess, "r_hat": rhat, "num_divergent": num_div, "divergences": sum(num_div),
+            "step_size": [cs.step_size for cs in use],
+            "inverse_mass_matrix": torch.stack([cs.inverse_mass_matrix for cs in use]),
+            "chain_seeds": [cs.seed for cs in use], "inits": torch.stack([cs.init for cs in use]),
+            "init": dict(state.init_info),
+            "warmup_draws": wdraws, "warmup_stats": wstats,
+            "warmup_time_s": [cs.warmup_time_s for cs in use],
+            "sampling_time_s": [cs.sampling_time_s for cs in use],
+            "time_s": report.time_s,
+            "num_evaluations": [cs.num_evaluations for cs in use],
+            "num_nonfinite": [cs.num_nonfinite for cs in use],
+            "num_numerical_warnings": [cs.num_numerical_warnings for cs in use],
+            "num_numerical_warnings_warmup": [cs.num_numerical_warnings_warmup for cs in use],
+        }
+        post = SamplePosterior(draws, list(state.names), target, stats=stats, info=info, engine_state=state)
+        n_num = sum(info["num_numerical_warnings"])
+        if n_num:
+            warnings.warn(f"{self.name}: the log joint raised {n_num} NumericalWarning(s) (e.g. Cholesky jitter) "
+                          f"while sampling, over {sum(info['num_evaluations'])} evaluations; counts per chain in "
+                          f"posterior.info['num_numerical_warnings']", NumericalWarning, stacklevel=3)
+        if interrupted:
+            warn_interrupted(f"{self.name} (returning {len(use)} chain(s) x {length} draws of "
+                             f"{self.num_chains} x {S})", state.t, self.num_chains * (W + S))
+        else:
+            problems = convergence_problems(self.checks, ess, rhat, sum(num_div), depth_hits, len(use))
+            warn_convergence(self.name, problems, len(use), length, stacklevel=3)
+        return post
