@@ -3,15 +3,16 @@
 Synthetic binary data (d = 3, inputs uniform on [-2, 2]^3, labels ~ Bernoulli(sigmoid(3 (sin 2 x_0 + x_1)))),
 logit link, the default kernel at its data-scaled start. For each N:
 
-* single-site step: what ``CVI(mode="stochastic").run`` executes per step (one triangular solve for the site's
-  marginal, the site update, the in-place update of the cached factor of K + S), timed in blocks of steps; the
-  median per-step time over the blocks. Both factor updates are timed: ``blocked`` (gpvi.inference.cvi.engine.cholesky_site_update_,
-  the default) and ``generic`` (gpvi.linalg.cholesky_update on the trailing block).
+* single-site step: ``CVI(mode="stochastic").step``, what the driver executes per step (one triangular solve for the
+  site's marginal, the site update, the in-place update of the cached factor of K + S), timed in blocks of steps;
+  the median per-step time over the blocks. Both factor updates are timed: ``blocked``
+  (gpvi.linalg.cholesky_site_update_, the default) and ``generic`` (gpvi.linalg.cholesky_update on the trailing
+  block).
 * refactorisation: Cholesky of K + S from scratch (gpvi.linalg.cholesky_with_jitter), median of 3.
 * full-batch step: one ``CVI(mode="full")`` step (factorisation, all marginals, quadrature, update), median of 3.
 * drift: max |L_updated - L_fresh| after 1000 single-site steps without refactorisation (N <= 2000).
 
-The log-log slope of the single-site step cost is a least-squares fit over the N values. Targets (issue 6):
+The log-log slope of the single-site step cost is a least-squares fit over the N values. Targets:
 slope <= 2.2 and, at N = 2000, a single-site step >= 20x cheaper than a full-batch step.
 
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.cvi_step_cost [--quick]``.
@@ -28,8 +29,9 @@ import numpy as np
 import torch
 
 from benchmarks._common import header, median_time, write
+from gpvi.inference.cvi import CVI, SingleSite
+from gpvi.inference.cvi.sites import pseudo_data, site_factor
 from gpvi.models.classification import GPClassification
-from gpvi.inference.cvi.engine import CVI, _factor, _pseudo
 
 
 def make_data(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,30 +43,30 @@ def make_data(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def prepared(model: GPClassification, factor_update: str):
-    eng = CVI(mode="stochastic", refactor_every=10**9, tol=0, progress_bar=False, factor_update=factor_update)
-    st = eng.init(model)
-    K = model.kernel_matrix(st.theta)
-    gen = torch.Generator().manual_seed(0)
-    st, _ = eng._step(model, st, K, gen, 0.0)          # the initial full step from the prior, then the factor
-    st, _ = eng._step(model, st, K, gen, 0.0)
-    return eng, st, K, gen
+    eng = CVI(mode="stochastic", single_site=SingleSite(refactor_every=10**9, factor_update=factor_update),
+              num_steps=10**9, tol=0, progress_bar=False)
+    st = eng.init(model, generator=torch.Generator().manual_seed(0))
+    st, _ = eng.step(model, st)          # the initial full step from the prior, then the factor
+    st, _ = eng.step(model, st)
+    return eng, st
 
 
 def single_site_ms(model: GPClassification, factor_update: str, block: int, blocks: int) -> tuple[float, list]:
-    eng, st, K, gen = prepared(model, factor_update)
+    eng, st = prepared(model, factor_update)
     per_step = []
     for _ in range(blocks):
         t0 = time.perf_counter()
         for _ in range(block):
-            st, _ = eng._step(model, st, K, gen, 0.0)
+            st, _ = eng.step(model, st)
         per_step.append((time.perf_counter() - t0) / block * 1e3)
     return statistics.median(per_step), per_step
 
 
 def drift_after(model: GPClassification, steps: int) -> float:
-    eng, st, K, gen = prepared(model, "blocked")
+    eng, st = prepared(model, "blocked")
     for _ in range(steps):
-        st, _ = eng._step(model, st, K, gen, 0.0)
+        st, _ = eng.step(model, st)
+    K = model.kernel_matrix(st.theta)
     fresh = torch.linalg.cholesky(K + torch.diag(-0.5 / st.lam2))
     return float((st.factor - fresh).abs().max())
 
@@ -89,12 +91,12 @@ def main() -> None:
         K = model.kernel_matrix(model.theta)
         eng_f = CVI(mode="full", tol=0, progress_bar=False)
         st_f = eng_f.init(model)
-        st_f, _ = eng_f._step(model, st_f, K, None, 0.0)
-        _, s = _pseudo(st_f.lam1, st_f.lam2)
-        chol_s, chol_all = median_time(lambda: _factor(K, s), repeats=3, warmup=1)
+        st_f, _ = eng_f.step(model, st_f)
+        _, s = pseudo_data(st_f.lam1, st_f.lam2)
+        chol_s, chol_all = median_time(lambda: site_factor(K, s), repeats=3, warmup=1)
 
         def full_step():
-            eng_f._step(model, st_f.copy(), K, None, 0.0)
+            eng_f.step(model, st_f.copy())
         full_s, full_all = median_time(full_step, repeats=3, warmup=1)
         drift = drift_after(model, 1000) if (n <= 2000 and not args.quick) else math.nan
         row = {"N": n, "single_site_blocked_ms": blk_ms, "single_site_generic_ms": gen_ms,
@@ -115,9 +117,9 @@ def main() -> None:
     sl_blk_big = slope([r["N"] for r in big], [r["single_site_blocked_ms"] for r in big]) if len(big) > 1 else math.nan
     r2000 = next((r for r in rows if r["N"] == 2000), None)
 
-    md = header("CVI single-site step cost vs N (issue 6)")
+    md = header("CVI single-site step cost vs N")
     md += ("\nSynthetic binary data, d = 3, logit link, default kernel at its data-scaled start; float64, one thread. "
-           "Per-step times are medians over blocks of consecutive steps (the run loop's own step function), "
+           "Per-step times are medians over blocks of consecutive steps (the engine's step, as the driver calls it), "
            "full-batch step and refactorisation medians of 3 after a warm-up.\n\n")
     md += ("| N | single-site step, blocked (ms) | single-site step, generic `cholesky_update` (ms) | "
            "refactorisation: Cholesky of K + S (ms) | full-batch CVI step (ms) | full / single-site | "

@@ -13,7 +13,7 @@ A fit file is written by :func:`torch.save` and holds exactly four entries:
 tensors, numbers, strings and containers and refuses every other Python object, so nothing a file carries is
 ever run. It then checks the layout, decodes the JSON and rebuilds the fit from that plain data: the
 :class:`gpvi.GPRegression` model and its posterior (through the posteriors' ``from_state_dict``), or a fitted
-:class:`gpvi.GPClassifier` whose :class:`~gpvi.inference.cvi.engine.LatentPosterior` is refactorised from the
+:class:`gpvi.GPClassifier` whose :class:`~gpvi.posteriors.latent.LatentPosterior` is refactorised from the
 saved sites :math:`\tilde\lambda^{(1)}, \tilde\lambda^{(2)}` and hyperparameters :math:`\theta` exactly as the CVI
 run finalised it, so ``predict_proba`` gives the same numbers. Any other file — not a gpvi fit, a pickle of other
 objects, a file whose unpickling would run code, a truncated or corrupt file, another format version — raises a
@@ -327,12 +327,14 @@ def _classifier_spec(clf: Any) -> dict[str, Any]:
 
 
 def _classifier_from(spec: dict[str, Any]) -> Any:
-    from .inference.cvi.engine import LatentPosterior
+    from .posteriors.latent import LatentPosterior
     from .models.classification import GPClassification
     from .models.likelihoods import Quadrature
     from .sklearn import GPClassifier
 
     params = dict(spec["params"])
+    if "num_mc" in params:                                  # files written by gpvi 0.1
+        params["num_draws"] = params.pop("num_mc")
     if params.get("kernel") is not None:
         raise _Invalid("a saved classifier must use the default kernel")
     valid = set(GPClassifier._get_param_names())

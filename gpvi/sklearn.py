@@ -1,7 +1,8 @@
 r"""A scikit-learn style GP classifier over the CVI engine.
 
 ``GPClassifier`` follows the estimator contract of scikit-learn (which is *not* a runtime dependency of gpvi):
-``__init__`` only stores its arguments, ``fit`` validates, runs :class:`gpvi.inference.cvi.engine.CVI` on a
+``__init__`` only stores its arguments, ``fit`` validates, runs :class:`gpvi.inference.cvi.engine.CVI` (or, with
+``learn_hyperparameters=True``, the type-II loop :class:`gpvi.inference.cvi.typeii.TypeII` around it) on a
 :class:`gpvi.models.classification.GPClassification` model and sets trailing-underscore attributes, and
 ``get_params``/``set_params`` are implemented from the signature of ``__init__`` so that
 ``sklearn.base.clone``, grid search and pipelines work. Inputs may be numpy arrays or torch tensors; outputs of
@@ -16,9 +17,13 @@ from typing import Any
 
 import numpy as np
 
+from .inference.cvi.engine import CVI
+from .inference.cvi.options import MonteCarlo, SingleSite, num_steps_for_sweeps
+from .inference.cvi.typeii import TypeII
 from .models.classification import GPClassification
-from .inference.cvi.engine import CVI, LatentPosterior
-from .validation import check_bool, check_choice, check_X
+from .models.likelihoods import Quadrature
+from .posteriors.latent import LatentPosterior
+from .validation import check_bool, check_choice, check_positive_int, check_X
 
 __all__ = ["GPClassifier"]
 
@@ -28,7 +33,8 @@ class GPClassifier:
 
     The posterior over the latent function is the Gaussian :math:`q(\mathbf f)` found by conjugate-computation
     variational inference (Khan & Lin 2017, Algorithm 1 with eq. 13; eq. 14 in ``mode="stochastic"``), and with
-    ``learn_hyperparameters=True`` the kernel's log-hyperparameters maximise the ELBO (eq. 5) between CVI phases.
+    ``learn_hyperparameters=True`` the kernel's log-hyperparameters maximise the ELBO (eq. 5) in L-BFGS-B phases
+    between CVI runs (:class:`gpvi.inference.cvi.typeii.TypeII`).
     Predictions are :math:`p(y_* = 1\mid\mathcal D) = \mathbb E_{q(f_*)}[p(y_* = 1 \mid f_*)]`.
 
     Parameters
@@ -50,12 +56,13 @@ class GPClassifier:
         Site gradients by quadrature or Monte Carlo.
     num_quadrature : int
         Quadrature nodes (gradients, ELBO and logit predictions).
-    num_mc : int
-        Monte Carlo draws per site for ``estimator="mc"``.
+    num_draws : int
+        Monte Carlo draws per site and step for ``estimator="mc"``.
     batch_size : int
         Sites per stochastic step.
     max_sweeps : int
-        Budget in sweeps over the data.
+        Budget in sweeps over the data (turned into the engine's ``num_steps`` for the training set, recorded in
+        ``posterior_.info["num_steps"]``).
     tol : float
         Relative ELBO change for convergence.
     theta : array-like of shape (D,), optional
@@ -71,7 +78,7 @@ class GPClassifier:
         The two labels, sorted; ``predict_proba`` columns follow this order.
     link_ : str
         The likelihood used (``"logit"`` or ``"probit"``).
-    posterior_ : gpvi.inference.cvi.engine.LatentPosterior
+    posterior_ : gpvi.posteriors.latent.LatentPosterior
         Sites, marginals ``m``/``var`` at the training inputs, ELBO, trace and run info.
     elbo_ : float
         ELBO of the fitted :math:`q` (nats).
@@ -98,7 +105,7 @@ class GPClassifier:
 
     def __init__(self, kernel: Any = None, likelihood: str = "logit", method: str = "cvi", mode: str = "full",
                  learn_hyperparameters: bool = True, *, beta: float = 0.5, estimator: str = "quadrature",
-                 num_quadrature: int = 96, num_mc: int = 10, batch_size: int = 1, max_sweeps: int = 500,
+                 num_quadrature: int = 96, num_draws: int = 10, batch_size: int = 1, max_sweeps: int = 500,
                  tol: float = 1e-9, theta: Any = None, random_state: int | None = None,
                  progress_bar: bool = True) -> None:
         self.kernel = kernel
@@ -109,7 +116,7 @@ class GPClassifier:
         self.beta = beta
         self.estimator = estimator
         self.num_quadrature = num_quadrature
-        self.num_mc = num_mc
+        self.num_draws = num_draws
         self.batch_size = batch_size
         self.max_sweeps = max_sweeps
         self.tol = tol
@@ -160,16 +167,24 @@ class GPClassifier:
         return f"GPClassifier({', '.join(changed)})"
 
     # ------------------------------------------------------------------ fitting
-    def _engine(self) -> CVI:
+    def _seed(self) -> int | None:
         check_choice(self.method, "method", ["cvi"])
         if self.random_state is not None and (isinstance(self.random_state, bool)
                                               or not isinstance(self.random_state, (int, np.integer))):
             raise TypeError(f"random_state must be an int or None; got {type(self.random_state).__name__}")
-        seed = None if self.random_state is None else int(self.random_state)
-        return CVI(mode=self.mode, beta=self.beta, estimator=self.estimator, num_quadrature=self.num_quadrature,
-                   num_mc=self.num_mc, batch_size=self.batch_size, max_sweeps=self.max_sweeps, tol=self.tol,
-                   learn_hyperparameters=check_bool(self.learn_hyperparameters, "learn_hyperparameters"),
-                   seed=seed, progress_bar=check_bool(self.progress_bar, "progress_bar"))
+        return None if self.random_state is None else int(self.random_state)
+
+    def _engine(self, num_data: int, seed: int | None) -> CVI:
+        mode = check_choice(self.mode, "mode", ["full", "stochastic"])
+        batch_size = check_positive_int(self.batch_size, "batch_size")
+        estimator = check_choice(self.estimator, "estimator", ["quadrature", "mc"])
+        num_steps = num_steps_for_sweeps(check_positive_int(self.max_sweeps, "max_sweeps"), num_data, mode=mode,
+                                         batch_size=batch_size)
+        return CVI(mode=mode, beta=self.beta,
+                   estimator=MonteCarlo(num_draws=self.num_draws) if estimator == "mc" else estimator,
+                   quadrature=Quadrature(self.num_quadrature), single_site=SingleSite(batch_size=batch_size),
+                   num_steps=num_steps, tol=self.tol, seed=seed,
+                   progress_bar=check_bool(self.progress_bar, "progress_bar"))
 
     def fit(self, X: Any, y: Any) -> GPClassifier:
         """Fit the CVI posterior (and, optionally, the kernel hyperparameters) to training data.
@@ -191,9 +206,14 @@ class GPClassifier:
         ValueError
             NaN/inf in ``X``, a label set other than two classes {0, 1} / {-1, +1}, mismatched lengths, bad settings.
         """
-        engine = self._engine()
+        seed = self._seed()
+        learn = check_bool(self.learn_hyperparameters, "learn_hyperparameters")
         model = GPClassification(X, y, kernel=self.kernel, likelihood=self.likelihood, theta=self.theta)
-        post = engine.run(model)
+        engine = self._engine(model.num_data, seed)
+        if learn:
+            post = TypeII(engine, inner_num_steps=max(int(self.max_sweeps), 50)).run(model)
+        else:
+            post = engine.run(model)
         self.model_ = model
         self.posterior_: LatentPosterior = post
         self.classes_ = np.asarray(model.classes)

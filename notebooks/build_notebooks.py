@@ -419,6 +419,7 @@ this notebook reuses:
 All ELBOs use gpvi's quadrature for the expected log-likelihood; the logit link throughout.
 """),
     ("code", r"""
+from gpvi.inference.cvi import num_steps_for_sweeps
 from gpvi.models.classification import GPClassification
 
 results = {}
@@ -432,8 +433,9 @@ for name in S["datasets"]:
     for mode in ("full", "stochastic"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            post = gpvi.CVI(mode=mode, beta=0.5, tol=1e-11, max_sweeps=2000 if mode == "full" else 200,
-                            seed=SEED, progress_bar=False).run(model, theta=theta)
+            post = gpvi.CVI(mode=mode, beta=0.5, tol=1e-11, seed=SEED, progress_bar=False,
+                            num_steps=num_steps_for_sweeps(2000 if mode == "full" else 200, model.num_data,
+                                                           mode=mode)).run(model, init=theta)
         p = post.predict_proba(ds.X_test).numpy()
         runs[f"CVI {mode}"] = dict(times=list(post.trace["time_s"]), elbos=list(post.trace["elbo"]),
                                    elbo=post.elbo, p=p)

@@ -41,7 +41,7 @@ def test_init_only_stores_and_clone_get_set_params_work():
     params = clf.get_params()
     assert params["beta"] == 7.0 and params["kernel"] is kern and params["mode"] == "stochastic"
     assert set(params) == {"kernel", "likelihood", "method", "mode", "learn_hyperparameters", "beta", "estimator",
-                           "num_quadrature", "num_mc", "batch_size", "max_sweeps", "tol", "theta", "random_state",
+                           "num_quadrature", "num_draws", "batch_size", "max_sweeps", "tol", "theta", "random_state",
                            "progress_bar"}
     c = clone(clf)
     assert c is not clf and c.get_params()["beta"] == 7.0 and c.get_params()["kernel"] is not kern
@@ -126,6 +126,25 @@ def test_learned_hyperparameters_improve_the_bound(pima):
     assert learned.elbo_ > fixed.elbo_ + 1.0
     assert not torch.equal(learned.theta_, fixed.theta_)
     assert learned.posterior_.info["learn_hyperparameters"] is True
+
+
+def test_the_classifier_composes_the_engine_and_the_type_ii_loop_and_records_what_it_resolved():
+    from gpvi.inference.cvi import CVI, MonteCarlo, SingleSite, TypeII, num_steps_for_sweeps
+
+    X, y = small(40, seed=6)
+    with pytest.warns(gpvi.ConvergenceWarning):         # Monte Carlo sites with a constant step never meet tol
+        clf = GPClassifier(mode="stochastic", batch_size=3, max_sweeps=40, estimator="mc", num_draws=7,
+                           random_state=2, progress_bar=False).fit(X, y)
+    info = clf.posterior_.info
+    assert info["num_steps"] == num_steps_for_sweeps(40, 40, mode="stochastic", batch_size=3) == 547
+    assert info["num_draws"] == 7 and info["batch_size"] == 3 and info["type_ii"]["inner_num_steps"] == 50
+    eng = CVI(mode="stochastic", estimator=MonteCarlo(num_draws=7), single_site=SingleSite(batch_size=3),
+              num_steps=547, seed=2, progress_bar=False)
+    with pytest.warns(gpvi.ConvergenceWarning):
+        direct = TypeII(eng, inner_num_steps=50).run(clf.model_)
+    assert torch.equal(direct.lam1, clf.posterior_.lam1) and torch.equal(direct.theta, clf.theta_)
+    fixed = fast(max_sweeps=40, random_state=2).fit(X, y)
+    assert fixed.posterior_.info["learn_hyperparameters"] is False and "type_ii" not in fixed.posterior_.info
 
 
 def test_fixed_hyperparameters_are_kept_and_theta_and_kernel_values_are_used():

@@ -1,5 +1,6 @@
-"""CVI for latent GP models: conjugacy, full vs single-site fixed point, the cached factor, an independent
-optimiser (GPyTorch), ELBO ascent, hyperparameter gradients, faults, interruption/resume and bad input."""
+"""CVI for latent GP models: conjugacy, full vs single-site fixed point, the cached factor (updated in place), an
+independent optimiser (GPyTorch), ELBO ascent, the type-II loop and its gradients, faults, interruption/resume,
+the latent posterior's common surface and bad input."""
 
 from __future__ import annotations
 
@@ -15,11 +16,14 @@ import torch
 import gpvi
 from conftest import make_gp_data
 from gpvi.models.classification import GPClassification, LatentGP
-from gpvi.inference.cvi.engine import CVI, CVIState, LatentPosterior, cholesky_site_update_, site_elbo
+from gpvi.inference.cvi import (CVI, CVIState, LatentPosterior, MonteCarlo, SingleSite, TypeII, num_steps_for_sweeps,
+                                site_elbo, theta_objective)
+from gpvi.inference.engine import FaultPolicy
 from gpvi.exceptions import InterruptedRunWarning, NotPSDError, NumericalFaultError, NumericalWarning
 from gpvi.expectations import BernoulliLogit, Gaussian, expected_log_lik
-from gpvi.linalg import cholesky_update
+from gpvi.linalg import cholesky_site_update_, cholesky_update
 from gpvi.models.regression import GPRegression
+from gpvi.posteriors.base import Posterior
 
 F64 = torch.float64
 
@@ -36,6 +40,11 @@ def clf_data(n: int = 60, d: int = 2, *, seed: int = 0):
 def engine(**kw) -> CVI:
     kw.setdefault("progress_bar", False)
     return CVI(**kw)
+
+
+def sweeps(k: int, n: int, batch_size: int = 1) -> int:
+    """Steps of k sweeps of a stochastic run over n sites."""
+    return num_steps_for_sweeps(k, n, mode="stochastic", batch_size=batch_size)
 
 
 def dense_elbo(model: LatentGP, theta: torch.Tensor, m: torch.Tensor, V: torch.Tensor) -> float:
@@ -72,16 +81,16 @@ def test_one_beta_one_step_with_gaussian_likelihood_is_exact_gp_regression():
     theta_reg = torch.cat([theta, torch.tensor([math.log(noise)], dtype=F64)])
     mean_ref, var_ref = reg.predict(theta_reg, X, include_noise=False)
     # before the step q is the prior: far from the regression posterior (the check below is not vacuous)
-    prior = engine(mode="full", beta=1.0, num_steps=1, tol=0).init(model, theta)
+    prior = engine(mode="full", beta=1.0, num_steps=1, tol=0).initial_state(model, theta)
     assert float((torch.zeros(40, dtype=F64) - mean_ref).abs().max()) > 0.1
-    post = engine(mode="full", beta=1.0, num_steps=1, tol=0).run(model, theta=theta, state=prior)
+    post = engine(mode="full", beta=1.0, num_steps=1, tol=0).run(model, state=prior)
     assert torch.allclose(post.m, mean_ref, rtol=0, atol=1e-10)
     assert torch.allclose(post.var, var_ref, rtol=0, atol=1e-10)
     assert torch.allclose(post.lam1, y / noise, rtol=1e-14) and torch.allclose(post.lam2, torch.full_like(y, -0.5 / noise))
     # at the exact posterior KL(q || p(f | y)) = 0, so the ELBO is the log marginal likelihood
     assert post.elbo == pytest.approx(float(reg.log_marginal_likelihood(theta_reg)), rel=1e-10)
     # the stochastic engine's first step (full, from the prior) is the same step
-    post_s = engine(mode="stochastic", beta=1.0, num_steps=1, tol=0).run(model, theta=theta)
+    post_s = engine(mode="stochastic", beta=1.0, num_steps=1, tol=0).run(model, init=theta)
     assert torch.allclose(post_s.m, mean_ref, rtol=0, atol=1e-10)
 
 
@@ -99,8 +108,8 @@ def test_site_elbo_matches_the_dense_gaussian_elbo():
 def test_full_batch_and_single_site_reach_the_same_fixed_point(link):
     X, y = clf_data(50, seed=1)
     model = GPClassification(X, y, likelihood=link)
-    full = engine(mode="full", beta=0.5, tol=1e-14, max_sweeps=500).run(model)
-    single = engine(mode="stochastic", beta=0.5, tol=1e-14, max_sweeps=400, seed=3).run(model)
+    full = engine(mode="full", beta=0.5, tol=1e-14, num_steps=500).run(model)
+    single = engine(mode="stochastic", beta=0.5, tol=1e-14, num_steps=sweeps(400, 50), seed=3).run(model)
     assert full.converged and single.converged
     rel = lambda a, b: float(((a - b).abs() / b.abs().clamp_min(1e-3)).max())  # noqa: E731
     # issue tolerance 1e-4 relative; both converge to ~1e-9 here
@@ -116,7 +125,8 @@ def test_minibatch_single_site_steps_reach_the_same_fixed_point():
     X, y = clf_data(40, seed=2)
     model = GPClassification(X, y)
     full = engine(mode="full", tol=1e-14).run(model)
-    batched = engine(mode="stochastic", batch_size=7, tol=1e-14, max_sweeps=400).run(model)
+    batched = engine(mode="stochastic", single_site=SingleSite(batch_size=7), tol=1e-14,
+                     num_steps=sweeps(400, 40, 7)).run(model)
     assert torch.allclose(batched.lam2, full.lam2, rtol=1e-6)
     assert batched.elbo == pytest.approx(full.elbo, rel=1e-9)
 
@@ -125,7 +135,8 @@ def test_minibatch_single_site_steps_reach_the_same_fixed_point():
 def test_rank_one_updated_factor_equals_fresh_cholesky_after_1000_single_site_updates():
     X, y = clf_data(80, seed=4)
     model = GPClassification(X, y)
-    post = engine(mode="stochastic", beta=0.7, num_steps=1001, tol=0, refactor_every=10**6).run(model)
+    post = engine(mode="stochastic", beta=0.7, num_steps=1001, tol=0,
+                  single_site=SingleSite(refactor_every=10**6)).run(model)
     st = post.engine_state
     assert st.since_refactor == 1000 and st.counters["refactorisations"] == 1
     K = model.kernel_matrix(st.theta)
@@ -137,7 +148,8 @@ def test_rank_one_updated_factor_equals_fresh_cholesky_after_1000_single_site_up
 
 def test_drift_is_measured_at_every_refactorisation():
     X, y = clf_data(40, seed=5)
-    post = engine(mode="stochastic", max_sweeps=6, tol=0, refactor_every=25).run(GPClassification(X, y))
+    post = engine(mode="stochastic", num_steps=sweeps(6, 40), tol=0,
+                  single_site=SingleSite(refactor_every=25)).run(GPClassification(X, y))
     drifts = [d for d in post.trace["drift"] if not math.isnan(d)]
     assert len(drifts) >= 8 and post.info["max_drift"] == max(drifts)
     assert 0 < post.info["max_drift"] < 1e-11
@@ -179,7 +191,7 @@ def test_generic_and_blocked_factor_updates_give_the_same_run():
     X, y = clf_data(50, seed=6)
     model = GPClassification(X, y)
     a = engine(mode="stochastic", num_steps=300, tol=0).run(model)
-    b = engine(mode="stochastic", num_steps=300, tol=0, factor_update="generic").run(model)
+    b = engine(mode="stochastic", num_steps=300, tol=0, single_site=SingleSite(factor_update="generic")).run(model)
     assert torch.allclose(a.lam1, b.lam1, atol=1e-12) and torch.allclose(a.lam2, b.lam2, atol=1e-12)
 
 
@@ -236,7 +248,7 @@ def test_converged_elbo_equals_gpytorch_variational_gp_on_pima(link):
     model = GPClassification(ds.X_train, ds.y_train, likelihood=link)
     theta = model.theta.clone()
     theta[-1] = math.log(2.0)                     # fixed: lengthscale^2 = d var(x_j) = 7, signal variance 2
-    post = engine(mode="full", tol=1e-12).run(model, theta=theta)
+    post = engine(mode="full", tol=1e-12).run(model, init=theta)
     elbo_gp, m_gp, S_gp = _gpytorch_elbo(ds.X_train, ds.y_train, model.kernel_at(theta), link)
     # GPyTorch's q evaluated with gpvi's expectations: the same optimum (measured agreement ~1e-8 relative)
     assert dense_elbo(model, theta, m_gp, S_gp) == pytest.approx(post.elbo, rel=1e-7)
@@ -255,11 +267,11 @@ def test_elbo_does_not_decrease_with_exact_gradients_and_small_beta(link):
     model = GPClassification(ds.X_train, ds.y_train, likelihood=link)
     theta = model.theta.clone()
     theta[-1] = math.log(100.0)                   # large signal variance: beta = 1 diverges here
-    post = engine(mode="full", beta=0.2, num_steps=60, tol=0).run(model, theta=theta)
+    post = engine(mode="full", beta=0.2, num_steps=60, tol=0).run(model, init=theta)
     e = torch.tensor(post.trace["elbo"], dtype=F64)
     assert float((e[1:] - e[:-1]).min()) >= -1e-10 * float(e.abs().max())
     # the check can fail: with beta = 1 the ELBO goes down at some step
-    big = engine(mode="full", beta=1.0, num_steps=60, tol=0).run(model, theta=theta)
+    big = engine(mode="full", beta=1.0, num_steps=60, tol=0).run(model, init=theta)
     e1 = torch.tensor(big.trace["elbo"], dtype=F64)
     assert float((e1[1:] - e1[:-1]).min()) < -1e-6
 
@@ -271,7 +283,7 @@ def test_theta_gradient_of_the_elbo_matches_autograd_through_cholesky_and_finite
     eng = engine(mode="full", num_steps=4, tol=0)
     st = eng.run(model).engine_state                  # not converged: a != 0, b != 0 in the closed form
     theta = st.theta + torch.tensor([0.2, -0.1, 0.3], dtype=F64)
-    val, grad = eng._theta_objective(model, st, theta)
+    val, grad = theta_objective(model, st.lam1, st.lam2, theta, eng.quadrature)
 
     # independent: autograd through torch.linalg.cholesky and a triangular solve
     th = theta.clone().requires_grad_(True)
@@ -293,7 +305,8 @@ def test_theta_gradient_of_the_elbo_matches_autograd_through_cholesky_and_finite
     for i in range(3):
         d = torch.zeros(3, dtype=F64)
         d[i] = eps
-        fd = (eng._theta_objective(model, st, theta + d)[0] - eng._theta_objective(model, st, theta - d)[0]) / (2 * eps)
+        fd = (theta_objective(model, st.lam1, st.lam2, theta + d)[0]
+              - theta_objective(model, st.lam1, st.lam2, theta - d)[0]) / (2 * eps)
         assert fd == pytest.approx(float(grad[i]), rel=1e-6, abs=1e-8)
 
 
@@ -301,21 +314,50 @@ def test_learning_hyperparameters_increases_the_elbo_and_converges():
     ds = gpvi.datasets.load_pima()
     model = GPClassification(ds.X_train, ds.y_train)
     fixed = engine(mode="full", tol=1e-10).run(model)
-    learned = engine(mode="full", tol=1e-10, learn_hyperparameters=True).run(model)
+    learned = TypeII(engine(mode="full", tol=1e-10)).run(model)
     assert learned.converged and learned.info["theta_phases"] >= 2
     assert learned.elbo > fixed.elbo + 1.0
     # at the end the theta gradient (sites fixed at the CVI fixed point) is small unless at a bound
-    eng = engine(mode="full")
-    _, grad = eng._theta_objective(model, learned.engine_state, learned.theta)
+    st = learned.engine_state
+    _, grad = theta_objective(model, st.lam1, st.lam2, learned.theta)
     inside = (learned.theta > -11.4) & (learned.theta < 11.4)
     assert float(grad[inside].abs().max()) < 1e-2
+
+
+def test_type_ii_loop_is_composed_of_runs_and_an_interrupted_phase_returns_the_last_run(monkeypatch):
+    X, y = clf_data(40, seed=21)
+    model = GPClassification(X, y)
+    eng = engine(mode="full", tol=1e-9)
+    runs = []
+    real_run = CVI.run
+
+    def counting_run(self, *args, **kwargs):
+        runs.append(kwargs.get("state"))
+        return real_run(self, *args, **kwargs)
+
+    monkeypatch.setattr(CVI, "run", counting_run)
+    post = TypeII(eng).run(model)
+    assert len(runs) == post.info["theta_phases"] >= 2 and runs[0] is None
+    assert all(isinstance(s, CVIState) for s in runs[1:])
+    assert post.info["learn_hyperparameters"] and post.info["type_ii"]["max_iter"] == 100
+    assert post.info["steps"] == post.engine_state.t
+    monkeypatch.setattr(CVI, "run", real_run)
+
+    def interrupted_phase(self, model, state):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(TypeII, "phase", interrupted_phase)
+    with pytest.warns(InterruptedRunWarning, match="type-II interrupted"):
+        part = TypeII(eng).run(model)
+    fixed = eng.run(model)
+    assert part.info["interrupted"] and not part.converged and part.info["theta_phases"] == 0
+    assert torch.equal(part.theta, fixed.theta) and part.elbo == fixed.elbo
 
 
 # -------------------------------------------------------------------------------- validity and faults
 def test_invalid_site_estimates_are_shrunk_or_rejected_and_counted():
     X, y = clf_data(40, seed=8)
     model = GPClassification(X, y)
-    kw = dict(mode="full", beta=1.0, estimator="mc", num_mc=1, mc_variance_grad="reparam", num_steps=8, tol=0)
+    kw = dict(mode="full", beta=1.0, estimator=MonteCarlo(num_draws=1, variance_grad="reparam"), num_steps=8, tol=0)
     shrunk = engine(invalid="shrink", **kw).run(model)
     rejected = engine(invalid="reject", **kw).run(model)
     assert shrunk.info["sites_shrunk"] > 0 and rejected.info["sites_rejected"] > 0
@@ -353,12 +395,12 @@ def test_nonfinite_site_estimates_are_skipped_with_a_warning():
 
 
 def test_a_failing_factorisation_mid_run_is_rolled_back_and_survived(monkeypatch):
-    import gpvi.inference.cvi.engine as cvi_mod
+    import gpvi.inference.cvi.sites as cvi_mod
 
     X, y = clf_data(40, seed=10)
     model = GPClassification(X, y)
     ref = engine(mode="full", tol=1e-12).run(model)
-    real = cvi_mod._factor
+    real = cvi_mod.site_factor
     calls = {"n": 0}
 
     def flaky(K, s, theta=None):
@@ -367,7 +409,7 @@ def test_a_failing_factorisation_mid_run_is_rolled_back_and_survived(monkeypatch
             raise NotPSDError("injected failure")
         return real(K, s, theta)
 
-    monkeypatch.setattr(cvi_mod, "_factor", flaky)
+    monkeypatch.setattr(cvi_mod, "site_factor", flaky)
     with pytest.warns(NumericalWarning, match="rolled back"):
         post = engine(mode="full", tol=1e-12).run(model)
     assert post.info["faults"] == 1
@@ -379,17 +421,17 @@ def test_repeated_faults_raise_numerical_fault_error_keeping_the_last_good_state
     model = LatentGP(X, y, likelihood=_FlakyLikelihood(set(range(5, 10**6)), all_sites=True))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", NumericalWarning)
-        with pytest.raises(NumericalFaultError, match="consecutive numerical faults") as err:
-            engine(mode="full", num_steps=50, tol=0, max_faults=4).run(model)
+        with pytest.raises(NumericalFaultError, match="4 consecutive steps failed") as err:
+            engine(mode="full", num_steps=50, tol=0, faults=FaultPolicy(4)).run(model)
     st = err.value.state
-    assert isinstance(st, CVIState) and st.step >= 1 and bool((st.lam2 < 0).all())
+    assert isinstance(st, CVIState) and st.t >= 1 and bool((st.lam2 < 0).all())
     assert bool(torch.isfinite(st.lam1).all())
 
 
 # ------------------------------------------------------------------------------ interruption and resume
 def _interrupt_at(k):
     def cb(state, info):
-        if state.step == k:
+        if state.t == k:
             raise KeyboardInterrupt
     return cb
 
@@ -397,12 +439,12 @@ def _interrupt_at(k):
 def test_interrupted_run_returns_partial_result_and_resume_equals_uninterrupted(tmp_path):
     X, y = clf_data(50, seed=12)
     model = GPClassification(X, y)
-    kw = dict(mode="stochastic", estimator="mc", num_mc=4, beta_schedule="robbins_monro", max_sweeps=8, tol=0,
-              refactor_every=17, seed=5)
+    kw = dict(mode="stochastic", estimator=MonteCarlo(num_draws=4), beta_schedule="robbins_monro",
+              num_steps=sweeps(8, 50), tol=0, single_site=SingleSite(refactor_every=17), seed=5)
     full = engine(**kw).run(model)
     with pytest.warns(InterruptedRunWarning, match="interrupted after 150"):
         part = engine(**kw).run(model, callback=_interrupt_at(150))
-    assert part.info["interrupted"] and part.engine_state.step == 150 and math.isfinite(part.elbo)
+    assert part.info["interrupted"] and part.engine_state.t == 150 and math.isfinite(part.elbo)
     path = tmp_path / "cvi_state.pt"
     torch.save(part.engine_state.state_dict(), path)
     resumed = engine(**kw).run(model, state=torch.load(path, weights_only=False))
@@ -414,7 +456,7 @@ def test_interrupted_run_returns_partial_result_and_resume_equals_uninterrupted(
 def test_resume_in_a_new_process_equals_the_uninterrupted_run(tmp_path):
     X, y = clf_data(40, seed=13)
     torch.save({"X": X, "y": y}, tmp_path / "data.pt")
-    kw = dict(mode="stochastic", estimator="mc", num_mc=3, max_sweeps=5, tol=0, seed=9, progress_bar=False)
+    kw = dict(mode="stochastic", estimator="mc", num_steps=sweeps(5, 40), tol=0, seed=9, progress_bar=False)
     model = GPClassification(X, y)
     full = CVI(**kw).run(model)
     with pytest.warns(InterruptedRunWarning):
@@ -425,7 +467,7 @@ def test_resume_in_a_new_process_equals_the_uninterrupted_run(tmp_path):
         from gpvi.models.classification import GPClassification
         from gpvi.inference.cvi.engine import CVI
         d = torch.load({str(tmp_path / 'data.pt')!r})
-        st = torch.load({str(tmp_path / 'state.pt')!r}, weights_only=False)
+        st = torch.load({str(tmp_path / 'state.pt')!r}, weights_only=True)
         post = CVI(**{kw!r}).run(GPClassification(d['X'], d['y']), state=st)
         torch.save({{'lam1': post.lam1, 'lam2': post.lam2}}, {str(tmp_path / 'out.pt')!r})
     """)
@@ -438,7 +480,7 @@ def test_resume_in_a_new_process_equals_the_uninterrupted_run(tmp_path):
 def test_same_seed_same_result_and_no_global_rng_use():
     X, y = clf_data(40, seed=14)
     model = GPClassification(X, y)
-    kw = dict(mode="stochastic", estimator="mc", max_sweeps=3, tol=0)
+    kw = dict(mode="stochastic", estimator="mc", num_steps=sweeps(3, 40), tol=0)
     torch.manual_seed(0)
     before = torch.get_rng_state()
     a = engine(seed=1, **kw).run(model)
@@ -449,18 +491,82 @@ def test_same_seed_same_result_and_no_global_rng_use():
     assert torch.equal(a.lam1, b.lam1) and not torch.equal(a.lam1, c.lam1) and torch.equal(a.lam1, d.lam1)
 
 
-def test_step_does_not_modify_its_input_state():
+def test_step_updates_the_cached_factor_in_place_and_is_deterministic():
+    from gpvi.inference.engine import EngineState, IterativeEngine, StopRule
+
     X, y = clf_data(30, seed=15)
     model = GPClassification(X, y)
     eng = engine(mode="stochastic", tol=0)
     st0 = eng.init(model)
-    st1, info = eng.step(model, st0)
-    st2, _ = eng.step(model, st1)
-    snapshot = st1.state_dict()
-    st3, _ = eng.step(model, st1)
-    assert torch.equal(st1.factor, snapshot["factor"]) and torch.equal(st1.lam1, snapshot["lam1"])
-    assert torch.equal(st2.lam2, st3.lam2)
-    assert not st0.initialised and st1.initialised and info["checked"]
+    assert isinstance(eng, IterativeEngine) and isinstance(st0, EngineState) and isinstance(eng.stop_rule(), StopRule)
+    st1, info = eng.step(model, st0)                  # the full step from the prior, then the factor
+    assert st1 is st0 and st1.initialised and info["checked"] and st1.factor is not None
+    twin = st1.copy()
+    ptr, before = st1.factor.data_ptr(), st1.factor.clone()
+    lam2_before = st1.lam2.clone()
+    st2, info2 = eng.step(model, st1)                 # a single-site step: no copy of the N x N factor
+    assert st2 is st1 and not info2["checked"] and st2.t == 2
+    assert st2.factor.data_ptr() == ptr and not torch.equal(st2.factor, before)
+    assert int((st2.lam2 != lam2_before).sum()) == 1
+    # the step is a function of the state (its generator included): a copy steps to the same place
+    twin, _ = eng.step(model, twin)
+    assert torch.equal(twin.lam2, st2.lam2) and torch.equal(twin.factor, st2.factor)
+    assert twin.factor.data_ptr() != ptr
+
+
+def test_run_from_a_state_leaves_the_state_unchanged_and_the_posterior_owns_a_copy():
+    X, y = clf_data(30, seed=15)
+    model = GPClassification(X, y)
+    eng = engine(mode="stochastic", estimator="mc", num_steps=80, tol=0, seed=4)
+    with pytest.warns(InterruptedRunWarning):
+        st = eng.run(model, callback=_interrupt_at(40)).engine_state
+    assert st.t == 40 and st.factor is not None
+    snapshot = st.state_dict()
+    ptr = st.factor.data_ptr()
+    post = eng.run(model, state=st)
+    after = st.state_dict()
+    for k, v in snapshot.items():
+        if isinstance(v, torch.Tensor):
+            assert torch.equal(v, after[k]), k
+        else:
+            assert v == after[k] or (isinstance(v, float) and math.isnan(v) and math.isnan(after[k])), k
+    assert st.factor.data_ptr() == ptr
+    assert post.info["steps"] == 80 and post.engine_state is not st
+    assert post.engine_state.factor.data_ptr() != ptr
+    # the posterior's engine state is its own: stepping a resumed copy does not change the posterior
+    mine = eng.resume(model, post.engine_state)
+    eng.step(model, mine)
+    assert post.engine_state.t == 80 and mine.t == 81
+
+
+def test_interrupt_inside_the_factor_update_rolls_the_step_back(monkeypatch):
+    import gpvi.inference.cvi.steps as steps_mod
+
+    X, y = clf_data(40, seed=19)
+    model = GPClassification(X, y)
+    kw = dict(mode="stochastic", num_steps=sweeps(4, 40), tol=0, seed=2)
+    full = engine(**kw).run(model)
+    real = steps_mod.cholesky_site_update_
+    calls = {"n": 0}
+
+    def interrupted(U, n, alpha, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 60:
+            U.mul_(2.0)                                # half-done: the factor is no longer K + S's
+            raise KeyboardInterrupt
+        return real(U, n, alpha, **kwargs)
+
+    monkeypatch.setattr(steps_mod, "cholesky_site_update_", interrupted)
+    with pytest.warns(InterruptedRunWarning, match="interrupted after 60"):
+        part = engine(**kw).run(model)
+    st = part.engine_state
+    assert st.t == 60 and st.factor is None and math.isfinite(part.elbo)
+    monkeypatch.setattr(steps_mod, "cholesky_site_update_", real)
+    resumed = engine(**kw).run(model, state=st)
+    # the factor is recomputed from scratch on resume (same refactorisation schedule): equal up to rounding
+    assert resumed.trace["step"] == full.trace["step"]
+    assert torch.allclose(resumed.lam2, full.lam2, rtol=1e-10, atol=0)
+    assert resumed.elbo == pytest.approx(full.elbo, rel=1e-12)
 
 
 # ------------------------------------------------------------------------------------- results
@@ -480,8 +586,45 @@ def test_posterior_predictions_dtypes_and_round_trip():
     again = LatentPosterior.from_state_dict(post.state_dict(), model)
     assert torch.allclose(again.predict_proba(X), p, atol=1e-14)
     table = post.summary()
-    assert table["link"]["value"] == "probit"
+    assert "link probit" in table.title and len(table) == 40
+    assert table["f[3]"]["mean"] == pytest.approx(float(post.m[3])) and table["f[3]"]["lam2"] < 0
     assert "converged=True" in repr(post)
+
+
+def test_latent_posterior_has_the_common_surface():
+    X, y = clf_data(30, seed=20)
+    model = GPClassification(X, y)
+    post = engine(mode="full", tol=1e-10).run(model)
+    N = model.num_data
+    assert post.names == [f"f[{i}]" for i in range(N)] and post.dim == N
+    assert torch.equal(post.mean, post.m) and torch.allclose(post.std ** 2, post.var)
+    q = post.quantile([0.05, 0.5, 0.95])
+    assert q.shape == (3, N) and torch.allclose(q[1], post.m)
+    assert torch.allclose(q[2] - q[1], 1.6448536269514722 * post.std)
+    marg = post.marginals()
+    assert marg["f[2]"]["family"] == "normal" and marg["f[2]"]["mean"] == pytest.approx(float(post.m[2]))
+    # draws by Matheron's rule against the dense covariance of q (independent formula from the sites)
+    S = 20000
+    draws = post.sample(S, seed=0)
+    assert draws.shape == (S, N) and draws.dtype == F64
+    assert torch.equal(draws, post.sample(S, seed=0)) and not torch.equal(draws, post.sample(S, seed=1))
+    m, V = site_covariance(model, post.theta, post.lam1, post.lam2)
+    sd = V.diagonal().sqrt()
+    # mean: 5 standard errors; variance: 5 standard errors of a Gaussian sample variance, sqrt(2/S) relative
+    assert float(((draws.mean(0) - m).abs() / (sd / math.sqrt(S))).max()) < 5.0
+    assert float(((draws.var(0) / V.diagonal() - 1).abs()).max()) < 5 * math.sqrt(2 / S)
+    emp = torch.cov(draws.T)
+    assert float((emp - V).abs().max()) < 5 * float(V.diagonal().max()) * math.sqrt(2 / S)
+    # state_dict: kind and version; the base class picks the kind
+    sd_ = post.state_dict()
+    assert sd_["kind"] == "latent" and sd_["version"] >= 1 and sd_["engine_state"]["t"] == post.info["steps"]
+    again = Posterior.from_state_dict(sd_, model)
+    assert isinstance(again, LatentPosterior) and torch.equal(again.m, post.m)
+    assert isinstance(again.engine_state, CVIState) and again.info["steps"] == post.info["steps"]
+    assert post.hyperparameters() == model.describe(post.theta)
+    # a posterior is a warm start (its theta and sites): the next run converges at its second check
+    warm = engine(mode="full", tol=1e-10).run(model, init=post)
+    assert warm.info["steps"] == 2 and warm.converged and warm.elbo == pytest.approx(post.elbo, rel=1e-10)
 
 
 def test_logit_prediction_is_the_quadrature_of_the_sigmoid():
@@ -502,8 +645,8 @@ def test_robbins_monro_monte_carlo_run_gets_close_to_the_quadrature_solution():
     X, y = clf_data(40, seed=18)
     model = GPClassification(X, y)
     exact = engine(mode="full", tol=1e-12).run(model)
-    mc = engine(mode="full", estimator="mc", num_mc=50, beta_schedule="robbins_monro", num_steps=150, tol=0,
-                seed=0).run(model)
+    mc = engine(mode="full", estimator=MonteCarlo(num_draws=50), beta_schedule="robbins_monro", num_steps=150,
+                tol=0, seed=0).run(model)
     # residual noise of the sites ~ beta_t sd(g) with beta_150 = 0.5 * 151^-0.6 = 0.025: ELBO within 1e-3
     assert mc.elbo == pytest.approx(exact.elbo, rel=1e-3)
 
@@ -542,20 +685,28 @@ def test_bad_input_gives_clear_errors():
     with pytest.raises(ValueError, match="estimator must be one of"):
         CVI(estimator="laplace")
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
-        CVI(batch_size=0)
-    with pytest.raises(ValueError, match="num_mc must be >= 1"):
-        CVI(num_mc=0)
+        SingleSite(batch_size=0)
+    with pytest.raises(ValueError, match="num_draws must be >= 1"):
+        MonteCarlo(num_draws=0)
     with pytest.raises(ValueError, match="tol must be >= 0"):
         CVI(tol=-1.0)
     with pytest.raises(ValueError, match="theta_bounds"):
-        CVI(theta_bounds=(1.0, -1.0))
+        TypeII(theta_bounds=(1.0, -1.0))
+    with pytest.raises(ValueError, match="num_steps must be >= 1"):
+        CVI(num_steps=0)
+    with pytest.raises(TypeError, match="faults must be a gpvi.inference.engine.FaultPolicy"):
+        CVI(faults=3)
+    with pytest.raises(TypeError, match="single_site must be"):
+        CVI(single_site=7)
     with pytest.raises(TypeError, match="model must be"):
         CVI(progress_bar=False).run(X)
     model = GPClassification(X, y)
     with pytest.raises(ValueError, match="lam2 must be < 0"):
-        CVI().init(model, lam1=torch.zeros(20), lam2=torch.zeros(20))
+        CVI().initial_state(model, lam1=torch.zeros(20), lam2=torch.zeros(20))
     with pytest.raises(ValueError, match="state has 20 sites but the model has N = 19"):
-        CVI(progress_bar=False).run(GPClassification(X[:19], y[:19]), state=CVI().init(model))
+        CVI(progress_bar=False).run(GPClassification(X[:19], y[:19]), state=CVI().initial_state(model))
+    with pytest.raises(ValueError, match="cannot be combined"):
+        CVI(progress_bar=False).run(model, init=model.theta, state=CVI().initial_state(model))
     with pytest.raises(TypeError, match="callback must be callable"):
         CVI(progress_bar=False).run(model, callback=3)
 

@@ -179,3 +179,41 @@ def test_gp_regression_reports_its_memory_per_draw():
     model = gpvi.GPRegression(X, torch.sin(6 * X[:, 0]))
     assert model.memory_per_draw() == 5 * 50 * 50 * 8
     assert MemoryBudget(max_bytes=10 * 50 * 50 * 8).draws_per_call(model, 250) == 2
+
+
+# ------------------------------------------------------------------ CVI: the same contract on a latent GP
+def _cvi_model():
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(40, 2, generator=g, dtype=torch.float64)
+    y = (X[:, 0] + 0.3 * torch.randn(40, generator=g, dtype=torch.float64) > 0.5).long()
+    return gpvi.GPClassification(X, y, likelihood="probit")
+
+
+def _cvi(mode):
+    return lambda **kw: gpvi.CVI(mode=mode, num_steps=kw.pop("num_steps", 60), tol=0, seed=3, progress_bar=False, **kw)
+
+
+def _same_latent(a, b) -> None:
+    assert torch.equal(a.mean, b.mean) and torch.equal(a.std, b.std)
+    assert torch.equal(a.sites[0], b.sites[0]) and torch.equal(a.sites[1], b.sites[1])
+    assert a.elbo == b.elbo
+
+
+@pytest.mark.parametrize("mode", ["full", "stochastic"])
+def test_cvi_keeps_the_contract(mode):
+    make, model = _cvi(mode), _cvi_model()
+    full = _run(make(), model)
+    _same_latent(_run(make(), model), full)                                  # seeded runs repeat exactly
+    eng = make()
+    eng.progress_bar = True
+    _same_latent(_run(eng, model), full)                                     # bar on or off: same answer
+    with pytest.warns(InterruptedRunWarning):
+        part = make().run(model, callback=_stop_at(17))
+    assert part.info["interrupted"] and part.engine_state.t == 17
+    before, mean_before = part.engine_state.state_dict(), part.mean.clone()
+    a = _run(make(), model, state=part.engine_state)
+    b = _run(make(), model, state=part.engine_state.state_dict())
+    _same_latent(a, full)                                                    # interrupt + resume = uninterrupted
+    _same_latent(b, full)
+    assert part.engine_state.t == 17 and torch.equal(part.mean, mean_before)  # nothing handed in changed
+    _same_state(part.engine_state.state_dict(), before)

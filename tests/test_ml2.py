@@ -89,3 +89,62 @@ def test_ml2_bad_settings_and_inputs():
         gpvi.ML2().run(object())
     with pytest.raises(TypeError, match="log_marginal_likelihood"):
         gpvi.ML2().run(gpvi.Target(lambda t: -(t ** 2).sum(-1), 2))
+
+
+# ------------------------------------------------------------------------ the shared L-BFGS-B wrapper
+def test_lbfgs_maximise_closed_form_box_and_failed_points():
+    from gpvi.exceptions import NotPSDError
+    from gpvi.inference.lbfgs import lbfgs_maximise
+
+    A = torch.tensor([[3.0, 1.0], [1.0, 2.0]], dtype=torch.float64)
+    b = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    exact = torch.linalg.solve(A, b)                                    # argmax of -x'Ax/2 + b'x
+
+    def quad(x):
+        return -0.5 * x @ A @ x + b @ x
+    res = lbfgs_maximise(quad, torch.zeros(2, dtype=torch.float64), gtol=1e-12)
+    assert res.converged and torch.allclose(res.x, exact, atol=1e-8)
+    assert res.value == pytest.approx(float(quad(exact)), rel=1e-12)
+    # the same with the objective giving its own gradient
+    own = lbfgs_maximise(lambda x: (float(quad(x)), b - A @ x), [0.0, 0.0], returns_grad=True, gtol=1e-12)
+    assert torch.allclose(own.x, exact, atol=1e-8)
+    # a box: the optimum moves to the boundary (x1 <= -1 is active), the start is clipped into it
+    boxed = lbfgs_maximise(quad, torch.tensor([5.0, 5.0], dtype=torch.float64), bounds=(-3.0, -1.0))
+    assert boxed.x[1] == -1.0 and boxed.x[0] == pytest.approx(-1.0, abs=1e-8)   # x0 = (1 - x1) / 3 clipped to -1
+    # points where the objective fails (NotPSDError, NaN) count as -inf: no exception, the search backs off and ends
+    # at a point it could evaluate, better than the start
+    failed = []
+
+    def fragile(x):
+        if float(x[0].detach()) > 0.9:
+            failed.append("NotPSDError")
+            raise NotPSDError("injected")
+        return quad(x)
+    safe = lbfgs_maximise(fragile, torch.zeros(2, dtype=torch.float64), gtol=1e-12)
+    assert failed == ["NotPSDError"]                                    # the unconstrained search's 3rd point
+    assert math.isfinite(safe.value) and safe.value > 0.0 and float(safe.x[0]) <= 0.9
+    assert safe.value == pytest.approx(float(quad(safe.x)), rel=1e-14)
+    nowhere = lbfgs_maximise(lambda x: x.sum() * float("nan"), [0.0, 1.0])     # a NaN everywhere: -inf, no error
+    assert nowhere.value == -math.inf and not nowhere.converged
+    with pytest.raises(ValueError, match="bounds"):
+        lbfgs_maximise(quad, [0.0, 0.0], bounds=(1.0, 1.0))
+    with pytest.raises(ValueError, match="x0 must be a finite 1-D vector"):
+        lbfgs_maximise(quad, [0.0, float("nan")])
+
+
+def test_ml2_and_the_logistic_reference_use_the_shared_wrapper(monkeypatch):
+    import gpvi.inference.lbfgs as lbfgs_mod
+
+    calls = []
+    real = lbfgs_mod.lbfgs_maximise
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("bounds"))
+        return real(*args, **kwargs)
+    monkeypatch.setattr("gpvi.inference.ml2.lbfgs_maximise", spy)
+    monkeypatch.setattr(lbfgs_mod, "lbfgs_maximise", spy)
+    X, y = make_gp_data(15, 1, seed=4)
+    gpvi.ML2(num_restarts=2, seed=0).run(gpvi.GPRegression(X, y))
+    ds = gpvi.datasets.load_pima()
+    gpvi.BayesianLogisticRegression(ds.X_train[:50], ds.y_train[:50]).fit_gaussian_quadrature(max_iter=5)
+    assert calls == [(-25.0, 25.0), (-25.0, 25.0), None]

@@ -2,9 +2,9 @@ r"""ML-II (type-II maximum likelihood) and MAP point estimates of theta, by L-BF
 
 ML-II maximises the exact log marginal likelihood :math:`\log \mathcal N(y \mid 0, K_\theta + \sigma^2 I)`
 (Rasmussen & Williams 2006, section 5.4.1); with ``prior=True`` it maximises the log joint
-:math:`\log g(\theta)` instead (MAP). The optimiser is SciPy's L-BFGS-B on the float64 objective with the
-exact gradient (one Cholesky and one ``cholesky_inverse`` per evaluation). Each restart is recorded, and the
-winner is reported.
+:math:`\log g(\theta)` instead (MAP). The optimiser is SciPy's L-BFGS-B (:func:`gpvi.inference.lbfgs.lbfgs_maximise`)
+on the float64 objective with the exact gradient (one Cholesky and one ``cholesky_inverse`` per evaluation). Each
+restart is recorded, and the winner is reported.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..exceptions import ConvergenceWarning, NotPSDError
 from ..posteriors.base import PointPosterior
+from .lbfgs import lbfgs_maximise
 from .progress import Progress, warn_interrupted
 from ..rng import resolve_generator
 from ..evaluation.table import Table
@@ -127,8 +127,6 @@ class ML2:
             ``theta``, ``value`` (the maximised objective), ``info["restarts"]`` (a Table of every restart),
             ``info["best_restart"]``, ``info["objective"]`` and ``info["time_s"]``.
         """
-        from scipy.optimize import minimize
-
         target = as_target(target)
         objective = self._objective(target)
         starts = self.starting_points(target, init, generator=generator, seed=seed)
@@ -138,33 +136,14 @@ class ML2:
         records: list[dict[str, Any]] = []
         t0 = time.perf_counter()
         interrupted = False
-
-        def fun(x: np.ndarray) -> tuple[float, np.ndarray]:
-            th = torch.tensor(x, dtype=torch.float64, device=device, requires_grad=True)
-            try:
-                val = objective(th)
-            except NotPSDError:
-                return math.inf, np.zeros_like(x)
-            if not bool(torch.isfinite(val)):
-                return math.inf, np.zeros_like(x)
-            (grad,) = torch.autograd.grad(val, th)
-            return -float(val.detach()), -grad.detach().cpu().numpy()
-
-        bounds = None if self.bounds is None else [self.bounds] * starts.shape[1]
         with Progress(starts.shape[0], enabled=self.progress_bar, desc="ML-II restarts") as bar:
             try:
                 for r, x0 in enumerate(starts):
-                    x0n = x0.numpy().copy()
-                    if bounds is not None:
-                        x0n = np.clip(x0n, self.bounds[0], self.bounds[1])
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore", RuntimeWarning)
-                        res = minimize(fun, x0n, jac=True, method="L-BFGS-B", bounds=bounds,
-                                       options={"maxiter": self.max_iter, "gtol": self.gtol, "ftol": self.ftol})
-                    rec = {"restart": r, "value": -float(res.fun) if np.isfinite(res.fun) else -math.inf,
-                           "iterations": int(res.nit), "evaluations": int(res.nfev), "converged": bool(res.success),
-                           "message": str(res.message), "theta": torch.tensor(res.x, dtype=torch.float64),
-                           "start": x0.clone()}
+                    res = lbfgs_maximise(objective, x0, bounds=self.bounds, max_iter=self.max_iter, gtol=self.gtol,
+                                         ftol=self.ftol, ignore_warnings=(RuntimeWarning,), device=device)
+                    rec = {"restart": r, "value": res.value, "iterations": res.iterations,
+                           "evaluations": res.evaluations, "converged": res.converged, "message": res.message,
+                           "theta": res.x.cpu(), "start": x0.clone()}
                     records.append(rec)
                     bar.update(1, best=max(x["value"] for x in records))
                     if callback is not None:

@@ -257,9 +257,9 @@ class BayesianLogisticRegression:
     def fit_gaussian_quadrature(self, *, num_points: int = 64, max_iter: int = 10_000, gtol: float = 1e-10):
         r"""Maximise :meth:`gaussian_bound` over :math:`(\mu, C)` with L-BFGS: a deterministic reference.
 
-        C is parametrised by its strictly lower part and the log of its diagonal; SciPy's L-BFGS-B uses the
-        exact autograd gradient. The bound is concave in :math:`(\mu, C)` (paper section 2), so the optimum is
-        the unique answer stochastic DSVI must converge to.
+        C is parametrised by its strictly lower part and the log of its diagonal; SciPy's L-BFGS-B
+        (:func:`gpvi.inference.lbfgs.lbfgs_maximise`) uses the exact autograd gradient. The bound is concave in
+        :math:`(\mu, C)` (paper section 2), so the optimum is the unique answer stochastic DSVI must converge to.
 
         Returns
         -------
@@ -276,8 +276,7 @@ class BayesianLogisticRegression:
         >>> ref.info["converged"]
         True
         """
-        from scipy.optimize import minimize
-
+        from ..inference.lbfgs import lbfgs_maximise
         from ..posteriors.base import GaussianPosterior
 
         max_iter = check_positive_int(max_iter, "max_iter")
@@ -292,22 +291,18 @@ class BayesianLogisticRegression:
             C = C + torch.diag(torch.exp(x[D + il.shape[1]:]))
             return mu, C
 
-        def fun(xn: np.ndarray) -> tuple[float, np.ndarray]:
-            x = torch.tensor(xn, dtype=torch.float64, requires_grad=True)
+        def bound(x: torch.Tensor) -> torch.Tensor:
             mu, C = unpack(x)
-            val = self.gaussian_bound(mu, C, num_points=num_points)
-            (g,) = torch.autograd.grad(val, x)
-            return -float(val.detach()), -g.numpy()
+            return self.gaussian_bound(mu, C, num_points=num_points)
 
-        x0 = np.zeros(D + il.shape[1] + D)
+        x0 = torch.zeros(D + il.shape[1] + D, dtype=torch.float64)
         x0[D + il.shape[1]:] = math.log(0.1)
-        res = minimize(fun, x0, jac=True, method="L-BFGS-B",
-                       options={"maxiter": max_iter, "gtol": gtol, "ftol": 1e-15, "maxcor": 30})
-        mu, C = unpack(torch.tensor(res.x, dtype=torch.float64))
-        info = {"iterations": int(res.nit), "evaluations": int(res.nfev), "converged": bool(res.success),
-                "message": str(res.message), "num_points": num_points,
+        res = lbfgs_maximise(bound, x0, max_iter=max_iter, gtol=gtol, ftol=1e-15, history=30, catch=())
+        mu, C = unpack(res.x)
+        info = {"iterations": res.iterations, "evaluations": res.evaluations, "converged": res.converged,
+                "message": res.message, "num_points": num_points,
                 "method": "L-BFGS-B on the Gauss-Hermite Gaussian bound"}
-        return GaussianPosterior(mu, C, self.names, self, elbo=-float(res.fun), elbo_se=0.0, info=info)
+        return GaussianPosterior(mu, C, self.names, self, elbo=res.value, elbo_se=0.0, info=info)
 
     # ------------------------------------------------------------------ prediction
     def predict_proba(self, X: Any, q: Any, *, num_points: int = 64, num_draws: int = 4000,
@@ -331,10 +326,10 @@ class BayesianLogisticRegression:
         if hasattr(q, "theta") and isinstance(q.theta, torch.Tensor):
             return torch.sigmoid(Phi @ q.theta.to(Phi))
         base = getattr(q, "base", None)
-        if base is not None and getattr(base, "kind", None) == "normal" and hasattr(q, "scale_tril"):
+        if getattr(base, "kind", None) == "normal" and callable(getattr(q, "linear_marginals", None)):
             a, w = gauss_hermite(num_points)
-            m = Phi @ q.mean.to(Phi)
-            s = torch.sqrt(((Phi @ q.scale_tril.to(Phi)) ** 2).sum(-1))
+            m, s = q.linear_marginals(Phi)
+            m, s = m.to(Phi), s.to(Phi)
             return torch.sigmoid(m[:, None] + s[:, None] * a.to(Phi)[None, :]) @ w.to(Phi)
         if not callable(getattr(q, "sample", None)):
             raise TypeError(f"q must be a weight vector or a posterior; got {type(q).__name__}")

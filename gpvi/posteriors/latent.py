@@ -210,12 +210,13 @@ class LatentPosterior(Posterior):
     def _marginal(self, mean: torch.Tensor, sd: torch.Tensor) -> list[dict[str, Any]]:
         return [{"family": "normal", "loc": m, "scale": s} for m, s in zip(mean.tolist(), sd.tolist())]
 
-    def summary(self, prob: float = 0.9) -> Table:
+    def summary(self, prob: float = 0.9, *, natural: bool = True) -> Table:
         """Latent marginals and site statistics, one row per training input ``f[n]``.
 
         Columns: ``mean``, ``sd`` and the central ``prob`` interval (``q5``, ``q50``, ``q95`` by default) of
         :math:`q(f_n)`, then the site: ``lam1``, ``lam2``, ``pseudo_target`` :math:`\\tilde y_n` and
         ``pseudo_noise`` :math:`s_n`. The run report is :attr:`info`, the hyperparameters :meth:`hyperparameters`.
+        ``natural`` is accepted for the common signature (latent values have no natural scale).
         """
         prob = check_fraction(prob, "prob", high_closed=False)
         lo = 100 * (1 - prob) / 2

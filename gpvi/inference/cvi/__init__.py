@@ -1,5 +1,22 @@
-"""CVI (Khan & Lin, AISTATS 2017) for GP classification: full-batch and doubly stochastic single-site steps."""
+"""CVI (Khan & Lin, AISTATS 2017) for latent GP models: full-batch and doubly stochastic single-site steps.
 
-from .engine import CVI, CVIState, LatentPosterior, site_elbo
+* :mod:`~gpvi.inference.cvi.engine` -- :class:`CVI`, the engine (settings, init, step, result; run by the driver);
+* :mod:`~gpvi.inference.cvi.options` -- its small settings objects (:class:`MonteCarlo`, :class:`SingleSite`), the
+  stop rule and the start (:class:`init_to_sites`);
+* :mod:`~gpvi.inference.cvi.state` -- :class:`CVIState`;
+* :mod:`~gpvi.inference.cvi.sites` -- site algebra and the site ELBO;
+* :mod:`~gpvi.inference.cvi.steps` -- the full-batch and the single-site step;
+* :mod:`~gpvi.inference.cvi.typeii` -- :class:`TypeII`, the outer loop that learns the kernel hyperparameters.
 
-__all__ = ["CVI", "CVIState", "LatentPosterior", "site_elbo"]
+The posterior is :class:`gpvi.posteriors.latent.LatentPosterior`.
+"""
+
+from ...posteriors.latent import BernoulliPredictive, LatentPosterior
+from .engine import CVI
+from .options import MonteCarlo, SingleSite, SitesConverged, init_to_sites, num_steps_for_sweeps
+from .sites import site_elbo
+from .state import CVIState
+from .typeii import TypeII, theta_objective
+
+__all__ = ["CVI", "CVIState", "LatentPosterior", "BernoulliPredictive", "MonteCarlo", "SingleSite",
+           "SitesConverged", "init_to_sites", "num_steps_for_sweeps", "site_elbo", "TypeII", "theta_objective"]

@@ -1,0 +1,212 @@
+r"""The two CVI steps: full-batch (Algorithm 1) and doubly stochastic single-site (eq. 14). Both mutate the state.
+
+**Step 3** (eq. 13): for each site, the gradients :math:`\hat g^{(1)}_n, \hat g^{(2)}_n` of
+:math:`\mathbb E_q[\log p(y_n\mid f_n)]` with respect to the mean parameters :math:`(m_n, V_{nn} + m_n^2)` of the
+marginal (:func:`gpvi.expectations.mean_parameter_gradients`), then
+:math:`\tilde\lambda_n \leftarrow (1 - \beta_t)\tilde\lambda_n + \beta_t \hat g_n`
+(:func:`gpvi.inference.cvi.sites.update_sites`).
+
+``mode="full"`` (:func:`full_step`): every site every step, one factorisation of :math:`K + S` per step, O(N^3). The
+step evaluates the ELBO of the current :math:`q` (the marginals are needed anyway) before updating the sites.
+
+``mode="stochastic"`` (:func:`stochastic_step`, "doubly stochastic CVI", eq. 14 and the paragraph after it): each
+step takes the next ``batch_size`` sites of a random permutation of the sites (a fresh permutation every sweep),
+computes only their marginals from the cached factor :math:`L` of :math:`K + S` (one triangular solve with the
+columns :math:`\mathbf k_n` and :math:`\tilde{\mathbf y}`, O(N^2)), updates only those sites, and keeps :math:`L`
+current **in place**: changing site :math:`n` changes one diagonal entry of :math:`K + S`, a rank-one update
+:math:`\alpha\, e_n e_n^\top` with :math:`\alpha = s_n^{new} - s_n^{old}`; only the trailing block :math:`L_{n:,n:}`
+changes, so the update is :func:`gpvi.linalg.cholesky_site_update_` on that block, O((N - n)^2). Every
+``refactor_every`` steps the factor is recomputed from scratch, the largest entry of
+:math:`|L_{updated} - L_{fresh}|` is recorded as the **drift** (``info["drift"]``, ``trace["drift"]``), and the ELBO
+is evaluated for monitoring and convergence. The run starts with one full-batch step from the prior (unvisited
+sites would have infinite pseudo-noise), counted as one sweep.
+
+Step-size rule for single-site steps and why it reaches the full-batch fixed point
+---------------------------------------------------------------------------------
+A single-site step applies eq. 13 to the selected sites only and leaves the others unchanged. (Read literally,
+eq. 14 also multiplies every unselected site by :math:`1 - \beta_t`; that moves all :math:`N` sites, costs a
+refactorisation per step, and without rescaling :math:`\hat g` by :math:`N` has a different fixed point, so gpvi does
+not do it.) :math:`\beta_t` is the constant ``beta`` or, with ``beta_schedule="robbins_monro"``,
+:math:`\beta (1 + t)^{-0.6}` with :math:`t` the number of completed sweeps (needed for convergence with Monte Carlo
+gradients; with exact quadrature gradients a constant step converges). A full-batch step maps
+:math:`\tilde\lambda \mapsto (1-\beta)\tilde\lambda + \beta g(\tilde\lambda)`, whose fixed points are exactly
+:math:`\tilde\lambda = g(\tilde\lambda)` for any :math:`\beta > 0`; a single-site step leaves site :math:`n` unchanged iff
+:math:`\tilde\lambda_n = g_n(\tilde\lambda)`, so the points left unchanged by every single-site step are the same set.
+Since :math:`\nabla_\mu \mathcal L = g(\tilde\lambda) - \tilde\lambda` for this model, these are the stationary points
+of the ELBO; for log-concave likelihoods (logit, probit) the ELBO has a unique maximiser, so both modes converge to
+the same sites and ELBO (checked to 1e-4 in ``tests/test_cvi.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import torch
+
+from ...exceptions import NotPSDError, NumericalWarning
+from ...linalg import cholesky_site_update_, cholesky_update
+from ...models.likelihoods import expected_log_lik, mean_parameter_gradients
+from . import sites
+
+__all__ = ["beta_at", "expectations", "full_step", "stochastic_step", "refactor"]
+
+
+def beta_at(cvi: Any, state: Any) -> float:
+    r""":math:`\beta_t` for the state's completed sweeps :math:`t`, times the fault back-off ``state.beta_scale``."""
+    t = int(state.sites_updated // max(state.num_sites, 1))
+    if callable(cvi.beta_schedule):
+        b = float(cvi.beta_schedule(t))
+        if not 0.0 < b <= 1.0:
+            raise ValueError(f"beta_schedule({t}) must be in (0, 1]; got {b:g}")
+    elif cvi.beta_schedule == "robbins_monro":
+        b = cvi.beta * (1.0 + t) ** -0.6
+    else:
+        b = cvi.beta
+    return b * state.beta_scale
+
+
+def expectations(cvi: Any, model: Any, idx: torch.Tensor | None, m: torch.Tensor, v: torch.Tensor,
+                 gen: torch.Generator | None, method: str | None = None):
+    """Site expectations and their derivatives for the sites ``idx`` (all when None) by the engine's estimator."""
+    y = model.y if idx is None else model.y[idx]
+    mc = cvi.monte_carlo
+    return expected_log_lik(model.likelihood, y, m, v, method=method or cvi.estimator, quadrature=cvi.quadrature,
+                            num_mc=mc.num_draws, mc_variance_grad=mc.variance_grad, generator=gen)
+
+
+def full_step(cvi: Any, model: Any, st: Any, K: torch.Tensor, gen: torch.Generator | None,
+              method: str | None = None) -> dict[str, Any]:
+    """Evaluate the current q (marginals, ELBO), then update every site (eq. 13). Mutates ``st``; returns info.
+
+    Raises :class:`~gpvi.inference.cvi.sites.SiteFault` (non-finite ELBO) or :class:`~gpvi.exceptions.NotPSDError`
+    (failed factorisation) before changing anything but the counters.
+    """
+    n = st.num_sites
+    if not st.initialised:
+        m = torch.zeros(n, dtype=K.dtype, device=K.device)
+        v = K.diagonal().clone()
+        elbo = sites.expected_value_sum(model, m, v, cvi.quadrature)       # KL(prior || prior) = 0
+    else:
+        ytilde, s = sites.pseudo_data(st.lam1, st.lam2)
+        L, jit = sites.site_factor(K, s, st.theta)
+        if jit > 0:
+            st.counters["jitter_events"] += 1
+        m, v, alpha = sites.marginals(K, L, ytilde)
+        elbo = sites.site_elbo(sites.expected_value_sum(model, m, v, cvi.quadrature), st.lam1, st.lam2, m, v, L,
+                               alpha)
+    elbo_f = sites.finite_or_fault(elbo, st.t)
+    ex = expectations(cvi, model, None, m, v, gen, method)
+    g1, g2 = mean_parameter_gradients(ex.dm, ex.dv, m)
+    residual = float(torch.maximum((g1 - st.lam1).abs(), (g2 - st.lam2).abs()).nan_to_num(nan=math.inf).max())
+    beta = beta_at(cvi, st)
+    info = {"elbo": elbo_f, "residual": residual, "beta": beta, "sites": n, "checked": True, "elbo_step": st.t}
+    st.lam1, st.lam2 = sites.update_sites(st.lam1, st.lam2, g1, g2, beta, st.counters, sites.lam2_cap(K),
+                                          cvi.invalid)
+    st.initialised = True
+    st.t += 1
+    st.sites_updated += n
+    st.factor = None
+    return info
+
+
+def _next_batch(st: Any, gen: torch.Generator, batch_size: int) -> torch.Tensor:
+    n = st.num_sites
+    if st.order is None or st.order_pos >= n:
+        st.order = torch.randperm(n, generator=gen).to(st.lam1.device)
+        st.order_pos = 0
+    idx = st.order[st.order_pos:st.order_pos + batch_size]
+    st.order_pos += idx.shape[0]
+    return idx
+
+
+def refactor(st: Any, K: torch.Tensor, *, measure: bool) -> float:
+    """Recompute the factor from scratch; return the drift max |L_updated - L_fresh| (nan if not measured)."""
+    _, s = sites.pseudo_data(st.lam1, st.lam2)
+    L, jit = sites.site_factor(K, s, st.theta)
+    if jit > 0:
+        st.counters["jitter_events"] += 1
+    drift = math.nan
+    if measure and st.factor is not None:
+        drift = float((st.factor - L).abs().max())
+        st.counters["max_drift"] = max(float(st.counters["max_drift"]), drift)
+    st.factor = L.mT.contiguous().mT          # lower factor viewed from contiguous upper storage U
+    st.since_refactor = 0
+    st.counters["refactorisations"] += 1
+    return drift
+
+
+def stochastic_step(cvi: Any, model: Any, st: Any, K: torch.Tensor, gen: torch.Generator) -> dict[str, Any]:
+    """One doubly stochastic step on ``batch_size`` sites with the cached factor, updated in place. Returns info.
+
+    A ``KeyboardInterrupt`` during the in-place factor update leaves ``st.factor = None`` (it is recomputed from
+    scratch at the next step, keeping the refactorisation schedule).
+    """
+    opts = cvi.single_site
+    if not st.initialised:
+        info = full_step(cvi, model, st, K, gen)
+        refactor(st, K, measure=False)
+        return info
+    if st.factor is None:                      # resumed without a factor: recompute it, keep the schedule
+        since = st.since_refactor
+        refactor(st, K, measure=False)
+        st.since_refactor = since
+    if not st.factor.mT.is_contiguous():
+        st.factor = st.factor.mT.contiguous().mT
+    L = st.factor
+    U = L.mT
+    N = L.shape[0]
+    idx = _next_batch(st, gen, opts.batch_size)
+    B = idx.shape[0]
+    ytilde, s_old = sites.pseudo_data(st.lam1, st.lam2)
+    # marginals of the selected sites from the cached factor: one triangular solve, O(N^2 (B + 2)); the extra
+    # column L^{-1} e_n is the vector p the factor update needs (first site of the batch)
+    e = torch.zeros(N, 1, dtype=L.dtype, device=L.device)
+    e[idx[0], 0] = 1.0
+    rhs = torch.cat([K[:, idx], ytilde.unsqueeze(-1), e], dim=1)
+    R = torch.linalg.solve_triangular(L, rhs, upper=False)
+    Vb, w = R[:, :B], R[:, B]
+    m_b = Vb.T @ w
+    v_b = K.diagonal()[idx] - (Vb * Vb).sum(0)
+    ex = expectations(cvi, model, idx, m_b, v_b, gen)
+    g1, g2 = mean_parameter_gradients(ex.dm, ex.dv, m_b)
+    beta = beta_at(cvi, st)
+    new1, new2 = sites.update_sites(st.lam1[idx], st.lam2[idx], g1, g2, beta, st.counters, sites.lam2_cap(K),
+                                    cvi.invalid)
+    lam1, lam2 = st.lam1.clone(), st.lam2.clone()
+    lam1[idx], lam2[idx] = new1, new2
+    st.lam1, st.lam2 = lam1, lam2
+    # keep the factor of K + diag(s) current: one diagonal entry per site, only the trailing block moves
+    delta = (-0.5 / new2) - s_old[idx]
+    try:
+        try:
+            for i, (j, dlt) in enumerate(zip(idx.tolist(), delta.tolist())):
+                if dlt == 0.0:
+                    continue
+                if opts.factor_update == "blocked":
+                    cholesky_site_update_(U, j, dlt, p=R[j:, B + 1] if i == 0 else None)
+                else:
+                    unit = torch.zeros(N - j, dtype=L.dtype, device=L.device)
+                    unit[0] = 1.0
+                    L[j:, j:] = cholesky_update(L[j:, j:], unit, dlt)
+            st.since_refactor += 1
+        except NotPSDError:
+            st.counters["factor_faults"] += 1
+            warnings.warn("CVI: a rank-one downdate of the cached factor failed; refactorising from scratch",
+                          NumericalWarning, stacklevel=4)
+            refactor(st, K, measure=False)
+        st.t += 1
+        st.sites_updated += B
+        info: dict[str, Any] = {"beta": beta, "sites": B, "checked": False}
+        if st.since_refactor >= opts.refactor_period(st.num_sites)[0]:
+            drift = refactor(st, K, measure=True)
+            ytilde, _ = sites.pseudo_data(st.lam1, st.lam2)
+            m, v, alpha = sites.marginals(K, st.factor, ytilde)
+            value = sites.expected_value_sum(model, m, v, cvi.quadrature)
+            elbo = sites.finite_or_fault(sites.site_elbo(value, st.lam1, st.lam2, m, v, st.factor, alpha), st.t)
+            info.update({"elbo": elbo, "drift": drift, "checked": True, "elbo_step": st.t})
+    except KeyboardInterrupt:
+        st.factor = None                       # possibly half updated: the engine rolls the step back
+        raise
+    return info
