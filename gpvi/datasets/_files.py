@@ -42,59 +42,33 @@ def _inputs(filename: str, exclude: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(name for name in header if name not in exclude)
 
 
-def _random_regression(
-    name: str,
-    filename: str,
-    feature_names: tuple[str, ...],
-    seed: Any,
-    test_fraction: Any,
-) -> Dataset:
-    seed = _check_seed(seed)
-    test_fraction = _check_fraction(test_fraction)
-    X = _columns(filename, feature_names)
-    y = _columns(filename, ["y"])[:, 0]
-    train, test = _random_split(len(y), _n_test_rows(len(y), test_fraction), seed)
-    split = f"random {_percent(1.0 - test_fraction)}/{_percent(test_fraction)} seed={seed}"
-    return _build(
-        name=name,
-        task="regression",
-        X=X,
-        y=y,
-        feature_names=feature_names,
-        train=train,
-        test=test,
-        seed=seed,
-        split=split,
-    )
-
-
-def _random_classification(
-    name: str,
-    X: np.ndarray,
-    y: np.ndarray,
-    feature_names: tuple[str, ...],
-    seed: Any,
-    test_fraction: Any,
-    stratify: Any,
-) -> Dataset:
+def _random(name: str, task: str, X: np.ndarray, y: np.ndarray, feature_names: tuple[str, ...], seed: Any,
+            test_fraction: Any, stratify: Any = False) -> Dataset:
+    """A seeded random split (stratified by label if asked) of ``X, y``, standardised by :func:`_build`."""
     seed = _check_seed(seed)
     test_fraction = _check_fraction(test_fraction)
     stratify = _check_bool(stratify, "stratify")
-    n_test = _n_test_rows(len(y), test_fraction)
-    train, test = _random_split(len(y), n_test, seed, labels=y if stratify else None)
+    train, test = _random_split(len(y), _n_test_rows(len(y), test_fraction), seed, labels=y if stratify else None)
     kind = "random stratified" if stratify else "random"
     split = f"{kind} {_percent(1.0 - test_fraction)}/{_percent(test_fraction)} seed={seed}"
-    return _build(
-        name=name,
-        task="classification",
-        X=X,
-        y=y,
-        feature_names=feature_names,
-        train=train,
-        test=test,
-        seed=seed,
-        split=split,
-    )
+    return _build(name=name, task=task, X=X, y=y, feature_names=feature_names, train=train, test=test, seed=seed,
+                  split=split)
+
+
+def _random_regression(name: str, filename: str, feature_names: tuple[str, ...], seed: Any,
+                       test_fraction: Any) -> Dataset:
+    """A bundled regression CSV (target column ``y``) split at random."""
+    y = _columns(filename, ["y"])[:, 0]
+    return _random(name, "regression", _columns(filename, feature_names), y, feature_names, seed, test_fraction)
+
+
+def _random_classification(name: str, seed: Any, test_fraction: Any, stratify: Any) -> Dataset:
+    """A bundled classification CSV ``<name>.csv`` (every column but ``label`` an input) split at random."""
+    filename = f"{name}.csv"
+    feature_names = _inputs(filename, exclude=("label",))
+    X = _columns(filename, feature_names)
+    y = _columns(filename, ["label"])[:, 0]
+    return _random(name, "classification", X, y, feature_names, seed, test_fraction, stratify)
 
 
 def _original_classification(name: str, filename: str) -> Dataset:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._dataset import Dataset, _check_bool, _check_fraction, _check_seed
-from ._files import _columns, _inputs, _random_classification, _original_classification
+from ._files import _original_classification, _random, _random_classification
 
 
 def load_pima() -> Dataset:
@@ -110,10 +110,7 @@ def load_ionosphere(seed: int = 0, test_fraction: float = 0.3, *, stratify: bool
     >>> float(ds.x_std[1]), float(ds.X_train[:, 1].abs().max())   # constant V2
     (1.0, 0.0)
     """
-    feature_names = _inputs("ionosphere.csv", exclude=("label",))
-    X = _columns("ionosphere.csv", feature_names)
-    y = _columns("ionosphere.csv", ["label"])[:, 0]
-    return _random_classification("ionosphere", X, y, feature_names, seed, test_fraction, stratify)
+    return _random_classification("ionosphere", seed, test_fraction, stratify)
 
 
 def load_sonar(seed: int = 0, test_fraction: float = 0.3, *, stratify: bool = True) -> Dataset:
@@ -155,10 +152,7 @@ def load_sonar(seed: int = 0, test_fraction: float = 0.3, *, stratify: bool = Tr
     >>> ds.n_train, ds.n_test, ds.n_features
     (146, 62, 60)
     """
-    feature_names = _inputs("sonar.csv", exclude=("label",))
-    X = _columns("sonar.csv", feature_names)
-    y = _columns("sonar.csv", ["label"])[:, 0]
-    return _random_classification("sonar", X, y, feature_names, seed, test_fraction, stratify)
+    return _random_classification("sonar", seed, test_fraction, stratify)
 
 
 def load_breast_cancer(
@@ -221,6 +215,4 @@ def load_breast_cancer(
     X = np.asarray(bunch.data, dtype=np.float64)
     y = np.asarray(bunch.target, dtype=np.float64)
     feature_names = tuple(str(name) for name in bunch.feature_names)
-    return _random_classification(
-        "breast_cancer", X, y, feature_names, seed, test_fraction, stratify
-    )
+    return _random("breast_cancer", "classification", X, y, feature_names, seed, test_fraction, stratify)
