@@ -13,9 +13,11 @@ its numbers are not converged).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from typing import Any, TextIO
 
 __all__ = ["run_demo", "demo", "DEMO_DSVI_STEPS"]
@@ -56,6 +58,21 @@ def _top_marginals(fit: Any, q: Any, feature_names: tuple[str, ...], k: int = 4)
         cols["log-scale mean +- sd"].append(f"{r['mean']:.3f} +- {r['sd']:.3f}")
     return Table(index, cols, title="Most relevant hyperparameters (natural scale; lengthscales: shortest "
                                     f"{len(top)} of {len(ls)})")
+
+
+@contextlib.contextmanager
+def _stop_on_interrupt() -> Iterator[None]:
+    """Record warnings, but end the whole demo on Ctrl-C: an engine's partial result
+    (:class:`~gpvi.exceptions.InterruptedRunWarning`) becomes :class:`KeyboardInterrupt`, so the next stage does
+    not start (the CLI then exits with status 130)."""
+    from .exceptions import InterruptedRunWarning
+
+    warnings.simplefilter("always")
+    warnings.simplefilter("error", InterruptedRunWarning)
+    try:
+        yield
+    except InterruptedRunWarning as stop:
+        raise KeyboardInterrupt(str(stop)) from stop
 
 
 def demo(*, quick: bool = False, seed: int = 0, progress_bar: bool = True, out: TextIO | None = None):
@@ -103,8 +120,7 @@ def demo(*, quick: bool = False, seed: int = 0, progress_bar: bool = True, out: 
     model = gpvi.GPRegression(ds.X_train, ds.y_train)
     say(f"[1/2] Bodyfat: GP regression, N = {ds.n_train} train / {ds.n_test} test, d = {ds.n_features} inputs "
         f"(incl. Density), D = {model.dim} log-hyperparameters, prior N(0, 10) on each")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with warnings.catch_warnings(record=True) as caught, _stop_on_interrupt():
         t0 = time.perf_counter()
         fit = gpvi.ML2(num_restarts=cfg["restarts"], seed=seed, progress_bar=progress_bar).run(model)
         t_ml2 = time.perf_counter() - t0
@@ -131,8 +147,7 @@ def demo(*, quick: bool = False, seed: int = 0, progress_bar: bool = True, out: 
     pima = gpvi.datasets.load_pima()
     say(f"[2/2] Pima: GP classification, N = {pima.n_train} train / {pima.n_test} test, d = {pima.n_features}; "
         "logit link, full-batch CVI, type-II hyperparameters")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with warnings.catch_warnings(record=True) as caught, _stop_on_interrupt():
         t0 = time.perf_counter()
         clf = gpvi.GPClassifier(likelihood="logit", mode="full", max_sweeps=cfg["max_sweeps"], random_state=seed,
                                 progress_bar=progress_bar).fit(pima.X_train, pima.y_train)
