@@ -11,6 +11,7 @@ from .latent import LatentPosterior
 from .point import PointPosterior
 from .predictive import MixturePredictive
 from .samples import SamplePosterior
+from .weighted import WeightedPosterior, psis
 
 __all__ = ["Posterior", "PointPosterior", "GaussianPosterior", "SamplePosterior", "LatentPosterior",
-           "MixturePredictive", "posterior_from_state_dict", "STATE_VERSION"]
+           "WeightedPosterior", "psis", "MixturePredictive", "posterior_from_state_dict", "STATE_VERSION"]

@@ -316,6 +316,18 @@ class GaussianPosterior(Posterior):
         z = z.squeeze(-1) if t.dim() == 1 else z.T
         return self.base.log_prob(z) - torch.log(torch.diagonal(self._scale_tril)).sum()
 
+    def psis(self, target: Any = None, num_draws: int = 1000, *, seed: int | None = 0,
+             generator: torch.Generator | None = None) -> Any:
+        r"""Pareto-smoothed importance sampling of this q against the exact log joint of ``target`` (default the
+        model it was fitted to): :math:`\hat k` diagnoses q, the weights correct it.
+
+        See :func:`gpvi.posteriors.weighted.psis`; returns a
+        :class:`~gpvi.posteriors.weighted.WeightedPosterior` (``khat``, ``ess``, weighted ``mean``, ``std``,
+        ``covariance``, ``quantile``, ``predict``, ``log_evidence`` with its standard error).
+        """
+        from .weighted import psis
+        return psis(self, target, num_draws, seed=seed, generator=generator)
+
     def linear_marginals(self, A: Any) -> tuple[torch.Tensor, torch.Tensor]:
         r"""Mean and standard deviation of each :math:`a_i^\top\theta` (rows :math:`a_i` of ``A``), without a
         ``(D, D)`` matrix.

@@ -1,0 +1,301 @@
+r"""Pareto-smoothed importance sampling (PSIS) of a variational posterior against the exact log joint.
+
+For draws :math:`\theta_s \sim q` (:math:`s = 1..S`) the importance ratios are
+
+.. math:: \log r_s = \log p(y, \theta_s) - \log q(\theta_s),
+
+whose plain average estimates the evidence, :math:`\hat Z = \frac1S\sum_s r_s`, and whose normalised values weight
+the draws towards the exact posterior. Pareto smoothing (Vehtari, Simpson, Gelman, Yao & Gabry, *Pareto smoothed
+importance sampling*, JMLR 25, 2024) replaces the largest ratios by expected order statistics of a generalised Pareto
+fit to the tail; the fitted shape :math:`\hat k` is the diagnostic (Yao, Vehtari, Simpson & Gelman, *Yes, but did it
+work?*, ICML 2018): :math:`\hat k \le 0.5` q is close to the posterior and the weighted draws are reliable;
+:math:`0.5 < \hat k \le 0.7` the weighted estimates are usable but the raw q is not; :math:`\hat k > 0.7` neither q nor
+its importance weights can be trusted and the posterior should be sampled (NUTS warm-started from q).
+
+The smoothing itself is ArviZ's (``arviz.psislw`` in ArviZ 0.x, ``arviz_stats`` from ArviZ 1.0 on), not ours. The
+log joint is the target's batched (Cholesky) ``log_joint``, evaluated in chunks that respect the memory budget
+(:class:`~gpvi.inference.budget.MemoryBudget`).
+
+Names: ``log_ratios`` = :math:`\log r_s`; ``log_weights`` = smoothed, normalised log weights
+(:math:`\sum_s e^{\mathrm{lw}_s} = 1`); ``khat`` = :math:`\hat k`; ``ess`` = :math:`1/\sum_s w_s^2`.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..exceptions import NumericalWarning
+from ..rng import resolve_generator
+from ..validation import check_positive_int
+from .base import Posterior
+
+__all__ = ["WeightedPosterior", "PSISWarning", "psis", "pareto_smooth", "verdict", "KHAT_GOOD", "KHAT_USABLE"]
+
+KHAT_GOOD = 0.5
+"""At or below: q itself is a good approximation (Yao et al. 2018)."""
+KHAT_USABLE = 0.7
+"""At or below: the PSIS-weighted estimates are reliable; above, sample the posterior instead."""
+
+
+class PSISWarning(UserWarning):
+    """The Pareto :math:`\\hat k` of q's importance weights exceeds 0.7: neither q nor its PSIS correction is
+    reliable."""
+
+
+def pareto_smooth(log_ratios: np.ndarray) -> tuple[np.ndarray, float]:
+    """Pareto-smoothed, normalised log weights and :math:`\\hat k` of 1-D log importance ratios, by ArviZ.
+
+    Uses ``arviz.psislw`` (ArviZ 0.x) when it exists, else ``arviz_stats.base.array_stats.psislw`` (ArviZ >= 1.0,
+    which takes the negated ratios). Non-finite ratios (a log joint of :math:`-\\infty`) get weight 0 and are left
+    out of the tail fit.
+
+    Parameters
+    ----------
+    log_ratios : ndarray of shape (S,)
+
+    Returns
+    -------
+    log_weights : ndarray of shape (S,)
+        :math:`\\log w_s` with :math:`\\sum_s w_s = 1` (``-inf`` where the ratio was not finite).
+    khat : float
+    """
+    lr = np.asarray(log_ratios, dtype=np.float64)
+    if lr.ndim != 1:
+        raise ValueError(f"log_ratios must be 1-D; got shape {lr.shape}")
+    ok = np.isfinite(lr)
+    if ok.sum() < 2:
+        raise ValueError(f"PSIS needs at least 2 finite log importance ratios; got {int(ok.sum())} of {lr.size}")
+    try:
+        import arviz as az
+    except ImportError as err:                                   # pragma: no cover - arviz is a test dependency
+        raise ImportError("PSIS needs ArviZ: pip install gpvi[arviz]") from err
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                          # ArviZ's own k-hat warning: ours is clearer
+        if hasattr(az, "psislw"):
+            lw_ok, khat = az.psislw(lr[ok].copy(), reff=1.0)
+        else:                                                    # ArviZ >= 1.0
+            from arviz_stats.base import array_stats
+            lw_ok, khat = array_stats.psislw(-lr[ok], r_eff=1.0, axis=-1)
+    out = np.full(lr.shape, -np.inf)
+    out[ok] = np.asarray(lw_ok, dtype=np.float64)
+    return out, float(np.asarray(khat))
+
+
+class WeightedPosterior(Posterior):
+    r"""Draws of a proposal q with PSIS weights towards the exact posterior (see the module docstring).
+
+    Estimates are self-normalised importance-sampling averages,
+    :math:`\hat{\mathrm E}[f] = \sum_s w_s f(\theta_s)`; quantiles invert the weighted empirical CDF (linear
+    interpolation between weighted mid-points); ``sample(n)`` resamples the draws with probabilities :math:`w_s`.
+
+    Attributes
+    ----------
+    draws : torch.Tensor of shape (S, D)
+    log_weights : torch.Tensor of shape (S,)
+        Smoothed, normalised.
+    khat : float
+        Pareto :math:`\hat k` of the ratios (smaller is better; see :data:`KHAT_GOOD`, :data:`KHAT_USABLE`).
+    ess : float
+        Effective sample size of the weights, :math:`1/\sum_s w_s^2`.
+    log_evidence, log_evidence_se : float
+        :math:`\log\hat Z = \log\frac1S\sum_s r_s` (raw ratios) and its delta-method standard error
+        :math:`\mathrm{sd}(r)/(\sqrt S\,\bar r)`; compare with q's ``elbo`` (:math:`\le \log Z`).
+    """
+
+    kind = "weighted"
+
+    def __init__(self, draws: torch.Tensor, log_weights: torch.Tensor, names: list[str], target: Any = None, *,
+                 khat: float, log_evidence: float = math.nan, log_evidence_se: float = math.nan,
+                 info: dict[str, Any] | None = None) -> None:
+        super().__init__(names, target, info)
+        if draws.dim() != 2 or draws.shape[1] != len(names):
+            raise ValueError(f"draws must have shape (S, {len(names)}); got {tuple(draws.shape)}")
+        if log_weights.shape != draws.shape[:1]:
+            raise ValueError(f"log_weights must have shape ({draws.shape[0]},); got {tuple(log_weights.shape)}")
+        self.draws = draws.detach().clone()
+        self.log_weights = log_weights.detach().to(draws).clone()
+        self.khat = float(khat)
+        self.log_evidence = float(log_evidence)
+        self.log_evidence_se = float(log_evidence_se)
+
+    @property
+    def weights(self) -> torch.Tensor:
+        """Normalised weights :math:`w_s`, shape (S,)."""
+        return torch.exp(self.log_weights)
+
+    @property
+    def ess(self) -> float:
+        """Effective sample size :math:`1/\\sum_s w_s^2`."""
+        return float(1.0 / (self.weights ** 2).sum())
+
+    @property
+    def mean(self) -> torch.Tensor:
+        return self.weights @ self.draws
+
+    @property
+    def covariance(self) -> torch.Tensor:
+        """Weighted covariance :math:`\\sum_s w_s(\\theta_s - \\hat\\mu)(\\theta_s - \\hat\\mu)^\\top`, (D, D)."""
+        r = self.draws - self.mean
+        return (r * self.weights[:, None]).T @ r
+
+    @property
+    def std(self) -> torch.Tensor:
+        r = self.draws - self.mean
+        return torch.sqrt(self.weights @ (r * r))
+
+    def sample(self, n: int, generator: torch.Generator | None = None, seed: int | None = None) -> torch.Tensor:
+        """``n`` draws resampled with probabilities :math:`w_s` (with replacement)."""
+        n = check_positive_int(n, "n")
+        gen = resolve_generator(seed, generator)
+        idx = torch.multinomial(self.weights.cpu(), n, replacement=True, generator=gen)
+        return self.draws[idx.to(self.draws.device)]
+
+    def _quantiles(self, probs: torch.Tensor) -> torch.Tensor:
+        w = self.weights.cpu().numpy()
+        x = self.draws.cpu().numpy()
+        p = probs.cpu().numpy()
+        out = np.empty((p.size, self.dim))
+        for j in range(self.dim):
+            order = np.argsort(x[:, j], kind="stable")
+            ws = w[order]
+            mid = np.cumsum(ws) - 0.5 * ws                       # weighted mid-point CDF
+            out[:, j] = np.interp(p, mid, x[order, j])
+        return torch.as_tensor(out, dtype=self.draws.dtype, device=self.draws.device)
+
+    def _marginal(self, mean, sd):
+        return [{"family": "weighted_empirical", "num_draws": int(self.draws.shape[0]), "ess": self.ess}
+                for _ in range(self.dim)]
+
+    def _predict_draws(self, num_draws, *, generator, seed):
+        r"""``num_draws`` draws by systematic resampling (stratified, low variance): the mixture predictive over
+        them approximates the :math:`w`-weighted mixture over all draws."""
+        num_draws = check_positive_int(num_draws, "num_draws")
+        gen = resolve_generator(seed, generator)
+        u = (torch.arange(num_draws, dtype=torch.float64) + torch.rand((), generator=gen, dtype=torch.float64))
+        u = u / num_draws
+        cdf = torch.cumsum(self.weights.cpu(), 0)
+        idx = torch.searchsorted(cdf, u.clamp(max=float(cdf[-1]) - 1e-15))
+        return self.draws[idx.to(self.draws.device)]
+
+    def summary(self, prob: float = 0.9, *, natural: bool = True):
+        table = super().summary(prob, natural=natural)
+        table.title = (f"WeightedPosterior summary (PSIS k-hat {self.khat:.2f}, ESS {self.ess:.0f} of "
+                       f"{self.draws.shape[0]}, {verdict(self.khat)})")
+        return table
+
+    def _arviz_draws(self, num_draws, seed):
+        return self.sample(check_positive_int(num_draws, "num_draws"), seed=seed).unsqueeze(0)
+
+    def _state(self) -> dict[str, Any]:
+        return {"draws": self.draws, "log_weights": self.log_weights, "khat": self.khat,
+                "log_evidence": self.log_evidence, "log_evidence_se": self.log_evidence_se}
+
+    @classmethod
+    def _from_state(cls, state, target, common):
+        return cls(state["draws"], state["log_weights"], list(state["names"]), target, khat=state["khat"],
+                   log_evidence=state.get("log_evidence", math.nan),
+                   log_evidence_se=state.get("log_evidence_se", math.nan), info=common.get("info"))
+
+    def __repr__(self) -> str:
+        return (f"WeightedPosterior(D={self.dim}, draws={self.draws.shape[0]}, khat={self.khat:.3f}, "
+                f"ess={self.ess:.1f}, log_evidence={self.log_evidence:.4f} +- {self.log_evidence_se:.4f})")
+
+
+def verdict(khat: float) -> str:
+    """One phrase on what :math:`\\hat k` says (thresholds of Vehtari et al. 2024)."""
+    if not math.isfinite(khat):
+        return "k-hat not estimable"
+    if khat <= KHAT_GOOD:
+        return "q is reliable"
+    if khat <= KHAT_USABLE:
+        return "use the PSIS-weighted estimates, not raw q"
+    return "unreliable: sample the posterior (NUTS from q)"
+
+
+def psis(q: Any, target: Any = None, num_draws: int = 1000, *, seed: int | None = 0,
+         generator: torch.Generator | None = None, budget: Any = None) -> WeightedPosterior:
+    r"""Diagnose and correct a posterior approximation q by PSIS against the exact log joint.
+
+    Parameters
+    ----------
+    q : posterior with ``sample`` and ``log_prob`` (e.g. :class:`~gpvi.posteriors.gaussian.GaussianPosterior`)
+    target : model, optional
+        Whose ``log_joint`` is the exact unnormalised log posterior (default ``q.target``).
+    num_draws : int
+        S, draws of q (default 1000; :math:`\hat k` needs a few hundred to be stable).
+    seed, generator
+        Randomness of the draws.
+    budget : MemoryBudget, optional
+        Chunks the batched log-joint calls (default: 1 GiB or a quarter of free memory).
+
+    Returns
+    -------
+    WeightedPosterior
+        With ``khat``, ``ess``, weighted ``mean``/``std``/``covariance``/``quantile``, ``predict``,
+        ``log_evidence`` :math:`\pm` ``log_evidence_se``, ``summary()``, ``to_arviz()``; ``info`` records the
+        number of non-finite log joints, the log-joint chunking and q's ``elbo``.
+
+    Warns
+    -----
+    PSISWarning
+        :math:`\hat k > 0.7`, with what to do next.
+
+    Examples
+    --------
+    >>> import torch, gpvi
+    >>> from gpvi.posteriors import GaussianPosterior
+    >>> from gpvi.posteriors.weighted import psis
+    >>> target = gpvi.Target(lambda th: -0.5 * ((th - 1.0) ** 2).sum(-1), names=["a", "b"])
+    >>> q = GaussianPosterior(torch.zeros(2, dtype=torch.float64), 1.5 * torch.eye(2, dtype=torch.float64),
+    ...                       ["a", "b"], target)
+    >>> w = psis(q, num_draws=4000, seed=0)
+    >>> w.khat < 0.5, bool((w.mean - 1.0).abs().max() < 0.1)
+    (True, True)
+    """
+    from ..inference.budget import MemoryBudget
+
+    target = q.target if target is None else target
+    if target is None or not callable(getattr(target, "log_joint", None)):
+        raise TypeError("psis needs a target with log_joint(theta) (pass target=, or a posterior that has one)")
+    if not callable(getattr(q, "log_prob", None)):
+        raise TypeError(f"psis needs q.log_prob; {type(q).__name__} has none")
+    num_draws = check_positive_int(num_draws, "num_draws")
+    if num_draws < 10:
+        raise ValueError(f"num_draws must be at least 10 for a Pareto tail fit; got {num_draws}")
+    gen = resolve_generator(seed, generator)
+    budget = MemoryBudget() if budget is None else budget
+    with torch.no_grad():
+        theta = q.sample(num_draws, generator=gen)
+        log_q = q.log_prob(theta)
+        chunk = budget.draws_per_call(target, num_draws)
+        log_p = torch.cat([target.log_joint(theta[i:i + chunk]).detach() for i in range(0, num_draws, chunk)])
+    if bool(torch.isnan(log_p).any()):
+        raise ValueError("the target's log joint is NaN at some draws of q; PSIS needs -inf or a finite value")
+    lr = (log_p - log_q).cpu().numpy().astype(np.float64)
+    bad = int((~np.isfinite(lr)).sum())
+    lw, khat = pareto_smooth(lr)
+    ok = lr[np.isfinite(lr)]
+    m = ok.max()
+    r = np.exp(ok - m)
+    r = np.concatenate([r, np.zeros(bad)])
+    log_z = float(m + np.log(r.mean()))
+    log_z_se = float(r.std(ddof=1) / (math.sqrt(r.size) * r.mean()))
+    info = {"num_draws": num_draws, "nonfinite_log_joint": bad, "draws_per_call": chunk,
+            "elbo_q": float(getattr(q, "elbo", math.nan)), "verdict": verdict(khat),
+            "proposal": type(q).__name__}
+    if bad:
+        warnings.warn(f"PSIS: the log joint is -inf at {bad} of {num_draws} draws of q (weight 0)",
+                      NumericalWarning, stacklevel=2)
+    out = WeightedPosterior(theta, torch.as_tensor(lw, dtype=theta.dtype, device=theta.device), list(q.names),
+                            target, khat=khat, log_evidence=log_z, log_evidence_se=log_z_se, info=info)
+    if khat > KHAT_USABLE:
+        warnings.warn(f"PSIS k-hat = {khat:.2f} > {KHAT_USABLE}: q is far from the posterior and its importance "
+                      f"weights are unreliable (ESS {out.ess:.0f} of {num_draws}); sample the posterior instead, "
+                      "warm-started from q: gpvi.NUTS(...).run(target, init=q)", PSISWarning, stacklevel=2)
+    return out
+
