@@ -15,8 +15,8 @@ run, or extending a finished one to more draws, therefore reproduces the uninter
 interrupted during warm-up repeats its warm-up on resume (same result, time lost).
 
 Pyro internals used (checked by the tests, pyro-ppl 1.9): ``kernel._t``, ``kernel._warmup_steps``,
-``kernel._mean_accept_prob``, ``kernel._divergences``, ``kernel._potential_energy_last`` and
-``kernel.mass_matrix_adapter.inverse_mass_matrix``.
+``kernel._mean_accept_prob``, ``kernel._divergences``, ``kernel._potential_energy_last``,
+``kernel.mass_matrix_adapter.inverse_mass_matrix`` and ``kernel._adapter.reset_step_size_adaptation``.
 """
 
 from __future__ import annotations
@@ -101,19 +101,24 @@ def run_chain(engine: Any, c: int, st: MCMCState, potential: Potential, callback
     with Progress(W + S, enabled=engine.progress_bar, desc=desc, initial=cs.transitions(W)) as bar:
         if not cs.warmed_up:
             # on interruption the chain keeps no warm-up progress (resume repeats it exactly)
-            st.chains[c] = _warmup(engine, c, cs, potential, callback, bar)
+            st.chains[c] = _warmup(engine, c, cs, potential, callback, bar, st.init_info.get("inverse_mass_matrix_init"))
         _sample(engine, c, st, potential, callback, bar)
 
 
 def _warmup(engine: Any, c: int, cs: ChainState, potential: Potential, callback: Callback | None,
-            bar: Progress) -> ChainState:
+            bar: Progress, mass: torch.Tensor | None = None) -> ChainState:
     W = engine.num_warmup
     t0 = time.perf_counter()
     e0, n0, w0 = potential.evaluations, potential.nonfinite, potential.numerical_warnings
     torch.default_generator.manual_seed(cs.seed)       # CPU only (the engine's fork_rng restores it)
-    kernel = engine._make_kernel(potential, engine.step_size, adapt=True)
+    kernel = engine._make_kernel(potential, engine.step_size, adapt=True, fixed_mass=mass is not None)
     kernel.initial_params = {SITE: cs.init.clone()}
     kernel.setup(warmup_steps=W)
+    if mass is not None:
+        # Pyro's setup() resets M^-1 to I and finds a step size for it: set q's covariance, then find it again
+        kernel.mass_matrix_adapter.inverse_mass_matrix = {_KEY: mass.clone()}
+        if W > 0 and engine.adaptation.adapt_step_size:
+            kernel._adapter.reset_step_size_adaptation({SITE: cs.init.clone()})
     z = {SITE: cs.init.clone()}
     rng = torch.get_rng_state()
     draws: list[torch.Tensor] = []
@@ -156,7 +161,8 @@ def _sample(engine: Any, c: int, st: MCMCState, potential: Potential, callback: 
     t0 = time.perf_counter()
     e0, n0, w0 = potential.evaluations, potential.nonfinite, potential.numerical_warnings
     # a fresh, non-adapting kernel at the snapshot: identical for first runs and resumed ones
-    kernel = engine._make_kernel(potential, cs.step_size, adapt=False)
+    kernel = engine._make_kernel(potential, cs.step_size, adapt=False,
+                                 fixed_mass=st.init_info.get("inverse_mass_matrix_init") is not None)
     kernel.initial_params = {SITE: cs.position.clone()}
     kernel.setup(warmup_steps=0)
     kernel.mass_matrix_adapter.inverse_mass_matrix = {_KEY: cs.inverse_mass_matrix.clone()}

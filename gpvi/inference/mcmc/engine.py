@@ -92,7 +92,8 @@ class HamiltonianEngine:
     def _kernel_settings(self) -> dict[str, Any]:
         raise NotImplementedError
 
-    def _make_kernel(self, potential: Potential, step_size: float, adapt: bool) -> Any:
+    def _make_kernel(self, potential: Potential, step_size: float, adapt: bool, fixed_mass: bool = False) -> Any:
+        """Pyro's kernel; ``fixed_mass``: a dense :math:`M^{-1}` given by the caller, never adapted."""
         raise NotImplementedError
 
     def _extra_stats(self, stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -170,7 +171,18 @@ class HamiltonianEngine:
         chains = [ChainState(seed=int(s), init=inits[c].clone(), draws=empty.clone(), stats={},
                              warmup_draws=empty.clone(), warmup_stats={}) for c, s in enumerate(seeds)]
         info = {k: v for k, v in start.info.items() if k != "rows"}
+        mass = self._mass_from(start)
+        if mass is not None:
+            info["inverse_mass_matrix_init"] = mass
+            how["mass_matrix"] = "q's covariance (dense, fixed); step size adapted"
         return MCMCState(names, self._settings(), chains, {**info, **how})
+
+    def _mass_from(self, start: Start) -> torch.Tensor | None:
+        """:math:`M^{-1} = CC^\top` from a Gaussian-posterior start (see ``Adaptation.mass_from_init``), else None."""
+        if not self.adaptation.mass_from_init or start.scale_source != "posterior" or start.scale_tril is None:
+            return None
+        L = start.scale_tril.detach().to(torch.float64).cpu()
+        return L @ L.T
 
     def resume(self, target: Any, state: MCMCState | dict[str, Any]) -> MCMCState:
         """Check ``state`` (an :class:`MCMCState` or its ``state_dict``) against ``target`` and the settings; a copy.

@@ -70,12 +70,13 @@ class HMC(HamiltonianEngine):
     def _kernel_settings(self) -> dict[str, Any]:
         return {"num_leapfrog_steps": self.num_leapfrog_steps}
 
-    def _make_kernel(self, potential: Potential, step_size: float, adapt: bool) -> Any:
+    def _make_kernel(self, potential: Potential, step_size: float, adapt: bool, fixed_mass: bool = False) -> Any:
         from pyro.infer.mcmc import HMC as PyroHMC
         a = self.adaptation
         return PyroHMC(potential_fn=potential, step_size=step_size, trajectory_length=self.trajectory_length,
                        adapt_step_size=adapt and a.adapt_step_size,
-                       adapt_mass_matrix=adapt and a.adapt_mass_matrix, full_mass=a.dense_mass,
+                       adapt_mass_matrix=adapt and a.adapt_mass_matrix and not fixed_mass,
+                       full_mass=a.dense_mass or fixed_mass,
                        target_accept_prob=a.target_accept)
 
     def __repr__(self) -> str:

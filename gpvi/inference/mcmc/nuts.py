@@ -108,12 +108,13 @@ class NUTS(HamiltonianEngine):
     def _kernel_settings(self) -> dict[str, Any]:
         return {"max_tree_depth": self.max_tree_depth}
 
-    def _make_kernel(self, potential: Potential, step_size: float, adapt: bool) -> Any:
+    def _make_kernel(self, potential: Potential, step_size: float, adapt: bool, fixed_mass: bool = False) -> Any:
         from pyro.infer.mcmc import NUTS as PyroNUTS
         a = self.adaptation
         return PyroNUTS(potential_fn=potential, step_size=step_size,
                         adapt_step_size=adapt and a.adapt_step_size,
-                        adapt_mass_matrix=adapt and a.adapt_mass_matrix, full_mass=a.dense_mass,
+                        adapt_mass_matrix=adapt and a.adapt_mass_matrix and not fixed_mass,
+                        full_mass=a.dense_mass or fixed_mass,
                         use_multinomial_sampling=True, target_accept_prob=a.target_accept,
                         max_tree_depth=self.max_tree_depth)
 

@@ -44,6 +44,11 @@ class Adaptation:
         Estimate :math:`M^{-1}` during warm-up (default True); otherwise :math:`M = I`.
     dense_mass : bool
         A dense :math:`M^{-1}` of shape ``(D, D)`` instead of a diagonal ``(D,)`` (default False).
+    mass_from_init : bool
+        When the chains start from a Gaussian posterior (``run(target, init=q)`` with DSVI's q), use q's
+        covariance :math:`CC^\top` as the dense :math:`M^{-1}` and adapt only the step size (default True): q
+        has already learnt the scales and correlations the mass-matrix windows would estimate, so the warm-up
+        can be short. False: adapt as for any other start.
 
     Raises
     ------
@@ -56,24 +61,26 @@ class Adaptation:
     --------
     >>> from gpvi.inference.mcmc import Adaptation
     >>> Adaptation(target_accept=0.9, dense_mass=True)
-    Adaptation(target_accept=0.9, adapt_step_size=True, adapt_mass_matrix=True, dense_mass=True)
+    Adaptation(target_accept=0.9, adapt_step_size=True, adapt_mass_matrix=True, dense_mass=True, mass_from_init=True)
     """
 
     target_accept: float = 0.8
     adapt_step_size: bool = True
     adapt_mass_matrix: bool = True
     dense_mass: bool = False
+    mass_from_init: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target_accept",
                            check_fraction(self.target_accept, "target_accept", high_closed=False))
-        for name in ("adapt_step_size", "adapt_mass_matrix", "dense_mass"):
+        for name in ("adapt_step_size", "adapt_mass_matrix", "dense_mass", "mass_from_init"):
             object.__setattr__(self, name, check_bool(getattr(self, name), name))
 
     def settings(self) -> dict[str, Any]:
         """The values as a plain dict (stored in a run's state and compared on resume)."""
         return {"adapt_step_size": self.adapt_step_size, "adapt_mass_matrix": self.adapt_mass_matrix,
-                "dense_mass": self.dense_mass, "target_accept": self.target_accept}
+                "dense_mass": self.dense_mass, "target_accept": self.target_accept,
+                "mass_from_init": self.mass_from_init}
 
 
 @dataclass(frozen=True)
