@@ -42,6 +42,8 @@ from .inference.sk import SKExpFamily, SKGaussian
 from .inference.families import Factorised, StandardNormal, StandardStudentT
 from .evaluation.table import Table
 from .models.target import Target
+from .inference.infer import InferenceReport, infer
+from .posteriors.weighted import WeightedPosterior
 
 __version__ = "0.1.0"
 
@@ -80,6 +82,9 @@ __all__ = [
     "StandardStudentT",
     "Table",
     "Target",
+    "WeightedPosterior",
+    "InferenceReport",
+    "infer",
     "datasets",
     "io",
     "expectations",

@@ -1,0 +1,167 @@
+r"""``gpvi.infer``: one call from a target to a hyperparameter posterior whose reliability has been checked.
+
+The recipe (Yao, Vehtari, Simpson & Gelman, *Yes, but did it work?*, ICML 2018; Vehtari et al., *Pareto smoothed
+importance sampling*, JMLR 2024):
+
+1. **Variational fit**: DSVI's default Gaussian q (Titsias & Lázaro-Gredilla 2014; for exact GP regression its
+   MAP/Laplace start, natural-gradient steps and convergence stop).
+2. **Diagnosis**: PSIS of q against the exact (Cholesky) log joint gives :math:`\hat k`
+   (:func:`gpvi.posteriors.weighted.psis`).
+3. **Answer**: q itself if :math:`\hat k \le 0.5`; the PSIS-weighted draws if :math:`0.5 < \hat k \le 0.7`;
+   otherwise NUTS warm-started from q (chains start at draws of q, q's covariance is the inverse mass matrix, only
+   the step size is adapted), whose draws are the answer.
+
+The returned posterior carries a :class:`InferenceReport` as ``.report``: :math:`\hat k`, the bound and its
+convergence, which answer was chosen and why, and the wall time of each stage.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..rng import check_seed
+from ..validation import check_bool, check_positive_int
+
+__all__ = ["infer", "InferenceReport"]
+
+
+@dataclass
+class InferenceReport:
+    """What :func:`infer` did and why (prints as one screen; renders as HTML in notebooks).
+
+    Attributes
+    ----------
+    answer : {"q", "psis", "nuts"}
+        Which posterior was returned.
+    reason : str
+    khat : float
+        Pareto :math:`\\hat k` of q's importance weights.
+    elbo, elbo_se : float
+        DSVI's final bound and its Monte Carlo standard error.
+    converged : bool
+        DSVI's convergence rule held.
+    log_evidence, log_evidence_se : float
+        Importance-sampling estimate of :math:`\\log p(y)` from q's draws (reliable only when ``khat`` is small).
+    psis_ess : float
+        Effective sample size of the PSIS weights.
+    times : dict of str to float
+        Wall time (s) of each stage: ``dsvi``, ``psis``, ``nuts`` (when run).
+    nuts : dict
+        NUTS diagnostics when it ran: smallest bulk ESS, largest split R-hat, divergences, gradient evaluations.
+    """
+
+    answer: str
+    reason: str
+    khat: float
+    elbo: float
+    elbo_se: float
+    converged: bool
+    log_evidence: float
+    log_evidence_se: float
+    psis_ess: float
+    times: dict[str, float] = field(default_factory=dict)
+    nuts: dict[str, Any] = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        out = [f"gpvi.infer: answer = {self.answer} ({self.reason})",
+               f"  DSVI bound {self.elbo:.3f} +- {self.elbo_se:.3f} (converged: {self.converged})",
+               f"  PSIS k-hat {self.khat:.2f}, weights' ESS {self.psis_ess:.0f}, "
+               f"log evidence {self.log_evidence:.3f} +- {self.log_evidence_se:.3f}"]
+        if self.nuts:
+            out.append("  NUTS from q: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                                                     for k, v in self.nuts.items()))
+        out.append("  wall time: " + ", ".join(f"{k} {v:.1f} s" for k, v in self.times.items())
+                   + f" (total {sum(self.times.values()):.1f} s)")
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+    def _repr_html_(self) -> str:
+        import html
+        rows = "".join(f"<li>{html.escape(x.strip())}</li>" for x in self.lines()[1:])
+        return f"<b>{html.escape(self.lines()[0])}</b><ul>{rows}</ul>"
+
+
+def _choose(khat: float) -> tuple[str, str]:
+    from ..posteriors.weighted import KHAT_GOOD, KHAT_USABLE
+    if math.isfinite(khat) and khat <= KHAT_GOOD:
+        return "q", f"k-hat {khat:.2f} <= {KHAT_GOOD}: the variational q is close to the posterior"
+    if math.isfinite(khat) and khat <= KHAT_USABLE:
+        return "psis", (f"{KHAT_GOOD} < k-hat {khat:.2f} <= {KHAT_USABLE}: q is off, its PSIS-weighted draws "
+                        "are reliable")
+    return "nuts", f"k-hat {khat:.2f} > {KHAT_USABLE}: q and its weights are unreliable; NUTS warm-started from q"
+
+
+def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any = None, nuts: Any = None,
+          progress_bar: bool = True) -> Any:
+    r"""A posterior over the target's parameters that has been checked against the exact log joint.
+
+    Parameters
+    ----------
+    target : model or target
+        E.g. :class:`gpvi.GPRegression` (parameters: kernel log-hyperparameters); anything with ``names`` and a
+        batched ``log_joint``.
+    seed : int
+        Seed of every stage (DSVI, PSIS draws, NUTS).
+    num_psis_draws : int
+        Draws of q for PSIS (default 1000).
+    engine : optional
+        The variational engine (default ``gpvi.DSVI(scale="full", seed=seed)``).
+    nuts : optional
+        The sampler used when :math:`\hat k > 0.7` (default ``gpvi.NUTS(num_chains=4, num_warmup=200,
+        num_draws=500, seed=seed)``: a short warm-up suffices because q supplies the mass matrix).
+    progress_bar : bool
+
+    Returns
+    -------
+    GaussianPosterior, WeightedPosterior or SamplePosterior
+        With ``mean``, ``std``, ``summary()``, ``predict`` and the attribute ``report`` (:class:`InferenceReport`).
+
+    Examples
+    --------
+    >>> import torch, gpvi
+    >>> m = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    >>> target = gpvi.Target(lambda th: -0.5 * ((th - m) ** 2).sum(-1), names=["a", "b"])
+    >>> post = gpvi.infer(target, seed=0, engine=gpvi.DSVI(num_steps=2000, seed=0, progress_bar=False),
+    ...                   progress_bar=False)
+    >>> post.report.answer, bool((post.mean - m).abs().max() < 0.1)
+    ('q', True)
+    """
+    from ..posteriors.weighted import psis
+    from .dsvi.engine import DSVI
+    from .mcmc.nuts import NUTS
+
+    seed = check_seed(seed)
+    num_psis_draws = check_positive_int(num_psis_draws, "num_psis_draws")
+    progress_bar = check_bool(progress_bar, "progress_bar")
+    engine = DSVI(scale="full", seed=seed, progress_bar=progress_bar) if engine is None else engine
+    times: dict[str, float] = {}
+    t0 = time.perf_counter()
+    q = engine.run(target)
+    times["dsvi"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                       # the report says what k-hat means
+        w = psis(q, target, num_psis_draws, seed=seed)
+    times["psis"] = time.perf_counter() - t0
+    answer, reason = _choose(w.khat)
+    report = InferenceReport(answer, reason, w.khat, float(q.elbo), float(getattr(q, "elbo_se", math.nan)),
+                             bool(q.info.get("converged", False)), w.log_evidence, w.log_evidence_se, w.ess, times)
+    post: Any = q if answer == "q" else w
+    if answer == "nuts":
+        sampler = (NUTS(num_chains=4, num_warmup=200, num_draws=500, seed=seed, progress_bar=progress_bar)
+                   if nuts is None else nuts)
+        t0 = time.perf_counter()
+        post = sampler.run(target, init=q)
+        times["nuts"] = time.perf_counter() - t0
+        ess, rhat = post.ess(), post.r_hat()
+        report.nuts = {"min ESS": float(ess.min()), "max R-hat": float(rhat.max()),
+                       "divergences": int(post.stats["diverging"].sum()),
+                       "gradient evaluations": int(post.stats["n_steps"].sum())}
+    post.report = report
+    return post

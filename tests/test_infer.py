@@ -1,0 +1,68 @@
+"""gpvi.infer: DSVI -> PSIS -> (q | weighted | NUTS from q), with the choice checked against known answers."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+import gpvi
+from gpvi.inference.infer import _choose
+
+NAMES = ["a", "b"]
+
+
+def _quiet(fn, *a, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fn(*a, **kw)
+
+
+def test_a_gaussian_target_returns_q_itself():
+    m = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    eng = gpvi.DSVI(seed=0, num_steps=2000, num_elbo_draws=200, progress_bar=False)
+    post = _quiet(gpvi.infer, gpvi.Target(lambda th: -0.5 * ((th - m) ** 2).sum(-1), names=NAMES), seed=0,
+                  engine=eng, progress_bar=False)
+    r = post.report
+    assert r.answer == "q" and isinstance(post, gpvi.GaussianPosterior) and r.khat < 0.5
+    assert abs(r.log_evidence - math.log(2 * math.pi)) < 4 * r.log_evidence_se + 1e-3   # Z = 2 pi exactly
+    assert set(r.times) == {"dsvi", "psis"} and "answer = q" in str(r) and "<b>" in r._repr_html_()
+
+
+def _funnel(th):                                 # Neal's funnel: v ~ N(0, 9), x_j | v ~ N(0, e^v)
+    v, x = th[:, 0], th[:, 1:]
+    return -0.5 * v ** 2 / 9.0 - 0.5 * (x ** 2).sum(-1) * torch.exp(-v) - 0.5 * x.shape[1] * v
+
+
+def test_a_funnel_goes_to_nuts_warm_started_from_q():
+    eng = gpvi.DSVI(seed=0, num_steps=2000, num_elbo_draws=200, progress_bar=False)
+    nuts = gpvi.NUTS(num_chains=2, num_warmup=50, num_draws=100, seed=0, progress_bar=False)
+    post = _quiet(gpvi.infer, gpvi.Target(_funnel, names=3), seed=0, engine=eng, nuts=nuts, progress_bar=False)
+    r = post.report
+    assert r.khat > 0.7 and r.answer == "nuts" and isinstance(post, gpvi.SamplePosterior)
+    assert post.info["init"]["mass_matrix"].startswith("q's covariance")
+    assert "nuts" in r.times and r.nuts["gradient evaluations"] > 0 and "NUTS from q" in str(r)
+
+
+def test_the_choice_follows_the_khat_thresholds():
+    assert _choose(0.3)[0] == "q" and _choose(0.5)[0] == "q"
+    assert _choose(0.6)[0] == "psis" and _choose(0.7)[0] == "psis"
+    assert _choose(0.71)[0] == "nuts" and _choose(math.inf)[0] == "nuts" and _choose(math.nan)[0] == "nuts"
+
+
+def test_gp_regression_end_to_end_and_bad_arguments():
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(30, 1, generator=g, dtype=torch.float64)
+    y = torch.sin(6 * X[:, 0]) + 0.1 * torch.randn(30, generator=g, dtype=torch.float64)
+    model = gpvi.GPRegression(X, y)
+    eng = gpvi.DSVI(seed=0, num_steps=400, num_elbo_draws=200, progress_bar=False)
+    nuts = gpvi.NUTS(num_chains=2, num_warmup=30, num_draws=60, seed=0, progress_bar=False)
+    post = _quiet(gpvi.infer, model, seed=0, engine=eng, nuts=nuts, num_psis_draws=400, progress_bar=False)
+    assert post.report.answer in ("q", "psis", "nuts") and math.isfinite(post.report.khat)
+    assert post.predict(X[:3], num_draws=20).mean.shape == (3,)
+    with pytest.raises(ValueError, match="seed"):
+        gpvi.infer(model, seed=-1)
+    with pytest.raises(ValueError, match="num_psis_draws"):
+        gpvi.infer(model, num_psis_draws=0)
