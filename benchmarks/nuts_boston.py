@@ -80,7 +80,7 @@ def main() -> None:
             warnings.simplefilter("always")
             mc = eng.run(model, init=ml2) if state is None else eng.run(model, state=state)
         msgs = [f"{w.category.__name__}: {w.message}" for w in rec]
-        ess = mc.info["ess"]
+        ess = mc.info["ess_bulk"]
         print(f"{args.chains} x {S} draws: min ESS {float(ess.min()):.0f}, "
               f"time so far {sum(mc.info['warmup_time_s']) + sum(mc.info['sampling_time_s']):.0f} s", flush=True)
         if float(ess.min()) >= args.target_ess or extensions >= args.max_extensions:
@@ -94,7 +94,7 @@ def main() -> None:
     samp_t = sum(mc.info["sampling_time_s"])
     total = warm_t + samp_t
     evals = sum(mc.info["num_evaluations"])
-    ess = mc.info["ess"]
+    ess = mc.info["ess_bulk"]
     rhat = mc.info["r_hat"]
     summ = mc.summary()
     min_ess = float(ess.min())

@@ -2,12 +2,11 @@ r"""Draws from MCMC (or any sampler) with the common posterior surface.
 
 ``draws`` has shape ``(C, S, D)`` (chains, draws per chain, parameters); ``samples`` pools them to
 ``(C S, D)``. Moments and quantiles are those of the pooled draws (``std`` with Bessel's correction),
-``sample(n)`` resamples the pooled draws, and ``summary()`` adds effective sample sizes and split R-hat.
+``sample(n)`` resamples the pooled draws, and ``summary()`` adds ArviZ's bulk and tail ESS, split R-hat and MCSE.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -112,20 +111,25 @@ class SamplePosterior(Posterior):
         idx = torch.linspace(0, total - 1, num_draws).round().long()
         return self.samples[idx.to(self.samples.device)]
 
-    def ess(self) -> torch.Tensor:
-        """Effective sample size per parameter (Pyro's ``effective_sample_size``, all chains), shape (D,)."""
-        from pyro.ops.stats import effective_sample_size
-        return effective_sample_size(self.draws, chain_dim=0, sample_dim=1)
+    def diagnostics(self) -> dict[str, torch.Tensor]:
+        """ArviZ's ``ess_bulk``, ``ess_tail``, ``r_hat``, ``mcse_mean``, ``mcse_sd`` per parameter (each ``(D,)``;
+        :func:`gpvi.inference.mcmc.diagnostics.diagnostics`)."""
+        from ..inference.mcmc.diagnostics import diagnostics
+        return diagnostics(self.draws)
+
+    def ess(self, method: str = "bulk") -> torch.Tensor:
+        """Effective sample size per parameter, ArviZ's ``"bulk"`` (default) or ``"tail"`` ESS, shape (D,)."""
+        if method not in ("bulk", "tail"):
+            raise ValueError(f"method must be 'bulk' or 'tail'; got {method!r}")
+        return self.diagnostics()["ess_" + method]
 
     def r_hat(self) -> torch.Tensor:
-        """Split R-hat per parameter (Pyro's ``split_gelman_rubin``), shape (D,)."""
-        from pyro.ops.stats import split_gelman_rubin
-        if self.draws.shape[1] < 4:
-            return torch.full((self.dim,), math.nan, dtype=self.draws.dtype, device=self.draws.device)
-        return split_gelman_rubin(self.draws, chain_dim=0, sample_dim=1)
+        """Rank-normalised split R-hat per parameter (ArviZ's ``rhat``), shape (D,); NaN below 4 draws per chain."""
+        return self.diagnostics()["r_hat"]
 
     def _extra_summary_columns(self):
-        return {"ess": self.ess().tolist(), "r_hat": self.r_hat().tolist()}
+        d = self.diagnostics()
+        return {k: d[k].tolist() for k in ("ess_bulk", "ess_tail", "r_hat", "mcse_mean")}
 
     def _arviz_draws(self, num_draws, seed):
         return self.draws

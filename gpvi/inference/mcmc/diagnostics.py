@@ -1,7 +1,7 @@
 r"""Summaries of a NUTS/HMC run: the block of chains returned, ESS / split R-hat, divergences, per-chain table.
 
-ESS is Pyro's ``effective_sample_size`` (Geyer's initial monotone sequence over all chains) and
-:math:`\hat R` Pyro's ``split_gelman_rubin``, both over the post-warm-up draws ``(C, S, D)``. The thresholds of the
+ESS (bulk and tail), :math:`\hat R` and MCSE are ArviZ's (rank-normalised, folded split :math:`\hat R` and
+bulk/tail ESS of Vehtari et al. 2021), over the post-warm-up draws ``(C, S, D)``. The thresholds of the
 end-of-run :class:`~gpvi.exceptions.ConvergenceWarning` come from
 :class:`~gpvi.inference.mcmc.settings.ConvergenceChecks`.
 
@@ -24,7 +24,7 @@ from ...exceptions import ConvergenceWarning
 from .settings import ConvergenceChecks
 from .state import ChainState
 
-__all__ = ["usable_block", "ess_and_r_hat", "chain_table", "convergence_problems", "warn_convergence"]
+__all__ = ["usable_block", "diagnostics", "DIAGNOSTICS", "chain_table", "convergence_problems", "warn_convergence"]
 
 
 def usable_block(chains: list[ChainState], num_draws: int) -> tuple[int, int]:
@@ -44,20 +44,35 @@ def usable_block(chains: list[ChainState], num_draws: int) -> tuple[int, int]:
     return best_k, length
 
 
-def ess_and_r_hat(draws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """ESS and split :math:`\\hat R` per parameter of ``draws`` ``(C, S, D)``; NaN for fewer than 4 draws per chain.
+DIAGNOSTICS = ("ess_bulk", "ess_tail", "r_hat", "mcse_mean", "mcse_sd")
+"""What :func:`diagnostics` returns, named as ArviZ's ``summary`` names its columns."""
+
+
+def diagnostics(draws: torch.Tensor) -> dict[str, torch.Tensor]:
+    """ArviZ's convergence diagnostics per parameter of ``draws`` ``(C, S, D)``; NaN for fewer than 4 draws per
+    chain.
 
     Returns
     -------
-    ess, r_hat : torch.Tensor of shape (D,)
+    dict of str to torch.Tensor of shape (D,)
+        ``ess_bulk``, ``ess_tail`` (``arviz.ess``, methods "bulk" and "tail"), ``r_hat`` (``arviz.rhat``, rank
+        normalised split R-hat), ``mcse_mean``, ``mcse_sd`` (``arviz.mcse``).
     """
-    from pyro.ops.stats import effective_sample_size, split_gelman_rubin
-
+    D = draws.shape[-1]
+    out = {k: torch.full((D,), math.nan, dtype=torch.float64) for k in DIAGNOSTICS}
     if draws.shape[1] >= 4:
-        return (effective_sample_size(draws, chain_dim=0, sample_dim=1),
-                split_gelman_rubin(draws, chain_dim=0, sample_dim=1))
-    nan = torch.full((draws.shape[-1],), math.nan, dtype=draws.dtype, device=draws.device)
-    return nan, nan.clone()
+        import arviz as az
+
+        x = draws.detach().cpu().double().numpy()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")                      # constant chains: ArviZ warns and returns NaN
+            for j in range(D):
+                a = x[:, :, j]
+                vals = (az.ess(a, method="bulk"), az.ess(a, method="tail"), az.rhat(a), az.mcse(a),
+                        az.mcse(a, method="sd"))
+                for k, v in zip(DIAGNOSTICS, vals):
+                    out[k][j] = float(v)
+    return {k: v.to(device=draws.device) for k, v in out.items()}
 
 
 def chain_table(name: str, use: list[ChainState], stats: dict[str, torch.Tensor], length: int,
@@ -99,7 +114,7 @@ def convergence_problems(checks: ConvergenceChecks, ess: torch.Tensor, r_hat: to
         problems.append(f"split R-hat up to {float(r_hat.nan_to_num(0).max()):.3f} > {checks.max_r_hat:g}")
     need = checks.min_ess_for(num_chains)
     if bool((ess < need).any()):
-        problems.append(f"smallest ESS {float(ess.min()):.0f} < {need:g}")
+        problems.append(f"smallest bulk or tail ESS {float(ess.min()):.0f} < {need:g}")
     if divergences:
         problems.append(f"{divergences} divergent transition(s) after warm-up")
     if depth_hits and sum(depth_hits):

@@ -34,7 +34,7 @@ from ..engine import RunReport
 from ..init import Start, init_to_default, resolve_init
 from ..progress import warn_interrupted
 from .chains import Potential, run_chain
-from .diagnostics import chain_table, convergence_problems, ess_and_r_hat, usable_block, warn_convergence
+from .diagnostics import chain_table, convergence_problems, diagnostics, usable_block, warn_convergence
 from .settings import Adaptation, ConvergenceChecks
 from .starts import chain_starts, init_to_chains
 from .state import ChainState, MCMCState
@@ -319,13 +319,14 @@ class HamiltonianEngine:
         wdraws = torch.stack([cs.warmup_draws for cs in use]) if have_warmup else None
         wstats = {k: torch.stack([cs.warmup_stats[k] for cs in use]) for k in use[0].warmup_stats} \
             if have_warmup else {}
-        ess, rhat = ess_and_r_hat(draws)
+        diag = diagnostics(draws)
+        ess, rhat = torch.minimum(diag["ess_bulk"], diag["ess_tail"]), diag["r_hat"]
         table, num_div, depth_hits = chain_table(self.name, use, stats, length,
                                                  self._kernel_settings().get("max_tree_depth"))
         info: dict[str, Any] = {
             "engine": type(self).__name__, "settings": {**self._settings(), "num_draws": S},
             "interrupted": interrupted, "chains": table,
-            "ess": ess, "r_hat": rhat, "num_divergent": num_div, "divergences": sum(num_div),
+            **diag, "num_divergent": num_div, "divergences": sum(num_div),
             "step_size": [cs.step_size for cs in use],
             "inverse_mass_matrix": torch.stack([cs.inverse_mass_matrix for cs in use]),
             "chain_seeds": [cs.seed for cs in use], "inits": torch.stack([cs.init for cs in use]),
