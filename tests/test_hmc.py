@@ -104,7 +104,7 @@ def test_gp_four_chains_converge():
     assert bool((rhat < 1.05).all()), rhat
     table = mc.summary()
     assert table.index == model.names
-    assert {"ess", "r_hat", "natural", "nat_mean"} <= set(table.columns)
+    assert {"ess_bulk", "ess_tail", "r_hat", "natural", "nat_mean"} <= set(table.columns)
     pred = mc.predict(X[:7], num_draws=25)
     assert pred.mean.shape == (7,)
     assert bool((pred.var > 0).all())
@@ -445,7 +445,7 @@ def test_bad_init(gauss):
 
 # ---------------------------------------------------------------------------------------------- outputs
 def test_convergence_warning_names_the_problem(gauss):
-    with pytest.warns(ConvergenceWarning, match="smallest ESS"):
+    with pytest.warns(ConvergenceWarning, match="smallest bulk or tail ESS"):
         NUTS(num_chains=2, num_warmup=20, num_draws=20, seed=0, progress_bar=False,
              checks=ConvergenceChecks(min_ess=1e6)).run(gauss)
 
