@@ -27,7 +27,9 @@ from .inference.dsvi.engine import DSVI, DSVIState
 from .models.logistic import BayesianLogisticRegression
 from .models.minibatch import MinibatchTarget
 from .exceptions import (
+    BoundWarning,
     ConvergenceWarning,
+    PSISWarning,
     InterruptedRunWarning,
     NotPSDError,
     NumericalFaultError,
@@ -59,7 +61,9 @@ __all__ = [
     "DSVIARD",
     "DSVIState",
     "MinibatchTarget",
+    "BoundWarning",
     "ConvergenceWarning",
+    "PSISWarning",
     "Factorised",
     "GPRegression",
     "GaussianPosterior",

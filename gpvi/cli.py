@@ -13,11 +13,12 @@ Subcommands
 ``bench``           run benchmark scripts of ``benchmarks/`` (``table5``, ``cvi``, ``scaling``, or one script by
                     name) from a source checkout; results go to ``benchmarks/results/`` or ``--out DIR``
 
-Bad input (a missing file or column, an empty file, non-numeric cells, NaN/inf, a bad label set, a flag that does
-not apply to the chosen ``--method``, a ``--save``/``--out`` path whose folder is missing or not writable, a file
-that is not a gpvi fit) ends with one line ``gpvi: error: ...`` on stderr and exit status 2 — no traceback, and
+Bad input (a missing file or column, an empty file, non-numeric cells, NaN/inf, a column whose standard deviation
+overflows float64 (a cell such as ``1e308``), a bad label set, a flag that does not apply to the chosen
+``--method``, a ``--save``/``--out`` path whose folder is missing or not writable, a file that is not a gpvi fit) ends with one line ``gpvi: error: ...`` on stderr and exit status 2 — no traceback, and
 before any fitting starts. Integers on the command line are digits only (``1_000`` is refused). Library warnings
-are printed as one line ``gpvi: warning: ...`` each.
+are printed as one line ``gpvi: warning: ...`` each. Summaries name per-input hyperparameters by the CSV header
+(``log_lengthscale_sq[nox]``).
 
 Ctrl-C exits with status 130 and one line ``gpvi: interrupted ...`` in every command. The engines catch
 ``KeyboardInterrupt`` and return their partial result with an :class:`~gpvi.exceptions.InterruptedRunWarning`;
@@ -174,7 +175,15 @@ def _load_features(path: str | os.PathLike, features: list[str]) -> Any:
     return _read_columns(path, choose, min_rows=1)[0]
 
 
-def _standardise(X, y=None):
+def _standardise(X, y=None, names=None, target=None, path=None):
+    from .validation import check_column_spread
+
+    try:        # a cell such as 1e308 makes a column's sd overflow: it would silently become all zeros
+        check_column_spread(X, "input", names)
+        if y is not None:
+            check_column_spread(y[:, None], "target", [target])
+    except ValueError as exc:
+        raise CLIError(f"{path}: {exc}" if path else str(exc)) from None
     mu, sd = X.mean(0), X.std(0)
     sd[sd == 0] = 1.0
     Xs = (X - mu) / sd
@@ -233,10 +242,10 @@ def _cmd_fit_regression(args: argparse.Namespace) -> int:
     if args.save:
         _check_output(args.save, "--save")
     X, y, names = load_csv(args.csv, args.target)          # bad input fails before any heavy work
-    Xs, ys, (mu, sd, ym, ysd) = _standardise(X, y)
+    Xs, ys, (mu, sd, ym, ysd) = _standardise(X, y, names, args.target, args.csv)
     import gpvi
 
-    model = gpvi.GPRegression(Xs, ys)
+    model = gpvi.GPRegression(Xs, ys, feature_names=names)       # theta names carry the CSV header
     progress = not args.no_progress
     t0 = time.perf_counter()
     fit = gpvi.ML2(num_restarts=args.restarts, seed=args.seed, progress_bar=progress).run(model)
@@ -276,7 +285,7 @@ def _cmd_fit_classifier(args: argparse.Namespace) -> int:
         _, classes = gpvi.validation.check_binary_labels(y, f"column {args.target!r}")
     except ValueError as exc:
         raise CLIError(f"{args.csv}: {exc}") from None
-    Xs, _, (mu, sd, _, _) = _standardise(X)
+    Xs, _, (mu, sd, _, _) = _standardise(X, None, names, path=args.csv)
     clf = gpvi.GPClassifier(likelihood=args.likelihood, mode=args.mode, random_state=args.seed,
                             progress_bar=not args.no_progress)
     t0 = time.perf_counter()

@@ -9,9 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "PSISWarning",
     "NumericalWarning",
     "ConvergenceWarning",
     "InterruptedRunWarning",
+    "BoundWarning",
     "NotPSDError",
     "NumericalFaultError",
 ]
@@ -27,6 +29,16 @@ class ConvergenceWarning(UserWarning):
 
 class InterruptedRunWarning(UserWarning):
     """A long run was interrupted (Ctrl-C or a callback); the partial result was returned."""
+
+
+class BoundWarning(UserWarning):
+    """A point estimate of theta ends on the box it was searched in (e.g. an ML-II lengthscale at its upper bound:
+    the input is irrelevant to the fit; the value is the box's, not an estimate)."""
+
+
+class PSISWarning(UserWarning):
+    """The Pareto k-hat of a posterior approximation's importance weights exceeds 0.7: neither the approximation
+    nor its PSIS correction is reliable (:func:`gpvi.posteriors.weighted.psis`)."""
 
 
 class NotPSDError(ValueError):

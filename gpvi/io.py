@@ -266,7 +266,8 @@ def _regression_spec(model: Any) -> dict[str, Any]:
                         f"{type(model).__name__}")
     _check_default_kernel(model.kernel_params, int(model.X.shape[1]), "a GPRegression")
     return {"X": model.X, "y": model.y, "jitter": model.jitter, "max_jitter": model.max_jitter,
-            "batch_size": model.batch_size, "prior": _prior_spec(model.prior), "names": list(model.names)}
+            "batch_size": model.batch_size, "prior": _prior_spec(model.prior), "names": list(model.names),
+            "feature_names": _names(model)}
 
 
 def _regression_from(spec: dict[str, Any]) -> Any:
@@ -279,7 +280,8 @@ def _regression_from(spec: dict[str, Any]) -> Any:
     if pr["independent"]:
         prior = torch.distributions.Independent(prior, 1)
     model = GPRegression(spec["X"], spec["y"], prior=prior, jitter=float(spec["jitter"]),
-                         max_jitter=float(spec["max_jitter"]), batch_size=int(spec["batch_size"]))
+                         max_jitter=float(spec["max_jitter"]), batch_size=int(spec["batch_size"]),
+                         feature_names=spec.get("feature_names"))
     if list(model.names) != list(spec["names"]):
         raise _Invalid(f"the rebuilt model's parameters {model.names} differ from the saved ones {spec['names']}")
     return model
@@ -322,8 +324,15 @@ def _classifier_spec(clf: Any) -> dict[str, Any]:
         post["engine_state"] = {**es, "factor": None}      # N x N and recomputable: not stored
     classes = np.asarray(model.classes)
     labels = classes[model.y.detach().cpu().long().numpy()]
+    names = getattr(clf, "feature_names_in_", None)
     return {"params": params, "classes": classes.tolist(), "X": model.X, "y": torch.as_tensor(labels),
-            "link": model.link, "posterior": post}
+            "link": model.link, "posterior": post, "feature_names": _names(model),
+            "feature_names_in": None if names is None else [str(n) for n in names]}
+
+
+def _names(model: Any) -> list[str] | None:
+    names = getattr(model, "feature_names", None)
+    return None if names is None else [str(n) for n in names]
 
 
 def _classifier_from(spec: dict[str, Any]) -> Any:
@@ -342,7 +351,8 @@ def _classifier_from(spec: dict[str, Any]) -> Any:
     if unknown:
         raise _Invalid(f"unknown GPClassifier parameters {sorted(unknown)}")
     clf = GPClassifier(**params)
-    model = GPClassification(spec["X"], spec["y"], likelihood=spec["link"], theta=params.get("theta"))
+    model = GPClassification(spec["X"], spec["y"], likelihood=spec["link"], theta=params.get("theta"),
+                             feature_names=spec.get("feature_names"))
     if [int(c) for c in np.asarray(model.classes)] != [int(c) for c in spec["classes"]]:
         raise _Invalid(f"the labels give classes {np.asarray(model.classes).tolist()}, not {spec['classes']}")
     post = LatentPosterior.from_state_dict(spec["posterior"], model)
@@ -350,16 +360,7 @@ def _classifier_from(spec: dict[str, Any]) -> Any:
     if isinstance(q, dict) and q != post.quadrature.spec():
         post.quadrature = Quadrature(int(q["num_points"]), str(q["rule"]), scale=float(q["scale"]),
                                      width=float(q["width"]))
-    clf.model_ = model
-    clf.posterior_ = post
-    clf.classes_ = np.asarray(model.classes)
-    clf.link_ = model.link
-    clf.elbo_ = post.elbo
-    clf.theta_ = post.theta.clone()
-    clf.hyperparameters_ = model.describe(post.theta)
-    clf.kernel_ = model.kernel_at(post.theta)
-    clf.n_features_in_ = int(model.X.shape[1])
-    return clf
+    return clf._set_fitted(model, post, spec.get("feature_names_in"))
 
 
 # ============================================================================ save / load
@@ -439,6 +440,9 @@ def save_fit(path: str | os.PathLike, fit: Any) -> None:
     text = json.dumps(_encode(meta, tensors, "fit"), allow_nan=False, separators=(",", ":"))
     payload = {"format": FORMAT, "version": FORMAT_VERSION, "meta": text, "tensors": tensors}
     target = Path(path)
+    if not target.parent.is_dir():
+        raise FileNotFoundError(f"cannot save the fit to {str(path)!r}: the folder {str(target.parent)!r} does "
+                                "not exist")
     tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")   # same folder: atomic
     try:
         with open(tmp, "xb") as fh:                  # "x": never follows an existing file; mode from the umask

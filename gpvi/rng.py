@@ -9,15 +9,27 @@ import torch
 __all__ = ["check_seed", "resolve_generator", "generator_from_state"]
 
 
-def check_seed(seed: object, name: str = "seed") -> int | None:
+def check_seed(seed: object, name: str = "seed", *, allow_none: bool = True) -> int | None:
     """The one check of a seed argument: a non-negative int, or None (a fresh, non-deterministic stream).
 
-    Raises ``ValueError`` naming ``name`` for anything else (negative numbers, booleans, floats, strings).
+    Every engine and model that takes a seed calls this in its constructor, so a bad seed fails at construction,
+    not at ``run``. numpy integers are accepted.
+
+    Raises
+    ------
+    TypeError
+        Naming ``name``: not an int (a float such as 1.5 or 2.0, a string, a boolean), or None when
+        ``allow_none`` is False.
+    ValueError
+        Naming ``name``: a negative int.
     """
-    if seed is None:
+    if seed is None and allow_none:
         return None
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-        raise ValueError(f"{name} must be a non-negative int or None; got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        none = " or None" if allow_none else ""
+        raise TypeError(f"{name} must be a non-negative int{none}; got {seed!r} of type {type(seed).__name__}")
+    if seed < 0:
+        raise ValueError(f"{name} must be a non-negative int; got {seed}")
     return int(seed)
 
 
@@ -59,11 +71,7 @@ def resolve_generator(
     if seed is None:
         gen.seed()
         return gen
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise TypeError(f"seed must be an int; got {type(seed).__name__}")
-    if seed < 0:
-        raise ValueError(f"seed must be non-negative; got {seed}")
-    gen.manual_seed(int(seed))
+    gen.manual_seed(check_seed(seed))
     return gen
 
 

@@ -23,7 +23,8 @@ from .inference.cvi.typeii import TypeII
 from .models.classification import GPClassification
 from .models.likelihoods import Quadrature
 from .posteriors.latent import LatentPosterior
-from .validation import check_bool, check_choice, check_positive_int, check_X
+from .rng import check_seed
+from .validation import check_bool, check_choice, check_positive_int, check_X, feature_names_of
 
 __all__ = ["GPClassifier"]
 
@@ -68,7 +69,8 @@ class GPClassifier:
     theta : array-like of shape (D,), optional
         Starting log-hyperparameters (overrides the kernel's values).
     random_state : int, optional
-        Seed for site order and Monte Carlo draws (``None``: non-deterministic).
+        Seed for site order and Monte Carlo draws (``None``: non-deterministic); a non-negative int, checked by
+        :func:`gpvi.rng.check_seed` when ``fit`` starts (``__init__`` only stores, scikit-learn's contract).
     progress_bar : bool
         Show a tqdm bar during ``fit``.
 
@@ -88,6 +90,10 @@ class GPClassifier:
         A copy of the kernel with the fitted hyperparameters.
     model_ : gpvi.models.classification.GPClassification
     n_features_in_ : int
+    feature_names_in_ : numpy.ndarray of str
+        The column names of a pandas DataFrame ``X`` given to ``fit`` (only then, scikit-learn's rule); the
+        hyperparameter names (``theta`` names, ``hyperparameters_`` keys) use them: ``lengthscale[nox]``. A
+        DataFrame given to ``predict*`` must then have the same columns in the same order.
 
     Examples
     --------
@@ -169,10 +175,7 @@ class GPClassifier:
     # ------------------------------------------------------------------ fitting
     def _seed(self) -> int | None:
         check_choice(self.method, "method", ["cvi"])
-        if self.random_state is not None and (isinstance(self.random_state, bool)
-                                              or not isinstance(self.random_state, (int, np.integer))):
-            raise TypeError(f"random_state must be an int or None; got {type(self.random_state).__name__}")
-        return None if self.random_state is None else int(self.random_state)
+        return check_seed(self.random_state, "random_state")
 
     def _engine(self, num_data: int, seed: int | None) -> CVI:
         mode = check_choice(self.mode, "mode", ["full", "stochastic"])
@@ -208,12 +211,19 @@ class GPClassifier:
         """
         seed = self._seed()
         learn = check_bool(self.learn_hyperparameters, "learn_hyperparameters")
-        model = GPClassification(X, y, kernel=self.kernel, likelihood=self.likelihood, theta=self.theta)
+        names = feature_names_of(X)
+        model = GPClassification(X, y, kernel=self.kernel, likelihood=self.likelihood, theta=self.theta,
+                                 feature_names=names)
         engine = self._engine(model.num_data, seed)
         if learn:
             post = TypeII(engine, inner_num_steps=max(int(self.max_sweeps), 50)).run(model)
         else:
             post = engine.run(model)
+        return self._set_fitted(model, post, names)
+
+    def _set_fitted(self, model: GPClassification, post: LatentPosterior, names: Any = None) -> GPClassifier:
+        """Set the fitted attributes from a model and its CVI posterior (used by :meth:`fit` and by
+        :func:`gpvi.io.load_fit`)."""
         self.model_ = model
         self.posterior_: LatentPosterior = post
         self.classes_ = np.asarray(model.classes)
@@ -223,17 +233,34 @@ class GPClassifier:
         self.hyperparameters_ = model.describe(post.theta)
         self.kernel_ = model.kernel_at(post.theta)
         self.n_features_in_ = int(model.X.shape[1])
+        if names is not None:
+            self.feature_names_in_ = np.asarray(names, dtype=object)
+        elif hasattr(self, "feature_names_in_"):
+            del self.feature_names_in_
         return self
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "posterior_"):
             raise RuntimeError("this GPClassifier is not fitted yet; call fit(X, y) first")
 
+    def _check_X(self, X: Any) -> Any:
+        """Validated inputs for prediction: columns of a DataFrame must match those seen in ``fit``."""
+        self._check_fitted()
+        fitted = getattr(self, "feature_names_in_", None)
+        names = feature_names_of(X)
+        if fitted is not None and names is not None and list(names) != list(fitted):
+            raise ValueError(f"X has columns {list(names)} but the classifier was fitted with columns "
+                             f"{list(fitted)} (same names, same order)")
+        return check_X(X, "X", n_features=self.n_features_in_)
+
     # ------------------------------------------------------------------ prediction
     def predict_proba(self, X: Any) -> np.ndarray:
-        r"""Class probabilities, columns in ``classes_`` order: :math:`[1 - p_*, p_*]`, shape ``(n, 2)``."""
-        self._check_fitted()
-        Xt = check_X(X, "X", n_features=self.n_features_in_)
+        r"""Class probabilities, columns in ``classes_`` order: :math:`[1 - p_*, p_*]`, shape ``(n, 2)``.
+
+        Raises ``ValueError`` for malformed ``X``, DataFrame columns other than those seen in ``fit``, or inputs so
+        large that the kernel overflows float64 (e.g. ``X * 1e300``): never NaN probabilities without a word.
+        """
+        Xt = self._check_X(X)
         p1 = self.posterior_.predict_proba(Xt).cpu().numpy()
         return np.stack([1.0 - p1, p1], axis=1)
 
@@ -244,8 +271,7 @@ class GPClassifier:
 
     def decision_function(self, X: Any) -> np.ndarray:
         """Posterior mean of the latent function at ``X`` (positive favours ``classes_[1]``); shape ``(n,)``."""
-        self._check_fitted()
-        mean, _ = self.posterior_.predict_latent(check_X(X, "X", n_features=self.n_features_in_))
+        mean, _ = self.posterior_.predict_latent(self._check_X(X))
         return mean.cpu().numpy()
 
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:

@@ -23,6 +23,7 @@ __all__ = [
     "check_X_y",
     "check_theta",
     "check_binary_labels",
+    "check_real",
     "check_positive",
     "check_positive_int",
     "check_nonnegative_int",
@@ -30,6 +31,11 @@ __all__ = [
     "check_choice",
     "check_bool",
     "check_memory",
+    "check_device",
+    "check_column_spread",
+    "feature_names_of",
+    "check_feature_names",
+    "check_finite_prediction",
 ]
 
 _MAX_EXACT_INT = 2**53
@@ -37,6 +43,18 @@ _MAX_EXACT_INT = 2**53
 
 def _describe(x: Any) -> str:
     return type(x).__name__
+
+
+_NO_ENTRY = object()
+
+
+def _is_real_scalar(v: Any) -> bool:
+    """Whether an entry of an object array is a real number (Python, numpy or 0-d torch; booleans count)."""
+    if isinstance(v, (str, bytes)):
+        return False
+    if isinstance(v, torch.Tensor):
+        return v.numel() == 1 and not v.is_complex()
+    return isinstance(v, (numbers.Real, np.bool_)) or (isinstance(v, np.number) and not np.iscomplexobj(v))
 
 
 def as_float_tensor(
@@ -98,9 +116,15 @@ def as_float_tensor(
             raise TypeError(f"{name} must be an array of numbers; could not convert {_describe(x)}: {exc}") from None
         if arr.dtype.kind in "OUSV" or arr.dtype.kind == "M" or arr.dtype.kind == "m":
             if arr.dtype.kind == "O":
+                # an object array is accepted only when every entry is itself a real number: numpy's astype would
+                # also parse strings ("2" -> 2.0) and turn None into NaN
+                bad = next((v for v in arr.flat if not _is_real_scalar(v)), _NO_ENTRY)
+                if bad is not _NO_ENTRY:
+                    raise TypeError(f"{name} must be an array of numbers; got dtype object with a non-numeric "
+                                    f"entry {bad!r} of type {_describe(bad)}")
                 try:
                     arr = arr.astype(np.float64)
-                except (TypeError, ValueError):
+                except (TypeError, ValueError, OverflowError):
                     raise TypeError(
                         f"{name} must be an array of numbers; got dtype object with non-numeric entries"
                     ) from None
@@ -113,8 +137,11 @@ def as_float_tensor(
         t = torch.from_numpy(np.ascontiguousarray(arr))
     if t.dtype in (torch.int64, torch.uint64) and t.numel() and int(t.abs().max()) > _MAX_EXACT_INT:
         raise ValueError(f"{name} holds integers larger than 2**53 that float64 cannot represent exactly")
-    dev = torch.device(device) if device is not None else t.device
-    t = t.to(device=dev, dtype=dtype)
+    dev = check_device(device) if device is not None else t.device
+    try:
+        t = t.to(device=dev, dtype=dtype)
+    except RuntimeError as exc:        # e.g. "cuda" on a machine without a GPU
+        raise ValueError(f"device {str(dev)!r} is not available: {exc}") from None
     if ndim is not None:
         allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
         if t.dim() not in allowed:
@@ -126,6 +153,27 @@ def as_float_tensor(
         bad = int((~torch.isfinite(t)).sum())
         raise ValueError(f"{name} contains {bad} non-finite value(s) (NaN or inf)")
     return t
+
+
+def check_device(device: Any, name: str = "device") -> torch.device:
+    """A ``torch.device`` from a device argument (``"cpu"``, ``"cuda:0"``, a ``torch.device``).
+
+    Raises
+    ------
+    TypeError
+        Not a string or ``torch.device`` (an int is refused: ``device=3`` would silently mean ``cuda:3``).
+    ValueError
+        A string torch does not read as a device.
+    """
+    if isinstance(device, torch.device):
+        return device
+    if not isinstance(device, str):
+        raise TypeError(f"{name} must be a str such as 'cpu' or 'cuda:0', or a torch.device; got "
+                        f"{_describe(device)}")
+    try:
+        return torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise ValueError(f"{name} {device!r} is not a device torch knows: {exc}") from None
 
 
 def check_X(
@@ -168,6 +216,118 @@ def check_X_y(
     if yt.shape[0] != Xt.shape[0]:
         raise ValueError(f"{X_name} has {Xt.shape[0]} rows but {y_name} has {yt.shape[0]}")
     return Xt, yt
+
+
+def _column_label(j: int, name: str, feature_names: Sequence[str] | None) -> str:
+    return f"{name} column {j} ({feature_names[j]!r})" if feature_names is not None else f"{name} column {j}"
+
+
+def check_column_spread(X: Any, name: str = "X", feature_names: Sequence[str] | None = None) -> None:
+    r"""Refuse a column whose spread float64 cannot represent: its variance overflows.
+
+    The variance :math:`s_j^2 = \frac1n \sum_i (x_{ij} - \bar x_j)^2` is computed scaled by
+    :math:`a_j = \max_i |x_{ij}|` (so a constant column of huge values passes with :math:`s_j = 0`); when
+    :math:`a_j^2 \cdot \operatorname{var}(x_j / a_j)` exceeds the largest float64 (about 1.8e308, i.e.
+    :math:`s_j` above about 1.3e154, e.g. a CSV cell of ``1e308``), standardising the column, a data-scaled
+    lengthscale or a squared distance on it overflows, and the column would silently become all zeros or NaN.
+
+    Parameters
+    ----------
+    X : torch.Tensor or numpy.ndarray of shape (n, d) or (n,)
+        Finite values (check them first); a vector is one column named ``name``.
+    name : str
+        Argument name used in the message.
+    feature_names : sequence of str, optional
+        Column names, used in the message.
+
+    Raises
+    ------
+    ValueError
+        Naming the first such column (by index and name) and its largest absolute value.
+    """
+    t = torch.from_numpy(np.asarray(X, dtype=np.float64)) if not isinstance(X, torch.Tensor) else X.detach()
+    vector = t.dim() == 1
+    if vector:
+        t = t.unsqueeze(-1)
+    if t.dim() != 2 or t.shape[0] == 0 or t.shape[1] == 0:
+        return
+    a = t.abs().amax(0)
+    scale = torch.where(a > 0, a, torch.ones_like(a))
+    z = t / scale
+    sd = scale * (z - z.mean(0)).pow(2).mean(0).sqrt()
+    var = sd * sd
+    bad = ~torch.isfinite(var)
+    if bool(bad.any()):
+        j = int(bad.nonzero()[0, 0])
+        what = name if vector else _column_label(j, name, feature_names)
+        raise ValueError(f"{what} has a spread float64 cannot represent (its "
+                         f"standard deviation overflows; largest |value| {float(a[j]):.3g}); rescale "
+                         f"{'it' if vector else 'that column'}, e.g. express it in larger units")
+
+
+def feature_names_of(X: Any) -> list[str] | None:
+    """Column names of a pandas-style DataFrame ``X`` when they are all strings (scikit-learn's rule), else None."""
+    if isinstance(X, (np.ndarray, torch.Tensor)):
+        return None
+    cols = getattr(X, "columns", None)
+    if cols is None or not hasattr(X, "to_numpy"):
+        return None
+    names = list(cols)
+    if not names or not all(isinstance(c, str) for c in names):
+        return None
+    return names
+
+
+def check_feature_names(feature_names: Any, n_features: int, name: str = "feature_names") -> list[str] | None:
+    """Check user feature names: ``None``, or ``n_features`` distinct non-empty strings; returns a list or None.
+
+    Raises
+    ------
+    TypeError
+        Not a sequence of strings.
+    ValueError
+        Wrong length, an empty name, or duplicates.
+    """
+    if feature_names is None:
+        return None
+    if isinstance(feature_names, (str, bytes)) or not isinstance(feature_names, (Sequence, np.ndarray)):
+        raise TypeError(f"{name} must be a sequence of str (one per column of X); got {_describe(feature_names)}")
+    names = list(feature_names)
+    bad = next((v for v in names if not isinstance(v, str)), _NO_ENTRY)
+    if bad is not _NO_ENTRY:
+        raise TypeError(f"{name} must hold strings; got {bad!r} of type {_describe(bad)}")
+    if len(names) != n_features:
+        raise ValueError(f"{name} has {len(names)} names but X has {n_features} columns")
+    if any(not n.strip() for n in names):
+        raise ValueError(f"{name} holds an empty name")
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"{name} holds duplicate names: {', '.join(map(repr, dup))}")
+    return names
+
+
+def check_finite_prediction(mean: torch.Tensor, var: torch.Tensor, name: str = "X_new", *,
+                            what: str = "the predictive") -> None:
+    """Refuse a predictive whose mean or variance is not finite, naming the rows of ``name`` that caused it.
+
+    A GP's predictive at finite inputs is finite in exact arithmetic (far from the data it is the prior); NaN or
+    inf can only come from float64 overflow in the kernel (e.g. inputs around 1e300). gpvi then raises rather
+    than return NaN without a word.
+
+    Raises
+    ------
+    ValueError
+        With the number of affected rows and the first few row indices.
+    """
+    bad = ~(torch.isfinite(mean) & torch.isfinite(var))
+    while bad.dim() > 1:
+        bad = bad.any(0)
+    if bool(bad.any()):
+        rows = bad.nonzero().flatten().tolist()
+        shown = ", ".join(map(str, rows[:5])) + (", ..." if len(rows) > 5 else "")
+        raise ValueError(f"{what} is not finite at {len(rows)} row(s) of {name} (rows {shown}): those "
+                         f"inputs are too large for float64 arithmetic in the kernel; rescale them as the "
+                         f"training inputs were")
 
 
 def check_theta(theta: Any, dim: int, name: str = "theta", *, device: torch.device | str | None = None,
@@ -237,6 +397,16 @@ def _is_real_number(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return value.numel() == 1 and not value.is_complex()
     return isinstance(value, numbers.Real)
+
+
+def check_real(value: Any, name: str, *, allow_inf: bool = True) -> float:
+    """Check a real number (not a bool, a string or NaN) and return it as float; ``inf`` only if ``allow_inf``."""
+    if not _is_real_number(value):
+        raise TypeError(f"{name} must be a real number; got {_describe(value)}")
+    v = float(value)
+    if math.isnan(v) or (math.isinf(v) and not allow_inf):
+        raise ValueError(f"{name} must be {'a number' if allow_inf else 'finite'}; got {v}")
+    return v
 
 
 def check_positive(value: Any, name: str, *, allow_zero: bool = False, allow_inf: bool = False) -> float:

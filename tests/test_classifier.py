@@ -207,7 +207,7 @@ def test_bad_input_gives_clear_errors():
         fast(mode="fast").fit(X, y)
     with pytest.raises(ValueError, match="likelihood must be one of"):
         fast(likelihood="gaussian").fit(X, y)
-    with pytest.raises(TypeError, match="random_state must be an int"):
+    with pytest.raises(TypeError, match="random_state must be a non-negative int"):
         fast(random_state=1.5).fit(X, y)
     with pytest.raises(TypeError, match="learn_hyperparameters must be True or False"):
         GPClassifier(learn_hyperparameters="yes", progress_bar=False).fit(X, y)
@@ -275,3 +275,22 @@ def test_malformed_inputs_give_only_clear_errors_and_valid_ones_finite_probabili
         return
     P = clf.predict_proba(X)
     assert P.dtype == np.float64 and np.isfinite(P).all() and (P >= 0).all() and (P <= 1).all()
+
+
+def test_dataframe_feature_names_reach_hyperparameter_names():
+    """Issue 16: a DataFrame's columns name the lengthscales (scikit-learn's feature_names_in_ rule)."""
+    pd = pytest.importorskip("pandas")
+    X, y = small(30)
+    df = pd.DataFrame(X.numpy(), columns=["glu", "bmi"])
+    clf = fast(max_sweeps=20).fit(df, y.numpy())
+    assert list(clf.feature_names_in_) == ["glu", "bmi"]
+    assert list(clf.hyperparameters_)[:2] == ["lengthscale[glu]", "lengthscale[bmi]"]
+    assert clf.model_.names[:2] == ["log_lengthscale_sq[glu]", "log_lengthscale_sq[bmi]"]
+    # same numbers as the plain array fit, which keeps positional names and sets no feature_names_in_
+    plain = fast(max_sweeps=20).fit(X, y)
+    assert not hasattr(plain, "feature_names_in_") and list(plain.hyperparameters_)[0] == "lengthscale[0]"
+    np.testing.assert_array_equal(clf.predict_proba(df), plain.predict_proba(X))
+    with pytest.raises(ValueError, match=r"X has columns \['bmi', 'glu'\] but the classifier was fitted with"):
+        clf.predict_proba(df[["bmi", "glu"]])
+    clf.fit(X, y)                                          # refit on an array: the names are dropped
+    assert not hasattr(clf, "feature_names_in_")

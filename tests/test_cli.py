@@ -117,6 +117,10 @@ BAD = {
     "no_features": ("y\n1\n2\n", "y", r"needs at least one feature column"),
     "duplicate_header": ("a,a,y\n1,2,3\n4,5,6\n", "y", r"duplicate column name\(s\) 'a'"),
     "constant_target": ("a,y\n1,3\n2,3\n3,3\n", "y", r"the target column is constant"),
+    # a finite cell whose column sd overflows float64 would standardise to all zeros: refused, naming the column
+    "sd_overflow": ("a,nox,y\n1,2,3\n4,1e308,6\n5,2,1\n", "y",
+                    r"input column 1 \('nox'\) has a spread float64 cannot represent"),
+    "sd_overflow_target": ("a,y\n1,-1e308\n2,1e308\n3,0\n", "y", r"target column 0 \('y'\) has a spread"),
 }
 
 
@@ -189,6 +193,8 @@ def test_fit_regression_ml2_save_round_trip(reg_csv, tmp_path, capsys):
                  "--no-progress", "--save", str(out)]) == 0
     text = capsys.readouterr().out
     assert "PointPosterior summary" in text and "inputs: [0] a, [1] b" in text and "saved to" in text
+    # the summary names the lengthscales by the CSV header (issue 16), log and natural scale
+    assert "log_lengthscale_sq[a]" in text and "lengthscale[b]" in text and "log_lengthscale_sq[0]" not in text
     # regression files hold plain data: readable with weights_only=True
     payload = torch.load(out, weights_only=True)
     meta = json.loads(payload["meta"])                          # the layout of gpvi.io: tensors + a JSON string
@@ -544,10 +550,10 @@ def test_real_sigint_in_process_and_a_second_one_aborts(reg_csv, tmp_path, monke
     assert main(["fit-regression", str(reg_csv[0]), "--target", "y", "--method", "ml2", "--restarts", "2",
                  "--no-progress", "--save", str(out)]) == 130
     assert capsys.readouterr().err.strip() == "gpvi: interrupted (Ctrl-C); nothing was saved" and not out.exists()
-    # the demo records library warnings and carries on after a Ctrl-C; a second one stops it at once
+    # the demo: one Ctrl-C ends it (the interrupted stage's partial result does not let the next stage start)
     calls = _interrupt_on_call(monkeypatch, 1, how="signal")
     assert main(["demo", "--quick", "--no-progress"]) == 130
-    assert capsys.readouterr().err.strip() == "gpvi: interrupted (Ctrl-C)" and len(calls) == 2
+    assert capsys.readouterr().err.strip() == "gpvi: interrupted (Ctrl-C)" and len(calls) == 1
 
 
 def test_ctrl_c_subprocess_exits_130(reg_csv, tmp_path):

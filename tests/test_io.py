@@ -306,3 +306,18 @@ def test_a_file_names_only_torch_tensor_globals(tmp_path, reg_posteriors):
         data = next(z.read(n) for n in z.namelist() if n.endswith("data.pkl"))
     names = {str(arg) for op, arg, _ in pickletools.genops(data) if op.name in ("GLOBAL", "STACK_GLOBAL")}
     assert names and all(n.startswith(("torch ", "torch.", "collections OrderedDict")) for n in names), names
+
+
+def test_feature_names_survive_save_and_load_and_a_missing_folder_is_named(tmp_path):
+    from gpvi.io import load_fit, save_fit
+
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(25, 2, generator=g, dtype=torch.float64)
+    y = torch.sin(5 * X[:, 0]) + 0.1 * torch.randn(25, generator=g, dtype=torch.float64)
+    model = gpvi.GPRegression(X, y, feature_names=["age", "nox"])
+    fit = gpvi.ML2(num_restarts=1, seed=0, progress_bar=False).run(model)
+    save_fit(tmp_path / "fit.pt", fit)
+    back = load_fit(tmp_path / "fit.pt")
+    assert back.posterior.target.names == model.names and "log_lengthscale_sq[nox]" in model.names
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        save_fit(tmp_path / "nowhere" / "fit.pt", fit)

@@ -148,3 +148,83 @@ def test_ml2_and_the_logistic_reference_use_the_shared_wrapper(monkeypatch):
     ds = gpvi.datasets.load_pima()
     gpvi.BayesianLogisticRegression(ds.X_train[:50], ds.y_train[:50]).fit_gaussian_quadrature(max_iter=5)
     assert calls == [(-25.0, 25.0), (-25.0, 25.0), None]
+
+
+# ------------------------------------------------------------------------ issue 16, item 4: the choice of restart
+def test_tied_restarts_prefer_a_converged_one_and_do_not_warn():
+    """The issue's repro: 30 points, 5 restarts reach one optimum, 4 converge; the ABNORMAL one is not chosen."""
+    import warnings
+
+    X, y = make_gp_data(30, 3, seed=3)
+    model = gpvi.GPRegression(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", gpvi.ConvergenceWarning)
+        fit = gpvi.ML2(num_restarts=5, seed=0).run(model)
+    recs = fit.info["records"]
+    values = [r["value"] for r in recs]
+    assert max(values) - min(values) < 1e-6 * abs(max(values))          # one optimum, reached by every restart
+    assert [r["converged"] for r in recs].count(False) >= 1             # ... one of them ended ABNORMAL
+    assert recs[fit.info["best_restart"]]["converged"] and fit.info["converged"] is True
+    assert fit.value >= max(values) - 1e-6 * abs(max(values))
+
+
+def test_restart_choice_rule_and_doubtful_optimum_warns():
+    ml2 = gpvi.ML2()
+
+    def rec(r, value, converged):
+        return {"restart": r, "value": value, "converged": converged}
+    # a clearly better value wins even if its run did not converge
+    assert ml2._choose([rec(0, -10.0, True), rec(1, -9.0, False)])["restart"] == 1
+    # within the tie tolerance (1e-6 relative) a converged run wins, the highest among converged ones
+    tied = [rec(0, -9.0, False), rec(1, -9.0 - 5e-6, True), rec(2, -9.0 - 2e-6, True), rec(3, -8.9999999, False)]
+    assert ml2._choose(tied)["restart"] == 2
+    assert ml2._choose([rec(0, -math.inf, True), rec(1, -5.0, False)])["restart"] == 1
+    with pytest.raises(gpvi.NotPSDError):
+        ml2._choose([rec(0, -math.inf, True)])
+    # a run stopped after one iteration far from the optimum: doubtful, warned, info["converged"] False
+    X, y = make_gp_data(20, 1, seed=1)
+    with pytest.warns(gpvi.ConvergenceWarning, match="doubtful"):
+        fit = gpvi.ML2(num_restarts=1, max_iter=1).run(gpvi.GPRegression(X, y))
+    assert fit.info["converged"] is False and fit.info["projected_gradient"] > 1e-3
+
+
+def test_ml2_seed_checked_at_construction_and_bounds_checked():
+    with pytest.raises(ValueError, match="seed must be a non-negative int"):
+        gpvi.ML2(seed=-1)
+    with pytest.raises(TypeError, match="seed must be a non-negative int or None"):
+        gpvi.ML2(seed=0.5)
+    with pytest.raises(TypeError, match="bounds must be a real number"):
+        gpvi.ML2(bounds=("a", 1.0))
+    with pytest.raises(TypeError, match="bounds must be a pair"):
+        gpvi.ML2(bounds=3.0)
+    with pytest.raises(ValueError, match="bounds must be a number; got nan"):
+        gpvi.ML2(bounds=(float("nan"), 1.0))
+    X, y = make_gp_data(10, 1)
+    with pytest.raises(ValueError, match="seed must be a non-negative int"):
+        gpvi.ML2().starting_points(gpvi.GPRegression(X, y), seed=-2)
+
+
+# ------------------------------------------------------------------------ issue 16, item 5: at the box bound
+def test_hyperparameter_at_its_bound_is_warned_once_and_noted_in_the_summary():
+    pd = pytest.importorskip("pandas")
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-2, 2, (40, 2))
+    y = np.sin(2 * X[:, 0]) + 0.1 * rng.standard_normal(40)
+    model = gpvi.GPRegression(pd.DataFrame(X, columns=["signal", "junk"]), y)
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit = gpvi.ML2(num_restarts=2, seed=0, bounds=(-6.0, 6.0)).run(model)   # junk's optimum (~7.5) lies beyond
+    bound = [w for w in caught if issubclass(w.category, gpvi.exceptions.BoundWarning)]
+    assert len(bound) == 1
+    assert "log_lengthscale_sq[junk] sits at the upper bound 6" in str(bound[0].message)
+    assert "input junk (an irrelevant input)" in str(bound[0].message)
+    assert fit.info["at_bound"] == {"log_lengthscale_sq[junk]": "upper"} and fit.info["bounds"] == [-6.0, 6.0]
+    table = fit.summary()
+    assert table["log_lengthscale_sq[junk]"]["note"] == "at upper bound"
+    assert table["log_lengthscale_sq[signal]"]["note"] == "" and "note" not in gpvi.ML2(num_restarts=1).run(
+        gpvi.GPRegression(*make_gp_data(20, 1, seed=0))).summary().columns
+    # the note survives a state_dict round trip
+    back = gpvi.PointPosterior.from_state_dict(fit.state_dict(), model)
+    assert back.summary()["log_lengthscale_sq[junk]"]["note"] == "at upper bound"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import gpytorch
 import numpy as np
 import pytest
 import torch
@@ -136,3 +137,153 @@ def test_no_global_rng_touched_by_core_stochastic_routines():
     gpvi.rng.resolve_generator(None).seed()
     assert torch.equal(state, torch.random.get_rng_state())
     assert np.array_equal(np_state, np.random.get_state()[1])
+
+
+# ------------------------------------------------------------------------ issue 16, item 3: checks at construction
+def _xy(n=12, d=2, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-1, 1, (n, d))
+    return X, np.sin(3 * X[:, 0]) + 0.1 * rng.standard_normal(n)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: gpytorch.kernels.RBFKernel(ard_num_dims=5),
+    lambda: gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=5)),
+    lambda: gpytorch.kernels.ScaleKernel(gpytorch.kernels.MaternKernel(nu=2.5, ard_num_dims=1)),
+    lambda: gpytorch.kernels.RBFKernel(active_dims=[0, 4]),
+    lambda: gpytorch.kernels.AdditiveKernel(gpytorch.kernels.RBFKernel(active_dims=[0]),
+                                            gpytorch.kernels.RBFKernel(ard_num_dims=2, active_dims=[1])),
+], ids=["rbf-ard5", "scaled-ard5", "matern-ard1", "active-dims-out", "additive-ard-vs-active"])
+def test_kernel_dimensions_are_checked_at_construction(make):
+    """A kernel that does not fit X's 2 columns is a ValueError naming the sub-kernel, before any evaluation."""
+    X, y = _xy()
+    with pytest.raises(ValueError, match=r"kernel.*(ard_num_dims|active_dims)") as err:
+        gpvi.GPRegression(X, y, kernel=make())
+    assert "column" in str(err.value)
+    with pytest.raises(ValueError, match=r"kernel.*(ard_num_dims|active_dims)"):
+        gpvi.GPClassification(X, (y > 0).astype(int), kernel=make())
+
+
+def test_kernels_that_fit_are_accepted_and_active_dims_map_names():
+    X, y = _xy(d=3)
+    ok = [gpytorch.kernels.RBFKernel(ard_num_dims=3), gpytorch.kernels.RBFKernel(),
+          gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=2, active_dims=[2, 0]))]
+    for k in ok:
+        model = gpvi.GPRegression(X, y, kernel=k)
+        assert math.isfinite(float(model.log_joint(model.initial_theta())))
+    # the active_dims [2, 0] lengthscales are named by the columns they act on (order kept)
+    sub = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=2, active_dims=[2, 0]))
+    model = gpvi.GPRegression(X, y, kernel=sub, feature_names=["a", "b", "c"])
+    assert model.names[:2] == ["log_lengthscale_sq[c]", "log_lengthscale_sq[a]"]
+
+
+def test_object_and_string_arrays_are_refused_naming_the_argument():
+    X, y = _xy(2)
+    with pytest.raises(TypeError, match=r"^X must be an array of numbers"):
+        gpvi.GPRegression([[1, "2"], [3, 4]], [1.0, 2.0])
+    with pytest.raises(TypeError, match=r"^X .*non-numeric entry '2' of type str"):
+        gpvi.GPRegression(np.array([[1, "2"], [3, 4]], dtype=object), [1.0, 2.0])
+    with pytest.raises(TypeError, match=r"^y .*non-numeric entry None"):
+        gpvi.GPRegression(X, np.array([1.0, None], dtype=object))
+    with pytest.raises(TypeError, match=r"^X_new .*non-numeric"):
+        gpvi.GPRegression(*_xy()).predict(np.zeros(4), np.array([[0.5, "x"]], dtype=object))
+    # an object array of real numbers (numpy scalars, booleans) is fine and exact
+    t = V.as_float_tensor(np.array([1, 2.5, np.float32(0.5), True], dtype=object), "x")
+    assert t.tolist() == [1.0, 2.5, 0.5, 1.0]
+
+
+@pytest.mark.parametrize("make", [
+    lambda s: gpvi.ML2(seed=s), lambda s: gpvi.DSVI(seed=s), lambda s: gpvi.NUTS(seed=s),
+    lambda s: gpvi.CVI(seed=s), lambda s: gpvi.datasets.load_boston(seed=s),
+    lambda s: gpvi.GPClassifier(random_state=s, progress_bar=False).fit(*_cls()),
+], ids=["ML2", "DSVI", "NUTS", "CVI", "datasets", "GPClassifier"])
+def test_bad_seeds_fail_at_construction(make):
+    with pytest.raises(ValueError, match=r"(seed|random_state).*non-negative"):
+        make(-1)
+    for bad in (1.5, "3", True):
+        with pytest.raises((TypeError, ValueError), match=r"seed|random_state"):
+            make(bad)
+
+
+def _cls():
+    X, y = _xy(16)
+    return X, (y > 0).astype(int)
+
+
+def test_check_seed_contract():
+    from gpvi.rng import check_seed
+
+    assert check_seed(None) is None and check_seed(np.int64(3)) == 3 and check_seed(0) == 0
+    with pytest.raises(ValueError, match="seed must be a non-negative int; got -1"):
+        check_seed(-1)
+    for bad in (1.0, "1", True, [1]):
+        with pytest.raises(TypeError, match="seed must be a non-negative int or None"):
+            check_seed(bad)
+    with pytest.raises(TypeError, match="random_state must be a non-negative int; got None"):
+        check_seed(None, "random_state", allow_none=False)
+
+
+def test_column_whose_spread_overflows_is_an_error_naming_it():
+    X, y = _xy(10)
+    X[3, 1] = 1e308
+    with pytest.raises(ValueError, match=r"X column 1 \('nox'\) has a spread float64 cannot represent"):
+        gpvi.GPRegression(X, y, feature_names=["crim", "nox"])
+    with pytest.raises(ValueError, match=r"X column 1 has a spread"):
+        gpvi.GPClassification(X, (y > 0).astype(int))
+    with pytest.raises(ValueError, match=r"^y has a spread float64 cannot represent"):
+        gpvi.GPRegression(X[:, :1], np.r_[1e308, y[1:]])
+    # the scaled variance: a constant column of huge values (sd 0) and a wide but representable one pass
+    V.check_column_spread(np.c_[np.full(5, 1e300), np.linspace(-1e150, 1e150, 5)])
+    # bundled-data standardisation refuses it too (naming the data set and the column)
+    from gpvi.datasets._dataset import _build
+
+    Xb = np.c_[np.linspace(0, 1, 6), [0, 1, 2, 3, 1e308, 5]]
+    with pytest.raises(ValueError, match=r"data set 'toy': input column 1 \('b'\)"):
+        _build(name="toy", task="regression", X=Xb, y=np.arange(6.0), feature_names=("a", "b"),
+               train=np.arange(5), test=np.array([5]), seed=0, split="x")
+
+
+def test_predict_inputs_that_overflow_raise_instead_of_nan():
+    X, y = _xy()
+    model = gpvi.GPRegression(X, y)
+    theta = model.initial_theta()
+    Xbig = X[:3] * 1e300
+    with pytest.raises(ValueError, match=r"predictive is not finite at \d row\(s\) of X_new \(rows 0, "):
+        model.predict(theta, Xbig)
+    with pytest.raises(ValueError, match="not finite"):
+        model.predict(theta, Xbig, full_cov=True)
+    fit = gpvi.PointPosterior(theta, model.names, model)
+    with pytest.raises(ValueError, match="not finite"):
+        fit.predict(Xbig)
+    clf_model = gpvi.GPClassification(X, (y > 0).astype(int))
+    with pytest.raises(ValueError, match=r"kernel is not finite .* of X_new"):
+        clf_model.cross_covariance(clf_model.theta, Xbig)
+    # far but representable inputs still predict (the prior: mean 0)
+    m, v = model.predict(theta, X[:3] * 1e100)
+    assert torch.equal(m, torch.zeros(3, dtype=torch.float64)) and bool(torch.isfinite(v).all())
+
+
+def test_feature_names_from_dataframe_or_argument():
+    pd = pytest.importorskip("pandas")
+    X, y = _xy(d=3)
+    df = pd.DataFrame(X, columns=["age", "nox", "rm"])
+    for model in (gpvi.GPRegression(df, y), gpvi.GPRegression(X, y, feature_names=["age", "nox", "rm"])):
+        assert model.names[:3] == ["log_lengthscale_sq[age]", "log_lengthscale_sq[nox]", "log_lengthscale_sq[rm]"]
+        assert model.natural_names[1] == "lengthscale[nox]" and model.feature_names == ["age", "nox", "rm"]
+        assert torch.equal(model.X, torch.as_tensor(X))
+    plain = gpvi.GPRegression(X, y)
+    assert plain.names[1] == "log_lengthscale_sq[1]" and plain.feature_names is None
+    assert gpvi.GPRegression(pd.DataFrame(X), y).names[0] == "log_lengthscale_sq[0]"     # non-string labels
+    cls = gpvi.GPClassification(df, (y > 0).astype(int))
+    assert cls.names[0] == "log_lengthscale_sq[age]"
+    assert list(cls.describe())[:1] == ["lengthscale[age]"]
+    with pytest.raises(ValueError, match="feature_names has 2 names but X has 3 columns"):
+        gpvi.GPRegression(X, y, feature_names=["a", "b"])
+    with pytest.raises(ValueError, match="duplicate names: 'a'"):
+        gpvi.GPRegression(X, y, feature_names=["a", "a", "b"])
+    with pytest.raises(TypeError, match="feature_names must be a sequence of str"):
+        gpvi.GPRegression(X, y, feature_names="abc")
+    with pytest.raises(TypeError, match="feature_names must hold strings"):
+        gpvi.GPRegression(X, y, feature_names=["a", 1, "b"])
+    with pytest.raises(TypeError, match="X must be an array of numbers"):
+        gpvi.GPRegression(pd.DataFrame({"a": [1.0, 2.0], "b": ["x", "y"]}), [0.0, 1.0])

@@ -17,6 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..rng import check_seed
+from ..validation import check_column_spread
+
 __all__ = ["Dataset"]
 
 _TASKS = ("regression", "classification")
@@ -213,14 +216,8 @@ class Dataset:
 
 
 def _check_seed(seed: Any) -> int:
-    """Return ``seed`` as an int, or raise naming ``seed``."""
-    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(
-            f"seed must be a non-negative int; got {seed!r} of type {type(seed).__name__}"
-        )
-    if seed < 0:
-        raise ValueError(f"seed must be a non-negative int; got {seed}")
-    return int(seed)
+    """Return ``seed`` as an int, or raise naming ``seed`` (:func:`gpvi.rng.check_seed`; None is refused here)."""
+    return check_seed(seed, "seed", allow_none=False)
 
 
 def _check_fraction(test_fraction: Any) -> float:
@@ -291,7 +288,10 @@ def _random_split(
 
 
 def _standardise(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Column mean and population sd (ddof=0); constant columns get mean=the constant, sd=1."""
+    """Column mean and population sd (ddof=0); constant columns get mean=the constant, sd=1.
+
+    The caller checks first that no column's sd overflows (:func:`gpvi.validation.check_column_spread`).
+    """
     mean = values.mean(axis=0)
     std = values.std(axis=0)
     constant = values.max(axis=0) == values.min(axis=0)
@@ -315,6 +315,10 @@ def _build(
     """Standardise with the training rows only and wrap everything in a :class:`Dataset`."""
     X = np.asarray(X, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
+    # a column whose sd overflows would silently standardise to all zeros: an error naming the column instead
+    check_column_spread(X[train], f"data set {name!r}: input", list(feature_names))
+    if task == "regression":
+        check_column_spread(y[train, None], f"data set {name!r}: target", ["y"])
     x_mean, x_std = _standardise(X[train])
     if task == "regression":
         y_mean_arr, y_std_arr = _standardise(y[train, None])

@@ -5,6 +5,15 @@ ML-II maximises the exact log marginal likelihood :math:`\log \mathcal N(y \mid 
 :math:`\log g(\theta)` instead (MAP). The optimiser is SciPy's L-BFGS-B (:func:`gpvi.inference.lbfgs.lbfgs_maximise`)
 on the float64 objective with the exact gradient (one Cholesky and one ``cholesky_inverse`` per evaluation). Each
 restart is recorded, and the winner is reported.
+
+Choice of the winner: the best value; restarts within a relative ``tie_rtol`` (1e-6) of it reached the same
+optimum, and among those a run SciPy reports as converged is preferred (the highest such value), so a run that
+ended "ABNORMAL" on the line search at the shared optimum is not chosen over converged ones. A
+:class:`~gpvi.exceptions.ConvergenceWarning` is issued only when the chosen optimum itself is doubtful: its run did
+not converge *and* the projected gradient there is not small (max-abs above ``1e-5 max(1, |f|)``). Components of
+theta that end on the box (within 1e-6 of ``bounds``) are listed in ``info["at_bound"]``, noted in the summary, and
+named in one :class:`~gpvi.exceptions.BoundWarning` per run: an ML-II lengthscale at the upper bound (about 2.7e5
+for the default box) says the input is irrelevant to the fit, not that a value was estimated.
 """
 
 from __future__ import annotations
@@ -17,14 +26,14 @@ from typing import Any
 
 import torch
 
-from ..exceptions import ConvergenceWarning, NotPSDError
+from ..exceptions import BoundWarning, ConvergenceWarning, NotPSDError
 from ..posteriors.base import PointPosterior
 from .lbfgs import lbfgs_maximise
 from .progress import Progress, warn_interrupted
-from ..rng import resolve_generator
+from ..rng import check_seed, resolve_generator
 from ..evaluation.table import Table
 from ..models.target import as_target
-from ..validation import as_float_tensor, check_bool, check_positive, check_positive_int
+from ..validation import as_float_tensor, check_bool, check_positive, check_positive_int, check_real
 
 __all__ = ["ML2"]
 
@@ -48,8 +57,14 @@ class ML2:
     init_scale : float
         Standard deviation of the restart perturbations.
     seed : int, optional
-        Seed of the restart perturbations (or pass ``generator`` to :meth:`run`).
+        Seed of the restart perturbations (or pass ``generator`` to :meth:`run`); a non-negative int, checked here
+        by :func:`gpvi.rng.check_seed`.
     progress_bar : bool
+
+    Attributes
+    ----------
+    tie_rtol : float
+        Relative tolerance under which two restarts' values count as the same optimum (class attribute, 1e-6).
 
     Examples
     --------
@@ -61,6 +76,8 @@ class ML2:
     True
     """
 
+    tie_rtol: float = 1e-6
+
     def __init__(self, num_restarts: int = 5, *, prior: bool = False, max_iter: int = 1000, gtol: float = 1e-7,
                  ftol: float = 1e-12, bounds: tuple[float, float] | None = (-25.0, 25.0), init_scale: float = 1.0,
                  seed: int | None = None, progress_bar: bool = False) -> None:
@@ -70,11 +87,15 @@ class ML2:
         self.gtol = check_positive(gtol, "gtol")
         self.ftol = check_positive(ftol, "ftol")
         if bounds is not None:
-            if len(bounds) != 2 or not float(bounds[0]) < float(bounds[1]):
+            if isinstance(bounds, (str, bytes)) or not hasattr(bounds, "__len__") or len(bounds) != 2:
+                raise TypeError(f"bounds must be a pair (low, high) of numbers or None; got {bounds!r}")
+            lo, hi = (check_real(b, "bounds") for b in bounds)
+            if not lo < hi:
                 raise ValueError(f"bounds must be (low, high) with low < high; got {bounds}")
+            bounds = (lo, hi)
         self.bounds = bounds
         self.init_scale = check_positive(init_scale, "init_scale")
-        self.seed = seed
+        self.seed = check_seed(seed)
         self.progress_bar = check_bool(progress_bar, "progress_bar")
 
     def _objective(self, target: Any) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -101,7 +122,7 @@ class ML2:
             first = target.initial_theta().detach().to(torch.float64)
         else:
             first = torch.zeros(D, dtype=torch.float64)
-        gen = resolve_generator(seed if seed is not None else self.seed, generator)
+        gen = resolve_generator(check_seed(seed) if seed is not None else self.seed, generator)
         noise = torch.randn((self.num_restarts - 1, D), generator=gen, dtype=torch.float64) * self.init_scale
         return torch.cat([first.unsqueeze(0).cpu(), first.cpu() + noise])
 
@@ -125,7 +146,17 @@ class ML2:
         -------
         PointPosterior
             ``theta``, ``value`` (the maximised objective), ``info["restarts"]`` (a Table of every restart),
-            ``info["best_restart"]``, ``info["objective"]`` and ``info["time_s"]``.
+            ``info["best_restart"]`` (chosen as described in the module docstring), ``info["converged"]`` (the
+            chosen run converged, or ended at a stationary point: projected gradient ``info["projected_gradient"]``
+            small), ``info["at_bound"]`` (``{name: "lower" | "upper"}``), ``info["objective"]`` and
+            ``info["time_s"]``.
+
+        Warns
+        -----
+        ConvergenceWarning
+            Only when the chosen optimum is doubtful (see the module docstring).
+        BoundWarning
+            Once per run, naming every component of theta that ends on the box.
         """
         target = as_target(target)
         objective = self._objective(target)
@@ -153,19 +184,83 @@ class ML2:
                 warn_interrupted("ML-II", len(records), starts.shape[0])
         if not records:   # nothing to return: the interruption goes on up to the caller
             raise KeyboardInterrupt("ML-II was interrupted before the first restart finished")
-        finite = [rec for rec in records if math.isfinite(rec["value"])]
-        if not finite:
-            raise NotPSDError("ML-II: the objective could not be evaluated at any restart's end point")
-        best = max(finite, key=lambda rec: rec["value"])
-        if not best["converged"]:
-            warnings.warn(f"ML-II best restart did not report convergence: {best['message']}", ConvergenceWarning,
-                          stacklevel=2)
+        best = self._choose(records)
+        theta = best["theta"].to(device)
+        converged = bool(best["converged"])
+        gradient = None
+        if not converged:       # doubtful only if the point is not stationary either
+            gradient = _projected_gradient_max(objective, theta, self.bounds)
+            converged = gradient <= 1e-5 * max(1.0, abs(best["value"]))
+            if not converged:
+                warnings.warn(f"ML-II: the chosen restart ({best['restart']}, value {best['value']:.6g}) did not "
+                              f"converge ({best['message'].strip() or 'no message'}) and the projected gradient there "
+                              f"is {gradient:.2g}; the optimum is doubtful: raise max_iter or num_restarts",
+                              ConvergenceWarning, stacklevel=2)
+        at_bound = self._at_bound(best["theta"], list(target.names))
+        if at_bound:
+            warnings.warn(_bound_message(at_bound, self.bounds, self.prior), BoundWarning, stacklevel=2)
         table = Table([str(rec["restart"]) for rec in records],
                       {"value": [rec["value"] for rec in records],
                        "iterations": [rec["iterations"] for rec in records],
                        "converged": [rec["converged"] for rec in records]}, title="ML-II restarts")
         info = {"restarts": table, "best_restart": best["restart"], "records": records,
                 "objective": "log_joint (MAP)" if self.prior else "log_marginal_likelihood (ML-II)",
-                "time_s": time.perf_counter() - t0, "interrupted": interrupted}
-        theta = best["theta"].to(device)
+                "time_s": time.perf_counter() - t0, "interrupted": interrupted, "converged": converged,
+                "projected_gradient": gradient, "bounds": None if self.bounds is None else list(self.bounds),
+                "at_bound": at_bound}
         return PointPosterior(theta, list(target.names), target, value=best["value"], info=info)
+
+    def _choose(self, records: list[dict[str, Any]]) -> dict[str, Any]:
+        """The best value; among restarts within ``tie_rtol`` of it, a converged one (the highest) if any."""
+        finite = [rec for rec in records if math.isfinite(rec["value"])]
+        if not finite:
+            raise NotPSDError("ML-II: the objective could not be evaluated at any restart's end point")
+        top = max(rec["value"] for rec in finite)
+        tied = [rec for rec in finite if rec["value"] >= top - self.tie_rtol * max(1.0, abs(top))]
+        converged = [rec for rec in tied if rec["converged"]]
+        return max(converged or tied, key=lambda rec: rec["value"])
+
+    def _at_bound(self, theta: torch.Tensor, names: list[str]) -> dict[str, str]:
+        """``{name: "lower" | "upper"}`` for the components of ``theta`` within 1e-6 of the box."""
+        if self.bounds is None:
+            return {}
+        lo, hi = self.bounds
+        out = {}
+        for name, v in zip(names, theta.tolist()):
+            if v <= lo + 1e-6:
+                out[name] = "lower"
+            elif v >= hi - 1e-6:
+                out[name] = "upper"
+        return out
+
+
+def _projected_gradient_max(objective: Callable[[torch.Tensor], torch.Tensor], theta: torch.Tensor,
+                            bounds: tuple[float, float] | None) -> float:
+    """Max-abs of the objective's gradient at ``theta``, without components pushing out of the box (inf: failed)."""
+    x = theta.detach().clone().requires_grad_(True)
+    try:
+        (g,) = torch.autograd.grad(objective(x), x)
+    except (NotPSDError, RuntimeError, ValueError):
+        return math.inf
+    g = g.detach()
+    if bounds is not None:
+        lo, hi = bounds
+        g = torch.where((x.detach() <= lo + 1e-6) & (g < 0), torch.zeros_like(g), g)
+        g = torch.where((x.detach() >= hi - 1e-6) & (g > 0), torch.zeros_like(g), g)
+    val = float(g.abs().max()) if g.numel() else 0.0
+    return val if math.isfinite(val) else math.inf
+
+
+def _bound_message(at_bound: dict[str, str], bounds: tuple[float, float], prior: bool) -> str:
+    what = "MAP" if prior else "ML-II"
+    parts = []
+    for name, side in at_bound.items():
+        value = bounds[0] if side == "lower" else bounds[1]
+        if side == "upper" and "lengthscale" in name:
+            col = name[name.index("[") + 1:-1] if name.endswith("]") and "[" in name else ""
+            parts.append(f"{name} sits at the upper bound {value:g} (lengthscale {math.exp(value / 2):.3g}): the "
+                         f"fit does not depend on {'input ' + col if col else 'that input'} (an irrelevant input)")
+        else:
+            parts.append(f"{name} sits at the {side} bound {value:g} of the search box (the objective still "
+                         f"improves beyond it)")
+    return f"{what}: " + "; ".join(parts) + "; see info['at_bound'] (widen bounds= to search further)"

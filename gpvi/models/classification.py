@@ -22,9 +22,10 @@ import numpy as np
 import torch
 
 from .likelihoods import Likelihood, make_likelihood
-from .fastpaths import scaled_rbf_covariance
+from .fastpaths import centre_inputs, input_centre, scaled_rbf_covariance
 from .hyperparameters import KernelParametrisation
-from ..validation import as_float_tensor, check_binary_labels, check_memory, check_theta, check_X
+from ..validation import (as_float_tensor, check_binary_labels, check_column_spread, check_feature_names,
+                          check_finite_prediction, check_memory, check_theta, check_X, feature_names_of)
 
 __all__ = ["LatentGP", "GPClassification"]
 
@@ -48,6 +49,17 @@ class LatentGP:
         point when they are learned). Default: the user kernel's current values when ``kernel`` is given,
         else the data-scaled :meth:`initial_theta` (lengthscale^2 = d var(x_j), signal variance 1).
     device : torch.device or str, optional
+    feature_names : sequence of str, optional
+        One name per column of ``X`` (default: a pandas DataFrame's string column names); per-column
+        lengthscales are then named by column (``log_lengthscale_sq[nox]``).
+
+    Raises
+    ------
+    ValueError
+        At construction: a kernel that does not fit ``X``'s columns, a column whose spread overflows float64,
+        non-finite or empty data, bad labels.
+    TypeError
+        Non-numeric data (strings, objects).
 
     Attributes
     ----------
@@ -78,18 +90,25 @@ class LatentGP:
 
     def __init__(self, X: Any, y: Any, kernel: gpytorch.kernels.Kernel | None = None,
                  likelihood: str | Likelihood = "logit", theta: Any = None, *,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, feature_names: Any = None) -> None:
         self.likelihood = make_likelihood(likelihood)
+        names_in = feature_names_of(X) if feature_names is None else feature_names
         Xt = check_X(X, "X", device=device)
         self._set_targets(y, Xt)
         n, d = Xt.shape
+        self.feature_names = check_feature_names(names_in, d)
+        check_column_spread(Xt, "X", self.feature_names)
         check_memory(n, copies=4, device=Xt.device, what="exact latent-GP inference (CVI)")
         self.X = Xt
         user_kernel = kernel is not None
         if kernel is None:
             kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=d))
         self.kernel_params = KernelParametrisation(kernel, dtype=torch.float64, device=Xt.device)
+        self.kernel_params.bind_inputs(Xt, self.feature_names)
         self.kernel_template = copy.deepcopy(kernel)
+        # stationary kernels see centred inputs (same centre for X_new): shift-exact, see gpvi.models.fastpaths
+        self._centre = input_centre(Xt, self.kernel_params.kernel)
+        self._Xc = centre_inputs(Xt, self._centre)
         self.names = list(self.kernel_params.names)
         self.natural_names = list(self.kernel_params.natural_names)
         if theta is None:
@@ -146,6 +165,8 @@ class LatentGP:
         t = check_theta(theta, self.dim, name, device=self.X.device)
         if t.dim() != 1:
             raise ValueError(f"{name} must have shape ({self.dim},); got {tuple(t.shape)}")
+        if not bool(torch.isfinite(t.detach()).all()):      # a NaN kernel matrix is never returned without a word
+            raise ValueError(f"{name} contains non-finite values: {t.detach().tolist()}")
         return t
 
     # ------------------------------------------------------------------ kernel matrices
@@ -164,32 +185,36 @@ class LatentGP:
         """
         t = self.check_theta(theta)
         if t.requires_grad:
-            return self._matrix(t, self.X)
+            return self._matrix(t, self._Xc)
         if self._cache is not None and torch.equal(self._cache[0], t):
             return self._cache[1]
         with torch.no_grad():
-            K = self._matrix(t, self.X).contiguous()
+            K = self._matrix(t, self._Xc).contiguous()
         self._cache = (t.detach().clone(), K)
         return K
 
     def cross_covariance(self, theta: Any, X_new: Any) -> torch.Tensor:
         r""":math:`K_{*X} = k_\theta(X_*, X)`, shape ``(n, N)``."""
         t = self.check_theta(theta)
-        Xs = check_X(X_new, "X_new", n_features=self.X.shape[1], device=self.X.device)
+        Xs = centre_inputs(check_X(X_new, "X_new", n_features=self.X.shape[1], device=self.X.device), self._centre)
         with torch.no_grad():
-            return self.kernel_params.matrix(t.detach(), Xs, self.X)
+            K = self.kernel_params.matrix(t.detach(), Xs, self._Xc)
+        check_finite_prediction(K.T, K.T, "X_new", what="the kernel")     # overflow: an error, never NaN
+        return K
 
     def prior_variance(self, theta: Any, X_new: Any) -> torch.Tensor:
         r""":math:`k_\theta(x_*, x_*)` for each row of ``X_new``, shape ``(n,)``."""
         t = self.check_theta(theta)
-        Xs = check_X(X_new, "X_new", n_features=self.X.shape[1], device=self.X.device)
+        Xs = centre_inputs(check_X(X_new, "X_new", n_features=self.X.shape[1], device=self.X.device), self._centre)
         with torch.no_grad():
-            return self.kernel_params.matrix(t.detach(), Xs, diag=True)
+            k = self.kernel_params.matrix(t.detach(), Xs, diag=True)
+        check_finite_prediction(k, k, "X_new", what="the kernel")
+        return k
 
     # ------------------------------------------------------------------ helpers
     def initial_theta(self) -> torch.Tensor:
         """Data-scaled start: ``lengthscale^2 = d var(x_j)``, signal variance 1 (log 0), others 0."""
-        return self.kernel_params.initial_theta(self.X).to(torch.float64)
+        return self.kernel_params.initial_theta(self._Xc).to(torch.float64)
 
     def natural(self, theta: Any = None) -> torch.Tensor:
         """Natural-scale values (lengthscales ``exp(theta/2)``, variances ``exp(theta)``)."""
@@ -239,6 +264,8 @@ class GPClassification(LatentGP):
     theta : array-like of shape (D,), optional
         Kernel log-hyperparameters; see :class:`LatentGP`.
     device : torch.device or str, optional
+    feature_names : sequence of str, optional
+        See :class:`LatentGP`.
 
     Attributes
     ----------
@@ -257,10 +284,10 @@ class GPClassification(LatentGP):
 
     def __init__(self, X: Any, y: Any, kernel: gpytorch.kernels.Kernel | None = None,
                  likelihood: str | Likelihood = "logit", theta: Any = None, *,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, feature_names: Any = None) -> None:
         lik = make_likelihood(likelihood)
         if not getattr(lik, "binary", False):
             raise ValueError(f"likelihood must be a binary likelihood ('logit' or 'probit'); got {lik.name!r} "
                              f"(use gpvi.models.classification.LatentGP for other likelihoods)")
-        super().__init__(X, y, kernel, lik, theta, device=device)
+        super().__init__(X, y, kernel, lik, theta, device=device, feature_names=feature_names)
         self.classes: np.ndarray

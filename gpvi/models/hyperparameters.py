@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import gpytorch
 import torch
@@ -36,10 +37,31 @@ from torch.func import functional_call
 
 from .fastpaths import is_scaled_rbf
 
-__all__ = ["HyperparameterBlock", "KernelParametrisation"]
+__all__ = ["HyperparameterBlock", "KernelParametrisation", "label_by_features"]
 
 _NAMES = {"lengthscale": "log_lengthscale_sq", "outputscale": "log_signal_var"}
 _NATURAL = {"lengthscale": "lengthscale", "outputscale": "signal_var"}
+
+
+def label_by_features(names: Sequence[str], feature_names: Sequence[str]) -> list[str]:
+    """Names with a positional suffix ``[j]`` (``0 <= j < len(feature_names)``) renamed ``[feature_names[j]]``.
+
+    For the default kernel (one lengthscale per column, in column order) this is what
+    :meth:`KernelParametrisation.bind_inputs` does; it serves outputs (e.g. the CLI's summary) of models built
+    without names.
+
+    Examples
+    --------
+    >>> label_by_features(["log_lengthscale_sq[0]", "log_lengthscale_sq[1]", "log_noise_var"], ["age", "nox"])
+    ['log_lengthscale_sq[age]', 'log_lengthscale_sq[nox]', 'log_noise_var']
+    """
+    out = []
+    for n in names:
+        stem, bracket, rest = str(n).rpartition("[")
+        if bracket and rest.endswith("]") and rest[:-1].isascii() and rest[:-1].isdigit() and int(rest[:-1]) < len(feature_names):
+            n = f"{stem}[{feature_names[int(rest[:-1])]}]"
+        out.append(n)
+    return out
 
 
 @dataclass(frozen=True)
@@ -169,6 +191,99 @@ class KernelParametrisation:
         self.natural_names = [n for b in blocks for n in b.natural_names]
         self.dim = offset
         self._batched: dict[int, gpytorch.kernels.Kernel] = {}
+
+    def bind_inputs(self, X: torch.Tensor, feature_names: Sequence[str] | None = None, *, name: str = "X") -> None:
+        """Check, at construction, that the kernel accepts ``X``'s columns, and label ARD entries by feature name.
+
+        The kernel (a copy) is evaluated once on a two-row probe whose entries are the column indices
+        ``0, ..., d - 1``; each sub-kernel records the columns it receives (after ``active_dims``), so
+
+        * an ``active_dims`` index outside ``[0, d)``, or an ``ard_num_dims`` other than the number of columns a
+          sub-kernel receives (e.g. ``RBFKernel(ard_num_dims=5)`` on 2 columns), is a ``ValueError`` naming the
+          sub-kernel, instead of a ``RuntimeError`` from inside GPyTorch at the first evaluation;
+        * with ``feature_names``, the per-column lengthscale entries are named by the column they act on:
+          ``log_lengthscale_sq[nox]`` / ``lengthscale[nox]`` instead of ``[3]`` (positional names stay when no
+          names are known, or when a sub-kernel transforms its inputs).
+
+        Parameters
+        ----------
+        X : torch.Tensor of shape (n, d)
+        feature_names : sequence of str, optional
+            One name per column of ``X`` (checked by :func:`gpvi.validation.check_feature_names`).
+        name : str
+            Name of ``X`` in messages.
+
+        Raises
+        ------
+        ValueError
+            The kernel does not fit ``d`` columns.
+        """
+        d = int(X.shape[1])
+        k = copy.deepcopy(self.kernel)
+        seen: dict[str, torch.Tensor] = {}
+        for path, mod in k.named_modules():
+            if not isinstance(mod, gpytorch.kernels.Kernel):
+                continue
+            label = f"kernel.{path}" if path else "kernel"
+            active = getattr(mod, "active_dims", None)
+            if active is not None and active.numel() and (int(active.max()) >= d or int(active.min()) < 0):
+                raise ValueError(f"{label} ({type(mod).__name__}) has active_dims {active.tolist()} but {name} has "
+                                 f"{d} column(s)")
+            mod.forward = self._recording(mod.forward, path, seen)
+        probe = torch.arange(d, dtype=X.dtype, device=X.device).expand(2, d).clone()
+        try:
+            with gpytorch.settings.lazily_evaluate_kernels(False):
+                full = k(probe, probe)
+                full = full.to_dense() if hasattr(full, "to_dense") else full
+                diag = k(probe, probe, diag=True)
+        except Exception as exc:      # GPyTorch's own shape errors, whatever their type
+            self._check_ard(k, seen, d, name)           # the usual cause, named (inputs are recorded before use)
+            raise ValueError(f"the kernel {type(self.kernel).__name__} cannot be evaluated on {name} with {d} "
+                             f"column(s): {type(exc).__name__}: {exc}") from None
+        if tuple(full.shape) != (2, 2) or tuple(diag.shape) != (2,):
+            raise ValueError(f"the kernel {type(self.kernel).__name__} gives a matrix of shape {tuple(full.shape)} "
+                             f"for 2 rows of {name}; gpvi needs a single-output kernel ((n, n) for n rows)")
+        self._check_ard(k, seen, d, name)
+        if feature_names is not None:
+            self._label_features(list(feature_names), seen, d)
+
+    @staticmethod
+    def _check_ard(k: gpytorch.kernels.Kernel, seen: dict[str, torch.Tensor], d: int, name: str) -> None:
+        """Raise naming the first sub-kernel whose ``ard_num_dims`` differs from the columns it received."""
+        for path, mod in k.named_modules():
+            ard = getattr(mod, "ard_num_dims", None) if isinstance(mod, gpytorch.kernels.Kernel) else None
+            if ard is not None and path in seen and seen[path].shape[-1] != ard:
+                label = f"kernel.{path}" if path else "kernel"
+                raise ValueError(f"{label} ({type(mod).__name__}) has ard_num_dims={ard} but receives "
+                                 f"{seen[path].shape[-1]} column(s) of {name} ({name} has {d}); build it with "
+                                 f"ard_num_dims={seen[path].shape[-1]}")
+
+    @staticmethod
+    def _recording(forward, path: str, seen: dict[str, torch.Tensor]):
+        def wrapped(x1, x2, *args, **kwargs):
+            seen.setdefault(path, x1.detach().reshape(-1, x1.shape[-1])[0].clone())
+            return forward(x1, x2, *args, **kwargs)
+        return wrapped
+
+    def _label_features(self, feature_names: list[str], seen: dict[str, torch.Tensor], d: int) -> None:
+        """Rename per-column lengthscale entries ``...[i]`` to ``...[feature]`` where the columns are known."""
+        blocks = []
+        for b in self.blocks:
+            owner, _, pname = b.path.rpartition(".")
+            cols = seen.get(owner)
+            size = b.stop - b.start
+            if (_strip_raw(pname) == "lengthscale" and cols is not None and cols.numel() == size and size == len(b.names)
+                    and all(n.endswith(f"[{i}]") for i, n in enumerate(b.names))):
+                idx = cols.tolist()
+                if all(float(c).is_integer() and 0 <= c < d for c in idx):
+                    label = [feature_names[int(c)] for c in idx]
+                    b = replace(b, names=tuple(n[: -len(f"[{i}]")] + f"[{label[i]}]" for i, n in enumerate(b.names)),
+                                natural_names=tuple(n[: -len(f"[{i}]")] + f"[{label[i]}]"
+                                                    for i, n in enumerate(b.natural_names)))
+            blocks.append(b)
+        self.blocks = blocks
+        self.names = [n for b in blocks for n in b.names]
+        self.natural_names = [n for b in blocks for n in b.natural_names]
 
     @staticmethod
     def _current_values(kernel: gpytorch.kernels.Kernel) -> dict[str, torch.Tensor]:

@@ -25,12 +25,13 @@ from typing import Any
 import gpytorch
 import torch
 
-from .fastpaths import scaled_rbf_covariance
+from .fastpaths import centre_inputs, input_centre, scaled_rbf_covariance
 from .hyperparameters import KernelParametrisation
 from ..linalg import DEFAULT_JITTER, DEFAULT_MAX_JITTER, cholesky_with_jitter, gaussian_log_marginal
 from ..posteriors.predictive import MixturePredictive
 from .priors import check_prior, prior_log_prob
-from ..validation import check_memory, check_positive, check_positive_int, check_theta, check_X, check_X_y
+from ..validation import (check_column_spread, check_feature_names, check_finite_prediction, check_memory,
+                          check_positive, check_positive_int, check_theta, check_X, check_X_y, feature_names_of)
 
 __all__ = ["GPRegression"]
 
@@ -55,11 +56,25 @@ class GPRegression:
         Largest number of theta processed in one batched factorisation by :meth:`predict`.
     device : torch.device or str, optional
         Where data and computations live (default: the device of ``X`` if a tensor, else CPU).
+    feature_names : sequence of str, optional
+        One name per column of ``X``; default: the column names of a pandas DataFrame ``X`` (when they are all
+        strings), else none. Per-column lengthscales are then named by column: ``log_lengthscale_sq[nox]``.
+
+    Raises
+    ------
+    ValueError
+        At construction, never later: a kernel that does not fit ``X``'s columns (``ard_num_dims`` or
+        ``active_dims``), a column whose spread overflows float64 (see
+        :func:`gpvi.validation.check_column_spread`), non-finite or empty data, constant ``y``.
+    TypeError
+        Non-numeric data (strings, objects), a kernel that is not a GPyTorch kernel.
 
     Attributes
     ----------
     names : list of str
         Names of theta's components, e.g. ``["log_lengthscale_sq[0]", ..., "log_signal_var", "log_noise_var"]``.
+    feature_names : list of str or None
+        The column names, when known.
     natural_names : list of str
         The same on the natural scale (``lengthscale[0]``, ``signal_var``, ``noise_var``).
     dim : int
@@ -93,9 +108,14 @@ class GPRegression:
         max_jitter: float = DEFAULT_MAX_JITTER,
         batch_size: int = 32,
         device: torch.device | str | None = None,
+        feature_names: Any = None,
     ) -> None:
+        names_in = feature_names_of(X) if feature_names is None else feature_names
         X, y = check_X_y(X, y, device=device)
         n, d = X.shape
+        self.feature_names = check_feature_names(names_in, d)
+        check_column_spread(X, "X", self.feature_names)
+        check_column_spread(y, "y")
         if n < 2:
             raise ValueError(f"X has {n} row(s); GP regression needs at least 2 training points")
         if float(y.std()) == 0.0:
@@ -110,7 +130,11 @@ class GPRegression:
         if kernel is None:
             kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=d))
         self.kernel_params = KernelParametrisation(kernel, dtype=torch.float64, device=X.device)
+        self.kernel_params.bind_inputs(X, self.feature_names)
         self.X, self.y = X, y
+        # stationary kernels see centred inputs (same centre for X_new): shift-exact, see gpvi.models.fastpaths
+        self._centre = input_centre(X, self.kernel_params.kernel)
+        self._Xc = centre_inputs(X, self._centre)
         self.names = list(self.kernel_params.names) + ["log_noise_var"]
         self.natural_names = list(self.kernel_params.natural_names) + ["noise_var"]
         self.prior = check_prior(prior, self.dim, device=X.device)
@@ -147,9 +171,9 @@ class GPRegression:
         r"""Training covariance :math:`K_\theta + \sigma^2 I`: ``(N, N)`` or ``(S, N, N)``."""
         theta = self._theta(theta)
         if self.kernel_params.fast_path and self.use_fast_path:
-            return scaled_rbf_covariance(theta, self.X)
+            return scaled_rbf_covariance(theta, self._Xc)
         # clone: GPyTorch's output may be an expanded view, or saved by autograd (exp), so never add in place to it
-        K = self.kernel_params.matrix(theta[..., :-1], self.X).clone()
+        K = self.kernel_params.matrix(theta[..., :-1], self._Xc).clone()
         K.diagonal(dim1=-2, dim2=-1).add_(torch.exp(theta[..., -1:]))
         return K
 
@@ -231,11 +255,17 @@ class GPRegression:
         -------
         mean, var : torch.Tensor
             ``(n,)`` each for one theta (``var`` is ``(n, n)`` if ``full_cov``); ``(S, n)`` for a batch.
+
+        Raises
+        ------
+        ValueError
+            ``X_new`` malformed, or a prediction that is not finite (inputs so large that the kernel overflows
+            float64, e.g. ``X * 1e300``): an error naming the rows, never a NaN returned without a word.
         """
         theta = self._theta(theta).detach()
         if not bool(torch.isfinite(theta).all()):
             raise ValueError("theta contains non-finite values")
-        Xs = check_X(X_new, "X_new", n_features=self.X.shape[1], device=self.X.device)
+        Xs = centre_inputs(check_X(X_new, "X_new", n_features=self.X.shape[1], device=self.X.device), self._centre)
         if theta.dim() == 1:
             if full_cov:
                 return self._predict_full(theta, Xs, include_noise)
@@ -257,7 +287,7 @@ class GPRegression:
         chol = cholesky_with_jitter(Ky, jitter=self.jitter, max_jitter=self.max_jitter, raise_on_failure=True,
                                     theta=theta)
         L = chol.L
-        Ksx = kp.matrix(theta[:, :-1], Xs, self.X)                      # (S, n, N)
+        Ksx = kp.matrix(theta[:, :-1], Xs, self._Xc)                    # (S, n, N)
         alpha = torch.cholesky_solve(self.y.expand(theta.shape[0], -1).unsqueeze(-1), L)   # (S, N, 1)
         mean = (Ksx @ alpha).squeeze(-1)
         V = torch.linalg.solve_triangular(L, Ksx.transpose(-1, -2), upper=False)          # (S, N, n)
@@ -267,6 +297,7 @@ class GPRegression:
             var = var + torch.exp(theta[:, -1:])
         else:
             var = var.clamp_min(1e-300)
+        check_finite_prediction(mean, var, "X_new")     # overflow in the kernel: an error, never NaN
         return mean, var
 
     @torch.no_grad()
@@ -275,12 +306,13 @@ class GPRegression:
         chol = cholesky_with_jitter(self.covariance(theta), jitter=self.jitter, max_jitter=self.max_jitter,
                                     theta=theta)
         L = chol.L
-        Ksx = kp.matrix(theta[:-1], Xs, self.X)
+        Ksx = kp.matrix(theta[:-1], Xs, self._Xc)
         mean = Ksx @ torch.cholesky_solve(self.y.unsqueeze(-1), L).squeeze(-1)
         V = torch.linalg.solve_triangular(L, Ksx.T, upper=False)
         cov = kp.matrix(theta[:-1], Xs) - V.T @ V
         if include_noise:
             cov = cov + torch.exp(theta[-1]) * torch.eye(Xs.shape[0], dtype=cov.dtype, device=cov.device)
+        check_finite_prediction(mean, cov, "X_new")
         return mean, cov
 
     def predictive(self, theta: Any, X_new: Any, *, include_noise: bool = True) -> MixturePredictive:
@@ -300,7 +332,7 @@ class GPRegression:
     def initial_theta(self) -> torch.Tensor:
         """A data-scaled starting point: ``l_j^2 = d var(x_j)``, ``sigma_f^2 = var(y)``, ``sigma^2 = var(y)/10``."""
         th = torch.zeros(self.dim, dtype=torch.float64, device=self.X.device)
-        th[:-1] = self.kernel_params.initial_theta(self.X)
+        th[:-1] = self.kernel_params.initial_theta(self._Xc)
         vy = float(self.y.var(unbiased=False))
         for b in self.kernel_params.blocks:
             if b.log and b.path.endswith("raw_outputscale"):

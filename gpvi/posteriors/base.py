@@ -33,7 +33,7 @@ import torch
 
 from ..evaluation.table import Table
 from ..validation import _available_memory_bytes, check_fraction, check_positive_int
-from .predictive import MixturePredictive
+from .predictive import MixturePredictive, _check_probs
 
 __all__ = ["Posterior", "PointPosterior", "GaussianPosterior", "SamplePosterior", "posterior_from_state_dict",
            "STATE_VERSION"]
@@ -69,27 +69,6 @@ def _plain(obj: Any) -> Any:
 def _quantile_names(prob: float) -> tuple[str, str, str]:
     lo = 100 * (1 - prob) / 2
     return f"q{lo:g}", "q50", f"q{100 - lo:g}"
-
-
-def _check_probs(p: Any) -> tuple[torch.Tensor, bool]:
-    """``p`` as a 1-D float64 tensor of levels in (0, 1), and whether it was a single number."""
-    msg = "p must be a number in (0, 1) or a 1-D sequence of them"
-    if isinstance(p, (bool, str, bytes)):
-        raise TypeError(f"{msg}; got {type(p).__name__}")
-    try:
-        t = torch.as_tensor(p, dtype=torch.float64).detach().cpu()
-    except (TypeError, ValueError, RuntimeError):
-        raise TypeError(f"{msg}; got {type(p).__name__}") from None
-    if t.dim() > 1:
-        raise ValueError(f"{msg}; got shape {tuple(t.shape)}")
-    scalar = t.dim() == 0
-    t = t.reshape(-1)
-    if t.numel() == 0:
-        raise ValueError("p is empty; give at least one level in (0, 1)")
-    bad = ~((t > 0) & (t < 1))
-    if bool(bad.any()):
-        raise ValueError(f"p must be in (0, 1); got {float(t[bad][0]):g}")
-    return t, scalar
 
 
 def snapshot_engine_state(state: Any) -> Any:

@@ -78,6 +78,13 @@ class PointPosterior(Posterior):
     def _quantiles(self, probs: torch.Tensor) -> torch.Tensor:
         return self.theta.expand(len(probs), -1)
 
+    def _extra_summary_columns(self) -> dict[str, list[Any]]:
+        """A ``note`` column when components ended on the search box (``info["at_bound"]``, from :class:`gpvi.ML2`)."""
+        at_bound = self.info.get("at_bound") or {}
+        if not isinstance(at_bound, dict) or not at_bound:
+            return {}
+        return {"note": [f"at {at_bound[n]} bound" if n in at_bound else "" for n in self.names]}
+
     def _marginal(self, mean, sd):
         return [{"family": "point", "value": v} for v in self.theta.tolist()]
 

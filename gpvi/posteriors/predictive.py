@@ -10,17 +10,46 @@ S draws), the predictive of :math:`y_*` is the mixture
 with mean :math:`\\bar m = \\frac1S\\sum_s m_s` and variance
 :math:`\\frac1S\\sum_s (v_s + m_s^2) - \\bar m^2` (law of total variance). Its log density is evaluated by
 ``logsumexp``, never by averaging densities (which underflows).
+
+Quantiles: for one component (ML-II) they are the Gaussian's, :math:`m + \sqrt v\,\Phi^{-1}(p)`; for a mixture the
+:math:`p`-quantile solves :math:`F(x) = \frac1S \sum_s \Phi((x - m_s)/\sqrt{v_s}) = p`, found by bisection
+between the smallest and the largest component quantile (where :math:`F \le p` and :math:`F \ge p`) until the
+bracket is within :math:`2\epsilon(|x| + \min_s \sqrt{v_s})` (float64 :math:`\epsilon`). ``interval(level)`` is the central interval ``(quantile((1 - level)/2), quantile((1 + level)/2))``.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
-from ..validation import as_float_tensor
+from ..validation import as_float_tensor, check_fraction
 
 __all__ = ["MixturePredictive"]
+
+_BISECTION_STEPS = 200    # a cap: the bracket shrinks to 2 eps (|x| + min_s sd_s) in about 60 halvings
+
+
+def _check_probs(p: Any) -> tuple[torch.Tensor, bool]:
+    """``p`` as a 1-D float64 tensor of levels in (0, 1), and whether it was a single number."""
+    msg = "p must be a number in (0, 1) or a 1-D sequence of them"
+    if isinstance(p, (bool, str, bytes)):
+        raise TypeError(f"{msg}; got {type(p).__name__}")
+    try:
+        t = torch.as_tensor(p, dtype=torch.float64).detach().cpu()
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{msg}; got {type(p).__name__}") from None
+    if t.dim() > 1:
+        raise ValueError(f"{msg}; got shape {tuple(t.shape)}")
+    scalar = t.dim() == 0
+    t = t.reshape(-1)
+    if t.numel() == 0:
+        raise ValueError("p is empty; give at least one level in (0, 1)")
+    bad = ~((t > 0) & (t < 1))
+    if bool(bad.any()):
+        raise ValueError(f"p must be in (0, 1); got {float(t[bad][0]):g}")
+    return t, scalar
 
 
 class MixturePredictive:
@@ -34,6 +63,20 @@ class MixturePredictive:
     Attributes
     ----------
     component_means, component_variances : torch.Tensor of shape (S, n)
+
+    Raises
+    ------
+    ValueError
+        Shapes differ, a variance is not positive, or a mean or variance is not finite (a NaN predictive is
+        never returned without a word).
+
+    Examples
+    --------
+    >>> import torch
+    >>> pred = MixturePredictive(torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64))
+    >>> lo, hi = pred.interval(0.9)
+    >>> [round(v, 4) for v in hi.tolist()]
+    [1.6449, 1.6449, 1.6449]
     """
 
     def __init__(self, means: torch.Tensor, variances: torch.Tensor) -> None:
@@ -42,6 +85,10 @@ class MixturePredictive:
         if means.shape != variances.shape or means.dim() != 2:
             raise ValueError(f"means and variances must have equal shape (S, n); got {tuple(means.shape)} "
                              f"and {tuple(variances.shape)}")
+        finite = torch.isfinite(means) & torch.isfinite(variances)
+        if not bool(finite.all()):
+            bad = int((~finite.all(0)).sum())
+            raise ValueError(f"the predictive is not finite (NaN or inf mean or variance) at {bad} test point(s)")
         if bool((variances <= 0).any()):
             raise ValueError("predictive variances must be positive")
         self.component_means = means.detach()
@@ -68,6 +115,73 @@ class MixturePredictive:
     def stddev(self) -> torch.Tensor:
         """Predictive standard deviation, shape (n,)."""
         return self.var.sqrt()
+
+    def cdf(self, y: Any) -> torch.Tensor:
+        r"""Predictive CDF :math:`F(y_i) = \frac1S \sum_s \Phi((y_i - m_{s,i}) / \sqrt{v_{s,i}})`, shape (n,)."""
+        y = as_float_tensor(y, "y", ndim=1, device=self.component_means.device)
+        if y.shape[0] != self.component_means.shape[1]:
+            raise ValueError(f"y has {y.shape[0]} values but the predictive has {self.component_means.shape[1]} points")
+        return torch.special.ndtr((y - self.component_means) / self.component_variances.sqrt()).mean(0)
+
+    def quantile(self, p: Any) -> torch.Tensor:
+        r"""Predictive quantiles at each test point.
+
+        Parameters
+        ----------
+        p : float or sequence of float
+            Levels in the open interval (0, 1).
+
+        Returns
+        -------
+        torch.Tensor
+            Shape ``(n,)`` for a single level, ``(len(p), n)`` for a sequence. Exact for one component
+            (:math:`m + \sqrt v\,\Phi^{-1}(p)`); for a mixture, bisection on the mixture CDF (module docstring).
+
+        Raises
+        ------
+        ValueError, TypeError
+            A level outside (0, 1), or not a number.
+        """
+        probs, scalar = _check_probs(p)
+        m, sd = self.component_means, self.component_variances.sqrt()
+        probs = probs.to(m)
+        z = torch.special.ndtri(probs)[:, None, None]                      # (P, 1, 1)
+        comp = m.unsqueeze(0) + z * sd.unsqueeze(0)                         # (P, S, n) component quantiles
+        if self.num_components == 1:
+            q = comp[:, 0]
+        else:
+            lo, hi = comp.amin(1), comp.amax(1)                             # F(lo) <= p <= F(hi)
+            target = probs[:, None]
+            eps = torch.finfo(m.dtype).eps
+            floor = sd.amin(0)                                               # (n,) absolute scale near 0
+            for _ in range(_BISECTION_STEPS):
+                mid = 0.5 * lo + 0.5 * hi
+                open_ = (mid > lo) & (mid < hi) & (hi - lo > 2 * eps * (mid.abs() + floor))
+                if not bool(open_.any()):
+                    break
+                F = torch.special.ndtr((mid.unsqueeze(1) - m.unsqueeze(0)) / sd.unsqueeze(0)).mean(1)
+                below = (F < target) & open_
+                above = (F >= target) & open_
+                lo = torch.where(below, mid, lo)
+                hi = torch.where(above, mid, hi)
+            q = 0.5 * lo + 0.5 * hi
+        return q[0] if scalar else q
+
+    def interval(self, level: float = 0.9) -> tuple[torch.Tensor, torch.Tensor]:
+        """Central predictive interval holding mass ``level`` at each test point.
+
+        Parameters
+        ----------
+        level : float
+            In (0, 1); 0.9 gives the 5% and 95% quantiles.
+
+        Returns
+        -------
+        lower, upper : torch.Tensor of shape (n,)
+        """
+        level = check_fraction(level, "level", high_closed=False)
+        q = self.quantile([(1 - level) / 2, (1 + level) / 2])
+        return q[0], q[1]
 
     def log_prob(self, y: torch.Tensor) -> torch.Tensor:
         r"""Log predictive density of each test target, shape (n,).

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..exceptions import NumericalWarning
+from ..exceptions import NumericalWarning, PSISWarning
 from ..rng import resolve_generator
 from ..validation import check_positive_int
 from .base import Posterior
@@ -40,11 +40,6 @@ KHAT_GOOD = 0.5
 """At or below: q itself is a good approximation (Yao et al. 2018)."""
 KHAT_USABLE = 0.7
 """At or below: the PSIS-weighted estimates are reliable; above, sample the posterior instead."""
-
-
-class PSISWarning(UserWarning):
-    """The Pareto :math:`\\hat k` of q's importance weights exceeds 0.7: neither q nor its PSIS correction is
-    reliable."""
 
 
 def pareto_smooth(log_ratios: np.ndarray) -> tuple[np.ndarray, float]:

@@ -27,14 +27,13 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 
 from ...exceptions import ConvergenceWarning, NotPSDError, NumericalWarning
 from ...models.classification import LatentGP
 from ...models.likelihoods import Quadrature
 from ...posteriors.latent import BernoulliPredictive, LatentPosterior
-from ...rng import resolve_generator
+from ...rng import check_seed, resolve_generator
 from ...validation import check_bool, check_choice, check_fraction, check_positive, check_positive_int
 from .. import driver
 from ..budget import MemoryBudget
@@ -130,9 +129,7 @@ class CVI:
         if faults is not None and not isinstance(faults, FaultPolicy):
             raise TypeError(f"faults must be a gpvi.inference.engine.FaultPolicy; got {type(faults).__name__}")
         self.faults = faults if faults is not None else FaultPolicy(max_consecutive=10)
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
-            raise ValueError(f"seed must be a non-negative int or None; got {seed!r}")
-        self.seed = None if seed is None else int(seed)
+        self.seed = check_seed(seed)
         self.progress_bar = check_bool(progress_bar, "progress_bar")
 
     # ------------------------------------------------------------------ helpers

@@ -28,7 +28,7 @@ import torch
 from ...exceptions import NumericalWarning
 from ...models.target import as_target
 from ...posteriors.base import PointPosterior, SamplePosterior
-from ...rng import resolve_generator
+from ...rng import check_seed, resolve_generator
 from ...validation import check_bool, check_nonnegative_int, check_positive, check_positive_int
 from ..engine import RunReport
 from ..init import Start, init_to_default, resolve_init
@@ -40,13 +40,6 @@ from .starts import chain_starts, init_to_chains
 from .state import ChainState, MCMCState
 
 __all__ = ["HamiltonianEngine"]
-
-
-def _check_seed(seed: Any) -> int | None:
-    if seed is None:
-        return None
-    resolve_generator(seed)  # type and sign checks
-    return int(seed)
 
 
 def _ndim(x: Any) -> int | None:
@@ -77,7 +70,7 @@ class HamiltonianEngine:
         self.num_chains = check_positive_int(num_chains, "num_chains")
         self.num_warmup = check_nonnegative_int(num_warmup, "num_warmup")
         self.num_draws = check_positive_int(num_draws, "num_draws")
-        self.seed = _check_seed(seed)
+        self.seed = check_seed(seed)
         self.progress_bar = check_bool(progress_bar, "progress_bar")
         self.step_size = check_positive(step_size, "step_size")
         if not isinstance(adaptation, Adaptation):
@@ -346,10 +339,12 @@ class HamiltonianEngine:
             warnings.warn(f"{self.name}: the log joint raised {n_num} NumericalWarning(s) (e.g. Cholesky jitter) "
                           f"while sampling, over {sum(info['num_evaluations'])} evaluations; counts per chain in "
                           f"posterior.info['num_numerical_warnings']", NumericalWarning, stacklevel=3)
+        post.info["converged"] = False
         if interrupted:
             warn_interrupted(f"{self.name} (returning {len(use)} chain(s) x {length} draws of "
                              f"{self.num_chains} x {S})", state.t, self.num_chains * (W + S))
         else:
             problems = convergence_problems(self.checks, ess, rhat, sum(num_div), depth_hits, len(use))
+            post.info["converged"], post.info["problems"] = not problems, problems
             warn_convergence(self.name, problems, len(use), length, stacklevel=3)
         return post

@@ -14,6 +14,8 @@ R. M. Neal (2011). MCMC using Hamiltonian dynamics. Handbook of Markov Chain Mon
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 from ...validation import check_positive_int
@@ -61,6 +63,9 @@ class HMC(HamiltonianEngine):
         super().__init__(num_chains, num_warmup, num_draws, seed=seed, progress_bar=progress_bar,
                          step_size=step_size, adaptation=adaptation, init_scale=init_scale, checks=checks)
         self.num_leapfrog_steps = check_positive_int(num_leapfrog_steps, "num_leapfrog_steps")
+        if not math.isfinite(self.trajectory_length):
+            raise ValueError(f"step_size * num_leapfrog_steps must be finite; got {self.step_size:g} * "
+                             f"{self.num_leapfrog_steps}")
 
     @property
     def trajectory_length(self) -> float:
