@@ -13,12 +13,21 @@ Reports the median time per draw over several repeats and the ratios. Also: one 
 N = 250 ... 4000 (S = 1) with the log-log slope (expect about 3), and 1 vs 2 torch threads at N = 455.
 
 Usage: ``OMP_NUM_THREADS=1 python benchmarks/logjoint_cost.py [--quick]``
+
+Before/after a change: ``--ab DIR`` times the same batched log joint + gradient (Boston, S = 1, 8, 32) with the
+gpvi of this tree and with the gpvi under ``DIR`` (another checkout, e.g.
+``git archive HEAD | tar -x -C /tmp/base``), each in its own fresh process, alternating which goes first, over
+``--ab-rounds`` rounds; it reports medians and the median per-round ratio, with the load average before and after,
+in ``results/logjoint_cost_ab.{md,json}``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,7 +36,11 @@ import gpytorch
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+_HERE = Path(__file__).resolve().parents[1]
+# --ab-worker ROOT: this process times the gpvi found under ROOT (a baseline checkout or this tree)
+_ROOT = Path(sys.argv[sys.argv.index("--ab-worker") + 1]) if "--ab-worker" in sys.argv[:-1] else _HERE
+sys.path.insert(0, str(_HERE))
+sys.path.insert(0, str(_ROOT))
 import gpvi  # noqa: E402
 from benchmarks._common import header, median_time, write  # noqa: E402
 
@@ -112,10 +125,89 @@ def gpytorch_runner(X, y, theta):
     return run
 
 
+AB_SIZES = (1, 8, 32)
+
+
+def ab_worker(repeats: int) -> None:
+    """Print ``{"wall"|"cpu": {S: [seconds per draw, ...]}}`` for the batched log joint + gradient of the gpvi under
+    ``_ROOT``, its S runners interleaved (one warm-up round). CPU time (``time.process_time``, one thread) is kept
+    beside wall time: on a loaded machine it is not inflated by the time the process waits for a core."""
+    assert Path(gpvi.__file__).resolve().is_relative_to(_ROOT.resolve()), gpvi.__file__
+    torch.set_num_threads(1)
+    ds = gpvi.datasets.load_boston(seed=0)
+    model = gpvi.GPRegression(ds.X_train, ds.y_train)
+    gen = torch.Generator().manual_seed(0)
+    runners = {S: gpvi_runner(model, model.initial_theta() + 0.1 * torch.randn(S, model.dim, generator=gen,
+                                                                                dtype=torch.float64))
+               for S in AB_SIZES}
+    for fn in runners.values():
+        fn()
+    out = {"wall": {S: [] for S in AB_SIZES}, "cpu": {S: [] for S in AB_SIZES}}
+    for _ in range(repeats):
+        for S, fn in runners.items():
+            w0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            out["cpu"][S].append((time.process_time() - c0) / S)
+            out["wall"][S].append((time.perf_counter() - w0) / S)
+    print(json.dumps(out))
+
+
+def ab_compare(baseline: Path, rounds: int, repeats: int, note: str = "") -> None:
+    """Alternate fresh worker processes of the baseline and of this tree; write ``logjoint_cost_ab``."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    trees = {"baseline": baseline.resolve(), "current": _HERE}
+    med = {clock: {k: {S: [] for S in AB_SIZES} for k in trees} for clock in ("wall", "cpu")}
+    load_before = os.getloadavg()
+    for r in range(rounds):
+        order = list(trees) if r % 2 == 0 else list(reversed(trees))
+        for k in order:
+            out = subprocess.run([sys.executable, __file__, "--ab-worker", str(trees[k]), "--ab-repeats",
+                                  str(repeats)], env=env, check=True, capture_output=True, text=True).stdout
+            per = json.loads(out.strip().splitlines()[-1])
+            for clock in med:
+                for S in AB_SIZES:
+                    med[clock][k][S].append(statistics.median(per[clock][str(S)]))
+        print(f"round {r + 1}/{rounds} (cpu): " + "  ".join(
+            f"S={S} base {med['cpu']['baseline'][S][-1] * 1e3:.2f} ms, current {med['cpu']['current'][S][-1] * 1e3:.2f}"
+            f" ms" for S in AB_SIZES), flush=True)
+    load_after = os.getloadavg()
+    md = header("Log joint + gradient: this tree against a baseline checkout")
+    md += (f"\n{note + chr(10) + chr(10) if note else ''}Baseline: `{baseline}`, current: `{_HERE}`. Boston training set (N = 455, D = 15), batched log joint + autograd gradient "
+           f"at initial_theta + 0.1 N(0, I) (seed 0), default kernel (fast path), one thread. {rounds} rounds; each "
+           f"round runs one fresh process per tree (order alternating), which times {repeats} interleaved repeats of "
+           f"every S after a warm-up; per-process medians per draw, then medians over rounds; ratio = median over "
+           f"rounds of current / baseline. CPU = process time (not inflated while the process waits for a core), "
+           f"wall = elapsed. Load average (1, 5, 15 min) before {[round(x, 2) for x in load_before]}, after "
+           f"{[round(x, 2) for x in load_after]} on {os.cpu_count()} cores.\n")
+    rows = []
+    for clock in ("cpu", "wall"):
+        md += (f"\n## {clock.upper()} time\n\n| S | baseline ms/draw | current ms/draw | current / baseline | "
+               f"per-round ratios |\n|---|---|---|---|---|\n")
+        for S in AB_SIZES:
+            b, c = med[clock]["baseline"][S], med[clock]["current"][S]
+            ratios = [x / y for x, y in zip(c, b)]
+            rows.append((clock, S, statistics.median(b), statistics.median(c), statistics.median(ratios), ratios))
+            md += (f"| {S} | {statistics.median(b) * 1e3:.2f} | {statistics.median(c) * 1e3:.2f} | "
+                   f"{statistics.median(ratios):.3f} | {', '.join(f'{x:.3f}' for x in ratios)} |\n")
+    print(md)
+    write("logjoint_cost_ab", md, {"baseline": str(baseline), "current": str(_HERE), "note": note, "rows": rows, "per_round": med,
+                                   "load_before": load_before, "load_after": load_after})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--ab", type=Path, default=None, metavar="DIR",
+                    help="compare with the gpvi under DIR (a baseline checkout) instead of the full benchmark")
+    ap.add_argument("--ab-rounds", type=int, default=7)
+    ap.add_argument("--ab-repeats", type=int, default=15)
+    ap.add_argument("--ab-note", default="", help="a line saying what the two trees are, put into the report")
+    ap.add_argument("--ab-worker", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.ab_worker is not None:
+        return ab_worker(args.ab_repeats)
+    if args.ab is not None:
+        return ab_compare(args.ab, args.ab_rounds, args.ab_repeats, args.ab_note)
     repeats = 3 if args.quick else 15
     gen = torch.Generator().manual_seed(0)
     ds = gpvi.datasets.load_boston(seed=0)

@@ -352,10 +352,21 @@ class KernelParametrisation:
         return out
 
     def initial_theta(self, X: torch.Tensor) -> torch.Tensor:
-        """A data-scaled starting point: lengthscale^2 = d * var(x_j) (clipped away from 0), others 1."""
+        """A data-scaled starting point: lengthscale^2 = d * var(x_j), others 1.
+
+        A constant column (variance 0) says nothing about its lengthscale and the data cannot move it, so it starts
+        long: 100 times the largest variance of the other columns (1 if all are constant). A short start there would
+        make every prediction at another value of that column fall back to the prior.
+        """
         theta = torch.zeros(self.dim, dtype=X.dtype, device=X.device)
         d = X.shape[1]
-        var = X.var(dim=0, unbiased=False).clamp_min(1e-12) if X.shape[0] > 1 else torch.ones(d, dtype=X.dtype)
+        if X.shape[0] > 1:
+            var = X.var(dim=0, unbiased=False)
+            const = var <= 1e-12 * X.abs().amax(dim=0).clamp_min(1.0) ** 2
+            big = float(var[~const].max()) if bool((~const).any()) else 0.01
+            var = torch.where(const, torch.full_like(var, 100.0 * big), var)
+        else:
+            var = torch.ones(d, dtype=X.dtype, device=X.device)
         for b in self.blocks:
             if b.log and b.natural_power == 0.5:
                 size = b.stop - b.start

@@ -1,14 +1,14 @@
-"""Predictive distributions of test targets: one Gaussian per hyperparameter draw, mixed with equal weights.
+r"""Predictive distributions of test targets: one Gaussian per hyperparameter draw, mixed with equal weights.
 
-For hyperparameter draws :math:`\\theta_1, \\dots, \\theta_S` (from ML-II: S = 1; from DSVI's q or from MCMC:
+For hyperparameter draws :math:`\theta_1, \dots, \theta_S` (from ML-II: S = 1; from DSVI's q or from MCMC:
 S draws), the predictive of :math:`y_*` is the mixture
 
 .. math::
 
-    p(y_* \\mid x_*, \\mathcal D) \\approx \\frac1S \\sum_s \\mathcal N(y_* \\mid m_s(x_*), v_s(x_*)),
+    p(y_* \mid x_*, \mathcal D) \approx \frac1S \sum_s \mathcal N(y_* \mid m_s(x_*), v_s(x_*)),
 
-with mean :math:`\\bar m = \\frac1S\\sum_s m_s` and variance
-:math:`\\frac1S\\sum_s (v_s + m_s^2) - \\bar m^2` (law of total variance). Its log density is evaluated by
+with mean :math:`\bar m = \frac1S\sum_s m_s` and variance
+:math:`\frac1S\sum_s (v_s + m_s^2) - \bar m^2` (law of total variance). Its log density is evaluated by
 ``logsumexp``, never by averaging densities (which underflows).
 
 Quantiles: for one component (ML-II) they are the Gaussian's, :math:`m + \sqrt v\,\Phi^{-1}(p)`; for a mixture the
