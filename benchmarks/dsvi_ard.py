@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gpvi  # noqa: E402
 from benchmarks._common import RESULTS, header, write  # noqa: E402
 from gpvi.inference.dsvi.ard import DSVIARD  # noqa: E402
-from gpvi.inference.dsvi.engine import DSVI  # noqa: E402
+from gpvi.inference.dsvi.engine import DSVI, SGD  # noqa: E402
 from gpvi.models.logistic import BayesianLogisticRegression  # noqa: E402
 
 
@@ -64,7 +64,7 @@ def fit(method: str, Xtr, ytr, steps: int, bias: bool):
             q = DSVIARD(num_steps=steps, seed=0, progress_bar=False).run(lik)
         else:
             lik = BayesianLogisticRegression(Xtr, ytr, prior_var=1.0, bias=bias)
-            q = DSVI("diag", num_draws=1, num_steps=steps, lr=0.05 / N, seed=0, progress_bar=False).run(
+            q = DSVI("diag", num_draws=1, num_steps=steps, optimizer=SGD(lr=0.05 / N), seed=0, progress_bar=False).run(
                 lik, init=torch.zeros(lik.dim, dtype=torch.float64))
         wall = time.perf_counter() - t0
     return lik, q, wall

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gpvi  # noqa: E402
 from benchmarks._common import header, write  # noqa: E402
 from gpvi.inference.derivatives import log_joint_and_grad  # noqa: E402
-from gpvi.inference.dsvi.engine import DSVI  # noqa: E402
+from gpvi.inference.dsvi.engine import DSVI, SGD, Convergence  # noqa: E402
 
 
 def per_call(fn, min_time: float = 0.2) -> float:
@@ -56,7 +56,8 @@ def slope(ds: list[int], ts: list[float]) -> float:
 
 def measure(scale: str, D: int, S: int = 4) -> tuple[float, float]:
     target = gpvi.Target(lambda th: -0.5 * (th * th).sum(-1), names=D)
-    eng = DSVI(scale, num_draws=S, num_steps=10 ** 9, lr=1e-3, progress_bar=False, polyak=None, window=200)
+    eng = DSVI(scale, num_draws=S, num_steps=10 ** 9, optimizer=SGD(lr=1e-3), progress_bar=False, polyak=None,
+               convergence=Convergence(window=200))
     state = eng.init(target, torch.zeros(D, dtype=torch.float64))
     t_step = per_call(lambda: eng.step(target, state))
     theta = torch.randn(S, D, dtype=torch.float64, generator=torch.Generator().manual_seed(0))

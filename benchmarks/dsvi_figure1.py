@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gpvi  # noqa: E402
 from benchmarks._common import RESULTS, header, write  # noqa: E402
-from gpvi.inference.dsvi.engine import DSVI  # noqa: E402
+from gpvi.inference.dsvi.engine import DSVI, SGD  # noqa: E402
 
 D = 10
 M = torch.full((D,), 2.0, dtype=torch.float64)
@@ -43,8 +43,8 @@ def exact_bound(mu: torch.Tensor) -> float:
 
 def run_dsvi(rho: float, T: int, seed: int) -> list[float]:
     curve: list[float] = []
-    eng = DSVI(num_draws=1, num_steps=T, lr=rho, lr_scale=0.0, schedule="constant", polyak=None, init_scale=1.0,
-               seed=seed, progress_bar=False, num_elbo_draws=0)
+    eng = DSVI(num_draws=1, num_steps=T, optimizer=SGD(lr=rho, lr_scale=0.0, schedule="constant"), polyak=None,
+               init_scale=1.0, seed=seed, progress_bar=False, num_elbo_draws=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         eng.run(gpvi.Target(log_g, names=D), init=torch.zeros(D, dtype=torch.float64),

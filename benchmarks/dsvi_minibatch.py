@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._common import header, write  # noqa: E402
-from gpvi.inference.dsvi.engine import DSVI  # noqa: E402
+from gpvi.inference.dsvi.engine import DSVI, SGD  # noqa: E402
 from gpvi.models.logistic import BayesianLogisticRegression  # noqa: E402
 
 N_TRAIN, N_TEST, D_IN = 200_000, 50_000, 49
@@ -60,8 +60,8 @@ def run_full(model, steps: int, callback=None):
 
 def run_minibatch(model, steps: int, iterates: list | None = None, callback=None):
     M = 500
-    eng = DSVI(num_steps=steps, seed=0, progress_bar=False, schedule="robbins_monro",
-               schedule_options={"kappa": 1.0, "tau": steps * M / model.num_data}, polyak=0.5, num_elbo_draws=200)
+    rm = SGD(schedule="robbins_monro", schedule_options={"kappa": 1.0, "tau": steps * M / model.num_data})
+    eng = DSVI(num_steps=steps, seed=0, progress_bar=False, optimizer=rm, polyak=0.5, num_elbo_draws=200)
     cb = callback
     if iterates is not None:
         def cb(s, i):

@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gpvi  # noqa: E402
 from benchmarks._common import RESULTS, machine_info, write  # noqa: E402
 from benchmarks.runner import Job, run_jobs  # noqa: E402
-from gpvi.inference.dsvi.engine import DSVI, laplace_approximation  # noqa: E402
+from gpvi.inference.dsvi.engine import DSVI, Convergence, laplace_approximation  # noqa: E402
 from gpvi.inference.mcmc import NUTS  # noqa: E402
 from gpvi.posteriors.base import GaussianPosterior  # noqa: E402
 
@@ -211,7 +211,7 @@ def boston_fidelity(quick: bool, timing_seeds: int, target_ess: float) -> dict[s
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ref = DSVI(scale="full", seed=11, num_steps=ref_steps, stop_on_convergence=False, polyak=0.5,
+        ref = DSVI(scale="full", seed=11, num_steps=ref_steps, convergence=Convergence(stop=False), polyak=0.5,
                    progress_bar=False).run(model)
     ref_s = time.perf_counter() - t0
     lap = laplace_approximation(model)

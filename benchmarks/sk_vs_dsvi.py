@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gpvi  # noqa: E402
 from benchmarks._common import RESULTS, header, write  # noqa: E402
-from gpvi.inference.dsvi.engine import DSVI  # noqa: E402
+from gpvi.inference.dsvi.engine import DSVI, SGD  # noqa: E402
 from gpvi.models.logistic import BayesianLogisticRegression  # noqa: E402
 from gpvi.posteriors.base import SamplePosterior  # noqa: E402
 from gpvi.inference.sk import SKGaussian  # noqa: E402
@@ -404,7 +404,7 @@ def scaling(quick: bool) -> tuple[list[str], dict]:
                                                                    progress_bar=False, num_elbo_draws=0),
             "SK Hessian-free (S=4)": lambda: SKGaussian(num_steps=steps, method="gradient", num_draws=4,
                                                         progress_bar=False, num_elbo_draws=0),
-            "DSVI (SGD, full C, S=4)": lambda: DSVI(num_steps=steps, optimizer="sgd", lr=1e-3, progress_bar=False,
+            "DSVI (SGD, full C, S=4)": lambda: DSVI(num_steps=steps, optimizer=SGD(lr=1e-3), progress_bar=False,
                                                      num_elbo_draws=0),
             "DSVI (natural, full C, S=4)": lambda: DSVI(num_steps=steps, optimizer="natural", init_scale=0.1,
                                                          progress_bar=False, num_elbo_draws=0),

@@ -24,6 +24,8 @@ from .models.classification import GPClassification, LatentGP
 from .sklearn import GPClassifier
 from .inference.cvi.engine import CVI, CVIState, LatentPosterior
 from .inference.dsvi.engine import DSVI, DSVIState
+from .inference.dsvi import SGD, Adam, BlockDiagonal, Convergence, Natural
+from .inference.engine import FaultPolicy
 from .models.logistic import BayesianLogisticRegression
 from .models.minibatch import MinibatchTarget
 from .exceptions import (
@@ -41,7 +43,7 @@ from .models.regression import GPRegression
 from .posteriors.base import GaussianPosterior, PointPosterior, SamplePosterior
 from .posteriors.predictive import MixturePredictive
 from .inference.sk import SKExpFamily, SKGaussian
-from .inference.families import Factorised, StandardNormal, StandardStudentT
+from .inference.families import Factorised, StandardMultivariateT, StandardNormal, StandardStudentT
 from .evaluation.table import Table
 from .models.target import Target
 from .inference.infer import InferenceReport, infer
@@ -60,6 +62,12 @@ __all__ = [
     "DSVI",
     "DSVIARD",
     "DSVIState",
+    "SGD",
+    "Natural",
+    "Adam",
+    "Convergence",
+    "BlockDiagonal",
+    "FaultPolicy",
     "MinibatchTarget",
     "BoundWarning",
     "ConvergenceWarning",
@@ -84,6 +92,7 @@ __all__ = [
     "SamplePosterior",
     "StandardNormal",
     "StandardStudentT",
+    "StandardMultivariateT",
     "Table",
     "Target",
     "WeightedPosterior",

@@ -21,6 +21,7 @@ import torch
 
 import gpvi
 from gpvi.inference.engine import FaultPolicy
+from gpvi.inference.dsvi import SGD, Adam, BlockDiagonal, Convergence, Natural
 from gpvi.inference.dsvi.engine import DSVI, DSVIState
 from gpvi.exceptions import ConvergenceWarning, InterruptedRunWarning, NumericalFaultError, NumericalWarning
 from gpvi.models.logistic import BayesianLogisticRegression
@@ -87,7 +88,7 @@ def test_gaussian_target_recovered_full_scale():
     """Section 2.2 / Figure 1: log g = log N(theta | m, I), D = 10, m = 2*1, mu0 = 0 -> mu = m, CC^T = I."""
     D, S, T, frac = 10, 4, 3000, 0.5
     m = torch.full((D,), 2.0, dtype=torch.float64)
-    q = run_quiet(quiet(num_draws=S, num_steps=T, lr=0.5, schedule="constant", polyak=frac, seed=0),
+    q = run_quiet(quiet(num_draws=S, num_steps=T, optimizer=SGD(lr=0.5, schedule="constant"), polyak=frac, seed=0),
                   gaussian_target(m), init=torch.zeros(D))
     T_avg = int(frac * T)
     assert q.info["polyak_n"] == T_avg
@@ -115,7 +116,8 @@ def test_gaussian_target_recovered_diag_scale():
     D, S, T, frac = 6, 4, 3000, 0.5
     prec = torch.arange(1, D + 1, dtype=torch.float64) ** 2 / 4.0
     m = torch.linspace(-2, 2, D, dtype=torch.float64)
-    q = run_quiet(quiet(scale="diag", num_draws=S, num_steps=T, schedule="constant", polyak=frac, seed=1),
+    q = run_quiet(quiet(scale="diag", num_draws=S, num_steps=T, optimizer=SGD(schedule="constant"), polyak=frac,
+                        seed=1),
                   gaussian_target(m, torch.diag(prec)), init=torch.zeros(D))
     assert torch.count_nonzero(q.scale_tril - torch.diag(torch.diagonal(q.scale_tril))) == 0
     sd_true = prec.rsqrt()
@@ -179,7 +181,7 @@ def test_stochastic_gradient_is_unbiased_for_quadratic(scale, base):
     C = torch.tril(torch.randn(D, D, generator=g, dtype=torch.float64) * 0.3) + torch.diag(
         torch.rand(D, generator=g, dtype=torch.float64) + 0.5)
     df = 7.0 if base == "t" else None
-    eng = quiet(scale=scale, base=base, df=df, num_draws=1, lr=0.1, init_scale=1.0)
+    eng = quiet(scale=scale, base=("t", df) if df else base, num_draws=1, optimizer=SGD(lr=0.1), init_scale=1.0)
     target = gaussian_target(m, A, normalised=False)
     state = eng.init(target, mu)
     varz = df / (df - 2) if df else 1.0
@@ -230,7 +232,8 @@ def test_C_lower_triangular_with_positive_diagonal_throughout(scale):
             assert C.shape == (D,) and bool((C > 0).all())
         seen["n"] += 1
 
-    eng = quiet(scale=scale, num_steps=400, lr=1e-3, lr_scale=50.0, schedule="constant", init_scale=1.0, seed=0)
+    eng = quiet(scale=scale, num_steps=400, optimizer=SGD(lr=1e-3, lr_scale=50.0, schedule="constant"), init_scale=1.0,
+                seed=0)
     q = run_quiet(eng, target, init=torch.zeros(D), callback=check)
     assert seen["n"] == 400
     assert q.info["c_shrinks"] > 0                       # the rule was exercised
@@ -267,7 +270,8 @@ def _stop_at(t_stop: int):
 def test_resume_equals_uninterrupted_in_process(optimizer):
     m = torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)
     target = gaussian_target(m)
-    kw = dict(num_steps=500, optimizer=optimizer, polyak=0.5, window=50, seed=11, num_elbo_draws=200)
+    kw = dict(num_steps=500, optimizer=optimizer, polyak=0.5, convergence=Convergence(window=50), seed=11,
+              num_elbo_draws=200)
     full = run_quiet(quiet(**kw), target)
     with pytest.warns(InterruptedRunWarning):
         part = run_quiet(quiet(**kw), target, callback=_stop_at(180))
@@ -343,7 +347,7 @@ def test_student_t_base_recovers_student_t_target():
 
     S, T, frac = 4, 3000, 0.5
     iterates = []
-    eng = quiet(base="t", df=nu, num_draws=S, num_steps=T, polyak=frac, init_scale=1.0, seed=3)
+    eng = quiet(base=gpvi.StandardStudentT(D, nu), num_draws=S, num_steps=T, polyak=frac, init_scale=1.0, seed=3)
     q = run_quiet(eng, gpvi.Target(fn, names=D), init=torch.zeros(D),
                   callback=lambda s, i: iterates.append(torch.cat([s.mu, s.C.flatten()])) if s.t > T * (1 - frac)
                   else None)
@@ -369,7 +373,7 @@ def test_nan_draws_are_resampled_counted_and_warned():
         out = base.log_joint(th)
         return torch.where(th[:, 0] > 1.5, torch.full_like(out, math.nan), out)
 
-    eng = quiet(num_steps=400, init_scale=1.0, lr=0.1, seed=0, num_elbo_draws=300)
+    eng = quiet(num_steps=400, init_scale=1.0, optimizer=SGD(lr=0.1), seed=0, num_elbo_draws=300)
     with pytest.warns(NumericalWarning):
         q = run_quiet(eng, gpvi.Target(fn, names=2), init=m)
     assert q.info["resampled_draws"] > 0
@@ -388,7 +392,8 @@ def test_log_joint_called_once_per_step_on_whole_batch():
         shapes.append(tuple(th.shape))
         return base.log_joint(th)
 
-    run_quiet(quiet(num_steps=50, num_draws=6, seed=0, num_elbo_draws=0, lr=0.1), gpvi.Target(fn, names=3))
+    run_quiet(quiet(num_steps=50, num_draws=6, seed=0, num_elbo_draws=0, optimizer=SGD(lr=0.1)),
+              gpvi.Target(fn, names=3))
     # init probes: 1 call at mu0, 20 power iterations for lr='auto' is skipped here (lr given)
     assert shapes[0] == (1, 3)
     assert shapes[1:] == [(6, 3)] * 50
@@ -409,7 +414,7 @@ def test_consecutive_failures_raise_with_last_good_state():
         if not info["skipped"]:
             good["mu"], good["C"], good["t"] = state.mu.clone(), state.C.clone(), state.t
 
-    eng = quiet(num_steps=1000, lr=0.1, max_resample=2, faults=FaultPolicy(max_consecutive=5), seed=0)
+    eng = quiet(num_steps=1000, optimizer=SGD(lr=0.1), faults=FaultPolicy(max_consecutive=5, max_resample=2), seed=0)
     with pytest.warns(NumericalWarning), pytest.raises(NumericalFaultError, match="consecutive") as exc:
         eng.run(gpvi.Target(fn, names=2), init=m, callback=cb)
     st = exc.value.state
@@ -446,22 +451,24 @@ def test_blocks_and_fixed_mean_mask():
     B[2:, 2:] = torch.tensor([[1.0, 0.3, 0.0], [0.3, 1.5, 0.2], [0.0, 0.2, 1.0]])
     m = torch.tensor([1.0, 2.0, 0.0, -1.0, 0.5], dtype=torch.float64)
     fixed = torch.tensor([False, False, True, False, False])
-    eng = quiet(num_steps=2000, blocks=[2, 3], fixed_mean_mask=fixed, polyak=0.5, seed=0)
+    eng = quiet(scale=BlockDiagonal([2, 3]), num_steps=2000, optimizer=SGD(fixed_mean=fixed), polyak=0.5, seed=0)
     init = torch.zeros(D, dtype=torch.float64)
     q = run_quiet(eng, gaussian_target(m, B), init=init)
     assert float(q.mean[2]) == 0.0                              # held at its initial value (m_2 = 0 anyway)
     assert torch.count_nonzero(q.scale_tril[2:, :2]) == 0       # no cross-block entries
     assert float((q.covariance - torch.linalg.inv(B)).abs().max()) < 0.15   # 5 sd of ~1/sqrt(S T_avg)=0.016 * var
     with pytest.raises(ValueError, match="blocks"):
-        quiet(blocks=[2, 2]).init(gaussian_target(m, B))
+        quiet(scale=BlockDiagonal([2, 2])).init(gaussian_target(m, B))
     with pytest.raises(ValueError, match="blocks"):
-        quiet(scale="diag", blocks=[2, 3])
+        quiet(scale=BlockDiagonal([[0, 1], [1, 2, 3, 4]])).init(gaussian_target(m, B))
+    with pytest.raises(TypeError, match="blocks"):
+        BlockDiagonal("ab")
 
 
 def test_init_options():
     D = 3
     target = gaussian_target(torch.ones(D, dtype=torch.float64))
-    eng = quiet(num_steps=10, lr=0.1)
+    eng = quiet(num_steps=10, optimizer=SGD(lr=0.1))
     st = eng.init(target, PointPosterior(torch.full((D,), 0.5, dtype=torch.float64), target.names))
     assert torch.equal(st.mu, torch.full((D,), 0.5, dtype=torch.float64))
     assert torch.equal(st.C, 0.1 * torch.eye(D, dtype=torch.float64))       # default init_scale
@@ -474,18 +481,81 @@ def test_init_options():
 
 # ------------------------------------------------------------------------------------------------ validation
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(lr=-0.1), "lr"), (dict(lr=0.0), "lr"), (dict(lr="fast"), "lr"), (dict(num_steps=0), "num_steps"),
-    (dict(num_draws=0), "num_draws"), (dict(window=0), "window"), (dict(base="t", df=-1.0), "df"),
-    (dict(base="t", df=0.0), "df"), (dict(base="t"), "df"), (dict(df=3.0), "df"), (dict(scale="banana"), "scale"),
-    (dict(polyak=1.5), "polyak"), (dict(schedule="cosine"), "schedule"), (dict(lr_scale=-1.0), "lr_scale"),
-    (dict(optimizer="lbfgs"), "optimizer"), (dict(max_resample=-1), "max_resample"),
-    (dict(faults=FaultPolicy(max_consecutive=5), num_elbo_draws=-1), "num_elbo_draws"), (dict(init_scale=0.0), "init_scale"), (dict(tol=0.0), "tol"),
-    (dict(seed=-3), "seed"), (dict(schedule=RobbinsMonro(0.1), lr=0.1), "lr"),
-    (dict(schedule_options={"kappa": 0.2}, schedule="robbins_monro"), "kappa"),
+    (dict(num_steps=0), "num_steps"), (dict(num_draws=0), "num_draws"), (dict(base=("t", -1.0)), "df"),
+    (dict(base=("t", 0.0)), "df"), (dict(scale="banana"), "scale"), (dict(polyak=1.5), "polyak"),
+    (dict(optimizer="lbfgs"), "optimizer"), (dict(base="laplace"), "base"),
+    (dict(faults=FaultPolicy(max_consecutive=5), num_elbo_draws=-1), "num_elbo_draws"),
+    (dict(init_scale=0.0), "init_scale"), (dict(seed=-3), "seed"),
 ])
 def test_bad_settings_raise_value_error_naming_argument(kwargs, match):
     with pytest.raises(ValueError, match=match):
         DSVI(**kwargs)
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: SGD(lr=-0.1), "lr"), (lambda: SGD(lr=0.0), "lr"), (lambda: Natural(lr="fast"), "lr"),
+    (lambda: SGD(lr_scale=-1.0), "lr_scale"), (lambda: Adam(schedule="cosine"), "schedule"),
+    (lambda: SGD(schedule=RobbinsMonro(0.1), lr=0.1), "lr"),
+    (lambda: SGD(schedule="robbins_monro", schedule_options={"kappa": 0.2}), "kappa"),
+    (lambda: SGD(schedule_options={"tau": 5}), "schedule"), (lambda: SGD(fixed_mean=[0.5, 1.0]), "fixed_mean"),
+    (lambda: Natural(max_step_kl=0.0), "max_step_kl"), (lambda: Adam(betas=(0.9, 1.0)), "betas"),
+    (lambda: Adam(eps=0.0), "eps"), (lambda: Convergence(window=0), "window"), (lambda: Convergence(tol=0.0), "tol"),
+    (lambda: Convergence(stop="yes"), "stop"), (lambda: FaultPolicy(max_resample=-1), "max_resample"),
+])
+def test_bad_option_objects_raise_value_error_naming_the_field(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+@pytest.mark.parametrize("old,new", [
+    (dict(lr=0.1), r"optimizer=SGD\(lr=...\)"), (dict(lr_scale=0.5), r"SGD\(lr_scale"),
+    (dict(schedule="constant"), r"SGD\(schedule"), (dict(schedule_options={}), "schedule_options"),
+    (dict(adam_betas=(0.9, 0.99)), r"Adam\(betas"), (dict(adam_eps=1e-6), r"Adam\(eps"),
+    (dict(max_step_kl=0.1), r"Natural\(max_step_kl"), (dict(fixed_mean_mask=[True]), "fixed_mean="),
+    (dict(window=50), r"Convergence\(window"), (dict(tol=1e-3), r"Convergence\(tol"),
+    (dict(param_tol=0.1), r"Convergence\(param_tol"), (dict(patience=2), r"Convergence\(patience"),
+    (dict(stop_on_convergence=False), r"Convergence\(stop"), (dict(max_resample=2), r"FaultPolicy\(max_resample"),
+    (dict(blocks=[2, 3]), r"scale=BlockDiagonal"), (dict(df=5.0), r"base=\('t', df\)"),
+    (dict(analytic_term=lambda mu, c: (0.0, None, c)), "DSVIARD"), (dict(base="t"), r"\('t', df\)"),
+    (dict(optimizer=3), "optimizer"), (dict(convergence="auto"), "Convergence"),
+    (dict(faults=20), "FaultPolicy"),
+])
+def test_removed_spellings_raise_type_error_naming_the_new_one(old, new):
+    with pytest.raises(TypeError, match=new):
+        DSVI(**old)
+
+
+def test_constructor_is_small_and_options_read_back():
+    import inspect
+
+    assert len(inspect.signature(DSVI).parameters) <= 12              # the old signature had 28 arguments
+    eng = DSVI(BlockDiagonal([2, 1]), ("t", 4.0), optimizer=Adam(lr=0.02, betas=(0.8, 0.99)),
+               convergence=Convergence(window=10, stop=False), faults=FaultPolicy(3, 1), progress_bar=False)
+    s = eng.settings()
+    assert s["scale"] == "full" and s["blocks"] == [2, 1] and s["base"] == "('t', 4.0)"
+    assert s["optimizer"]["name"] == "adam" and s["optimizer"]["betas"] == [0.8, 0.99] and s["window"] == 10
+    assert s["max_resample"] == 1 and s["max_consecutive"] == 3 and s["stop"] is False
+    assert repr(eng.optimizer) == "Adam(lr=0.02, betas=(0.8, 0.99))"
+    assert DSVI(optimizer="natural").optimizer.max_step_kl == 0.1 and DSVI().optimizer == "auto"
+
+
+# ------------------------------------------------------------------------------------------------ bad starts
+def test_a_start_where_the_log_joint_or_its_gradient_fails_is_refused_at_init():
+    """Caught once in init (naming the start), not after faults.max_consecutive failed steps."""
+    calls = {"n": 0}
+
+    def fn(th):                                  # -inf left of 0 in the first coordinate: log of a negative number
+        calls["n"] += 1
+        return torch.log(th[:, 0].clamp_min(0.0)) - 0.5 * (th ** 2).sum(-1)
+
+    target = gpvi.Target(fn, names=["a", "b"])
+    with pytest.raises(ValueError, match=r"log joint is -inf at the start theta=\[-1, 2\]"):
+        quiet(num_steps=100).run(target, init=[-1.0, 2.0])
+    assert calls["n"] == 1                                            # one evaluation, no steps
+    cusp = gpvi.Target(lambda th: -th[:, 1].abs().sqrt() - th[:, 0] ** 2, names=["a", "b"])   # finite, no slope at b=0
+    with pytest.raises(ValueError, match=r"gradient of the log joint is not finite in \['b'\] at the start"):
+        quiet().init(cusp, torch.tensor([1.0, 0.0]))
+    assert quiet(num_steps=5).init(target, [1.0, 2.0]).t == 0         # a finite start is accepted
 
 
 def test_bad_run_inputs():
@@ -494,8 +564,8 @@ def test_bad_run_inputs():
         quiet().init(target, torch.zeros(4))
     with pytest.raises(ValueError, match="init"):
         quiet().init(target, torch.tensor([0.0, math.nan, 0.0]))
-    with pytest.raises(ValueError, match="fixed_mean_mask"):
-        quiet(fixed_mean_mask=[True, False]).init(target)
+    with pytest.raises(ValueError, match="fixed_mean"):
+        quiet(optimizer=SGD(fixed_mean=[True, False])).init(target)
     with pytest.raises(ValueError, match="init_scale"):
         quiet(init_scale=torch.ones(2)).init(target)
     with pytest.raises(ValueError, match="base"):
@@ -506,7 +576,7 @@ def test_bad_run_inputs():
     wrong.log_joint = lambda th: th.sum()        # (S, D) -> () instead of (S,)
     with pytest.raises(ValueError, match="log_joint"):
         quiet().init(wrong)
-    st = quiet(num_steps=5, lr=0.1).init(target)
+    st = quiet(num_steps=5, optimizer=SGD(lr=0.1)).init(target)
     with pytest.raises(ValueError, match="state"):
         quiet(num_steps=5).run(target, torch.zeros(3), state=st)
     with pytest.raises(ValueError, match="scale"):
@@ -565,7 +635,7 @@ def test_factorised_base_runs_and_is_reported():
     target = gaussian_target(torch.zeros(2, dtype=torch.float64))
     comps = [torch.distributions.Laplace(torch.tensor(0.0, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64)),
              torch.distributions.Normal(torch.tensor(0.0, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64))]
-    q = run_quiet(quiet(base=comps, num_steps=300, lr=0.1, seed=0, num_elbo_draws=200), target)
+    q = run_quiet(quiet(base=comps, num_steps=300, optimizer=SGD(lr=0.1), seed=0, num_elbo_draws=200), target)
     assert isinstance(q.base, gpvi.Factorised) and math.isfinite(q.elbo)
     # the entropy term of the bound includes H_phi = H(Laplace) + H(Normal) = (1 + log 2) + (1 + log 2 pi) / 2
     assert q.base.entropy() == pytest.approx(1 + math.log(2) + 0.5 * (1 + math.log(2 * math.pi)))

@@ -26,6 +26,7 @@ from gpvi.exceptions import ConvergenceWarning, NumericalWarning
 from gpvi.inference.mcmc.hmc import NUTS
 from gpvi.posteriors.base import PointPosterior
 from gpvi.posteriors.predictive import MixturePredictive
+from gpvi.inference.dsvi import Convergence, Natural
 from gpvi.schedules import DecayEveryK, RobbinsMonro
 
 from conftest import make_gp_data
@@ -122,7 +123,7 @@ def test_long_natural_run_reaches_the_bound_optimum(synth, saa):
     model, _, _ = synth
     mu, C, lap = saa
     sd = torch.sqrt((C ** 2).sum(-1))
-    q = DSVI(scale="full", seed=1, num_steps=2000, stop_on_convergence=False, polyak=0.5,
+    q = DSVI(scale="full", seed=1, num_steps=2000, convergence=Convergence(stop=False), polyak=0.5,
              progress_bar=False).run(model)
     assert q.info["returned"].startswith("Polyak average of the last 1000")
     assert ((q.mean - mu) / sd).abs().max() < 0.08
@@ -245,7 +246,7 @@ def test_natural_optimizer_recovers_badly_scaled_gaussian_from_a_poor_start():
     Sigma = R * torch.outer(sds, sds)
     m = torch.tensor([1.0, -20.0, 3.0], dtype=torch.float64)
     target = gaussian_target(m, Sigma)
-    eng = DSVI(optimizer="natural", num_steps=3000, stop_on_convergence=False, polyak=0.5, init_scale=1.0,
+    eng = DSVI(optimizer="natural", num_steps=3000, convergence=Convergence(stop=False), polyak=0.5, init_scale=1.0,
                seed=0, progress_bar=False)
     q = quiet_run(eng, target, init=torch.zeros(3, dtype=torch.float64))
     assert q.info["init"]["scale"] == "init_scale" and q.info["init"]["mean"] == "given"
@@ -272,7 +273,7 @@ def test_natural_steps_respect_the_kl_trust_region_and_keep_C_valid():
         diag_ok.append(bool((torch.diagonal(C) > 0).all()) and bool((torch.triu(C, 1) == 0).all()))
         prev.update(mu=mu, C=C)
 
-    eng = DSVI(optimizer="natural", lr=0.5, max_step_kl=0.05, num_steps=200, stop_on_convergence=False,
+    eng = DSVI(optimizer=Natural(lr=0.5, max_step_kl=0.05), num_steps=200, convergence=Convergence(stop=False),
                init_scale=0.01, seed=0, progress_bar=False)
     q = quiet_run(eng, target, init=torch.tensor([5.0, -5.0], dtype=torch.float64), callback=cb)
     assert max(kls) <= 0.05 * (1 + 1e-9) and all(diag_ok)
@@ -281,7 +282,7 @@ def test_natural_steps_respect_the_kl_trust_region_and_keep_C_valid():
 
 def test_natural_resume_equals_uninterrupted(synth, tmp_path):
     model, _, _ = synth
-    kw = dict(num_steps=300, stop_on_convergence=False, polyak=0.5, num_elbo_draws=50, seed=4,
+    kw = dict(num_steps=300, convergence=Convergence(stop=False), polyak=0.5, num_elbo_draws=50, seed=4,
               progress_bar=False)
     full = quiet_run(DSVI(**kw), model)
 
@@ -330,7 +331,8 @@ def test_laplace_falls_back_to_a_diagonal_when_not_concave():
     lap = laplace_approximation(target, mode=torch.zeros(2), fallback_scale=0.3)
     assert lap.info["scale"] == "laplace_diagonal"
     assert torch.allclose(torch.diagonal(lap.scale_tril), torch.tensor([1.0, 0.3], dtype=torch.float64))
-    eng = DSVI(optimizer="natural", num_steps=5, stop_on_convergence=False, num_elbo_draws=0, progress_bar=False)
+    eng = DSVI(optimizer="natural", num_steps=5, convergence=Convergence(stop=False), num_elbo_draws=0,
+               progress_bar=False)
     state = eng.init(target, torch.zeros(2))
     assert state.init_info["scale"] == "laplace_diagonal"
     assert torch.allclose(torch.diagonal(state.C), torch.tensor([1.0, 0.1], dtype=torch.float64))
@@ -369,14 +371,16 @@ def test_failed_cholesky_draws_are_redrawn_counted_and_warned(synth, default_q):
 
 
 # ------------------------------------------------------------------------------------------ bad input
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(optimizer="newton"), "optimizer"), (dict(max_step_kl=0.0), "max_step_kl"),
-    (dict(window="big"), "window"), (dict(stop_on_convergence="yes"), "stop_on_convergence"),
-    (dict(init_scale="laplace"), "init_scale"), (dict(schedule="auto", schedule_options={"tau": 5}), "schedule"),
+@pytest.mark.parametrize("make, match", [
+    (lambda: DSVI(optimizer="newton"), "optimizer"), (lambda: Natural(max_step_kl=0.0), "max_step_kl"),
+    (lambda: Convergence(window="big"), "window"), (lambda: Convergence(stop="yes"), "stop"),
+    (lambda: DSVI(init_scale="laplace"), "init_scale"),
+    (lambda: Natural(schedule="auto", schedule_options={"tau": 5}), "schedule"),
+    (lambda: DSVI(convergence=Convergence), "convergence"),
 ])
-def test_bad_settings_name_the_argument(kwargs, match):
+def test_bad_settings_name_the_argument(make, match):
     with pytest.raises((ValueError, TypeError), match=match):
-        DSVI(**kwargs)
+        make()
 
 
 def test_bad_init_and_data(synth):

@@ -2,9 +2,9 @@
 
 For each engine: seeded runs repeat exactly; resuming twice from one state gives identical results and leaves
 the earlier posterior (and the state handed in) unchanged; interrupt after k steps then resume equals the
-uninterrupted run bit for bit; a NaN log joint injected mid-run is skipped and counted, then reported by a
-NumericalFaultError that keeps the state; the progress bar on and off gives the same answer; the final estimate
-follows the memory budget.
+uninterrupted run bit for bit; a start where the log joint is not finite is refused at once; a NaN log joint
+injected mid-run is skipped and counted, then reported by a NumericalFaultError that keeps the state; the
+progress bar on and off gives the same answer; the final estimate follows the memory budget.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 import gpvi
 from gpvi.exceptions import InterruptedRunWarning, NumericalFaultError, NumericalWarning
 from gpvi.inference.budget import MemoryBudget
+from gpvi.inference.dsvi import SGD
 from gpvi.inference.engine import FaultPolicy
 
 M = torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64)
@@ -32,7 +33,7 @@ def _lik(th: torch.Tensor) -> torch.Tensor:          # a log likelihood for DSVI
 
 
 def _dsvi(**kw):
-    return gpvi.DSVI(lr=0.1, seed=3, progress_bar=False, num_elbo_draws=50, **kw)
+    return gpvi.DSVI(optimizer=SGD(lr=0.1), seed=3, progress_bar=False, num_elbo_draws=50, **kw)
 
 
 def _ard(**kw):
@@ -41,21 +42,14 @@ def _ard(**kw):
 
 
 def _sk(**kw):
-    from gpvi.inference.sk.options import SKFaultPolicy
-
-    faults = kw.pop("faults", None)
-    max_resample = kw.pop("max_resample", 10)
-    policy = SKFaultPolicy(max_consecutive=faults.max_consecutive if faults else 20, max_resample=max_resample)
-    return gpvi.SKGaussian(num_steps=kw.pop("num_steps", 60), seed=3, progress_bar=False, num_elbo_draws=50,
-                           faults=policy, **kw)
+    return gpvi.SKGaussian(num_steps=kw.pop("num_steps", 60), seed=3, progress_bar=False, num_elbo_draws=50, **kw)
 
 
 ENGINES = {
     "sk-gaussian": (_sk, _gauss),
     "dsvi-full": (lambda **kw: _dsvi(num_steps=kw.pop("num_steps", 60), **kw), _gauss),
     "dsvi-diag": (lambda **kw: _dsvi(scale="diag", num_steps=kw.pop("num_steps", 60), **kw), _gauss),
-    "dsvi-sgd-t": (lambda **kw: _dsvi(base="t", df=5.0, optimizer="sgd", num_steps=kw.pop("num_steps", 60), **kw),
-                   _gauss),
+    "dsvi-sgd-t": (lambda **kw: _dsvi(base=("t", 5.0), num_steps=kw.pop("num_steps", 60), **kw), _gauss),
     "dsvi-ard": (_ard, _lik),
 }
 
@@ -136,13 +130,27 @@ def test_nan_log_joint_mid_run_is_skipped_counted_then_a_fault_error_keeps_the_s
         out = -0.5 * ((th - M) ** 2).sum(-1)
         return out if calls["n"] <= 12 else torch.full_like(out, math.nan)
 
-    eng = make(num_steps=200, max_resample=1, faults=FaultPolicy(max_consecutive=4))
+    eng = make(num_steps=200, faults=FaultPolicy(max_consecutive=4, max_resample=1))
     with pytest.warns(NumericalWarning), pytest.raises(NumericalFaultError, match="consecutive") as err:
         eng.run(gpvi.Target(flaky, names=3))
     st = err.value.state
     assert st.counters["skipped_steps"] == 4 and st.consecutive_failures == 4
     assert bool(torch.isfinite(getattr(st, "mu", getattr(st, "m", None))).all())
     assert err.value.partial.info["skipped_steps"] == 4
+
+
+def test_a_start_where_the_log_joint_is_not_finite_is_refused_at_once(case):
+    """Every engine checks its start in init (one evaluation, a ValueError naming the point): no steps are taken."""
+    make, _ = case
+    calls = {"n": 0}
+
+    def fn(th):
+        calls["n"] += 1
+        return torch.where(th[:, 0] < 0, torch.full_like(th[:, 0], -math.inf), -0.5 * ((th - M) ** 2).sum(-1))
+
+    with pytest.raises(ValueError, match=r"log joint is -inf at the start theta=\[-1, 0, 2\]"):
+        make(num_steps=200).run(gpvi.Target(fn, names=3), init=torch.tensor([-1.0, 0.0, 2.0]))
+    assert calls["n"] == 1
 
 
 def test_progress_bar_on_and_off_give_the_same_answer(case, capsys):
@@ -166,7 +174,7 @@ def test_final_estimate_follows_the_memory_budget():
         return _gauss(th)
 
     target = Sized(fn, names=3)
-    q = _run(gpvi.DSVI(lr=0.1, num_steps=10, seed=0, progress_bar=False, num_elbo_draws=40), target,
+    q = _run(gpvi.DSVI(optimizer=SGD(lr=0.1), num_steps=10, seed=0, progress_bar=False, num_elbo_draws=40), target,
              budget=MemoryBudget(max_bytes=3500))
     assert q.info["elbo_chunks"]["draws_per_call"] == 3 and q.info["elbo_chunks"]["calls"] == 14
     assert max(sizes[-14:]) == 3 and sum(sizes[-14:]) == 40

@@ -439,7 +439,7 @@ def test_bad_init(gauss):
     with pytest.raises(TypeError, match="target"):
         eng.run(object())
     half = gpvi.Target(lambda th: torch.where(th[..., 0] > 0, -(th ** 2).sum(-1), -math.inf), ["a", "b"])
-    with pytest.raises(ValueError, match="log joint is not finite at init"):
+    with pytest.raises(ValueError, match="log joint is -inf at the start"):
         eng.run(half, init=[-1.0, 0.0])
 
 

@@ -97,8 +97,12 @@ def test_sample_posterior_summary_has_diagnostics_and_compare_identical_is_zero(
     draws = torch.randn(4, 200, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     mc = gpvi.SamplePosterior(draws, ["a", "b"])
     s = mc.summary()
-    assert {"ess", "r_hat"} <= set(s.columns)
-    assert 400 < s["a"]["ess"] < 1600 and abs(s["a"]["r_hat"] - 1) < 0.02      # iid draws: ess ~ 800
+    assert {"ess_bulk", "ess_tail", "r_hat", "mcse_mean"} <= set(s.columns)
+    assert 400 < s["a"]["ess_bulk"] < 1600 and abs(s["a"]["r_hat"] - 1) < 0.02  # iid draws: ess ~ 800
+    import arviz as az
+    ref = az.summary(mc.to_arviz(), round_to="none")         # the diagnostics are ArviZ's own
+    for col in ("ess_bulk", "ess_tail", "r_hat", "mcse_mean"):
+        assert s["b"][col] == pytest.approx(float(ref.loc["b", col]), rel=1e-9)
     t = compare(mc, gpvi.SamplePosterior(draws.clone(), ["a", "b"]))
     assert t.column("dmean_sd") == [0.0, 0.0] and t.column("sd_ratio") == [1.0, 1.0] and t.column("w1") == [0.0, 0.0]
     with pytest.raises(ValueError, match="different parameters"):
@@ -397,10 +401,10 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
 
 # ---------------------------------------------------------------------------------------------- engine state
 def test_posterior_keeps_its_own_copy_of_the_engine_state():
-    from gpvi.inference.dsvi.engine import DSVI
+    from gpvi.inference.dsvi.engine import DSVI, SGD
     from gpvi.inference.mcmc.hmc import MCMCState
     target = gpvi.Target(lambda th: -0.5 * (th ** 2).sum(-1), names=2)
-    eng = DSVI(num_steps=10, lr=0.1, progress_bar=False, seed=0)
+    eng = DSVI(num_steps=10, optimizer=SGD(lr=0.1), progress_bar=False, seed=0)
     st = eng.init(target)
     q = gpvi.GaussianPosterior(st.mu, st.C, target.names, target, engine_state=st)
     mu0, C0 = st.mu.clone(), st.C.clone()

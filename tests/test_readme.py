@@ -27,6 +27,13 @@ QUICK: list[tuple[str, str]] = [
      'gpvi.DSVI(scale="full", seed=0, num_steps=100, num_elbo_draws=50, progress_bar=False).run(model)'),
     # ML-II: 5 restarts -> 1.
     ("gpvi.ML2(num_restarts=5, seed=0)", "gpvi.ML2(num_restarts=1, seed=0)"),
+    # PSIS: 1000 draws of q through the batched log joint -> 100.
+    ("q.psis(model, num_draws=1000, seed=0)", "q.psis(model, num_draws=100, seed=0)"),
+    # gpvi.infer: a short DSVI, 100 PSIS draws and (if k-hat asks for it) a tiny NUTS run.
+    ("gpvi.infer(model, seed=0)",
+     "gpvi.infer(model, seed=0, engine=gpvi.DSVI(num_steps=100, num_elbo_draws=50, seed=0, progress_bar=False), "
+     "nuts=gpvi.NUTS(num_chains=1, num_warmup=10, num_draws=10, max_tree_depth=3, progress_bar=False), "
+     "num_psis_draws=100, progress_bar=False)"),
     # NUTS: 4 x (500 + 1000) transitions -> 1 x (10 + 10) with trees of depth <= 3.
     ("num_chains=4, num_warmup=500, num_draws=1000",
      "num_chains=1, num_warmup=10, num_draws=10, max_tree_depth=3, progress_bar=False"),

@@ -31,6 +31,7 @@ from gpvi.posteriors.base import GaussianPosterior, PointPosterior
 from gpvi.inference.budget import MemoryBudget
 from gpvi.inference.derivatives import value_grad_hessian
 from gpvi.inference.driver import run as driver_run
+from gpvi.inference.engine import FaultPolicy
 from gpvi.inference.sk import (
     Exponential,
     Gamma,
@@ -100,7 +101,7 @@ def test_gaussian_target_recovered_exactly(kw):
         assert float((q.covariance - V).abs().max()) < 1e-8 * float(V.abs().max())
         # log g - log q = log Z = 0 for every draw of the exact q: the bound estimate is 0 with zero spread
         assert abs(q.elbo) < 1e-8 and q.elbo_se < 1e-8
-        assert q.info["averaged"] and q.info["num_averaged"] == 25
+        assert q.info["averaged"] and q.info["num_averaged"] == 25 and q.info["converged"]
     assert q.info["hessian"] == kw.get("hessian")         # None for the gradient variant
 
 
@@ -304,10 +305,10 @@ def test_consecutive_failures_raise_with_last_good_state():
     def fn(th):
         calls["n"] += 1
         out = base.log_joint(th)
-        return out if calls["n"] <= 21 else torch.full_like(out, -math.inf)     # probe + 20 good steps
+        return out if calls["n"] <= 22 else torch.full_like(out, -math.inf)     # start check + probe + 20 steps
 
     with pytest.warns(NumericalWarning), pytest.raises(NumericalFaultError, match="consecutive") as exc:
-        quiet(num_steps=200, faults=SKFaultPolicy(max_consecutive=4, max_resample=1), seed=0).run(
+        quiet(num_steps=200, faults=FaultPolicy(max_consecutive=4, max_resample=1), seed=0).run(
             gpvi.Target(fn, names=2))
     st = exc.value.state
     assert st.t == 24 and st.counters["skipped_steps"] == 4
@@ -377,7 +378,7 @@ def test_ctrl_c_inside_a_step_rewinds_its_randomness():
     full = run_quiet(quiet(**kw), base)
     with pytest.warns(InterruptedRunWarning):
         part = run_quiet(quiet(**kw), gpvi.Target(fn, names=3))
-    assert part.info["steps"] == 28                   # Hessian probe + 28 steps done; the 30th call interrupted
+    assert part.info["steps"] == 27          # start check + Hessian probe + 27 steps done; the 30th call interrupted
     resumed = run_quiet(quiet(**kw), base, state=part.engine_state)
     assert torch.equal(resumed.mean, full.mean) and torch.equal(resumed.scale_tril, full.scale_tril)
 
@@ -417,7 +418,7 @@ def test_gp_posterior_works_with_the_shared_posterior_api(gp_data):
     model = gpvi.GPRegression(X, y)
     q = run_quiet(quiet(num_steps=30, seed=0, num_elbo_draws=50), model, init=model.initial_theta())
     assert isinstance(q, GaussianPosterior) and q.names == model.names and q.info["hessian"] == "fd"
-    assert q.info["log_joint_evals"] == 1 + 30 * (2 * model.dim + 1)      # probe + S (2D + 1) rows per step
+    assert q.info["log_joint_evals"] == 2 + 30 * (2 * model.dim + 1)      # start check, probe, S (2D + 1) per step
     assert q.summary().index == model.names
     pred = q.predict(X[:5], num_draws=10)
     assert pred.mean.shape == (5,) and bool(torch.isfinite(pred.var).all())
@@ -448,7 +449,37 @@ def test_interrupted_run_before_window_returns_current_q():
     with pytest.warns(InterruptedRunWarning):
         q = quiet(num_steps=10_000, seed=0).run(gaussian_target(mu, Lam), callback=_stop_at(5))
     assert q.info["interrupted"] and not q.info["averaged"] and q.info["steps"] == 5
+    assert q.info["converged"] is False
     assert torch.equal(q.mean, q.engine_state.m)
+
+
+def test_converged_is_the_window_split_check(pima):
+    """info["converged"] (as DSVI's) is True exactly when the two halves of the averaging window agree within
+    drift_tol, i.e. when no ConvergenceWarning is issued; the same run judged with a tolerance below its measured
+    drift is not converged."""
+    model, _ = pima
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        q = quiet(num_steps=200, seed=0, num_elbo_draws=0).run(model)
+    assert q.info["converged"] and 0 < q.info["drift_mean_sd"] <= 0.5 and q.info["drift_log_sd"] <= 0.5
+    tight = SKSchedule(drift_tol=0.5 * min(q.info["drift_mean_sd"], q.info["drift_log_sd"]))
+    with pytest.warns(ConvergenceWarning, match="halves"):
+        q2 = quiet(num_steps=200, seed=0, num_elbo_draws=0, schedule=tight).run(model)
+    assert torch.equal(q2.mean, q.mean) and q2.info["converged"] is False
+
+
+def test_a_start_where_the_log_joint_fails_is_refused_at_init():
+    """One full-data evaluation in init (counted), then ValueError naming the start: no step is taken."""
+    mu, Lam = correlated_gaussian(2)
+    base = gaussian_target(mu, Lam)
+    bad = gpvi.Target(lambda th: torch.where(th[:, 0] > 5, torch.full_like(th[:, 0], math.nan), base.log_joint(th)),
+                      names=["a", "b"])
+    with pytest.raises(ValueError, match=r"log joint is nan at the start theta=\[6, 0\]"):
+        quiet(num_steps=50).run(bad, init=[6.0, 0.0])
+    st = quiet(num_steps=50, method="gradient").init(bad, torch.zeros(2))
+    assert st.counters["log_joint_calls"] == 1 and st.counters["log_joint_evals"] == 1
+    with pytest.raises((TypeError, ValueError), match="seed must be a non-negative int"):
+        SKGaussian(seed=True)                                  # the one seed check, gpvi.rng.check_seed
 
 
 class _BigDraws(gpvi.Target):
@@ -660,6 +691,6 @@ def test_laplace_start_matches_the_curvature_at_the_initial_mean(pima, gp_data):
     assert float(torch.linalg.eigvalsh(-H)[0]) < 0 and st.init_info["scale"].startswith("laplace_diagonal")
     P1 = -st.stats["B"] @ torch.linalg.inv(st.stats["A"])                                  # P_1 = -B A^-1
     assert torch.allclose(P1, torch.diag(-torch.diagonal(H)), rtol=1e-10, atol=1e-10)
-    assert st.counters["log_joint_evals"] == 2 * gp.dim + 1
+    assert st.counters["log_joint_evals"] == 1 + 2 * gp.dim + 1                          # start check + Hessian
     with pytest.raises(ValueError, match="init_scale"):
         SKGaussian(init_scale="mode")

@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from gpvi.inference.dsvi.engine import DSVI
+from gpvi.inference.dsvi.engine import DSVI, SGD
 from gpvi.exceptions import ConvergenceWarning
 from gpvi.models.logistic import BayesianLogisticRegression
 from gpvi.models.minibatch import MinibatchTarget
@@ -61,8 +61,8 @@ def test_minibatch_dsvi_reaches_full_batch_answer(logistic_data):
     ref = model.fit_gaussian_quadrature()
     T, frac = 4000, 0.5
     iterates = []
-    eng = DSVI(num_steps=T, polyak=frac, schedule="constant", lr=0.5 / (0.25 * model.num_data), seed=0,
-               progress_bar=False, num_elbo_draws=200)
+    eng = DSVI(num_steps=T, polyak=frac, optimizer=SGD(lr=0.5 / (0.25 * model.num_data), schedule="constant"),
+               seed=0, progress_bar=False, num_elbo_draws=200)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         q = eng.run(model.minibatch(100),
@@ -78,7 +78,7 @@ def test_minibatch_dsvi_reaches_full_batch_answer(logistic_data):
 
 def test_minibatch_runs_are_reproducible_and_resumable(logistic_data):
     mb = logistic_data.minibatch(64)
-    kw = dict(num_steps=200, seed=5, progress_bar=False, num_elbo_draws=50, lr=1e-3)
+    kw = dict(num_steps=200, seed=5, progress_bar=False, num_elbo_draws=50, optimizer=SGD(lr=1e-3))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         a = DSVI(**kw).run(mb)

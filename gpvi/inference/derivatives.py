@@ -1,4 +1,4 @@
-"""Derivatives of a target's log joint: value and gradient, Hessians by autograd or finite differences.
+r"""Derivatives of a target's log joint: value and gradient, Hessians by autograd or finite differences.
 
 Every engine that needs :math:`\log g(\theta)`, :math:`\nabla\log g` or :math:`\nabla^2\log g` (DSVI and its
 Laplace start, Salimans-Knowles, ML-II) goes through these functions, so a target is called, shape-checked and

@@ -23,12 +23,22 @@ Names: ``num_steps`` is the cap on steps of an iterative engine, ``num_draws`` a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import copy
+import math
+import warnings
+from collections import deque
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["EngineState", "StopRule", "IterativeEngine", "RunReport", "FaultPolicy", "NeverStop"]
+from ..exceptions import NumericalWarning
+from ..rng import generator_from_state
+from ..validation import check_nonnegative_int
+from .progress import trace_from_tensor, trace_to_tensor
+
+__all__ = ["EngineState", "StopRule", "IterativeEngine", "RunReport", "FaultPolicy", "NeverStop", "RunState",
+           "resume_copy", "count_draws", "skip_step", "record_bound", "clone_tensors", "run_state_dict", "run_state_fields"]
 
 
 @runtime_checkable
@@ -119,14 +129,144 @@ class FaultPolicy:
         A run with this many skipped steps in a row ends with :class:`~gpvi.exceptions.NumericalFaultError`,
         whose ``state`` is the run's last state (the skipped steps changed nothing but the step counter and the
         generator) and ``partial`` the posterior built from it.
+    max_resample : int
+        Rounds of redrawing, within one step, the Monte Carlo draws whose log joint or derivatives are NaN/inf
+        (>= 0; used by the engines that draw theta: DSVI, DSVI-ARD, Salimans-Knowles). Draws still invalid
+        after these rounds are dropped and counted; a step left with no valid draw is skipped.
+
+    Examples
+    --------
+    >>> FaultPolicy(max_consecutive=5, max_resample=2)
+    FaultPolicy(max_consecutive=5, max_resample=2)
     """
 
     max_consecutive: int = 20
+    max_resample: int = 10
 
     def __post_init__(self) -> None:
         if isinstance(self.max_consecutive, bool) or not isinstance(self.max_consecutive, int) \
                 or self.max_consecutive < 1:
             raise ValueError(f"max_consecutive must be an int >= 1; got {self.max_consecutive!r}")
+        object.__setattr__(self, "max_resample", check_nonnegative_int(self.max_resample, "max_resample"))
+
+    @classmethod
+    def coerce(cls, value: Any, default: FaultPolicy | None = None) -> Any:
+        """``value`` as this class: ``None`` gives ``default`` (else ``cls()``), an instance is kept, a plain
+        :class:`FaultPolicy` is extended with this class's defaults; anything else is a ``TypeError``."""
+        if value is None:
+            return cls() if default is None else default
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, FaultPolicy):
+            return cls(max_consecutive=value.max_consecutive, max_resample=value.max_resample)
+        raise TypeError(f"faults must be a gpvi.inference.engine.FaultPolicy (or {cls.__name__}); got "
+                        f"{type(value).__name__}")
+
+
+# ------------------------------------------------------------------ shared by the Monte Carlo engines' states
+def resume_copy(state: Any, cls: type, dim: int | None = None) -> Any:
+    """What ``engine.resume`` starts from: a copy of ``state`` (an instance of the engine's state class ``cls``) or
+    ``cls.from_state_dict(state)`` for its ``state_dict``; ``TypeError`` for anything else, ``ValueError`` when
+    ``dim`` is given and the state's ``dim`` differs (the target's D)."""
+    if isinstance(state, dict):
+        state = cls.from_state_dict(state)
+    elif isinstance(state, cls):
+        state = state.copy()
+    else:
+        raise TypeError(f"state must be a {cls.__name__} or its state_dict; got {type(state).__name__}")
+    if dim is not None and state.dim != dim:
+        raise ValueError(f"state has dimension {state.dim} but the target has D = {dim}")
+    return state
+
+
+class RunState:
+    """What the states of DSVI and Salimans-Knowles share beyond their fields: the rolling bound average, copies
+    and in-place loading, both through the subclass's ``state_dict`` / ``from_state_dict``."""
+
+    def bound_average(self) -> float:
+        """Rolling-window average of the instantaneous bound (NaN before the first valid step)."""
+        window = self.window  # type: ignore[attr-defined]
+        return sum(window) / len(window) if window else math.nan
+
+    def copy(self) -> Any:
+        """An independent deep copy (tensors cloned, generator state copied)."""
+        return type(self).from_state_dict(self.state_dict())  # type: ignore[attr-defined]
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Overwrite this state with the contents of ``state_dict()`` output."""
+        new = type(self).from_state_dict(state)  # type: ignore[attr-defined]
+        for f in fields(self):  # type: ignore[arg-type]
+            setattr(self, f.name, getattr(new, f.name))
+
+
+def count_draws(state: Any, name: str, what: str, *, resampled: int, dropped: int, calls: int) -> None:
+    """Add one step's redrawn and dropped draws and log-joint calls to ``state.counters``, with a
+    :class:`~gpvi.exceptions.NumericalWarning` at the run's first redraw (``what`` was NaN/inf)."""
+    cnt = state.counters
+    if cnt["resampled_draws"] == 0 and resampled > 0:
+        warnings.warn(f"{name}: {what} was NaN/inf for {resampled} draw(s) at step {state.t}; redrawn (counted in "
+                      f"info['resampled_draws'])", NumericalWarning, stacklevel=3)
+    cnt["resampled_draws"] += resampled
+    cnt["dropped_draws"] += dropped
+    cnt["log_joint_calls"] += calls
+
+
+def skip_step(state: Any, info: dict[str, Any], name: str, finite: str, max_resample: int) -> None:
+    """Book a step left with no valid draw: counted in ``skipped_steps``, ``info["skipped"]``, one
+    :class:`~gpvi.exceptions.NumericalWarning` per streak of such steps, and ``t + 1`` (nothing else changes;
+    the driver counts the streak against :class:`FaultPolicy`)."""
+    state.counters["skipped_steps"] += 1
+    info["skipped"] = True
+    if state.consecutive_failures == 0:
+        warnings.warn(f"{name}: step {state.t} skipped (no draw with a finite {finite} after {max_resample} "
+                      f"resampling rounds)", NumericalWarning, stacklevel=3)
+    state.t += 1
+
+
+def record_bound(state: Any, bound: float, info: dict[str, Any], **trace: float) -> float:
+    """Record one step's instantaneous bound: into the rolling window when finite, and into ``state.trace`` with
+    its rolling average and the other per-step values in ``trace``; ``info`` gets ``t``, ``bound`` and
+    ``bound_avg``. Returns the rolling average (the states of DSVI and Salimans-Knowles keep both the same way)."""
+    if math.isfinite(bound):
+        state.window.append(bound)
+    avg = state.bound_average()
+    tr = state.trace
+    tr["bound"].append(bound)
+    tr["bound_avg"].append(avg)
+    for k, v in trace.items():
+        tr[k].append(v)
+    info.update(t=state.t, bound=bound, bound_avg=avg)
+    return avg
+
+
+def clone_tensors(d: dict[str, Any]) -> dict[str, Any]:
+    """A shallow copy of ``d`` with its tensor values cloned."""
+    return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in d.items()}
+
+
+def run_state_dict(state: Any) -> dict[str, Any]:
+    """The part of a DSVI / Salimans-Knowles ``state_dict`` both share: generator, rolling window, trace,
+    counters, fault streak, wall time and how the run started (plain values, ``torch.save``-able)."""
+    return {
+        "generator_state": state.generator.get_state(), "generator_device": str(state.generator.device),
+        "window": list(state.window), "window_size": state.window.maxlen,
+        "trace": {k: trace_to_tensor(v) for k, v in state.trace.items()},
+        "counters": dict(state.counters), "consecutive_failures": state.consecutive_failures,
+        "wall_time": state.wall_time, "init_info": copy.deepcopy(state.init_info),
+    }
+
+
+def run_state_fields(saved: dict[str, Any], counters: tuple[str, ...]) -> dict[str, Any]:
+    """The constructor arguments rebuilt from :func:`run_state_dict`'s keys (``counters`` missing from an older
+    state start at 0)."""
+    return {
+        "generator": generator_from_state(saved),
+        "window": deque(saved["window"], maxlen=saved.get("window_size")),
+        "trace": {k: trace_from_tensor(v) for k, v in saved["trace"].items()},
+        "counters": {**{k: 0 for k in counters}, **saved["counters"]},
+        "consecutive_failures": int(saved["consecutive_failures"]), "wall_time": float(saved["wall_time"]),
+        "init_info": copy.deepcopy(saved.get("init_info", {})),
+    }
 
 
 @dataclass

@@ -4,7 +4,13 @@ DSVI (Titsias & Lazaro-Gredilla 2014, section 2) needs of the standard distribut
 sampled and has a known entropy :math:`\mathcal H_\phi` (for the reported bound, eq. 4). gpvi provides:
 
 * :class:`StandardNormal` (default): :math:`\mathcal N(0, I)`;
-* :class:`StandardStudentT`: independent standard Student-t components with ``df`` degrees of freedom;
+* :class:`StandardMultivariateT` (``base=("t", df)``): the elliptical multivariate Student-t,
+  :math:`z = g/\sqrt{u/\nu}` with :math:`g \sim \mathcal N(0, I)`, :math:`u \sim \chi^2_\nu`. Every linear
+  combination :math:`a^\top z` is a Student-t with scale :math:`\lVert a\rVert`, so with a triangular C the
+  family :math:`\theta = Cz + \mu` does not depend on the order of :math:`\theta`'s components, and marginals
+  of q are exact Student-t's;
+* :class:`StandardStudentT`: independent standard Student-t components (a product; with a full triangular C the
+  family depends on the order of the components — pass the object itself to use it);
 * :class:`Factorised`: a product of user-given univariate standard distributions, one per dimension
   (the slides' tip "choose phi(z) = prod_d phi_d(z_d) with different phi_d").
 
@@ -23,7 +29,7 @@ import torch
 
 from ..validation import check_positive, check_positive_int
 
-__all__ = ["StandardNormal", "StandardStudentT", "Factorised", "make_standard"]
+__all__ = ["StandardNormal", "StandardMultivariateT", "StandardStudentT", "Factorised", "make_standard"]
 
 _U_LO = 2.0 ** -60
 _U_HI = 1.0 - 2.0 ** -53
@@ -66,6 +72,62 @@ class StandardNormal:
 
     def __repr__(self) -> str:
         return f"StandardNormal(dim={self.dim})"
+
+
+class StandardMultivariateT:
+    r"""Elliptical standard multivariate Student-t: :math:`\phi(z) = t_\nu(z \mid 0, I_D)`,
+
+    .. math::
+
+        \log\phi(z) = \log\Gamma\big(\tfrac{\nu+D}{2}\big) - \log\Gamma\big(\tfrac{\nu}{2}\big)
+        - \tfrac D2\log(\nu\pi) - \tfrac{\nu+D}{2}\log\big(1 + \lVert z\rVert^2/\nu\big),
+
+    entropy :math:`\mathcal H = -\log\Gamma(\frac{\nu+D}2) + \log\Gamma(\frac\nu2) + \frac D2\log(\nu\pi)
+    + \frac{\nu+D}2\big(\psi(\frac{\nu+D}2) - \psi(\frac\nu2)\big)`, covariance :math:`\frac{\nu}{\nu-2}I`
+    (:math:`\nu > 2`). Draws: :math:`g \sim \mathcal N(0, I)` and :math:`u = 2\,\Gamma^{-1}_{\nu/2}(U)`
+    (inverse regularised incomplete gamma of a generator uniform), :math:`z = g\sqrt{\nu/u}`.
+
+    Parameters
+    ----------
+    dim : int
+    df : float
+        :math:`\nu > 0`.
+    """
+
+    kind = "mvt"
+
+    def __init__(self, dim: int, df: float) -> None:
+        self.dim = check_positive_int(dim, "dim")
+        self.df = check_positive(df, "df")
+
+    def sample(self, n: int, generator: torch.Generator | None = None, *, dtype: torch.dtype = torch.float64,
+               device: torch.device | str | None = None) -> torch.Tensor:
+        """Draw ``(n, D)``: normals and one chi-square per row, all from ``generator``."""
+        g = torch.randn((n, self.dim), generator=generator, dtype=torch.float64)
+        u = _uniform((n,), generator, torch.float64, None)
+        chi2 = 2.0 * torch.from_numpy(scipy.special.gammaincinv(0.5 * self.df, u.numpy()))
+        return (g * torch.sqrt(self.df / chi2)[:, None]).to(dtype=dtype, device=device)
+
+    def log_prob(self, z: torch.Tensor) -> torch.Tensor:
+        nu, D = self.df, self.dim
+        c = (math.lgamma(0.5 * (nu + D)) - math.lgamma(0.5 * nu) - 0.5 * D * math.log(nu * math.pi))
+        return c - 0.5 * (nu + D) * torch.log1p((z * z).sum(-1) / nu)
+
+    def entropy(self) -> float:
+        nu, D = self.df, self.dim
+        a, b = 0.5 * (nu + D), 0.5 * nu
+        return float(-math.lgamma(a) + math.lgamma(b) + 0.5 * D * math.log(nu * math.pi)
+                     + a * (scipy.special.digamma(a) - scipy.special.digamma(b)))
+
+    def variance(self) -> torch.Tensor:
+        v = self.df / (self.df - 2.0) if self.df > 2 else math.inf
+        return torch.full((self.dim,), v, dtype=torch.float64)
+
+    def spec(self) -> dict[str, Any]:
+        return {"kind": "mvt", "dim": self.dim, "df": self.df}
+
+    def __repr__(self) -> str:
+        return f"StandardMultivariateT(dim={self.dim}, df={self.df:g})"
 
 
 class StandardStudentT:
@@ -189,19 +251,20 @@ def _param_dtype(c: Any) -> torch.dtype:
 
 
 def make_standard(base: Any, dim: int, *, df: float | None = None) -> Any:
-    """Build a standard distribution from ``"normal"``, ``"t"`` (with ``df``), ``("t", df)``, a sequence of
-    univariate distributions, or return an existing standard-distribution object after checking its dim."""
+    """Build a standard distribution from ``"normal"``, ``"t"`` (with ``df``) or ``("t", df)`` (the multivariate
+    t), a sequence of univariate distributions, or return an existing standard-distribution object (e.g. a
+    :class:`StandardStudentT` product) after checking its dim."""
     if isinstance(base, str):
         if base == "normal":
             return StandardNormal(dim)
-        if base in ("t", "student_t", "studentt"):
+        if base in ("t", "student_t", "studentt", "mvt"):
             if df is None:
                 raise ValueError("base='t' needs df (degrees of freedom), e.g. df=5")
-            return StandardStudentT(dim, df)
+            return StandardMultivariateT(dim, df)
         raise ValueError(f"base must be 'normal', 't', a standard distribution or a sequence of univariate "
                          f"distributions; got {base!r}")
     if isinstance(base, tuple) and len(base) == 2 and base[0] == "t":
-        return StandardStudentT(dim, base[1])
+        return StandardMultivariateT(dim, base[1])
     if isinstance(base, (list, tuple)):
         f = Factorised(base)
         if f.dim != dim:

@@ -14,11 +14,14 @@ resulting :class:`Start`. A strategy is any callable ``strategy(target) -> Start
 * :func:`init_to_prior_draw` -- a seeded draw from the target's prior.
 
 :func:`laplace_scale` is the one place that turns a Hessian into a scale, :func:`laplace_approximation` the
-Laplace approximation as a posterior.
+Laplace approximation as a posterior. Every engine's ``init`` takes its start through :func:`start_point` (a
+:class:`Start` as it is, anything else through the strategy ``run(init=...)`` would use, checked against D), and
+refuses a start where the log joint cannot be evaluated with :func:`check_start`.
 """
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -30,11 +33,11 @@ from ..exceptions import NumericalWarning
 from ..models.target import as_target
 from ..validation import as_float_tensor, check_positive, check_positive_int
 from .budget import MemoryBudget
-from .derivatives import finite_difference_hessian, is_minibatch_target
+from .derivatives import finite_difference_hessian, is_minibatch_target, log_joint_and_grad
 
-__all__ = ["Start", "resolve_init", "init_to_value", "init_to_posterior", "init_to_default", "init_to_map",
-           "init_to_ml2", "init_to_laplace", "init_to_prior_draw", "laplace_scale", "laplace_scale_at",
-           "laplace_approximation", "LAPLACE_MAX_DIM"]
+__all__ = ["Start", "resolve_init", "start_point", "check_start", "init_to_value", "init_to_posterior",
+           "init_to_default", "init_to_map", "init_to_ml2", "init_to_laplace", "init_to_prior_draw", "laplace_scale",
+           "laplace_scale_at", "laplace_approximation", "LAPLACE_MAX_DIM"]
 
 LAPLACE_MAX_DIM = 200
 """Largest D for which a Laplace scale is built by finite differences (2D gradient evaluations)."""
@@ -282,6 +285,62 @@ def resolve_init(init: Any, default: Callable[[Any], Start], *, seed: int = 0) -
     if callable(init) and not isinstance(init, torch.Tensor):
         return init
     return init_to_value(init)
+
+
+def start_point(target: Any, start: Any, default: Callable[[Any], Start], *, seed: int | None = 0,
+                strategy: Callable[[Any], Callable[[Any], Start] | None] | None = None) -> Start:
+    """The :class:`Start` an engine's ``init(target, start)`` begins from, with ``theta`` of length D checked.
+
+    ``start`` is a :class:`Start` (what the driver passes) or anything ``run(init=...)`` accepts: it is turned
+    into a strategy by ``strategy(start)`` when given (``None`` from it means ``default``; CVI's
+    :func:`~gpvi.inference.cvi.options.latent_init`), else by :func:`resolve_init` with ``default`` and ``seed``,
+    and the strategy is called on ``target``. ``ValueError`` unless ``theta`` has shape ``(D,)``,
+    D = ``len(target.names)``.
+    """
+    if not isinstance(start, Start):
+        if strategy is None:
+            fn = resolve_init(start, default, seed=0 if seed is None else seed)
+        else:
+            fn = strategy(start) or default
+        start = fn(target)
+    D = len(target.names)
+    if tuple(start.theta.shape) != (D,):
+        raise ValueError(f"init must have length D = {D}; got shape {tuple(start.theta.shape)}")
+    return start
+
+
+def _show(theta: torch.Tensor, most: int = 8) -> str:
+    vals = [f"{float(v):.4g}" for v in theta[:most]]
+    return "[" + ", ".join(vals) + (", ...]" if theta.shape[0] > most else "]")
+
+
+def check_start(target: Any, theta: torch.Tensor, batch: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log joint ``(1,)`` and gradient ``(1, D)`` at the start ``theta`` (D,); ``ValueError`` where either is NaN/inf.
+
+    An engine calls this once in ``init``, so a start where the model cannot be evaluated (a kernel matrix that
+    fails Cholesky, a log of zero) is refused at once, naming the point, instead of failing step after step until
+    the fault policy gives up. ``batch``: the minibatch to evaluate on (``None``: the full data).
+
+    Examples
+    --------
+    >>> import torch, gpvi
+    >>> target = gpvi.Target(lambda th: torch.log(th).sum(-1), names=["a", "b"])
+    >>> check_start(target, torch.tensor([1.0, -1.0], dtype=torch.float64))
+    Traceback (most recent call last):
+        ...
+    ValueError: the log joint is nan at the start theta=[1, -1]; start where the model can be evaluated (init=...)
+    """
+    lj, g = log_joint_and_grad(target, theta.unsqueeze(0), batch)
+    value = float(lj[0])
+    if not math.isfinite(value):
+        raise ValueError(f"the log joint is {value} at the start theta={_show(theta)}; start where the model can be "
+                         f"evaluated (init=...)")
+    bad = (~torch.isfinite(g[0])).nonzero().flatten().tolist()
+    if bad:
+        names = [str(target.names[i]) for i in bad[:8]]
+        raise ValueError(f"the gradient of the log joint is not finite in {names} at the start theta={_show(theta)} "
+                         f"(log joint {value:.6g}); start where the model can be differentiated (init=...)")
+    return lj, g
 
 
 def laplace_approximation(target: Any, mode: Any = None, *, map_restarts: int = 1, step: float = 1e-4,

@@ -193,10 +193,13 @@ class LatentGP:
         self._cache = (t.detach().clone(), K)
         return K
 
+    def _new_inputs(self, X_new: Any) -> torch.Tensor:
+        """``X_new`` checked against the training columns and centred like them (shift invariance)."""
+        return centre_inputs(check_X(X_new, "X_new", n_features=self.X.shape[1], device=self.X.device), self._centre)
+
     def cross_covariance(self, theta: Any, X_new: Any) -> torch.Tensor:
         r""":math:`K_{*X} = k_\theta(X_*, X)`, shape ``(n, N)``."""
-        t = self.check_theta(theta)
-        Xs = centre_inputs(check_X(X_new, "X_new", n_features=self.X.shape[1], device=self.X.device), self._centre)
+        t, Xs = self.check_theta(theta), self._new_inputs(X_new)
         with torch.no_grad():
             K = self.kernel_params.matrix(t.detach(), Xs, self._Xc)
         check_finite_prediction(K.T, K.T, "X_new", what="the kernel")     # overflow: an error, never NaN
@@ -204,8 +207,7 @@ class LatentGP:
 
     def prior_variance(self, theta: Any, X_new: Any) -> torch.Tensor:
         r""":math:`k_\theta(x_*, x_*)` for each row of ``X_new``, shape ``(n,)``."""
-        t = self.check_theta(theta)
-        Xs = centre_inputs(check_X(X_new, "X_new", n_features=self.X.shape[1], device=self.X.device), self._centre)
+        t, Xs = self.check_theta(theta), self._new_inputs(X_new)
         with torch.no_grad():
             k = self.kernel_params.matrix(t.detach(), Xs, diag=True)
         check_finite_prediction(k, k, "X_new", what="the kernel")

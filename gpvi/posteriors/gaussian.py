@@ -30,7 +30,8 @@ from typing import Any
 import scipy.special
 import torch
 
-from ..inference.families import Factorised, StandardNormal, StandardStudentT, _param_dtype, make_standard
+from ..inference.families import (Factorised, StandardMultivariateT, StandardNormal, StandardStudentT, _param_dtype,
+                                 make_standard)
 from ..linalg import cholesky_with_jitter, solve_lower
 from ..rng import resolve_generator
 from ..validation import as_float_tensor, check_positive_int, check_theta
@@ -360,6 +361,9 @@ class GaussianPosterior(Posterior):
         if isinstance(self.base, StandardNormal) or self.storage == "lowrank":
             zq = torch.special.ndtri(p)
             return self._mean + zq[:, None] * self.std[None, :]
+        if isinstance(self.base, StandardMultivariateT):                 # exact: each theta_d is a t
+            zq = torch.from_numpy(scipy.special.stdtrit(self.base.df, p.detach().cpu().numpy())).to(p)
+            return self._mean + zq[:, None] * self._t_scales()[None, :]
         if self.storage == "diag":
             zq = self._base_quantiles(p)
             if zq is not None:
@@ -377,8 +381,17 @@ class GaussianPosterior(Posterior):
             return torch.stack(cols, dim=-1).to(p)
         return None
 
+    def _t_scales(self) -> torch.Tensor:
+        """Scales of the Student-t marginals under a multivariate-t base: the row norms of C."""
+        if self.storage == "diag":
+            return self._scale_diag
+        return torch.sqrt((self._scale_tril ** 2).sum(-1))
+
     def _marginal(self, mean, sd):
         loc = mean.tolist()
+        if isinstance(self.base, StandardMultivariateT):
+            return [{"family": "student_t", "df": self.base.df, "loc": m, "scale": s}
+                    for m, s in zip(loc, self._t_scales().tolist())]
         if isinstance(self.base, StandardNormal) or self.storage == "lowrank":
             return [{"family": "normal", "loc": m, "scale": s} for m, s in zip(loc, sd.tolist())]
         if self.storage == "diag":
@@ -424,7 +437,10 @@ class GaussianPosterior(Posterior):
         if spec["kind"] == "factorised":
             raise ValueError("a factorised base cannot be rebuilt from its description; construct "
                              "GaussianPosterior(mean, scale_tril, names, base=...) directly")
-        base = make_standard(spec["kind"], spec["dim"], df=spec.get("df"))
+        if spec["kind"] == "t":                          # the product of univariate t's (and files before 0.2)
+            base = StandardStudentT(int(spec["dim"]), float(spec["df"]))
+        else:
+            base = make_standard(spec["kind"], spec["dim"], df=spec.get("df"))
         storage = state.get("storage", "full")
         kw = dict(base=base, elbo=state.get("elbo", math.nan), elbo_se=state.get("elbo_se", math.nan), **common)
         names = list(state["names"])

@@ -37,8 +37,8 @@ from ...rng import check_seed, resolve_generator
 from ...validation import check_bool, check_choice, check_fraction, check_positive, check_positive_int
 from .. import driver
 from ..budget import MemoryBudget
-from ..engine import FaultPolicy, RunReport
-from ..init import Start
+from ..engine import FaultPolicy, RunReport, resume_copy
+from ..init import start_point
 from . import sites, steps
 from .options import MonteCarlo, SingleSite, SitesConverged, init_to_sites, latent_init
 from .sites import site_elbo
@@ -181,11 +181,8 @@ class CVI:
             The run's random stream (default: a fresh one seeded with ``seed``).
         """
         model = self._check_model(target)
-        if not isinstance(start, Start):
-            start = (latent_init(start) or self.default_init(model))(model)
+        start = start_point(model, start, self.default_init(model), strategy=latent_init)
         theta = start.theta.detach().to(device=model.device, dtype=torch.float64).clone()
-        if theta.shape != (model.dim,):
-            raise ValueError(f"init must have length D = {model.dim}; got shape {tuple(theta.shape)}")
         gen = resolve_generator(self.seed, generator)
         lam1, lam2 = getattr(start, "lam1", None), getattr(start, "lam2", None)
         if lam1 is None:
@@ -205,12 +202,7 @@ class CVI:
     def resume(self, target: Any, state: CVIState | dict[str, Any]) -> CVIState:
         """A checked copy of ``state`` (a :class:`CVIState` or its ``state_dict``) to continue on ``target``."""
         model = self._check_model(target)
-        if isinstance(state, dict):
-            st = CVIState.from_state_dict(state)
-        elif isinstance(state, CVIState):
-            st = state.copy()
-        else:
-            raise TypeError(f"state must be a CVIState or its state_dict; got {type(state).__name__}")
+        st = resume_copy(state, CVIState)
         if st.num_sites != model.num_data:
             raise ValueError(f"state has {st.num_sites} sites but the model has N = {model.num_data}")
         if st.theta.shape[0] != model.dim:

@@ -1,7 +1,16 @@
-"""DSVI (Titsias & Lazaro-Gredilla, ICML 2014) and DSVI-ARD."""
+"""DSVI (Titsias & Lazaro-Gredilla, ICML 2014) and DSVI-ARD, with DSVI's option objects.
 
+``DSVI(optimizer=SGD(lr=0.1), convergence=Convergence(stop=False), faults=FaultPolicy(max_resample=3),
+scale=BlockDiagonal([2, 3]))``: the update rules :class:`SGD`, :class:`Natural`, :class:`Adam` carry their step
+sizes and schedules (:mod:`~gpvi.inference.dsvi.options`), :class:`Convergence` is the monitoring and stop rule
+(:mod:`~gpvi.inference.dsvi.convergence`), :class:`~gpvi.inference.engine.FaultPolicy` is shared by the engines.
+"""
+
+from ..engine import FaultPolicy
 from .ard import ARDTerm, DSVIARD
+from .convergence import Convergence
 from .engine import DSVI, DSVIState, EntropyTerm, GradientEstimate, finite_difference_hessian, laplace_approximation
+from .options import SGD, Adam, BlockDiagonal, Natural
 
-__all__ = ["DSVI", "DSVIARD", "DSVIState", "ARDTerm", "EntropyTerm", "GradientEstimate", "laplace_approximation",
-           "finite_difference_hessian"]
+__all__ = ["DSVI", "DSVIARD", "DSVIState", "SGD", "Natural", "Adam", "Convergence", "BlockDiagonal", "FaultPolicy",
+           "ARDTerm", "EntropyTerm", "GradientEstimate", "laplace_approximation", "finite_difference_hessian"]

@@ -63,6 +63,7 @@ from typing import Any
 import torch
 
 from .engine import DSVI, DSVIState
+from .options import SGD
 from ...posteriors.base import GaussianPosterior
 from ...models.minibatch import MinibatchTarget
 from ...models.target import as_target
@@ -99,6 +100,12 @@ def ard_prior_variance(q: GaussianPosterior) -> torch.Tensor:
     return q.scale_diag ** 2 + q.mean ** 2
 
 
+class _ARDEngine(DSVI):
+    """DSVI on the bound of eq. (14): the closed-form part of the bound is :class:`ARDTerm`."""
+
+    analytic_term = ARDTerm()
+
+
 class DSVIARD:
     r"""DSVI-ARD (paper section 3.2): sparse Bayesian inference with the ARD prior optimised out analytically.
 
@@ -123,9 +130,10 @@ class DSVIARD:
         steps, as in the paper).
     init_scale : float
         Initial :math:`c_d` (default 0.1).
-    **kwargs
-        Any other :class:`~gpvi.inference.dsvi.engine.DSVI` setting (``polyak``, ``window``, ``seed``, ``progress_bar``,
-        ``optimizer``, ``max_resample``, ...).
+    **settings
+        Any other :class:`~gpvi.inference.dsvi.engine.DSVI` setting (``polyak``, ``convergence``, ``faults``,
+        ``num_elbo_draws``, ``seed``, ``progress_bar``). The steps are :class:`~gpvi.inference.dsvi.options.SGD`
+        ones with ``lr``, ``lr_scale`` and ``schedule`` above.
 
     Examples
     --------
@@ -142,10 +150,11 @@ class DSVIARD:
     """
 
     def __init__(self, *, num_draws: int = 1, num_steps: int = 100_000, lr: float | str = "paper",
-                 lr_scale: float = 0.1, schedule: Any = "decay", init_scale: float = 0.1, **kwargs: Any) -> None:
-        for bad in ("scale", "base", "df", "analytic_term", "blocks"):
-            if bad in kwargs:
-                raise ValueError(f"DSVIARD fixes {bad!r} (diagonal scale, standard-normal base, eq. 14 term)")
+                 lr_scale: float = 0.1, schedule: Any = "decay", init_scale: float = 0.1, **settings: Any) -> None:
+        for bad in ("scale", "base", "optimizer"):
+            if bad in settings:
+                raise ValueError(f"DSVIARD fixes {bad!r} (diagonal scale, standard-normal base, SGD steps on eq. 14; "
+                                 f"set lr, lr_scale and schedule here)")
         if isinstance(lr, str):
             if lr != "paper":
                 raise ValueError(f"lr must be a positive float or 'paper' (0.05 / N); got {lr!r}")
@@ -153,12 +162,13 @@ class DSVIARD:
             lr = check_positive(lr, "lr")
         self.lr = lr
         self.init_scale = check_positive(init_scale, "init_scale")
-        self._kwargs = dict(num_draws=num_draws, num_steps=num_steps, lr_scale=lr_scale, schedule=schedule,
-                            init_scale=self.init_scale, **kwargs)
-        # validate every setting now (lr resolved per target in engine())
-        self._template = DSVI("diag", "normal", lr=1.0 if lr == "paper" else lr,
-                              analytic_term=ARDTerm(), **self._kwargs)
+        self._rule = dict(lr_scale=lr_scale, schedule=schedule)
+        self._kwargs = dict(num_draws=num_draws, num_steps=num_steps, init_scale=self.init_scale, **settings)
+        self._template = self._make(1.0 if lr == "paper" else lr)     # validates every setting now
         self._engines: dict[float, DSVI] = {}
+
+    def _make(self, lr: float) -> DSVI:
+        return _ARDEngine("diag", "normal", optimizer=SGD(lr=lr, **self._rule), **self._kwargs)
 
     def engine(self, target: Any) -> DSVI:
         """The :class:`~gpvi.inference.dsvi.engine.DSVI` engine that runs this target (``lr="paper"`` resolved to
@@ -171,7 +181,7 @@ class DSVIARD:
             lr = 0.05 / n
         cached = self._engines.get(lr)
         if cached is None:
-            cached = self._engines[lr] = DSVI("diag", "normal", lr=lr, analytic_term=ARDTerm(), **self._kwargs)
+            cached = self._engines[lr] = self._make(lr)
         return cached
 
     def init(self, target: Any, init: Any = None, *, generator: torch.Generator | None = None) -> DSVIState:

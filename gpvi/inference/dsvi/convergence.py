@@ -14,6 +14,7 @@ import math
 from typing import Any
 
 from ...validation import check_bool, check_choice, check_positive, check_positive_int
+from ..engine import record_bound
 
 __all__ = ["Convergence", "NATURAL_WINDOW", "DEFAULT_WINDOW"]
 
@@ -24,21 +25,37 @@ DEFAULT_WINDOW = 200
 
 
 class Convergence:
-    r"""DSVI's convergence rule and stop rule (an object the driver calls after every step).
+    r"""DSVI's convergence rule and stop rule (an object the driver calls after every step): ``DSVI(convergence=...)``.
+
+    Every W steps the window averages of the bound, :math:`\mu` and :math:`C` are compared with the previous
+    window's (module docstring); the rule must hold at ``patience`` consecutive checks for ``converged`` to be
+    True.
 
     Parameters
     ----------
     window : int or "auto"
-        W, the rolling window of the bound and the check period (``"auto"``: 100 for ``"natural"``, 200 else).
+        W >= 1, the rolling window of the bound and the check period. ``"auto"`` (default): 200 as in the paper,
+        100 for the ``"natural"`` rule (whose iterates move in units of q's scale, so 100 steps suffice to see
+        drift).
     tol : float
-        Bound part of the rule (relative).
+        Bound part: successive window averages differ by at most ``tol * max(1, |avg|) + 2 * se`` (se = standard
+        error of the difference, from the windows' variances).
     param_tol : float
-        Parameter part of the rule, in marginal sds of q.
+        Parameter part: the window averages of :math:`\mu` and :math:`C` moved by at most ``param_tol``:
+        :math:`\max_d |\Delta\bar\mu_d| / \mathrm{sd}_d` and :math:`\max_{ij} |\Delta\bar C_{ij}| /
+        \mathrm{sd}_i` (sd = marginal scales of q, the row norms of C). Averages over a window measure drift
+        rather than the step-to-step noise of the iterates.
     patience : int
-        Consecutive checks the rule must hold.
+        Consecutive checks the rule must hold for ``converged``.
     stop : bool or "auto"
-        End the run once converged (``"auto"``: for ``"natural"`` only). A run ended this way returns the
-        average of :math:`(\mu, C)` over the windows over which the rule held.
+        End the run before ``num_steps`` once converged. A run ended this way returns the average of
+        :math:`(\mu, C)` over the last ``patience`` windows (those over which the rule held), not the final
+        iterate. ``"auto"`` (default): for the ``"natural"`` rule only (the others run all ``num_steps``).
+
+    Examples
+    --------
+    >>> Convergence(window=50, stop=False)
+    Convergence(window=50, tol=0.001, param_tol=0.2, patience=3, stop=False)
     """
 
     def __init__(self, window: int | str = "auto", tol: float = 1e-3, param_tol: float = 0.2, patience: int = 3,
@@ -52,9 +69,9 @@ class Convergence:
         self.param_tol = check_positive(param_tol, "param_tol")
         self.patience = check_positive_int(patience, "patience")
         if isinstance(stop, str):
-            check_choice(stop, "stop_on_convergence", ("auto",))
+            check_choice(stop, "stop", ("auto",))
         else:
-            stop = check_bool(stop, "stop_on_convergence")
+            stop = check_bool(stop, "stop")
         self.stop = stop
 
     @property
@@ -77,18 +94,11 @@ class Convergence:
     # ------------------------------------------------------------------ bookkeeping, once per step
     def record(self, state: Any, bound: float, rho: float, num_valid: int, info: dict[str, Any]) -> None:
         """Append the step's bound to the window and the trace; run the rule every W steps."""
-        if math.isfinite(bound):
-            state.window.append(bound)
-        avg = state.bound_average()
-        tr = state.trace
-        tr["bound"].append(bound)
-        tr["bound_avg"].append(avg)
-        tr["rho"].append(rho)
-        tr["num_valid"].append(float(num_valid))
+        record_bound(state, bound, info, rho=rho, num_valid=float(num_valid))
         W = state.window.maxlen
         if state.t % W == 0 and len(state.window) == W:
             self._check(state)
-        info.update(t=state.t, bound=bound, bound_avg=avg, converged=state.converged)
+        info["converged"] = state.converged
 
     @staticmethod
     def accumulate(state: Any) -> None:
@@ -127,7 +137,7 @@ class Convergence:
 
     def settings(self) -> dict[str, Any]:
         return {"window": self.window, "tol": self.tol, "param_tol": self.param_tol, "patience": self.patience,
-                "stop_on_convergence": self.stop}
+                "stop": self.stop}
 
     def __repr__(self) -> str:
         return (f"Convergence(window={self.window!r}, tol={self.tol:g}, param_tol={self.param_tol:g}, "

@@ -27,7 +27,7 @@ def estimate_gradient(engine: Any, target: Any, state: DSVIState, base: Any = No
     lj, g = log_joint_and_grad(target, theta, batch)
     calls, resampled = 1, 0
     valid = torch.isfinite(lj + g.sum(-1))       # value and every gradient entry finite
-    for _ in range(engine.max_resample if not bool(valid.all()) else 0):
+    for _ in range(engine.faults.max_resample if not bool(valid.all()) else 0):
         bad = (~valid).nonzero().flatten()
         if bad.numel() == 0:
             break
@@ -44,8 +44,9 @@ def estimate_gradient(engine: Any, target: Any, state: DSVIState, base: Any = No
     zv, gv, ljv = (z[valid], g[valid], lj[valid]) if nv < S else (z, g, lj)
     term_value, term_mu, term_c = engine.term(base)(mu, C if diag else torch.diagonal(C))
     grad_mu = gv.mean(0) if term_mu is None else gv.mean(0) + term_mu
-    if engine.fixed_mean_mask is not None:
-        grad_mu = grad_mu.masked_fill(engine.fixed_mean_mask, 0.0)
+    fixed = engine.rule_for(state.optimizer).fixed_mean
+    if fixed is not None:
+        grad_mu = grad_mu.masked_fill(fixed, 0.0)
     if diag:
         grad_C = (gv * zv).mean(0) + term_c
     else:

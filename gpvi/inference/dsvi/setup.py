@@ -22,9 +22,7 @@ def initial_moments(engine: Any, target: Any, start: Start, D: int, optimizer: s
     """(mu0, C0) from the start and ``init_scale``: a posterior's scale wins, then an explicit
     ``init_scale``, then a Laplace scale (given by the start, or built at mu0 for ``"natural"``)."""
     info = {k: v for k, v in start.info.items() if k not in ("time_s", "hessian")}
-    mu0 = start.theta.clone()
-    if mu0.shape != (D,):
-        raise ValueError(f"init must have length D = {D}; got shape {tuple(mu0.shape)}")
+    mu0 = start.theta.clone()                       # length D: checked by gpvi.inference.init.start_point
     auto = isinstance(engine.init_scale, str)
     C0 = start.scale_tril if (start.scale_source == "posterior" or (auto and start.scale_tril is not None)) \
         else None
@@ -114,7 +112,7 @@ def curvature_rate(target: Any, mu0: torch.Tensor, gen: torch.Generator, batch: 
         v = Hv / nrm
     lam = abs(lam)
     if not math.isfinite(lam) or lam <= 1e-12:
-        warnings.warn("DSVI lr='auto': could not estimate the curvature of log g at the initial mean; "
-                      "using lr = 1e-3 (pass lr= explicitly)", NumericalWarning, stacklevel=4)
+        warnings.warn("DSVI SGD(lr='auto'): could not estimate the curvature of log g at the initial mean; "
+                      "using lr = 1e-3 (pass optimizer=SGD(lr=...) explicitly)", NumericalWarning, stacklevel=4)
         return 1e-3
     return 0.5 / lam

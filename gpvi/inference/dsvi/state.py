@@ -7,7 +7,6 @@ lower triangular, or the ``(D,)`` diagonal for ``scale="diag"``), ``z`` the stan
 from __future__ import annotations
 
 import copy
-import math
 from array import array
 from collections import deque
 from dataclasses import dataclass, field
@@ -15,8 +14,7 @@ from typing import Any
 
 import torch
 
-from ...rng import generator_from_state
-from ..progress import trace_from_tensor, trace_to_tensor
+from ..engine import RunState, clone_tensors, run_state_dict, run_state_fields
 
 __all__ = ["DSVIState", "GradientEstimate", "EntropyTerm", "TRACE_KEYS", "COUNTERS"]
 
@@ -55,7 +53,7 @@ class EntropyTerm:
 
 # ----------------------------------------------------------------------------------------------------------
 @dataclass
-class DSVIState:
+class DSVIState(RunState):
     r"""Everything that evolves during a DSVI run (settings stay in :class:`DSVI`).
 
     :meth:`DSVI.step` advances a state **in place** and returns it; keep a checkpoint with :meth:`copy` or
@@ -74,7 +72,7 @@ class DSVIState:
         The run's random stream (draws of z, resampled draws, minibatches). Advanced by every step.
     scale : {"full", "diag"}
     rho0_mu, rho0_C : float
-        Initial step sizes for :math:`\mu` and :math:`C` (resolved from ``lr="auto"`` at :meth:`DSVI.init`).
+        Initial step sizes for :math:`\mu` and :math:`C` (resolved from the rule's ``lr`` at :meth:`DSVI.init`).
     opt : dict of str to tensor
         Optimiser state (Adam moments ``m_mu, v_mu, m_C, v_C`` and update count ``n``); empty for SGD.
     window : collections.deque of float
@@ -107,7 +105,8 @@ class DSVIState:
     >>> import torch, gpvi
     >>> from gpvi.inference.dsvi.engine import DSVI, DSVIState
     >>> target = gpvi.Target(lambda th: -0.5 * (th ** 2).sum(-1), names=2)
-    >>> engine = DSVI(num_steps=100, lr=0.1, progress_bar=False)
+    >>> from gpvi.inference.dsvi import SGD
+    >>> engine = DSVI(num_steps=100, optimizer=SGD(lr=0.1), progress_bar=False)
     >>> state = engine.init(target)
     >>> saved = state.state_dict()                 # torch.save(saved, path) works too
     >>> state, info = engine.step(target, state)
@@ -145,62 +144,34 @@ class DSVIState:
         """C as a ``(D, D)`` lower-triangular matrix (builds ``diag(c)`` for a diagonal scale)."""
         return torch.diag(self.C) if self.scale == "diag" else self.C
 
-    def bound_average(self) -> float:
-        """Current rolling-window average of the instantaneous bound (NaN before the first valid step)."""
-        return sum(self.window) / len(self.window) if self.window else math.nan
-
-    def copy(self) -> DSVIState:
-        """An independent deep copy (tensors cloned, generator state copied)."""
-        return DSVIState.from_state_dict(self.state_dict())
-
     def state_dict(self) -> dict[str, Any]:
         """Plain tensors, numbers and lists (``torch.save``-able), including the generator state."""
         return {
-            "version": 1,
-            "mu": self.mu.clone(), "C": self.C.clone(), "t": self.t,
-            "generator_state": self.generator.get_state(), "generator_device": str(self.generator.device),
-            "scale": self.scale, "rho0_mu": self.rho0_mu, "rho0_C": self.rho0_C,
-            "opt": {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in self.opt.items()},
-            "window": list(self.window), "window_size": self.window.maxlen,
-            "trace": {k: trace_to_tensor(v) for k, v in self.trace.items()},
-            "counters": dict(self.counters), "consecutive_failures": self.consecutive_failures,
+            "version": 1, "mu": self.mu.clone(), "C": self.C.clone(), "t": self.t,
+            "scale": self.scale, "rho0_mu": self.rho0_mu, "rho0_C": self.rho0_C, "opt": clone_tensors(self.opt),
             "polyak_mu": None if self.polyak_mu is None else self.polyak_mu.clone(),
-            "polyak_C": None if self.polyak_C is None else self.polyak_C.clone(),
-            "polyak_n": self.polyak_n,
-            "check": {k: (v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)) for k, v in self.check.items()},
-            "converged": self.converged, "wall_time": self.wall_time,
-            "optimizer": self.optimizer, "init_info": copy.deepcopy(self.init_info),
+            "polyak_C": None if self.polyak_C is None else self.polyak_C.clone(), "polyak_n": self.polyak_n,
+            "check": {k: (v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v))
+                      for k, v in self.check.items()},
+            "converged": self.converged, "optimizer": self.optimizer, **run_state_dict(self),
         }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Overwrite this state with the contents of :meth:`state_dict` output."""
-        new = DSVIState.from_state_dict(state)
-        for f in self.__dataclass_fields__:
-            setattr(self, f, getattr(new, f))
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> DSVIState:
         """Rebuild a state from :meth:`state_dict` output (e.g. after ``torch.load``)."""
         if not isinstance(state, dict) or "mu" not in state or "generator_state" not in state:
             raise TypeError("state must be a DSVIState or the dict returned by DSVIState.state_dict()")
-        gen = generator_from_state(state)
-        maxlen = state.get("window_size")
         return cls(
-            mu=state["mu"].clone(), C=state["C"].clone(), t=int(state["t"]), generator=gen,
-            scale=state["scale"], rho0_mu=float(state["rho0_mu"]), rho0_C=float(state["rho0_C"]),
-            opt={k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in state["opt"].items()},
-            window=deque(state["window"], maxlen=maxlen),
-            trace={k: trace_from_tensor(v) for k, v in state["trace"].items()},
-            counters={**{k: 0 for k in COUNTERS}, **state["counters"]},
-            consecutive_failures=int(state["consecutive_failures"]),
+            mu=state["mu"].clone(), C=state["C"].clone(), t=int(state["t"]), scale=state["scale"],
+            rho0_mu=float(state["rho0_mu"]), rho0_C=float(state["rho0_C"]), opt=clone_tensors(state["opt"]),
             polyak_mu=None if state["polyak_mu"] is None else state["polyak_mu"].clone(),
             polyak_C=None if state["polyak_C"] is None else state["polyak_C"].clone(),
-            polyak_n=int(state["polyak_n"]),
-            check={k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in state["check"].items()},
-            converged=bool(state["converged"]), wall_time=float(state["wall_time"]),
+            polyak_n=int(state["polyak_n"]), check=clone_tensors(state["check"]), converged=bool(state["converged"]),
             optimizer=str(state.get("optimizer", "adam" if state["opt"] else "sgd")),
-            init_info=copy.deepcopy(state.get("init_info", {})),
+            **run_state_fields(state, COUNTERS),
         )
+
+
 
 
 @dataclass
@@ -237,4 +208,3 @@ class GradientEstimate:
     z: torch.Tensor
     theta: torch.Tensor
     valid: torch.Tensor
-

@@ -1,13 +1,15 @@
 r"""DSVI's update rules: from a stochastic gradient of the bound to a proposed step of :math:`(\mu, C)`.
 
-* ``"sgd"`` -- Algorithm 1: :math:`\Delta\mu = \rho\hat\nabla_\mu`, :math:`\Delta C = \rho_C\hat\nabla_C`;
-* ``"natural"`` -- the same gradients preconditioned by q's scale, with a KL trust region (:func:`natural_step`);
-* ``"adam"`` -- the same gradients fed to Adam (:func:`adam_step`).
+* ``"sgd"`` (:class:`~gpvi.inference.dsvi.options.SGD`) -- Algorithm 1: :math:`\Delta\mu = \rho\hat\nabla_\mu`,
+  :math:`\Delta C = \rho_C\hat\nabla_C`;
+* ``"natural"`` (:class:`~gpvi.inference.dsvi.options.Natural`) -- the same gradients preconditioned by q's scale,
+  with a KL trust region (:func:`natural_step`);
+* ``"adam"`` (:class:`~gpvi.inference.dsvi.options.Adam`) -- the same gradients fed to Adam (:func:`adam_step`).
 
 :func:`keep_diagonal_positive` then makes sure no step makes a diagonal entry of :math:`C` non-positive, and
 :func:`polyak_update` keeps the running average the run may return.
 
-Optimizers. ``optimizer="sgd"`` is Algorithm 1 exactly (above). ``optimizer="natural"`` (gpvi's, a departure
+Update rules. ``"sgd"`` is Algorithm 1 exactly (above). ``"natural"`` (gpvi's, a departure
 from the paper) uses *the same stochastic gradients* :math:`\hat\nabla_\mu, \hat\nabla_C` but preconditions them
 by q's own scale, i.e. takes plain gradient steps in the coordinates :math:`\mu = \mu_0 + C_0 b`,
 :math:`C = C_0(I + A)` around the current iterate:
@@ -22,11 +24,11 @@ The mean step is the natural gradient of the Gaussian bound in :math:`\mu` (Fish
 reparametrisations of :math:`\theta`. The preconditioner is positive definite, so the fixed points (where the
 expected gradients vanish) are those of Algorithm 1: the same bound is maximised, only the path differs. Each
 step is shrunk by halving until the Gaussian KL divergence between the old and the new q is at most
-``max_step_kl`` (a trust region; counted in ``info["trust_clips"]``), which also keeps the diagonal of C
+``Natural(max_step_kl=...)`` (a trust region; counted in ``info["trust_clips"]``), which also keeps the diagonal of C
 positive. Cost per step :math:`O(D^3)` for the products with a full C (negligible next to a GP log joint).
 It is meant to start from a good scale: by default at the MAP with the Laplace scale
 :math:`C_0 = \operatorname{chol}((-\nabla^2\log g(\hat\theta))^{-1})` (:func:`gpvi.inference.init.laplace_approximation`, Hessian by
-central differences of the gradient). ``optimizer="adam"`` feeds the gradients
+central differences of the gradient). ``"adam"`` feeds the gradients
 to Adam (per-coordinate rates, also a departure).
 """
 

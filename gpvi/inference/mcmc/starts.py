@@ -24,7 +24,7 @@ import torch
 
 from ...models.target import as_target
 from ...validation import as_float_tensor
-from ..init import Start
+from ..init import Start, check_start
 
 __all__ = ["init_to_chains", "chain_starts", "DEFAULT_INIT_SCALE", "MAX_INIT_TRIES"]
 
@@ -129,8 +129,7 @@ def chain_starts(target: Any, start: Start, num_chains: int, init_scale: float |
     else:
         if not bool(torch.isfinite(centre).all()):
             raise ValueError("init contains non-finite values")
-        if not bool(torch.isfinite(_log_joint(target, centre.unsqueeze(0))[0])):
-            raise ValueError(f"the log joint is not finite at init {centre.tolist()}")
+        check_start(target, centre)                    # the one start check every engine uses
         s = DEFAULT_INIT_SCALE if init_scale is None else float(init_scale)
 
         def sampler(n: int) -> torch.Tensor:

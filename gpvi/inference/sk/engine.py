@@ -48,13 +48,13 @@ import torch
 from ...exceptions import ConvergenceWarning, NumericalFaultError, NumericalWarning
 from ...models.target import as_target
 from ...posteriors.base import GaussianPosterior
-from ...rng import resolve_generator
+from ...rng import check_seed, resolve_generator
 from ...validation import check_bool, check_choice, check_memory, check_nonnegative_int, check_positive_int
 from .. import driver
 from ..budget import MemoryBudget
 from ..derivatives import _autograd_hessian, _NoDoubleBackward, is_minibatch_target
-from ..engine import NeverStop, RunReport
-from ..init import Start, init_to_default, resolve_init
+from ..engine import NeverStop, RunReport, count_draws, record_bound, resume_copy, skip_step
+from ..init import Start, check_start, init_to_default, start_point
 from ..progress import trace_to_tensor
 from .estimates import averaged, draw_statistics, estimate_bound, scale_from_precision, solve, strict_cholesky
 from .estimates import window_drift
@@ -106,6 +106,7 @@ class SKGaussian:
         0`) where :math:`-H` is not positive definite. ``"auto"`` (default): the start's scale if it has one
         (``init="laplace"``), else 0.1 I (q starts narrow). ``info["init"]["scale"]`` records which.
     faults : SKFaultPolicy or FaultPolicy, optional
+        The shared :class:`~gpvi.inference.engine.FaultPolicy` (a plain one means ``on_non_pd="reject"``):
         ``max_consecutive`` skipped steps (no valid draw) end the run with
         :class:`~gpvi.exceptions.NumericalFaultError`; ``max_resample`` rounds of redrawing invalid draws per
         step; ``on_non_pd`` ("reject", "keep" or "raise"): what an update that would make the running precision
@@ -171,12 +172,10 @@ class SKGaussian:
             raise TypeError(f"schedule must be a gpvi.inference.sk.SKSchedule; got {type(schedule).__name__}")
         self.schedule = SKSchedule() if schedule is None else schedule
         self.init_scale = check_init_scale(init_scale)
-        self.faults = SKFaultPolicy() if faults is None else SKFaultPolicy.coerce(faults)
+        self.faults = SKFaultPolicy.coerce(faults)
         self.window = check_positive_int(window, "window")
         self.num_elbo_draws = check_nonnegative_int(num_elbo_draws, "num_elbo_draws")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0):
-            raise ValueError(f"seed must be a non-negative int or None; got {seed!r}")
-        self.seed = seed
+        self.seed = check_seed(seed)
         self.progress_bar = check_bool(progress_bar, "progress_bar")
 
     # ------------------------------------------------------------------ settings
@@ -228,6 +227,12 @@ class SKGaussian:
         -------
         SKState
 
+        Raises
+        ------
+        ValueError
+            ``start`` of the wrong length, or where the log joint or its gradient is NaN/inf (checked once on the
+            full data, :func:`~gpvi.inference.init.check_start`; counted in ``log_joint_calls``).
+
         Examples
         --------
         >>> import torch, gpvi
@@ -237,14 +242,16 @@ class SKGaussian:
         ([1.0, 1.0], [4.0, 4.0], 'autograd')
         """
         target = as_target(target)
-        D = len(target.names)
         if not isinstance(start, Start):
             check_gaussian_warm_start(start)
-            start = resolve_init(start, self.default_init(target), seed=0 if self.seed is None else self.seed)(target)
+        start = start_point(target, start, self.default_init(target), seed=self.seed)
+        D = len(target.names)
         check_memory(D, copies=10, what="the Salimans-Knowles engine's D x D statistics")
-        if start.theta.shape != (D,):
-            raise ValueError(f"init must have length D = {D}; got shape {tuple(start.theta.shape)}")
         m0 = start.theta.detach().to(torch.float64).clone()
+        check_start(target, m0)                             # full data: no minibatch drawn, the stream is untouched
+        counters = {k: 0 for k in COUNTERS}
+        counters["log_joint_calls"] += 1
+        counters["log_joint_evals"] += 1
         C0, how = initial_scale(target, start, self.init_scale, self.hessian)
         P0 = torch.cholesky_inverse(C0)                     # (C0 C0^T)^-1
         P0 = 0.5 * (P0 + P0.T)
@@ -252,7 +259,6 @@ class SKGaussian:
         if L0 is None:
             raise ValueError("the initial scale is too ill-conditioned: V_1^-1 is not numerically positive definite")
         gen = resolve_generator(self.seed, generator)
-        counters = {k: 0 for k in COUNTERS}
         if "hessian_rows" in how:
             counters["log_joint_calls"] += 1
             counters["log_joint_evals"] += how.pop("hessian_rows")
@@ -287,16 +293,7 @@ class SKGaussian:
         The engine must have the same ``num_steps`` (N sets :math:`w` and the averaging window, so a run cannot
         be extended), step size and ``method``.
         """
-        target = as_target(target)
-        if isinstance(state, dict):
-            state = SKState.from_state_dict(state)
-        elif isinstance(state, SKState):
-            state = state.copy()
-        else:
-            raise TypeError(f"state must be an SKState or its state_dict; got {type(state).__name__}")
-        D = len(target.names)
-        if state.dim != D:
-            raise ValueError(f"state has dimension {state.dim} but the target has D = {D}")
+        state = resume_copy(state, SKState, len(as_target(target).names))
         if state.method != self.method:
             raise ValueError(f"state was made with method={state.method!r} but this engine has "
                              f"method={self.method!r}")
@@ -347,24 +344,14 @@ class SKGaussian:
         t, w, faults = state.t, state.w, self.faults
         est = draw_statistics(target, state, self.num_draws, faults.max_resample, self.hessian)
         cnt = state.counters
-        first_resample = cnt["resampled_draws"] == 0 and est.resampled > 0
-        cnt["resampled_draws"] += est.resampled
-        cnt["dropped_draws"] += est.dropped
-        cnt["log_joint_calls"] += est.calls
+        count_draws(state, "SKGaussian", "log joint, gradient or Hessian", resampled=est.resampled,
+                    dropped=est.dropped, calls=est.calls)
         cnt["log_joint_evals"] += est.evals
         cnt["hessian_backward_passes"] += est.backward
         info: dict[str, Any] = {"num_valid": est.num_valid, "resampled": est.resampled, "dropped": est.dropped,
                                 "skipped": False, "pd": True}
-        if first_resample:
-            warnings.warn(f"SKGaussian: log joint, gradient or Hessian was NaN/inf for {est.resampled} draw(s) at "
-                          f"step {t}; redrawn (counted in info['resampled_draws'])", NumericalWarning, stacklevel=2)
         if est.parts is None:
-            cnt["skipped_steps"] += 1
-            info["skipped"] = True
-            if state.consecutive_failures == 0:
-                warnings.warn(f"SKGaussian: step {t} skipped (no draw with a finite log joint and derivatives "
-                              f"after {faults.max_resample} resampling rounds)", NumericalWarning, stacklevel=2)
-            state.t = t + 1
+            skip_step(state, info, "SKGaussian", "log joint and derivatives", faults.max_resample)
             self._record(state, math.nan, 0, True, info)
             return state, info
         # --- running statistics (Algorithm 2: a, P, z; gradient variant: a, z, A, B)
@@ -403,15 +390,7 @@ class SKGaussian:
 
     @staticmethod
     def _record(state: SKState, bound: float, num_valid: int, pd: bool, info: dict[str, Any]) -> None:
-        if math.isfinite(bound):
-            state.window.append(bound)
-        avg = state.bound_average()
-        tr = state.trace
-        tr["bound"].append(bound)
-        tr["bound_avg"].append(avg)
-        tr["num_valid"].append(float(num_valid))
-        tr["pd"].append(1.0 if pd else 0.0)
-        info.update(t=state.t, bound=bound, bound_avg=avg)
+        record_bound(state, bound, info, num_valid=float(num_valid), pd=1.0 if pd else 0.0)
 
     # ------------------------------------------------------------------ output
     def estimate_bound(self, target: Any, mean: torch.Tensor, scale_tril: torch.Tensor, *,
@@ -491,9 +470,11 @@ class SKGaussian:
             if invalid:
                 warnings.warn(f"SKGaussian: {invalid} of {self.num_elbo_draws} draws for the final bound estimate "
                               f"had a non-finite log joint and were left out", NumericalWarning, stacklevel=4)
+        tol = self.schedule.drift_tol
         info: dict[str, Any] = dict(state.counters)
         info.update(
             method=state.method, hessian=state.hessian, hessian_note=state.hessian_note, init=dict(state.init_info),
+            converged=averaged_ok and drift_mean <= tol and drift_sd <= tol,
             averaged=averaged_ok, num_averaged=n_avg, drift_mean_sd=drift_mean, drift_log_sd=drift_sd,
             steps=state.t, steps_this_run=report.steps_this_run, time_s=report.time_s,
             total_time_s=state.wall_time, step_size=state.w, interrupted=report.interrupted,
@@ -551,9 +532,10 @@ class SKGaussian:
         GaussianPosterior
             ``mean``, ``scale_tril`` (Cholesky factor of :math:`V`), ``elbo``/``elbo_se`` (fresh Monte Carlo
             estimate at the returned q), ``trace`` (``bound``, ``bound_avg``, ``num_valid``, ``pd`` per step),
-            ``info`` (counters, ``hessian``, ``init``, ``averaged`` and ``num_averaged``, ``drift_mean_sd`` and
-            ``drift_log_sd`` of the window-split check, ``steps``, ``time_s``, ``interrupted``, ``settings``) and
-            ``engine_state`` (a copy of the final state).
+            ``info`` (counters, ``hessian``, ``init``, ``converged`` (the run reached its averaging window and the
+            two halves of the window agree within ``schedule.drift_tol``: the window-split check passed),
+            ``averaged`` and ``num_averaged``, ``drift_mean_sd`` and ``drift_log_sd`` of that check, ``steps``,
+            ``time_s``, ``interrupted``, ``settings``) and ``engine_state`` (a copy of the final state).
 
         Raises
         ------
@@ -569,12 +551,11 @@ class SKGaussian:
         Examples
         --------
         >>> import gpvi
-        >>> from gpvi.models.logistic import BayesianLogisticRegression
-        >>> ds = gpvi.datasets.load_pima()
-        >>> model = BayesianLogisticRegression(ds.X_train, ds.y_train)
-        >>> q = SKGaussian(num_steps=400, progress_bar=False).run(model)
-        >>> q.mean.shape, q.info["hessian"], q.info["num_averaged"]
-        (torch.Size([8]), 'autograd', 200)
+        >>> pima = gpvi.datasets.load_pima()
+        >>> q = SKGaussian(num_steps=400, progress_bar=False).run(gpvi.BayesianLogisticRegression(pima.X_train,
+        ...                                                                                        pima.y_train))
+        >>> q.mean.shape, q.info["hessian"], q.info["num_averaged"], q.info["converged"]
+        (torch.Size([8]), 'autograd', 200, True)
         """
         check_gaussian_warm_start(init)
         return driver.run(self, target, init, state=state, generator=generator, callback=callback)

@@ -2,8 +2,8 @@ r"""Option groups of :class:`~gpvi.inference.sk.engine.SKGaussian`: small frozen
 
 * :class:`SKSchedule` -- the paper's step size :math:`w` and averaging window, and the window-split check;
 * :class:`HessianSource` -- where Algorithm 2's Hessians come from (autograd or central finite differences);
-* :class:`SKFaultPolicy` -- the engine's :class:`~gpvi.inference.engine.FaultPolicy`: consecutive skipped steps,
-  resampling of invalid draws, and what a non-positive-definite precision update does.
+* :class:`SKFaultPolicy` -- the shared :class:`~gpvi.inference.engine.FaultPolicy` (consecutive skipped steps,
+  resampling of invalid draws) plus what a non-positive-definite precision update does.
 
 Names follow the paper: ``step_size`` = :math:`w`, ``num_steps`` = :math:`N`.
 """
@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ...validation import check_choice, check_fraction, check_nonnegative_int, check_positive
+from ...validation import check_choice, check_fraction, check_positive
 from ..engine import FaultPolicy
 
 __all__ = ["SKSchedule", "HessianSource", "SKFaultPolicy", "HESSIAN_SOURCES", "ON_NON_PD"]
@@ -110,15 +110,14 @@ class HessianSource:
 
 @dataclass(frozen=True)
 class SKFaultPolicy(FaultPolicy):
-    r"""How :class:`~gpvi.inference.sk.engine.SKGaussian` survives numerical faults.
+    r"""The shared :class:`~gpvi.inference.engine.FaultPolicy` plus what S&K does with a non-positive-definite update.
 
     Parameters
     ----------
-    max_consecutive : int
-        Consecutive skipped steps (no draw with a finite log joint and derivatives) that end the run with
-        :class:`~gpvi.exceptions.NumericalFaultError` (raised by the driver, carrying the last good state).
-    max_resample : int
-        Rounds of redrawing draws whose log joint, gradient or Hessian is NaN/inf, per step (>= 0).
+    max_consecutive, max_resample : int
+        As in :class:`~gpvi.inference.engine.FaultPolicy`: consecutive skipped steps (no draw with a finite log
+        joint and derivatives) that end the run with :class:`~gpvi.exceptions.NumericalFaultError`, and rounds of
+        redrawing draws whose log joint, gradient or Hessian is NaN/inf, per step.
     on_non_pd : {"reject", "keep", "raise"}
         What to do when an update would make the running precision :math:`P_{t+1}` not positive definite
         (possible early on, with a large :math:`w`, a poor start or a heavy-tailed target; paper section 4).
@@ -129,26 +128,16 @@ class SKFaultPolicy(FaultPolicy):
         coming from the last valid :math:`q_t` until :math:`P` is positive definite again. ``"raise"``: stop at
         once with :class:`~gpvi.exceptions.NumericalFaultError`.
 
+    A plain ``FaultPolicy`` given to :class:`~gpvi.inference.sk.engine.SKGaussian` means ``on_non_pd="reject"``.
+
     Examples
     --------
-    >>> SKFaultPolicy(max_consecutive=5, on_non_pd="keep").max_resample
-    10
+    >>> SKFaultPolicy(max_consecutive=5, on_non_pd="keep")
+    SKFaultPolicy(max_consecutive=5, max_resample=10, on_non_pd='keep')
     """
 
-    max_resample: int = 10
     on_non_pd: str = "reject"
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        object.__setattr__(self, "max_resample", check_nonnegative_int(self.max_resample, "max_resample"))
         check_choice(self.on_non_pd, "on_non_pd", ON_NON_PD)
-
-    @classmethod
-    def coerce(cls, value: Any) -> SKFaultPolicy:
-        """An :class:`SKFaultPolicy` from itself or a plain :class:`FaultPolicy` (its ``max_consecutive``)."""
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, FaultPolicy):
-            return cls(max_consecutive=value.max_consecutive)
-        raise TypeError(f"faults must be a gpvi.inference.engine.FaultPolicy (or SKFaultPolicy); got "
-                        f"{type(value).__name__}")

@@ -6,8 +6,6 @@ the precision :math:`P_t = LL^\top`, ``a``, ``z``, ``P`` the running statistics,
 
 from __future__ import annotations
 
-import copy
-import math
 from array import array
 from collections import deque
 from dataclasses import dataclass, field
@@ -15,8 +13,7 @@ from typing import Any
 
 import torch
 
-from ...rng import generator_from_state
-from ..progress import trace_from_tensor, trace_to_tensor
+from ..engine import RunState, clone_tensors, run_state_dict, run_state_fields
 
 __all__ = ["SKState", "TRACE_KEYS", "COUNTERS"]
 
@@ -26,7 +23,7 @@ COUNTERS = ("resampled_draws", "dropped_draws", "skipped_steps", "non_pd_steps",
 
 
 @dataclass
-class SKState:
+class SKState(RunState):
     r"""Everything that evolves during a :class:`~gpvi.inference.sk.engine.SKGaussian` run (settings stay in
     the engine).
 
@@ -114,53 +111,22 @@ class SKState:
         """Number of parameters D."""
         return self.m.shape[0]
 
-    def bound_average(self) -> float:
-        """Rolling-window average of the instantaneous bound (NaN before the first valid step)."""
-        return sum(self.window) / len(self.window) if self.window else math.nan
-
-    def copy(self) -> SKState:
-        """An independent deep copy (tensors cloned, generator state copied)."""
-        return SKState.from_state_dict(self.state_dict())
-
     def state_dict(self) -> dict[str, Any]:
         """Plain tensors, numbers and lists (``torch.save``-able), including the generator state."""
-        def cl(d):
-            return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in d.items()}
         return {
-            "version": 1, "m": self.m.clone(), "L": self.L.clone(), "stats": cl(self.stats),
-            "sums": [cl(s) for s in self.sums], "t": self.t, "num_steps": self.num_steps, "w": self.w,
-            "method": self.method, "hessian": self.hessian, "hessian_note": self.hessian_note,
-            "init_info": copy.deepcopy(self.init_info),
-            "generator_state": self.generator.get_state(), "generator_device": str(self.generator.device),
-            "window": list(self.window), "window_size": self.window.maxlen,
-            "trace": {k: trace_to_tensor(v) for k, v in self.trace.items()},
-            "counters": dict(self.counters), "consecutive_failures": self.consecutive_failures,
-            "wall_time": self.wall_time,
+            "version": 1, "m": self.m.clone(), "L": self.L.clone(), "stats": clone_tensors(self.stats),
+            "sums": [clone_tensors(s) for s in self.sums], "t": self.t, "num_steps": self.num_steps, "w": self.w,
+            "method": self.method, "hessian": self.hessian, "hessian_note": self.hessian_note, **run_state_dict(self),
         }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Overwrite this state with the contents of :meth:`state_dict` output."""
-        new = SKState.from_state_dict(state)
-        for f in self.__dataclass_fields__:
-            setattr(self, f, getattr(new, f))
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> SKState:
         """Rebuild a state from :meth:`state_dict` output (e.g. after ``torch.load``)."""
         if not isinstance(state, dict) or "stats" not in state or "generator_state" not in state:
             raise TypeError("state must be an SKState or the dict returned by SKState.state_dict()")
-        gen = generator_from_state(state)
-
-        def cl(d):
-            return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in d.items()}
         return cls(
-            m=state["m"].clone(), L=state["L"].clone(), stats=cl(state["stats"]),
-            sums=[cl(s) for s in state["sums"]], t=int(state["t"]), num_steps=int(state["num_steps"]),
+            m=state["m"].clone(), L=state["L"].clone(), stats=clone_tensors(state["stats"]),
+            sums=[clone_tensors(s) for s in state["sums"]], t=int(state["t"]), num_steps=int(state["num_steps"]),
             w=float(state["w"]), method=state["method"], hessian=state["hessian"],
-            hessian_note=state.get("hessian_note", ""), init_info=copy.deepcopy(state.get("init_info", {})),
-            generator=gen,
-            window=deque(state["window"], maxlen=state.get("window_size")),
-            trace={k: trace_from_tensor(v) for k, v in state["trace"].items()},
-            counters=dict(state["counters"]), consecutive_failures=int(state["consecutive_failures"]),
-            wall_time=float(state["wall_time"]),
+            hessian_note=state.get("hessian_note", ""), **run_state_fields(state, COUNTERS),
         )
