@@ -430,7 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--seed", type=_nonneg_int, default=0, help="random seed (default 0)")
         p.add_argument("--no-progress", action="store_true", help="turn progress bars off")
 
-    p = sub.add_parser("demo", help="the main demonstration on bundled data (about 1-2 minutes)",
+    p = sub.add_parser("demo", help="the main demonstration on bundled data (about 15 s on a 2-core machine)",
                        description="ML-II and DSVI hyperparameter posteriors on Bodyfat (test SMSE/NLPD, the most "
                        "relevant hyperparameter marginals) and a CVI GPClassifier on Pima (test error, log-loss); "
                        "prints a summary table.")

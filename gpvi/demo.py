@@ -117,7 +117,7 @@ def demo(*, quick: bool = False, seed: int = 0, progress_bar: bool = True, out: 
 
     # ---------------------------------------------------------------- 1. Bodyfat: ML-II and DSVI
     ds = gpvi.datasets.load_bodyfat(seed=seed)
-    model = gpvi.GPRegression(ds.X_train, ds.y_train)
+    model = gpvi.GPRegression(ds.X_train, ds.y_train, feature_names=list(ds.feature_names))
     say(f"[1/2] Bodyfat: GP regression, N = {ds.n_train} train / {ds.n_test} test, d = {ds.n_features} inputs "
         f"(incl. Density), D = {model.dim} log-hyperparameters, prior N(0, 10) on each")
     with warnings.catch_warnings(record=True) as caught, _stop_on_interrupt():

@@ -218,8 +218,8 @@ def test_hyperparameter_at_its_bound_is_warned_once_and_noted_in_the_summary():
         fit = gpvi.ML2(num_restarts=2, seed=0, bounds=(-6.0, 6.0)).run(model)   # junk's optimum (~7.5) lies beyond
     bound = [w for w in caught if issubclass(w.category, gpvi.exceptions.BoundWarning)]
     assert len(bound) == 1
-    assert "log_lengthscale_sq[junk] sits at the upper bound 6" in str(bound[0].message)
-    assert "input junk (an irrelevant input)" in str(bound[0].message)
+    assert "1 lengthscale(s) at the upper bound 6" in str(bound[0].message)
+    assert "input(s) junk (irrelevant inputs)" in str(bound[0].message)
     assert fit.info["at_bound"] == {"log_lengthscale_sq[junk]": "upper"} and fit.info["bounds"] == [-6.0, 6.0]
     table = fit.summary()
     assert table["log_lengthscale_sq[junk]"]["note"] == "at upper bound"

@@ -254,13 +254,15 @@ def _projected_gradient_max(objective: Callable[[torch.Tensor], torch.Tensor], t
 def _bound_message(at_bound: dict[str, str], bounds: tuple[float, float], prior: bool) -> str:
     what = "MAP" if prior else "ML-II"
     parts = []
+    irrelevant = [n for n, side in at_bound.items() if side == "upper" and "lengthscale" in n]
+    if irrelevant:
+        cols = [n[n.index("[") + 1:-1] if n.endswith("]") and "[" in n else n for n in irrelevant]
+        parts.append(f"{len(cols)} lengthscale(s) at the upper bound {bounds[1]:g} (lengthscale "
+                     f"{math.exp(bounds[1] / 2):.3g}): the fit does not depend on input(s) {', '.join(cols)} "
+                     "(irrelevant inputs)")
     for name, side in at_bound.items():
-        value = bounds[0] if side == "lower" else bounds[1]
-        if side == "upper" and "lengthscale" in name:
-            col = name[name.index("[") + 1:-1] if name.endswith("]") and "[" in name else ""
-            parts.append(f"{name} sits at the upper bound {value:g} (lengthscale {math.exp(value / 2):.3g}): the "
-                         f"fit does not depend on {'input ' + col if col else 'that input'} (an irrelevant input)")
-        else:
+        if name not in irrelevant:
+            value = bounds[0] if side == "lower" else bounds[1]
             parts.append(f"{name} sits at the {side} bound {value:g} of the search box (the objective still "
                          f"improves beyond it)")
     return f"{what}: " + "; ".join(parts) + "; see info['at_bound'] (widen bounds= to search further)"
