@@ -39,8 +39,10 @@ def _funnel(th):                                 # Neal's funnel: v ~ N(0, 9), x
 def test_a_funnel_goes_to_nuts_warm_started_from_q():
     eng = gpvi.DSVI(seed=0, num_steps=2000, num_elbo_draws=200, progress_bar=False)
     nuts = gpvi.NUTS(num_chains=2, num_warmup=50, num_draws=100, seed=0, progress_bar=False)
-    post = _quiet(gpvi.infer, gpvi.Target(_funnel, names=3), seed=0, engine=eng, nuts=nuts, progress_bar=False)
+    post = _quiet(gpvi.infer, gpvi.Target(_funnel, names=3), seed=0, engine=eng, nuts=nuts, min_ess=1e9,
+                  max_extensions=1, progress_bar=False)
     r = post.report
+    assert r.nuts["extensions"] == 1 and post.draws.shape[1] == 200 and "still miss" in r.reason
     assert r.khat > 0.7 and r.answer == "nuts" and isinstance(post, gpvi.SamplePosterior)
     assert post.info["init"]["mass_matrix"].startswith("q's covariance")
     assert "nuts" in r.times and r.nuts["gradient evaluations"] > 0 and "NUTS from q" in str(r)

@@ -17,6 +17,7 @@ convergence, which answer was chosen and why, and the wall time of each stage.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 import warnings
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..rng import check_seed
-from ..validation import check_bool, check_positive_int
+from ..validation import check_bool, check_nonnegative_int, check_positive, check_positive_int
 
 __all__ = ["infer", "InferenceReport"]
 
@@ -87,6 +88,11 @@ class InferenceReport:
         return f"<b>{html.escape(self.lines()[0])}</b><ul>{rows}</ul>"
 
 
+def _mixed(post: Any, min_ess: float) -> bool:
+    d = post.diagnostics()
+    return bool((d["ess_bulk"] >= min_ess).all()) and bool((d["r_hat"] <= 1.01).all())
+
+
 def _choose(khat: float) -> tuple[str, str]:
     from ..posteriors.weighted import KHAT_GOOD, KHAT_USABLE
     if math.isfinite(khat) and khat <= KHAT_GOOD:
@@ -98,7 +104,7 @@ def _choose(khat: float) -> tuple[str, str]:
 
 
 def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any = None, nuts: Any = None,
-          progress_bar: bool = True) -> Any:
+          min_ess: float = 400.0, max_extensions: int = 3, progress_bar: bool = True) -> Any:
     r"""A posterior over the target's parameters that has been checked against the exact log joint.
 
     Parameters
@@ -115,6 +121,11 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
     nuts : optional
         The sampler used when :math:`\hat k > 0.7` (default ``gpvi.NUTS(num_chains=4, num_warmup=200,
         num_draws=500, seed=seed)``: a short warm-up suffices because q supplies the mass matrix).
+    min_ess : float
+        When NUTS runs: extend the chains (doubling the draws, exactly as an uninterrupted longer run) until the
+        smallest bulk ESS reaches ``min_ess`` (default 400, 100 per chain for 4 chains) and split R-hat <= 1.01.
+    max_extensions : int
+        At most this many doublings (default 3); the report says when the target was not reached.
     progress_bar : bool
 
     Returns
@@ -138,6 +149,8 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
 
     seed = check_seed(seed)
     num_psis_draws = check_positive_int(num_psis_draws, "num_psis_draws")
+    min_ess = check_positive(min_ess, "min_ess", allow_zero=True)
+    max_extensions = check_nonnegative_int(max_extensions, "max_extensions")
     progress_bar = check_bool(progress_bar, "progress_bar")
     engine = DSVI(scale="full", seed=seed, progress_bar=progress_bar) if engine is None else engine
     times: dict[str, float] = {}
@@ -157,11 +170,23 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
         sampler = (NUTS(num_chains=4, num_warmup=200, num_draws=500, seed=seed, progress_bar=progress_bar)
                    if nuts is None else nuts)
         t0 = time.perf_counter()
-        post = sampler.run(target, init=q)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")                   # judged below, after any extension
+            post = sampler.run(target, init=q)
+            ext = 0
+            while not _mixed(post, min_ess) and ext < max_extensions:
+                sampler = copy.copy(sampler)
+                sampler.num_draws = 2 * sampler.num_draws
+                post = sampler.run(target, state=post.engine_state)
+                ext += 1
         times["nuts"] = time.perf_counter() - t0
-        ess, rhat = post.ess(), post.r_hat()
-        report.nuts = {"min ESS": float(ess.min()), "max R-hat": float(rhat.max()),
+        d = post.diagnostics()
+        report.nuts = {"draws per chain": int(post.draws.shape[1]), "extensions": ext,
+                       "min ESS": float(d["ess_bulk"].min()), "max R-hat": float(d["r_hat"].max()),
                        "divergences": int(post.stats["diverging"].sum()),
                        "gradient evaluations": int(post.stats["n_steps"].sum())}
+        if not _mixed(post, min_ess):
+            report.reason += (f"; after {ext} extension(s) the chains still miss min ESS {min_ess:g} / R-hat 1.01: "
+                              "run longer (sampler.run(target, state=post.engine_state) with more num_draws)")
     post.report = report
     return post
