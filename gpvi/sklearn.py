@@ -12,7 +12,6 @@ r"""A scikit-learn style GP classifier over the CVI engine.
 from __future__ import annotations
 
 import inspect
-import math
 from typing import Any
 
 import numpy as np
@@ -240,8 +239,9 @@ class GPClassifier:
         return self
 
     def _check_fitted(self) -> None:
+        """scikit-learn's ``NotFittedError`` (a ValueError and AttributeError) before ``fit``."""
         if not hasattr(self, "posterior_"):
-            raise RuntimeError("this GPClassifier is not fitted yet; call fit(X, y) first")
+            raise _not_fitted_error()("this GPClassifier is not fitted yet; call fit(X, y) first")
 
     def _check_X(self, X: Any) -> Any:
         """Validated inputs for prediction: columns of a DataFrame must match those seen in ``fit``."""
@@ -291,4 +291,19 @@ class GPClassifier:
         w = as_float_tensor(sample_weight, "sample_weight", ndim=1).cpu().numpy()
         if w.shape[0] != correct.shape[0]:
             raise ValueError(f"sample_weight has {w.shape[0]} values but y has {correct.shape[0]}")
-        return float((w * correct).sum() / w.sum()) if w.sum() > 0 else math.nan
+        if bool((w < 0).any()) or not w.sum() > 0:
+            raise ValueError("sample_weight must be non-negative with a positive sum; got "
+                             f"min {float(w.min()):g}, sum {float(w.sum()):g}")
+        return float((w * correct).sum() / w.sum())
+
+
+class _NotFittedError(ValueError, AttributeError):
+    """Stands in for ``sklearn.exceptions.NotFittedError`` when scikit-learn is not installed."""
+
+
+def _not_fitted_error() -> type:
+    try:
+        from sklearn.exceptions import NotFittedError
+        return NotFittedError
+    except ImportError:                          # pragma: no cover - scikit-learn is optional
+        return _NotFittedError

@@ -211,7 +211,9 @@ def test_bad_input_gives_clear_errors():
         fast(random_state=1.5).fit(X, y)
     with pytest.raises(TypeError, match="learn_hyperparameters must be True or False"):
         GPClassifier(learn_hyperparameters="yes", progress_bar=False).fit(X, y)
-    with pytest.raises(RuntimeError, match="not fitted"):
+    from sklearn.exceptions import NotFittedError
+
+    with pytest.raises(NotFittedError, match="not fitted"):
         fast().predict(X)
     clf = fast().fit(X, y)
     with pytest.raises(ValueError, match="X has 3 features but the model was built with 2"):
@@ -294,3 +296,12 @@ def test_dataframe_feature_names_reach_hyperparameter_names():
         clf.predict_proba(df[["bmi", "glu"]])
     clf.fit(X, y)                                          # refit on an array: the names are dropped
     assert not hasattr(clf, "feature_names_in_")
+
+
+def test_score_refuses_weights_that_do_not_define_an_average():
+    X, y = small(20)
+    clf = fast().fit(X, y)
+    for w in (np.zeros(20), -np.ones(20)):
+        with pytest.raises(ValueError, match="sample_weight"):
+            clf.score(X, y, sample_weight=w)
+    assert clf.score(X, y, sample_weight=np.ones(20)) == clf.score(X, y)
