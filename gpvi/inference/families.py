@@ -35,9 +35,14 @@ _U_LO = 2.0 ** -60
 _U_HI = 1.0 - 2.0 ** -53
 
 
+def _gen_device(generator: torch.Generator | None) -> torch.device:
+    """Where ``generator`` draws (the CPU without one): tensors drawn from it are created there."""
+    return generator.device if generator is not None else torch.device("cpu")
+
+
 def _uniform(shape: tuple[int, ...], generator: torch.Generator | None, dtype: torch.dtype,
              device: torch.device | None) -> torch.Tensor:
-    u = torch.rand(shape, generator=generator, dtype=dtype, device=device)
+    u = torch.rand(shape, generator=generator, dtype=dtype, device=_gen_device(generator) if device is None else device)
     return u.clamp_(_U_LO, _U_HI)
 
 
@@ -52,7 +57,8 @@ class StandardNormal:
     def sample(self, n: int, generator: torch.Generator | None = None, *, dtype: torch.dtype = torch.float64,
                device: torch.device | str | None = None) -> torch.Tensor:
         """Draw ``(n, D)`` standard normals."""
-        return torch.randn((n, self.dim), generator=generator, dtype=dtype, device=device)
+        return torch.randn((n, self.dim), generator=generator, dtype=dtype,
+                           device=_gen_device(generator) if device is None else device)
 
     def log_prob(self, z: torch.Tensor) -> torch.Tensor:
         """Log density summed over the last dimension."""
@@ -103,9 +109,9 @@ class StandardMultivariateT:
     def sample(self, n: int, generator: torch.Generator | None = None, *, dtype: torch.dtype = torch.float64,
                device: torch.device | str | None = None) -> torch.Tensor:
         """Draw ``(n, D)``: normals and one chi-square per row, all from ``generator``."""
-        g = torch.randn((n, self.dim), generator=generator, dtype=torch.float64)
+        g = torch.randn((n, self.dim), generator=generator, dtype=torch.float64, device=_gen_device(generator))
         u = _uniform((n,), generator, torch.float64, None)
-        chi2 = 2.0 * torch.from_numpy(scipy.special.gammaincinv(0.5 * self.df, u.numpy()))
+        chi2 = 2.0 * torch.from_numpy(scipy.special.gammaincinv(0.5 * self.df, u.cpu().numpy())).to(g.device)
         return (g * torch.sqrt(self.df / chi2)[:, None]).to(dtype=dtype, device=device)
 
     def log_prob(self, z: torch.Tensor) -> torch.Tensor:
@@ -151,7 +157,7 @@ class StandardStudentT:
                device: torch.device | str | None = None) -> torch.Tensor:
         """Draw ``(n, D)`` by inverse CDF (``scipy.special.stdtrit``) of generator uniforms."""
         u = _uniform((n, self.dim), generator, torch.float64, None)
-        z = torch.from_numpy(scipy.special.stdtrit(self.df, u.numpy()))
+        z = torch.from_numpy(scipy.special.stdtrit(self.df, u.cpu().numpy()))
         return z.to(dtype=dtype, device=device)
 
     def log_prob(self, z: torch.Tensor) -> torch.Tensor:

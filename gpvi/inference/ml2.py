@@ -121,9 +121,10 @@ class ML2:
         elif callable(getattr(target, "initial_theta", None)):
             first = target.initial_theta().detach().to(torch.float64)
         else:
-            first = torch.zeros(D, dtype=torch.float64)
+            first = torch.zeros(D, dtype=torch.float64, device="cpu")
         gen = resolve_generator(check_seed(seed) if seed is not None else self.seed, generator)
-        noise = torch.randn((self.num_restarts - 1, D), generator=gen, dtype=torch.float64) * self.init_scale
+        noise = torch.randn((self.num_restarts - 1, D), generator=gen, dtype=torch.float64,
+                            device=gen.device) * self.init_scale
         return torch.cat([first.unsqueeze(0).cpu(), first.cpu() + noise])
 
     def run(self, target: Any, init: Any = None, *, generator: torch.Generator | None = None,

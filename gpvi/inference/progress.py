@@ -14,6 +14,7 @@ import time
 import warnings
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..exceptions import InterruptedRunWarning
@@ -92,11 +93,10 @@ def warn_interrupted(what: str, done: int, total: int) -> None:
 
 def trace_to_tensor(a: array) -> torch.Tensor:
     """Copy a float64 ``array.array`` run trace (cheap to append to per step) into a new float64 tensor."""
-    if len(a) == 0:
-        return torch.zeros(0, dtype=torch.float64)
-    return torch.frombuffer(bytearray(a.tobytes()), dtype=torch.float64)
+    # traces live on the CPU: from_numpy ignores a default device set with torch.set_default_device
+    return torch.from_numpy(np.frombuffer(a.tobytes(), dtype=np.float64).copy())
 
 
 def trace_from_tensor(t: torch.Tensor) -> array:
     """The inverse of :func:`trace_to_tensor`: a float64 ``array.array`` holding the values of ``t``."""
-    return array("d", torch.as_tensor(t, dtype=torch.float64).cpu().numpy().tobytes())
+    return array("d", torch.as_tensor(t, dtype=torch.float64, device="cpu").numpy().tobytes())

@@ -283,8 +283,8 @@ class GaussianPosterior(Posterior):
         gen = resolve_generator(seed, generator)
         dtype, dev = self._mean.dtype, self._mean.device
         if self.storage == "lowrank":
-            e1 = torch.randn((n, self.factor.shape[1]), generator=gen, dtype=dtype).to(dev)
-            e2 = torch.randn((n, self.dim), generator=gen, dtype=dtype).to(dev)
+            e1 = torch.randn((n, self.factor.shape[1]), generator=gen, dtype=dtype, device=gen.device).to(dev)
+            e2 = torch.randn((n, self.dim), generator=gen, dtype=dtype, device=gen.device).to(dev)
             return self._mean + e1 @ self.factor.T + e2 * self.diag
         z = self.base.sample(n, gen, dtype=dtype).to(dev)
         if self.storage == "diag":

@@ -37,7 +37,7 @@ def _check_probs(p: Any) -> tuple[torch.Tensor, bool]:
     if isinstance(p, (bool, str, bytes)):
         raise TypeError(f"{msg}; got {type(p).__name__}")
     try:
-        t = torch.as_tensor(p, dtype=torch.float64).detach().cpu()
+        t = torch.as_tensor(p, dtype=torch.float64, device="cpu").detach()
     except (TypeError, ValueError, RuntimeError):
         raise TypeError(f"{msg}; got {type(p).__name__}") from None
     if t.dim() > 1:

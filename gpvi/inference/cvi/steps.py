@@ -114,7 +114,7 @@ def full_step(cvi: Any, model: Any, st: Any, K: torch.Tensor, gen: torch.Generat
 def _next_batch(st: Any, gen: torch.Generator, batch_size: int) -> torch.Tensor:
     n = st.num_sites
     if st.order is None or st.order_pos >= n:
-        st.order = torch.randperm(n, generator=gen).to(st.lam1.device)
+        st.order = torch.randperm(n, generator=gen, device=gen.device).to(st.lam1.device)
         st.order_pos = 0
     idx = st.order[st.order_pos:st.order_pos + batch_size]
     st.order_pos += idx.shape[0]

@@ -35,7 +35,7 @@ def initial_moments(engine: Any, target: Any, start: Start, D: int, optimizer: s
                           f"C = 0.1 I", NumericalWarning, stacklevel=4)
             info["scale"] = "init_scale (laplace failed: " + how["scale_reason"] + ")"
     if C0 is None:
-        C0 = scale_from_setting(0.1 if auto else engine.init_scale, D)
+        C0 = scale_from_setting(0.1 if auto else engine.init_scale, D, device=mu0.device)
         if C0.dim() == 1 and engine.scale == "full":
             C0 = torch.diag(C0)
         if not auto or "scale" not in info:
@@ -56,11 +56,11 @@ def theta_from(mu: torch.Tensor, C: torch.Tensor, z: torch.Tensor, diag: bool) -
     return mu + z * C if diag else torch.addmm(mu, z, C.T)
 
 
-def scale_from_setting(s: Any, D: int) -> torch.Tensor:
-    """``init_scale`` as a (D,) diagonal or a (D, D) lower-triangular matrix."""
+def scale_from_setting(s: Any, D: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """``init_scale`` as a (D,) diagonal or a (D, D) lower-triangular matrix, on ``device`` (the start's)."""
     if isinstance(s, numbers.Real) and not isinstance(s, bool):
-        return torch.full((D,), float(s), dtype=torch.float64)
-    st = as_float_tensor(s, "init_scale", ndim=(1, 2))
+        return torch.full((D,), float(s), dtype=torch.float64, device=device)
+    st = as_float_tensor(s, "init_scale", ndim=(1, 2), device=device)
     if st.dim() == 1 and st.shape[0] != D:
         raise ValueError(f"init_scale must have length D = {D}; got {st.shape[0]}")
     if st.dim() == 2:

@@ -141,11 +141,12 @@ def _warmup(engine: Any, c: int, cs: ChainState, potential: Potential, callback:
         bar.update(1, **engine.postfix({"phase": "warmup", **row}))
         if callback is not None:
             callback(c, i, {"theta": theta, "phase": "warmup", **row})
-    wstats = {k: torch.tensor(v, dtype=torch.int64 if k == "n_steps" else torch.float64) for k, v in rec.items()}
+    wstats = {k: torch.tensor(v, dtype=torch.int64 if k == "n_steps" else torch.float64, device="cpu")
+              for k, v in rec.items()}                   # per-draw statistics live on the CPU
     wstats.update(engine._extra_stats(wstats))
     D = cs.init.shape[0]
     inv = kernel.mass_matrix_adapter.inverse_mass_matrix[_KEY].detach().clone()
-    return replace(cs, warmup_draws=torch.stack(draws) if draws else torch.empty((0, D), dtype=torch.float64),
+    return replace(cs, warmup_draws=torch.stack(draws) if draws else torch.empty((0, D), dtype=torch.float64, device=cs.init.device),
                    warmup_stats=wstats, step_size=float(kernel.step_size), inverse_mass_matrix=inv,
                    position=z[SITE].detach().clone(), rng_state=rng,
                    warmup_time_s=time.perf_counter() - t0,
@@ -175,7 +176,7 @@ def _sample(engine: Any, c: int, st: MCMCState, potential: Potential, callback: 
 
     def snapshot() -> ChainState:
         rows = [e[1] for e in committed]
-        new_stats = {k: torch.tensor([r[k] for r in rows], dtype=torch.bool if k == "diverging" else
+        new_stats = {k: torch.tensor([r[k] for r in rows], device="cpu", dtype=torch.bool if k == "diverging" else
                                      torch.int64 if k == "n_steps" else torch.float64)
                      for k in SAMPLE_STATS}
         new_stats.update(engine._extra_stats(new_stats))

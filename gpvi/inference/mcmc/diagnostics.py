@@ -59,7 +59,7 @@ def diagnostics(draws: torch.Tensor) -> dict[str, torch.Tensor]:
         normalised split R-hat), ``mcse_mean``, ``mcse_sd`` (``arviz.mcse``).
     """
     D = draws.shape[-1]
-    out = {k: torch.full((D,), math.nan, dtype=torch.float64) for k in DIAGNOSTICS}
+    out = {k: torch.full((D,), math.nan, dtype=torch.float64, device="cpu") for k in DIAGNOSTICS}
     if draws.shape[1] >= 4:
         import arviz as az
 

@@ -159,8 +159,9 @@ class HamiltonianEngine:
         target = as_target(target)
         names = list(target.names)
         inits, how = chain_starts(target, start, self.num_chains, self.init_scale, generator)
-        seeds = torch.randint(0, 2**62, (self.num_chains,), generator=generator, dtype=torch.int64).tolist()
-        empty = torch.empty((0, len(names)), dtype=torch.float64)
+        seeds = torch.randint(0, 2**62, (self.num_chains,), generator=generator, dtype=torch.int64,
+                              device=generator.device).tolist()
+        empty = torch.empty((0, len(names)), dtype=torch.float64, device=inits.device)
         chains = [ChainState(seed=int(s), init=inits[c].clone(), draws=empty.clone(), stats={},
                              warmup_draws=empty.clone(), warmup_stats={}) for c, s in enumerate(seeds)]
         info = {k: v for k, v in start.info.items() if k != "rows"}

@@ -108,7 +108,7 @@ def chain_starts(target: Any, start: Start, num_chains: int, init_scale: float |
     D, C = len(target.names), num_chains
     rows = start.info.get("rows")
     if rows is not None:
-        t = torch.as_tensor(rows, dtype=torch.float64)
+        t = torch.as_tensor(rows, dtype=torch.float64, device=start.theta.device)
         if t.shape[0] != C:
             raise ValueError(f"init of shape (chains, D) must have num_chains = {C} rows; got {t.shape[0]}")
         bad = ~torch.isfinite(_log_joint(target, t))
@@ -123,7 +123,7 @@ def chain_starts(target: Any, start: Start, num_chains: int, init_scale: float |
         C_ = scale.detach().to(torch.float64).cpu()
 
         def sampler(n: int) -> torch.Tensor:
-            return centre + torch.randn((n, D), generator=generator, dtype=torch.float64) @ C_.T
+            return centre + torch.randn((n, D), generator=generator, dtype=torch.float64, device=centre.device) @ C_.T
         what = f"draws from the start's scale ({start.scale_source})"
         info: dict[str, Any] = {"chains": what}
     else:
@@ -133,7 +133,8 @@ def chain_starts(target: Any, start: Start, num_chains: int, init_scale: float |
         s = DEFAULT_INIT_SCALE if init_scale is None else float(init_scale)
 
         def sampler(n: int) -> torch.Tensor:
-            return centre + s * torch.randn((n, D), generator=generator, dtype=torch.float64)
+            return centre + s * torch.randn((n, D), generator=generator, dtype=torch.float64,
+                                           device=centre.device)
         what = "jittered starting points"
         info = {"chains": "jitter", "init_scale": s}
 

@@ -170,7 +170,8 @@ class Normal:
 
     def sample(self, eta: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
         p = self.params(eta)
-        return p["mean"] + math.sqrt(p["var"]) * torch.randn(n, generator=generator, dtype=torch.float64)
+        return p["mean"] + math.sqrt(p["var"]) * torch.randn(n, generator=generator, dtype=torch.float64,
+                                                             device=generator.device if generator else "cpu")
 
     def log_normalizer(self, eta: torch.Tensor) -> float:
         e1, e2 = float(eta[0]), float(eta[1])

@@ -1,0 +1,57 @@
+"""Device follows the data: every engine, run on CPU data with torch's default device set to "meta", must give the
+same answer as without it. Any tensor a function creates without an explicit device lands on the meta device and
+fails loudly (no data, or a device mismatch), so this CPU-only test catches what would break on a GPU."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import gpvi
+
+G = torch.Generator().manual_seed(0)
+X = torch.rand(30, 2, generator=G, dtype=torch.float64)
+Y = torch.sin(4 * X[:, 0]) + 0.1 * torch.randn(30, generator=G, dtype=torch.float64)
+YC = (X[:, 0] + 0.2 * torch.randn(30, generator=G, dtype=torch.float64) > 0.5).double()
+Z4 = torch.zeros(4, dtype=torch.float64)
+
+
+REG = gpvi.GPRegression(X, Y)                   # models are built on the CPU (GPyTorch's kernels included); only
+CLF = gpvi.GPClassification(X, YC)              # the engines and posteriors run under the meta default device
+
+
+def _dsvi_psis_predict():
+    q = gpvi.DSVI(num_steps=30, num_elbo_draws=20, seed=0, progress_bar=False).run(REG)
+    w = q.psis(num_draws=50, seed=0)
+    pred = q.predict(X[:4], num_draws=10)
+    return [q.mean, q.scale_tril, w.log_weights, pred.mean, pred.var, q.quantile(0.9)]
+
+
+CASES = {
+    "ml2": lambda: [gpvi.ML2(num_restarts=2, seed=0, progress_bar=False).run(REG).theta],
+    "dsvi+psis+predict": _dsvi_psis_predict,
+    "dsvi-sgd-mvt": lambda: [gpvi.DSVI(optimizer="sgd", base=("t", 5.0), num_steps=20, num_elbo_draws=20, seed=0,
+                                       progress_bar=False).run(REG, init=Z4).mean],
+    "sk": lambda: [gpvi.SKGaussian(num_steps=20, num_elbo_draws=20, seed=0, progress_bar=False).run(REG,
+                                                                                                     init=Z4).mean],
+    "cvi-full": lambda: [gpvi.CVI(num_steps=5, seed=0, progress_bar=False).run(CLF).mean],
+    "cvi-single-site": lambda: [gpvi.CVI(mode="stochastic", num_steps=60, seed=0, progress_bar=False).run(CLF).mean],
+    "nuts": lambda: [gpvi.NUTS(num_chains=1, num_warmup=5, num_draws=5, seed=0, progress_bar=False).run(
+        REG, init=Z4).draws],
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_engines_create_no_tensor_on_the_default_device(name):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = CASES[name]()
+        torch.set_default_device("meta")
+        try:
+            got = CASES[name]()
+        finally:
+            torch.set_default_device(None)
+    for a, b in zip(want, got):
+        assert b.device.type == "cpu" and torch.equal(a, b)
