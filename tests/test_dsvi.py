@@ -639,3 +639,18 @@ def test_factorised_base_runs_and_is_reported():
     assert isinstance(q.base, gpvi.Factorised) and math.isfinite(q.elbo)
     # the entropy term of the bound includes H_phi = H(Laplace) + H(Normal) = (1 + log 2) + (1 + log 2 pi) / 2
     assert q.base.entropy() == pytest.approx(1 + math.log(2) + 0.5 * (1 + math.log(2 * math.pi)))
+
+
+def test_readme_generic_example_emits_no_numerical_warning():
+    """The README's 2-D standard-normal example with a Student-t base: damped C steps (c_shrinks) are recorded in
+    info but are not numerical faults, so no NumericalWarning."""
+    import warnings as _w
+
+    from gpvi.exceptions import NumericalWarning as _NW
+
+    target = gpvi.Target(lambda th: -0.5 * (th ** 2).sum(-1), names=["a", "b"])
+    with _w.catch_warnings():
+        _w.simplefilter("error", _NW)
+        q = gpvi.DSVI(scale="diag", base=("t", 5.0), num_steps=2000, seed=0, progress_bar=False).run(target)
+    assert q.info["c_shrinks"] >= 0 and q.info["skipped_steps"] == 0
+    assert bool((q.mean.abs() < 0.1).all()) and bool(((q.std - 1).abs() < 0.1).all())

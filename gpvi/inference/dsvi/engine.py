@@ -160,7 +160,8 @@ class DSVI:
     with no valid draw is skipped (``skipped_steps``, :class:`~gpvi.exceptions.NumericalWarning`).
 
     *Positivity of C.* A C update that would make any diagonal entry non-positive is never applied: the C step
-    is scaled down so that no diagonal entry falls below half its current value (``c_shrinks``), or dropped if
+    is scaled down so that no diagonal entry falls below half its current value (``c_shrinks``, recorded in
+    ``info`` without a warning: a damped step is part of the iteration, not a fault), or dropped if
     that is impossible (``c_rejects``). The mean update is applied unchanged. (:class:`Natural` steps never need
     this: the KL trust region keeps every :math:`1 + \rho A_{dd}` positive.)
 

@@ -79,7 +79,7 @@ def _returned(state: DSVIState, stopped: bool) -> tuple[torch.Tensor, torch.Tens
 
 def _warn_counters(name: str, state: DSVIState, before: dict[str, int]) -> None:
     diff = {k: state.counters.get(k, 0) - before.get(k, 0) for k in COUNTERS
-            if k not in ("log_joint_calls", "trust_clips")}
+            if k not in ("log_joint_calls", "trust_clips", "c_shrinks")}   # a damped C step is no fault
     if any(v > 0 for v in diff.values()):
         parts = ", ".join(f"{k}={v}" for k, v in diff.items() if v > 0)
         warnings.warn(f"{name} survived numerical faults in this run: {parts} (see q.info)", NumericalWarning,
