@@ -131,3 +131,7 @@ def test_bad_arguments_are_named():
         q.psis(num_draws=5)
     with pytest.raises(TypeError, match="log_joint"):
         GaussianPosterior(M, A, ["a", "b", "c"]).psis()
+    with pytest.raises(TypeError, match="q must be a posterior"):
+        psis(object())
+    with pytest.raises(ValueError, match="min_ess"):
+        gpvi.infer(TARGET, min_ess=-1)

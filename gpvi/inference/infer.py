@@ -88,8 +88,8 @@ class InferenceReport:
         return f"<b>{html.escape(self.lines()[0])}</b><ul>{rows}</ul>"
 
 
-def _mixed(post: Any, min_ess: float) -> bool:
-    d = post.diagnostics()
+def _mixed(d: dict[str, Any], min_ess: float) -> bool:
+    """The chains' diagnostics ``d`` meet the targets: every bulk ESS >= ``min_ess`` and R-hat <= 1.01."""
     return bool((d["ess_bulk"] >= min_ess).all()) and bool((d["r_hat"] <= 1.01).all())
 
 
@@ -173,19 +173,18 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")                   # judged below, after any extension
             post = sampler.run(target, init=q)
-            ext = 0
-            while not _mixed(post, min_ess) and ext < max_extensions:
+            d, ext = post.diagnostics(), 0
+            while not _mixed(d, min_ess) and ext < max_extensions:
                 sampler = copy.copy(sampler)
                 sampler.num_draws = 2 * sampler.num_draws
                 post = sampler.run(target, state=post.engine_state)
-                ext += 1
+                d, ext = post.diagnostics(), ext + 1
         times["nuts"] = time.perf_counter() - t0
-        d = post.diagnostics()
         report.nuts = {"draws per chain": int(post.draws.shape[1]), "extensions": ext,
                        "min ESS": float(d["ess_bulk"].min()), "max R-hat": float(d["r_hat"].max()),
                        "divergences": int(post.stats["diverging"].sum()),
                        "gradient evaluations": int(post.stats["n_steps"].sum())}
-        if not _mixed(post, min_ess):
+        if not _mixed(d, min_ess):
             report.reason += (f"; after {ext} extension(s) the chains still miss min ESS {min_ess:g} / R-hat 1.01: "
                               "run longer (sampler.run(target, state=post.engine_state) with more num_draws)")
     post.report = report

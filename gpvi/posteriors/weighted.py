@@ -253,12 +253,14 @@ def psis(q: Any, target: Any = None, num_draws: int = 1000, *, seed: int | None 
     (True, True)
     """
     from ..inference.budget import MemoryBudget
+    from ..inference.derivatives import call_log_joint
 
-    target = q.target if target is None else target
+    if not (callable(getattr(q, "log_prob", None)) and callable(getattr(q, "sample", None))):
+        raise TypeError(f"q must be a posterior with sample and log_prob (e.g. a GaussianPosterior); got "
+                        f"{type(q).__name__}")
+    target = getattr(q, "target", None) if target is None else target
     if target is None or not callable(getattr(target, "log_joint", None)):
         raise TypeError("psis needs a target with log_joint(theta) (pass target=, or a posterior that has one)")
-    if not callable(getattr(q, "log_prob", None)):
-        raise TypeError(f"psis needs q.log_prob; {type(q).__name__} has none")
     num_draws = check_positive_int(num_draws, "num_draws")
     if num_draws < 10:
         raise ValueError(f"num_draws must be at least 10 for a Pareto tail fit; got {num_draws}")
@@ -268,7 +270,7 @@ def psis(q: Any, target: Any = None, num_draws: int = 1000, *, seed: int | None 
         theta = q.sample(num_draws, generator=gen)
         log_q = q.log_prob(theta)
         chunk = budget.draws_per_call(target, num_draws)
-        log_p = torch.cat([target.log_joint(theta[i:i + chunk]).detach() for i in range(0, num_draws, chunk)])
+        log_p = torch.cat([call_log_joint(target, part, None).detach() for part in torch.split(theta, chunk)])
     if bool(torch.isnan(log_p).any()):
         raise ValueError("the target's log joint is NaN at some draws of q; PSIS needs -inf or a finite value")
     lr = (log_p - log_q).cpu().numpy().astype(np.float64)
