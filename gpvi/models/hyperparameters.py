@@ -37,31 +37,10 @@ from torch.func import functional_call
 
 from .fastpaths import is_scaled_rbf
 
-__all__ = ["HyperparameterBlock", "KernelParametrisation", "label_by_features"]
+__all__ = ["HyperparameterBlock", "KernelParametrisation"]
 
 _NAMES = {"lengthscale": "log_lengthscale_sq", "outputscale": "log_signal_var"}
 _NATURAL = {"lengthscale": "lengthscale", "outputscale": "signal_var"}
-
-
-def label_by_features(names: Sequence[str], feature_names: Sequence[str]) -> list[str]:
-    """Names with a positional suffix ``[j]`` (``0 <= j < len(feature_names)``) renamed ``[feature_names[j]]``.
-
-    For the default kernel (one lengthscale per column, in column order) this is what
-    :meth:`KernelParametrisation.bind_inputs` does; it serves outputs (e.g. the CLI's summary) of models built
-    without names.
-
-    Examples
-    --------
-    >>> label_by_features(["log_lengthscale_sq[0]", "log_lengthscale_sq[1]", "log_noise_var"], ["age", "nox"])
-    ['log_lengthscale_sq[age]', 'log_lengthscale_sq[nox]', 'log_noise_var']
-    """
-    out = []
-    for n in names:
-        stem, bracket, rest = str(n).rpartition("[")
-        if bracket and rest.endswith("]") and rest[:-1].isascii() and rest[:-1].isdigit() and int(rest[:-1]) < len(feature_names):
-            n = f"{stem}[{feature_names[int(rest[:-1])]}]"
-        out.append(n)
-    return out
 
 
 @dataclass(frozen=True)
