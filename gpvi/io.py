@@ -313,6 +313,8 @@ def _classifier_spec(clf: Any) -> dict[str, Any]:
     if not hasattr(clf, "posterior_"):
         raise ValueError("cannot save a GPClassifier that is not fitted; call fit(X, y) first")
     params = clf.get_params()
+    if params.get("device") is not None:
+        params["device"] = str(params["device"])            # plain data; loading puts the fit on the CPU
     if params.get("kernel") is not None:
         raise ValueError(f"cannot save a GPClassifier with a custom kernel ({params['kernel']!r}): a fit file holds "
                          "only plain data, and only the default kernel (kernel=None) can be rebuilt from it")
@@ -350,6 +352,7 @@ def _classifier_from(spec: dict[str, Any]) -> Any:
     unknown = set(params) - valid
     if unknown:
         raise _Invalid(f"unknown GPClassifier parameters {sorted(unknown)}")
+    params["device"] = None                                 # a fit loads on the CPU, wherever it was fitted
     clf = GPClassifier(**params)
     model = GPClassification(spec["X"], spec["y"], likelihood=spec["link"], theta=params.get("theta"),
                              feature_names=spec.get("feature_names"))

@@ -72,6 +72,9 @@ class GPClassifier:
         :func:`gpvi.rng.check_seed` when ``fit`` starts (``__init__`` only stores, scikit-learn's contract).
     progress_bar : bool
         Show a tqdm bar during ``fit``.
+    device : str or torch.device, optional
+        Where the model and the CVI computations live (e.g. ``"cuda"``); default: the CPU, or the device of a torch
+        ``X``. Predictions are returned as numpy arrays on the host either way; a saved fit loads on the CPU.
 
     Attributes
     ----------
@@ -112,7 +115,7 @@ class GPClassifier:
                  learn_hyperparameters: bool = True, *, beta: float = 0.5, estimator: str = "quadrature",
                  num_quadrature: int = 96, num_draws: int = 10, batch_size: int = 1, max_sweeps: int = 500,
                  tol: float = 1e-9, theta: Any = None, random_state: int | None = None,
-                 progress_bar: bool = True) -> None:
+                 progress_bar: bool = True, device: str | None = None) -> None:
         self.kernel = kernel
         self.likelihood = likelihood
         self.method = method
@@ -128,6 +131,7 @@ class GPClassifier:
         self.theta = theta
         self.random_state = random_state
         self.progress_bar = progress_bar
+        self.device = device
 
     # ------------------------------------------------------------------ scikit-learn parameter protocol
     @classmethod
@@ -212,7 +216,7 @@ class GPClassifier:
         learn = check_bool(self.learn_hyperparameters, "learn_hyperparameters")
         names = feature_names_of(X)
         model = GPClassification(X, y, kernel=self.kernel, likelihood=self.likelihood, theta=self.theta,
-                                 feature_names=names)
+                                 feature_names=names, device=self.device)
         engine = self._engine(model.num_data, seed)
         if learn:
             post = TypeII(engine, inner_num_steps=max(int(self.max_sweeps), 50)).run(model)

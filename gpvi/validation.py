@@ -505,6 +505,7 @@ def check_memory(
     if avail is not None and need > avail:
         raise MemoryError(
             f"{what} with N = {n} (batch {batch}) needs about {need / 2**30:.1f} GiB for {copies} dense "
-            f"N x N float64 matrices, but only {avail / 2**30:.1f} GiB is free on {dev}; reduce N "
-            f"(subsample the data) or the batch size"
+            f"N x N float64 matrices, but only {avail / 2**30:.1f} GiB is free on {dev}; the largest N that "
+            f"fits is about {math.isqrt(avail // (copies * batch * itemsize))}: reduce N (subsample the data) or "
+            f"the batch size"
         )

@@ -30,6 +30,7 @@ from .hyperparameters import KernelParametrisation
 from ..linalg import DEFAULT_JITTER, DEFAULT_MAX_JITTER, cholesky_with_jitter, gaussian_log_marginal
 from ..posteriors.predictive import MixturePredictive
 from .priors import check_prior, prior_log_prob
+from .lean import LEAN_COPIES, LEAN_MIN_N, lean_log_marginal
 from ..validation import (check_column_spread, check_feature_names, check_finite_prediction, check_memory,
                           check_positive, check_positive_int, check_theta, check_X, check_X_y, feature_names_of)
 
@@ -97,6 +98,10 @@ class GPRegression:
     """Use the hand-written covariance of :mod:`gpvi.models.fastpaths` for ``ScaleKernel(RBFKernel)`` (same values and
     gradients as GPyTorch's generic path, which tests check; set False to force the generic path)."""
 
+    lean_min_n: int = LEAN_MIN_N
+    """From this N on, the fast path evaluates one theta at a time in two N x N buffers
+    (:mod:`gpvi.models.lean`); below it, batches of theta go through one batched Cholesky."""
+
     def __init__(
         self,
         X: Any,
@@ -121,7 +126,6 @@ class GPRegression:
         if float(y.std()) == 0.0:
             raise ValueError(f"y is constant (all values {float(y[0]):g}); a GP regression posterior over "
                              f"hyperparameters is not identified for constant targets")
-        check_memory(n, copies=4, device=X.device, what="exact GP regression")
         self.jitter = check_positive(jitter, "jitter")
         self.max_jitter = check_positive(max_jitter, "max_jitter")
         if self.max_jitter < self.jitter:
@@ -131,6 +135,9 @@ class GPRegression:
             kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=d))
         self.kernel_params = KernelParametrisation(kernel, dtype=torch.float64, device=X.device)
         self.kernel_params.bind_inputs(X, self.feature_names)
+        fast = self.kernel_params.fast_path and self.use_fast_path
+        check_memory(n, copies=LEAN_COPIES if fast and n >= self.lean_min_n else 5, device=X.device,
+                     what="exact GP regression")
         self.X, self.y = X, y
         # stationary kernels see centred inputs (same centre for X_new): shift-exact, see gpvi.models.fastpaths
         self._centre = input_centre(X, self.kernel_params.kernel)
@@ -162,7 +169,12 @@ class GPRegression:
         this figure so no call exceeds their memory budget (:class:`gpvi.inference.budget.MemoryBudget`).
         """
         n = self.num_data
+        if self._lean():
+            return LEAN_COPIES * n * n * self.X.element_size()      # draws are evaluated one at a time
         return 5 * n * n * self.X.element_size()
+
+    def _lean(self) -> bool:
+        return bool(self.kernel_params.fast_path and self.use_fast_path and self.num_data >= self.lean_min_n)
 
     def _theta(self, theta: Any, name: str = "theta") -> torch.Tensor:
         return check_theta(theta, self.dim, name, device=self.X.device)
@@ -195,6 +207,11 @@ class GPRegression:
         theta = self._theta(theta)
         if not bool(torch.isfinite(theta).all()):
             return self._finite_rows_only(self.log_marginal_likelihood, theta)
+        if self._lean():
+            def one(t: torch.Tensor, strict: bool) -> torch.Tensor:
+                return lean_log_marginal(t, self._Xc, self.y, jitter=self.jitter, max_jitter=self.max_jitter,
+                                         raise_on_failure=strict)
+            return one(theta, True) if theta.dim() == 1 else torch.stack([one(t, False) for t in theta])
         Ky = self.covariance(theta)
         chol = cholesky_with_jitter(Ky, jitter=self.jitter, max_jitter=self.max_jitter,
                                     raise_on_failure=theta.dim() == 1, theta=theta.detach())

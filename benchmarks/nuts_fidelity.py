@@ -1,0 +1,230 @@
+"""Fidelity of q, PSIS and ``gpvi.infer`` against long NUTS references; NUTS from q vs default NUTS (issue 17).
+
+Two phases, so that the expensive, q-independent reference can be computed once and kept:
+
+``ref``  For Boston, Bodyfat and pendulum: **default NUTS** (``gpvi.NUTS(num_chains=4, seed=1)``: 500 warm-up
+         transitions with Stan-window diagonal mass adaptation from the default start, 1,000 draws per chain),
+         extended by doubling the draws (a resumed run, identical to a longer one) until every hyperparameter has
+         ArviZ bulk ESS >= 400 and rank-normalised split R-hat <= 1.01 (at most 3 doublings; the result says when a
+         dataset cannot reach it). These draws are the **reference** and the cost of default NUTS. Written to
+         ``results/nuts_fidelity_ref.{json,npz}``.
+``q``    On the same datasets: DSVI's default q, PSIS of q (4,000 draws), ``gpvi.infer(model, seed=0)``, and NUTS
+         warm-started from q with ``gpvi.infer``'s sampler settings (4 chains x (200 warm-up + 500 draws), q's
+         covariance as the dense inverse mass matrix, step size adapted only; extended by doubling like the
+         reference). Compares every hyperparameter's mean and sd with the reference: |Δmean| / sd_ref and
+         sd / sd_ref for raw q, PSIS-corrected q and gpvi.infer's answer; k-hat; wall times; gradient evaluations.
+         Writes ``results/nuts_fidelity.{md,json}`` and one Fig. 4-style overlay per dataset
+         (``results/nuts_fidelity_<dataset>.png``).
+
+Cost at equal ESS: gradient (= log-joint + gradient) evaluations are counted by the sampler (warm-up and sampling
+separately, ``stats["n_steps"]``); "evaluations to 400 bulk ESS" = warm-up evaluations + sampling evaluations x
+400 / (min bulk ESS of the run), i.e. the sampling part pro-rated (bulk ESS grows linearly with the draws of a
+mixed chain). The same rule is applied to both samplers. Wall times are measured on a shared 2-core machine (load
+recorded); evaluation counts do not depend on load.
+
+Usage::
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/nuts_fidelity.py ref    # ~1-2 h here
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/nuts_fidelity.py q      # ~30-60 min here
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import sys
+import time
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+
+import gpvi
+
+try:
+    from benchmarks._common import RESULTS, header, write
+except ImportError:                                   # run as a script from benchmarks/
+    from _common import RESULTS, header, write
+
+DATASETS = {"boston": gpvi.datasets.load_boston, "bodyfat": gpvi.datasets.load_bodyfat,
+            "pendulum": gpvi.datasets.load_pendulum}
+MIN_ESS, MAX_RHAT, MAX_EXT = 400.0, 1.01, 3
+
+
+def model_of(name: str) -> Any:
+    ds = DATASETS[name](seed=0)
+    return gpvi.GPRegression(ds.X_train, ds.y_train, feature_names=list(ds.feature_names))
+
+
+def _mixed(d: Any) -> bool:
+    return bool((d["ess_bulk"] >= MIN_ESS).all()) and bool((d["r_hat"] <= MAX_RHAT).all())
+
+
+def run_to_ess(sampler: Any, model: Any, init: Any = None) -> tuple[Any, dict[str, Any]]:
+    """Run ``sampler`` and double its draws (resumed) until min bulk ESS >= 400 and R-hat <= 1.01; record cost."""
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mc = sampler.run(model, init=init)
+        d, ext = mc.diagnostics(), 0
+        while not _mixed(d) and ext < MAX_EXT:
+            sampler = copy.copy(sampler)
+            sampler.num_draws = 2 * sampler.num_draws
+            mc = sampler.run(model, state=mc.engine_state)
+            d, ext = mc.diagnostics(), ext + 1
+    wall = time.perf_counter() - t0
+    warm = mc.info.get("warmup_stats") or {}
+    ev_warm = int(torch.as_tensor(warm["n_steps"]).sum()) if "n_steps" in warm else 0
+    ev_samp = int(mc.stats["n_steps"].sum())
+    min_ess = float(d["ess_bulk"].min())
+    rec = {"draws_per_chain": int(mc.draws.shape[1]), "extensions": ext, "mixed": _mixed(d), "wall_s": wall,
+           "evals_warmup": ev_warm, "evals_sampling": ev_samp, "min_ess_bulk": min_ess,
+           "min_ess_tail": float(d["ess_tail"].min()), "max_r_hat": float(d["r_hat"].max()),
+           "divergences": int(mc.stats["diverging"].sum()),
+           "evals_to_400": ev_warm + ev_samp * MIN_ESS / min_ess,
+           "wall_to_400": wall * (ev_warm + ev_samp * MIN_ESS / min_ess) / max(ev_warm + ev_samp, 1)}
+    return mc, rec
+
+
+def phase_ref() -> None:
+    out, draws = {}, {}
+    for name in DATASETS:
+        model = model_of(name)
+        mc, rec = run_to_ess(gpvi.NUTS(num_chains=4, seed=1, progress_bar=False), model)
+        rec["names"] = list(model.names)
+        d = mc.diagnostics()
+        rec["ess_bulk"] = [float(x) for x in d["ess_bulk"]]
+        rec["r_hat"] = [float(x) for x in d["r_hat"]]
+        out[name], draws[name] = rec, mc.draws.cpu().numpy()
+        print(name, {k: v for k, v in rec.items() if not isinstance(v, list)}, flush=True)
+        np.savez_compressed(RESULTS / "nuts_fidelity_ref.npz", **draws)      # keep what is done
+        (RESULTS / "nuts_fidelity_ref.json").write_text(json.dumps(
+            {"machine": header("nuts_fidelity ref"), "load_after": os.getloadavg(), "datasets": out}, indent=1))
+
+
+def _cmp(mean: torch.Tensor, sd: torch.Tensor, ref: np.ndarray) -> dict[str, list[float]]:
+    rm, rs = ref.mean(0), ref.std(0, ddof=1)
+    m, s = mean.detach().cpu().numpy(), sd.detach().cpu().numpy()
+    return {"dmean_sd": [float(x) for x in np.abs(m - rm) / rs], "sd_ratio": [float(x) for x in s / rs]}
+
+
+def overlay(name: str, names: list[str], ref: np.ndarray, q: Any, w: Any, ans: Any) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    D = len(names)
+    cols = 4
+    rows = math.ceil(D / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.4 * rows), squeeze=False)
+    wd, ww = w.draws.cpu().numpy(), w.weights.cpu().numpy()
+    qm, qs = q.mean.cpu().numpy(), q.std.cpu().numpy()
+    am, as_ = ans.mean.detach().cpu().numpy(), ans.std.detach().cpu().numpy()
+    for j in range(rows * cols):
+        ax = axes[j // cols][j % cols]
+        if j >= D:
+            ax.axis("off")
+            continue
+        lo, hi = np.quantile(ref[:, j], [0.001, 0.999])
+        lo, hi = min(lo, qm[j] - 3.5 * qs[j]), max(hi, qm[j] + 3.5 * qs[j])
+        bins = np.linspace(lo, hi, 40)
+        ax.hist(ref[:, j], bins=bins, density=True, color="0.8", label="NUTS reference")
+        ax.hist(wd[:, j], bins=bins, weights=ww, density=True, histtype="step", color="C1", label="PSIS-weighted q")
+        g = np.linspace(lo, hi, 200)
+        ax.plot(g, np.exp(-0.5 * ((g - qm[j]) / qs[j]) ** 2) / (qs[j] * math.sqrt(2 * math.pi)), "C0", label="raw q")
+        ax.axvline(am[j], color="C3", lw=1, label="gpvi.infer mean")
+        ax.axvspan(am[j] - as_[j], am[j] + as_[j], color="C3", alpha=0.1)
+        ax.set_title(names[j], fontsize=8)
+        ax.tick_params(labelsize=7)
+    axes[0][0].legend(fontsize=6)
+    fig.suptitle(f"{name}: marginals of log-hyperparameters")
+    fig.tight_layout()
+    fig.savefig(RESULTS / f"nuts_fidelity_{name}.png", dpi=90)
+    plt.close(fig)
+
+
+def phase_q() -> None:
+    refj = json.loads((RESULTS / "nuts_fidelity_ref.json").read_text())["datasets"]
+    refd = np.load(RESULTS / "nuts_fidelity_ref.npz")
+    out: dict[str, Any] = {}
+    for name in DATASETS:
+        if name not in refj:
+            continue
+        model = model_of(name)
+        ref = refd[name].reshape(-1, refd[name].shape[-1])
+        rec: dict[str, Any] = {"names": list(model.names)}
+        t0 = time.perf_counter()
+        q = gpvi.DSVI(scale="full", seed=0, progress_bar=False).run(model)
+        rec["dsvi_s"], rec["elbo"], rec["elbo_se"] = time.perf_counter() - t0, float(q.elbo), float(q.elbo_se)
+        rec["dsvi_info"] = {k: v for k, v in q.info.items() if isinstance(v, (int, float, bool, str))}
+        t0 = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            w = gpvi.psis(q, model, 4000, seed=0)
+        rec["psis_s"], rec["khat"], rec["psis_ess"] = time.perf_counter() - t0, float(w.khat), float(w.ess)
+        t0 = time.perf_counter()
+        ans = gpvi.infer(model, seed=0, progress_bar=False)
+        rec["infer_s"] = time.perf_counter() - t0
+        rec["infer_answer"], rec["infer_khat"], rec["infer_report"] = ans.report.answer, ans.report.khat, str(
+            ans.report)
+        rec["raw_q"] = _cmp(q.mean, q.std, ref)
+        rec["psis"] = _cmp(w.mean, w.std, ref)
+        rec["infer"] = _cmp(ans.mean, ans.std, ref)
+        nuts = gpvi.NUTS(num_chains=4, num_warmup=200, num_draws=500, seed=0, progress_bar=False)
+        _, rec["nuts_from_q"] = run_to_ess(nuts, model, init=q)
+        rec["nuts_default"] = {k: refj[name][k] for k in ("evals_to_400", "wall_to_400", "wall_s", "min_ess_bulk",
+                                                          "max_r_hat", "mixed", "draws_per_chain")}
+        overlay(name, list(model.names), ref, q, w, ans)
+        out[name] = rec
+        print(name, rec["khat"], rec["infer_answer"], flush=True)
+        (RESULTS / "nuts_fidelity_partial.json").write_text(json.dumps(out, indent=1, default=str))
+    md = header("Fidelity of q, PSIS and gpvi.infer against long NUTS references; NUTS from q vs default NUTS")
+    md += report(out, refj)
+    print(write("nuts_fidelity", md, out))
+
+
+def report(out: dict[str, Any], refj: dict[str, Any]) -> str:
+    lines = ["", "Reference: default NUTS, 4 chains, extended until every hyperparameter has bulk ESS >= 400 and "
+             "R-hat <= 1.01 (`ref` phase). |Δmean| in reference sds; sd ratio = sd / reference sd. "
+             "Monte Carlo error of the reference mean at ESS 400: about 0.05 sd.", "",
+             "## Summary per dataset", "",
+             "| dataset | reference mixed (min ESS, max R-hat) | k-hat | raw q: max abs Δmean/sd, sd ratio range | "
+             "PSIS: max Δmean/sd, sd ratio range | gpvi.infer answer: max Δmean/sd, sd ratio range | "
+             "infer wall (s) | default NUTS wall to 400 ESS (s) | ratio |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, r in out.items():
+        ref = refj[name]
+
+        def rng(c: dict[str, list[float]]) -> str:
+            return f"{max(c['dmean_sd']):.2f}, {min(c['sd_ratio']):.2f}–{max(c['sd_ratio']):.2f}"
+        lines.append(f"| {name} | {ref['mixed']} ({ref['min_ess_bulk']:.0f}, {ref['max_r_hat']:.3f}) | "
+                     f"{r['khat']:.2f} | {rng(r['raw_q'])} | {rng(r['psis'])} | {r['infer_answer']}: "
+                     f"{rng(r['infer'])} | {r['infer_s']:.0f} | {ref['wall_to_400']:.0f} | "
+                     f"{r['infer_s'] / ref['wall_to_400']:.2f} |")
+    lines += ["", "## NUTS from q vs default NUTS at equal bulk ESS (gradient evaluations, pro-rated to 400)", "",
+              "| dataset | default: evals to 400 | from q: evals to 400 | ratio | default: wall to 400 (s) | "
+              "from q: wall to 400 (s) | from q: min ESS, max R-hat, divergences |", "|---|---|---|---|---|---|---|"]
+    for name, r in out.items():
+        a, b = r["nuts_default"], r["nuts_from_q"]
+        lines.append(f"| {name} | {a['evals_to_400']:.0f} | {b['evals_to_400']:.0f} | "
+                     f"{b['evals_to_400'] / a['evals_to_400']:.2f} | {a['wall_to_400']:.0f} | "
+                     f"{b['wall_to_400']:.0f} | {b['min_ess_bulk']:.0f}, {b['max_r_hat']:.3f}, "
+                     f"{b['divergences']} |")
+    for name, r in out.items():
+        lines += ["", f"## {name}: per hyperparameter", "", "| θ | raw q Δmean/sd | raw q sd ratio | PSIS Δmean/sd "
+                  "| PSIS sd ratio | infer Δmean/sd | infer sd ratio |", "|---|---|---|---|---|---|---|"]
+        for j, n in enumerate(r["names"]):
+            lines.append(f"| {n} | {r['raw_q']['dmean_sd'][j]:.2f} | {r['raw_q']['sd_ratio'][j]:.2f} | "
+                         f"{r['psis']['dmean_sd'][j]:.2f} | {r['psis']['sd_ratio'][j]:.2f} | "
+                         f"{r['infer']['dmean_sd'][j]:.2f} | {r['infer']['sd_ratio'][j]:.2f} |")
+        lines += ["", f"![{name}](nuts_fidelity_{name}.png)", "", "```", r["infer_report"], "```"]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    phase = sys.argv[1] if len(sys.argv) > 1 else "q"
+    if phase not in ("ref", "q"):
+        raise SystemExit("usage: nuts_fidelity.py ref|q")
+    phase_ref() if phase == "ref" else phase_q()
