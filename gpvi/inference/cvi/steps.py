@@ -28,7 +28,7 @@ eq. 14 also multiplies every unselected site by :math:`1 - \beta_t`; that moves 
 refactorisation per step, and without rescaling :math:`\hat g` by :math:`N` has a different fixed point, so gpvi does
 not do it.) :math:`\beta_t` is the constant ``beta`` or, with ``beta_schedule="robbins_monro"``,
 :math:`\beta (1 + t)^{-0.6}` with :math:`t` the number of completed sweeps (needed for convergence with Monte Carlo
-gradients; with exact quadrature gradients a constant step converges). A full-batch step maps
+gradients, and their default; with exact quadrature gradients a constant step converges). A full-batch step maps
 :math:`\tilde\lambda \mapsto (1-\beta)\tilde\lambda + \beta g(\tilde\lambda)`, whose fixed points are exactly
 :math:`\tilde\lambda = g(\tilde\lambda)` for any :math:`\beta > 0`; a single-site step leaves site :math:`n` unchanged iff
 :math:`\tilde\lambda_n = g_n(\tilde\lambda)`, so the points left unchanged by every single-site step are the same set.
@@ -87,17 +87,22 @@ def full_step(cvi: Any, model: Any, st: Any, K: torch.Tensor, gen: torch.Generat
     if not st.initialised:
         m = torch.zeros(n, dtype=K.dtype, device=K.device)
         v = K.diagonal().clone()
-        elbo = sites.expected_value_sum(model, m, v, cvi.quadrature)       # KL(prior || prior) = 0
     else:
         ytilde, s = sites.pseudo_data(st.lam1, st.lam2)
         L, jit = sites.site_factor(K, s, st.theta)
         if jit > 0:
             st.counters["jitter_events"] += 1
         m, v, alpha = sites.marginals(K, L, ytilde)
-        elbo = sites.site_elbo(sites.expected_value_sum(model, m, v, cvi.quadrature), st.lam1, st.lam2, m, v, L,
-                               alpha)
+    # the ELBO's data term is by quadrature whatever the estimator; with quadrature gradients the same call
+    # gives them (one pass over the nodes instead of two; the values are the same tensors)
+    exq = expected_log_lik(model.likelihood, model.y, m, v, quadrature=cvi.quadrature)
+    value = exq.value.sum()
+    if not st.initialised:
+        elbo = value                                                        # KL(prior || prior) = 0
+    else:
+        elbo = sites.site_elbo(value, st.lam1, st.lam2, m, v, L, alpha)
     elbo_f = sites.finite_or_fault(elbo, st.t)
-    ex = expectations(cvi, model, None, m, v, gen, method)
+    ex = exq if (method or cvi.estimator) == "quadrature" else expectations(cvi, model, None, m, v, gen, method)
     g1, g2 = mean_parameter_gradients(ex.dm, ex.dv, m)
     residual = float(torch.maximum((g1 - st.lam1).abs(), (g2 - st.lam2).abs()).nan_to_num(nan=math.inf).max())
     beta = beta_at(cvi, st)

@@ -1,0 +1,288 @@
+r"""Site algebra, state and full-batch step of multi-class CVI (the class-factorised family).
+
+The variational family is **class-factorised** (GPflow's SVGP with independent latents and inducing points at the
+data, GPyTorch's ``IndependentMultitaskVariationalStrategy``): :math:`q(F) = \prod_k q_k(\mathbf f_k)`. With sites
+(Khan & Lin 2017, the display after eq. 13, one per data point and class)
+
+.. math::
+
+    q_k(\mathbf f_k) \propto \Big[\prod_n \exp\big(\tilde\lambda^{(1)}_{nk} f_{nk} + \tilde\lambda^{(2)}_{nk} f_{nk}^2\big)\Big]
+      \mathcal N(\mathbf f_k \mid 0, K),\qquad \tilde\lambda^{(2)}_{nk} < 0,
+
+each :math:`q_k` is a GP-regression posterior with pseudo-targets :math:`\tilde y_{nk} = -\tilde\lambda^{(1)}_{nk}/(2\tilde\lambda^{(2)}_{nk})`
+and pseudo-noise :math:`s_{nk} = -1/(2\tilde\lambda^{(2)}_{nk})`: 2NK numbers. This is no restriction within the
+family: the data term depends on :math:`q_k` only through the marginals :math:`(m_{nk}, v_{nk})`, so the optimal
+:math:`V_k` has exactly this form. The bound is
+
+.. math::
+
+    \mathcal L = \sum_n \mathbb E_q[\log p(y_n \mid \mathbf f_n)] - \sum_k \mathrm{KL}(q_k \,\|\, \mathcal N(0, K)),
+
+each KL in the form of :func:`gpvi.inference.cvi.sites.site_elbo` (one Cholesky factor of :math:`K + S_k` per class;
+the K factorisations are batched). A CVI step (eq. 13) applies, per site and class,
+:math:`\tilde\lambda_{nk} \leftarrow (1-\beta)\tilde\lambda_{nk} + \beta\hat g_{nk}` with the gradients of
+:math:`\mathbb E_q[\log p(y_n\mid\mathbf f_n)]` with respect to the mean parameters :math:`(m_{nk}, v_{nk} + m_{nk}^2)`.
+
+Names: ``lam1``, ``lam2`` (N, K) sites; ``ytilde``, ``s`` (N, K); ``L`` (K, N, N) factors of :math:`K + S_k`;
+``alpha`` (K, N); ``m``, ``v`` (N, K) marginals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ...linalg import cholesky_with_jitter, logdet_from_cholesky
+from ...models.likelihoods import mean_parameter_gradients
+from ...models.priors import prior_log_prob
+from ...rng import generator_from_state
+from ...validation import as_float_tensor
+from . import sites
+from .state import COUNTERS, TRACE_KEYS
+
+__all__ = ["MulticlassCVIState", "pseudo_data", "factors", "marginals", "kl2", "elbo_from_sites", "full_step",
+           "theta_objective"]
+
+STATE_VERSION = 1
+
+
+def _counters() -> dict[str, float]:
+    return {**{k: 0 for k in COUNTERS}, "max_drift": 0.0}
+
+
+@dataclass
+class MulticlassCVIState:
+    r"""Everything that evolves during a multi-class CVI run (settings stay in the engine).
+
+    Attributes
+    ----------
+    lam1, lam2 : torch.Tensor of shape (N, K)
+        Sites (``lam2 < 0`` once initialised).
+    theta : torch.Tensor of shape (D,)
+    generator : torch.Generator
+        Monte Carlo draws.
+    t, sites_updated, initialised, elbo, beta_scale, converged, consecutive_failures, wall_time, step_time_s,
+    counters, trace
+        As in :class:`~gpvi.inference.cvi.state.CVIState` (``sites_updated`` counts data points, so
+        ``sites_updated / N`` are sweeps).
+    """
+
+    lam1: torch.Tensor
+    lam2: torch.Tensor
+    theta: torch.Tensor
+    generator: torch.Generator
+    t: int = 0
+    sites_updated: int = 0
+    initialised: bool = False
+    elbo: float = math.nan
+    beta_scale: float = 1.0
+    converged: bool = False
+    consecutive_failures: int = 0
+    wall_time: float = 0.0
+    step_time_s: float = 0.0
+    counters: dict[str, float] = field(default_factory=_counters)
+    trace: dict[str, list] = field(default_factory=lambda: {k: [] for k in TRACE_KEYS})
+
+    @property
+    def num_sites(self) -> int:
+        """N (data points; each holds K sites)."""
+        return self.lam1.shape[0]
+
+    @property
+    def sweeps(self) -> float:
+        return self.sites_updated / max(self.num_sites, 1)
+
+    def copy(self) -> MulticlassCVIState:
+        return MulticlassCVIState.from_state_dict(self.state_dict())
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain tensors, numbers, lists and dicts (``torch.save``-able); resumes bit for bit."""
+        return {"version": STATE_VERSION, "lam1": self.lam1.detach().clone(), "lam2": self.lam2.detach().clone(),
+                "theta": self.theta.detach().clone(), "generator_state": self.generator.get_state(),
+                "generator_device": str(self.generator.device), "t": self.t, "sites_updated": self.sites_updated,
+                "initialised": self.initialised, "elbo": self.elbo, "beta_scale": self.beta_scale,
+                "converged": self.converged, "consecutive_failures": self.consecutive_failures,
+                "wall_time": self.wall_time, "step_time_s": self.step_time_s, "counters": dict(self.counters),
+                "trace": {k: list(v) for k, v in self.trace.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> MulticlassCVIState:
+        new = MulticlassCVIState.from_state_dict(state)
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(new, f.name))
+        return self
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> MulticlassCVIState:
+        if not isinstance(state, dict):
+            raise TypeError(f"state must be a MulticlassCVIState or its state_dict(); got {type(state).__name__}")
+        missing = {"lam1", "lam2", "theta", "generator_state"} - set(state)
+        if missing:
+            raise ValueError(f"state is missing {sorted(missing)}")
+        lam1 = as_float_tensor(state["lam1"], "state['lam1']", ndim=2)
+        lam2 = as_float_tensor(state["lam2"], "state['lam2']", ndim=2)
+        if lam1.shape != lam2.shape:
+            raise ValueError(f"state['lam1'] and state['lam2'] differ in shape: {tuple(lam1.shape)} vs "
+                             f"{tuple(lam2.shape)}")
+        theta = as_float_tensor(state["theta"], "state['theta']", ndim=1, allow_empty=True)
+        trace = {k: [] for k in TRACE_KEYS}
+        trace.update({k: list(v) for k, v in dict(state.get("trace", {})).items()})
+        return cls(lam1.clone(), lam2.clone(), theta.clone(), generator_from_state(state), t=int(state.get("t", 0)),
+                   sites_updated=int(state.get("sites_updated", 0)), initialised=bool(state.get("initialised", False)),
+                   elbo=float(state.get("elbo", math.nan)), beta_scale=float(state.get("beta_scale", 1.0)),
+                   converged=bool(state.get("converged", False)),
+                   consecutive_failures=int(state.get("consecutive_failures", 0)),
+                   wall_time=float(state.get("wall_time", 0.0)), step_time_s=float(state.get("step_time_s", 0.0)),
+                   counters={**_counters(), **dict(state.get("counters", {}))}, trace=trace)
+
+    def __repr__(self) -> str:
+        return (f"MulticlassCVIState(t={self.t}, N={self.num_sites}, K={self.lam1.shape[1]}, "
+                f"elbo={self.elbo:.6g}, converged={self.converged})")
+
+
+# ------------------------------------------------------------------ site algebra, batched over classes
+def pseudo_data(lam1: torch.Tensor, lam2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ytilde = -lam1 / (2 lam2)`` and ``s = -1 / (2 lam2)``, each (N, K)."""
+    return sites.pseudo_data(lam1, lam2)
+
+
+def factors(K: torch.Tensor, s: torch.Tensor, theta: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+    """Lower Cholesky factors of ``K + diag(s[:, k])``, (K, N, N), through the shared jitter policy (raises
+    :class:`~gpvi.exceptions.NotPSDError` if one fails); returns ``(L, largest jitter)``."""
+    A = K.unsqueeze(0).repeat(s.shape[1], 1, 1)
+    A.diagonal(dim1=-2, dim2=-1).add_(s.T)
+    res = cholesky_with_jitter(A, theta=theta, raise_on_failure=True, what="K + diag(pseudo-noise of a class)")
+    return res.L, float(res.jitter.max())
+
+
+def marginals(K: torch.Tensor, L: torch.Tensor, ytilde: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``m`` (N, K), ``v`` (N, K) and ``alpha`` (K, N) of every class from its factor, O(K N^3)."""
+    alpha = torch.cholesky_solve(ytilde.T.unsqueeze(-1), L).squeeze(-1)
+    m = (alpha @ K).T
+    W = torch.linalg.solve_triangular(L, K.expand_as(L), upper=False)
+    v = K.diagonal().unsqueeze(-1) - (W * W).sum(-2).T
+    return m, v, alpha
+
+
+def kl2(lam2: torch.Tensor, m: torch.Tensor, v: torch.Tensor, L: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+    r""":math:`2\sum_k \mathrm{KL}(q_k\,\|\,p)` in the site form of :func:`gpvi.inference.cvi.sites.site_elbo`."""
+    s = -0.5 / lam2
+    return (m * alpha.T).sum() - (v / s).sum() + logdet_from_cholesky(L).sum() - torch.log(s).sum()
+
+
+def expectations(eng: Any, model: Any, m: torch.Tensor, v: torch.Tensor, gen: torch.Generator | None,
+                 method: str | None = None):
+    """The likelihood's expectations by ``method`` (default: the engine's estimator)."""
+    return model.likelihood.expected_log_lik(model.y, m, v, method=method or eng.estimator,
+                                             quadrature=eng.quadrature, num_draws=eng.num_draws if
+                                             (method or eng.estimator) == "mc" else eng.num_fixed_draws,
+                                             generator=gen)
+
+
+def elbo_from_sites(eng: Any, model: Any, lam1: torch.Tensor, lam2: torch.Tensor, theta: torch.Tensor,
+                    K: torch.Tensor | None = None) -> tuple[float, dict[str, torch.Tensor]]:
+    """The bound (deterministic expectations) of the sites at ``theta`` and the pieces (``m``, ``v``, ``L``,
+    ``alpha``)."""
+    K = model.kernel_matrix(theta) if K is None else K
+    ytilde, s = pseudo_data(lam1, lam2)
+    L, _ = factors(K, s, theta)
+    m, v, alpha = marginals(K, L, ytilde)
+    value = expectations(eng, model, m, v, None, eng.elbo_method).value.sum()
+    return float(value - 0.5 * kl2(lam2, m, v, L, alpha)), {"m": m, "v": v, "L": L, "alpha": alpha}
+
+
+def beta_at(eng: Any, st: MulticlassCVIState) -> float:
+    r""":math:`\beta_t` (t = completed sweeps) times the fault back-off."""
+    t = int(st.sites_updated // max(st.num_sites, 1))
+    if callable(eng.beta_schedule):
+        b = float(eng.beta_schedule(t))
+        if not 0.0 < b <= 1.0:
+            raise ValueError(f"beta_schedule({t}) must be in (0, 1]; got {b:g}")
+    elif eng.beta_schedule == "robbins_monro":
+        b = eng.beta * (1.0 + t / eng.decay_steps) ** -eng.decay_power
+    else:
+        b = eng.beta
+    return b * st.beta_scale
+
+
+def full_step(eng: Any, model: Any, st: MulticlassCVIState, K: torch.Tensor, gen: torch.Generator | None,
+              method: str | None = None) -> dict[str, Any]:
+    """Evaluate the current q (marginals, bound), then update every site (eq. 13). Mutates ``st``; returns info.
+
+    Raises :class:`~gpvi.inference.cvi.sites.SiteFault` or :class:`~gpvi.exceptions.NotPSDError` before changing
+    anything but the counters.
+    """
+    N, C = st.lam1.shape
+    if not st.initialised:
+        m = torch.zeros(N, C, dtype=K.dtype, device=K.device)
+        v = K.diagonal().unsqueeze(-1).expand(N, C).clone()
+        ex_elbo = expectations(eng, model, m, v, None, eng.elbo_method)
+        elbo = ex_elbo.value.sum()                                                      # KL(prior || prior) = 0
+    else:
+        ytilde, s = pseudo_data(st.lam1, st.lam2)
+        L, jit = factors(K, s, st.theta)
+        if jit > 0:
+            st.counters["jitter_events"] += 1
+        m, v, alpha = marginals(K, L, ytilde)
+        ex_elbo = expectations(eng, model, m, v, None, eng.elbo_method)
+        elbo = ex_elbo.value.sum() - 0.5 * kl2(st.lam2, m, v, L, alpha)
+    elbo_f = sites.finite_or_fault(elbo, st.t)
+    use = method or eng.estimator
+    ex = ex_elbo if use == eng.elbo_method else expectations(eng, model, m, v, gen, use)
+    g1, g2 = mean_parameter_gradients(ex.dm, ex.dv, m)
+    residual = float(torch.maximum((g1 - st.lam1).abs(), (g2 - st.lam2).abs()).nan_to_num(nan=math.inf).max())
+    beta = beta_at(eng, st)
+    st.lam1, st.lam2 = sites.update_sites(st.lam1, st.lam2, g1, g2, beta, st.counters, sites.lam2_cap(K),
+                                          eng.invalid)
+    st.initialised = True
+    st.t += 1
+    st.sites_updated += N
+    return {"elbo": elbo_f, "residual": residual, "beta": beta, "sites": N * C, "checked": True, "elbo_step": st.t - 1}
+
+
+class _DataTerm(torch.autograd.Function):
+    """Sum of the expectations with the backward from their derivatives ``dm``, ``dv``."""
+
+    @staticmethod
+    def forward(ctx, m, v, value, dm, dv):  # type: ignore[override]
+        ctx.save_for_backward(dm, dv)
+        return value.sum()
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        dm, dv = ctx.saved_tensors
+        return grad * dm, grad * dv, None, None, None
+
+
+def theta_objective(eng: Any, model: Any, lam1: torch.Tensor, lam2: torch.Tensor, theta: torch.Tensor,
+                    prior: Any = None) -> tuple[float, torch.Tensor | None]:
+    r"""The bound at ``theta`` with the sites held fixed, plus :math:`\log p(\theta)` when ``prior`` is given, and
+    its gradient in ``theta`` (autograd through :math:`K_\theta`, the K Cholesky factors and the marginals; the
+    data term's backward uses :math:`\partial_m E`, :math:`\partial_v E`). ``(-inf, None)`` when a factorisation
+    fails or the value is not finite.
+    """
+    from ...exceptions import NotPSDError
+
+    th = theta.detach().clone().requires_grad_(True)
+    with torch.enable_grad():
+        K = model.kernel_matrix(th)
+        ytilde, s = pseudo_data(lam1, lam2)
+        try:
+            _, jit = factors(K.detach(), s, th.detach())
+        except NotPSDError:
+            return -math.inf, None
+        A = K.unsqueeze(0) + torch.diag_embed(s.T + jit)
+        L = torch.linalg.cholesky(A)
+        m, v, alpha = marginals(K, L, ytilde)
+        ex = expectations(eng, model, m.detach(), v.detach(), None, eng.elbo_method)
+        val = _DataTerm.apply(m, v, ex.value, ex.dm, ex.dv) - 0.5 * kl2(lam2, m, v, L, alpha)
+        if prior is not None:
+            val = val + prior_log_prob(prior, th)
+        if not bool(torch.isfinite(val)):
+            return -math.inf, None
+        (grad,) = torch.autograd.grad(val, th)
+    return float(val.detach()), grad.detach()
