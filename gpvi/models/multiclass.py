@@ -1,0 +1,465 @@
+r"""Multi-class GP classification: K latent GPs and a softmax or robust-max likelihood (for multi-class CVI).
+
+.. math::
+
+    p(\mathbf y, F) = \Big[\prod_{n=1}^N p(y_n \mid \mathbf f_n)\Big]\prod_{k=1}^K \mathcal N(\mathbf f_k \mid 0, K_\theta),
+    \qquad \mathbf f_n = (f_{n1}, \dots, f_{nK}),
+
+with K latent functions :math:`f_k \sim \mathcal{GP}(0, k_\theta)` that share **one kernel and one** :math:`\theta`
+(the default of GPflow's and GPyTorch's multi-output classifiers: the classes differ through their latent values,
+not through their length scales). Two likelihoods:
+
+* :class:`Softmax`: :math:`p(y = k \mid \mathbf f) = e^{f_k} / \sum_j e^{f_j}`;
+* :class:`RobustMax` (GPflow's robust-max, Hernández-Lobato et al. 2011): :math:`p(y = k \mid \mathbf f) = 1 - \epsilon`
+  if :math:`k = \arg\max_j f_j`, else :math:`\epsilon / (K - 1)`.
+
+Expectations for CVI
+--------------------
+Under the class-factorised variational family :math:`q(\mathbf f_n) = \mathcal N(\mathbf m_n, \operatorname{diag}\mathbf v_n)`
+CVI (Khan & Lin 2017, eq. 13) needs :math:`E_n = \mathbb E_q[\log p(y_n \mid \mathbf f_n)]` and its derivatives in
+:math:`m_{nk}` and :math:`v_{nk}`. Bonnet's and Price's theorems give, for the softmax,
+
+.. math::
+
+    \partial_{m_k} E = \mathbb 1[k = y] - \mathbb E_q[p_k(\mathbf f)],\qquad
+    \partial_{v_k} E = -\tfrac12\,\mathbb E_q[p_k(\mathbf f)(1 - p_k(\mathbf f))] < 0,
+
+so every site estimate has a negative second natural parameter. The estimators (``method``):
+
+* ``"quadrature"``, softmax: everything is a function of the K - 1 differences :math:`d_j = f_j - f_y`
+  (:math:`j \ne y`), :math:`\mathbf d \sim \mathcal N(\boldsymbol\mu, \operatorname{diag}(\mathbf v_{-y}) + v_y\mathbf 1\mathbf 1^\top)`,
+  since :math:`\log p(y \mid \mathbf f) = -\log(1 + \sum_j e^{d_j})`. The (K-1)-dimensional integral is computed
+  as an iterated integral over the conditionals :math:`d_i \mid d_{<i}` (a Cholesky factor of the covariance), each
+  with the 1-D rule :class:`~gpvi.models.likelihoods.Quadrature` (asinh-mapped Gauss-Legendre: accurate for every
+  marginal variance), i.e. :math:`Q^{K-1}` nodes per site. K = 2 is exactly the logit case. Affordable for
+  :math:`K \le 3` (``max_quadrature_classes``).
+* ``"quadrature"``, robust-max: exact up to a 1-D rule, because
+  :math:`P(y = \arg\max \mathbf f) = \mathbb E_{f_y}\big[\prod_{j\ne y}\Phi((f_y - m_j)/\sqrt{v_j})\big]` and
+  :math:`E = \log(1-\epsilon)\,P + \log\tfrac{\epsilon}{K-1}\,(1 - P)`; the integral over :math:`f_y` is
+  Gauss-Hermite with ``robust_points`` nodes (GPflow uses 20), its derivatives in :math:`m, v` are the exact
+  derivatives of the rule (autograd).
+* ``"mc"`` (softmax only): reparameterised draws :math:`\mathbf f = \mathbf m + \sqrt{\mathbf v}\odot\boldsymbol\varepsilon`
+  from a ``torch.Generator``; :math:`\partial_v E` is the Price (Hessian) average, so sites stay valid. The
+  robust-max likelihood is piecewise constant in :math:`\mathbf f` (its pathwise derivatives vanish), hence no
+  Monte Carlo there.
+* ``"fixed"`` (softmax): the same average over a **fixed** set of standard-normal draws (seeded, common random
+  numbers): a deterministic sample-average approximation of the bound, for K > 3 where quadrature is too costly.
+
+Names: ``m``, ``v`` (N, K) marginal means and variances, ``dm``, ``dv`` (N, K) the derivatives, ``y`` (N,) class
+indices in 0..K-1, ``F`` latent values (..., K).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import gpytorch
+import numpy as np
+import torch
+
+from ..rng import resolve_generator
+from ..validation import check_fraction, check_positive_int
+from .classification import LatentGP
+from .likelihoods import Likelihood, Quadrature, _gauss_hermite
+
+__all__ = ["Softmax", "RobustMax", "MulticlassExpectations", "GPMulticlass", "make_multiclass_likelihood",
+           "check_class_labels", "FIXED_DRAWS_SEED"]
+
+FIXED_DRAWS_SEED = 20170417
+"""Seed of the fixed standard-normal draws of ``method="fixed"`` (common random numbers: a deterministic bound)."""
+
+
+class MulticlassExpectations(NamedTuple):
+    r"""Per site :math:`E_n` (N,), and :math:`\partial E_n/\partial m_{nk}`, :math:`\partial E_n/\partial v_{nk}` (N, K)."""
+
+    value: torch.Tensor
+    dm: torch.Tensor
+    dv: torch.Tensor
+
+
+def _check(y: torch.Tensor, m: torch.Tensor, v: torch.Tensor) -> None:
+    if m.dim() != 2 or v.shape != m.shape or y.shape != m.shape[:1]:
+        raise ValueError(f"y must be (N,) and m, v (N, K); got {tuple(y.shape)}, {tuple(m.shape)}, {tuple(v.shape)}")
+    if m.shape[1] < 2:
+        raise ValueError(f"need K >= 2 classes; got m with {m.shape[1]} column(s)")
+
+
+def _others(y: torch.Tensor, K: int) -> torch.Tensor:
+    """(N, K-1) indices of the classes other than ``y`` (ascending)."""
+    ar = torch.arange(K, device=y.device)
+    return ar.expand(y.shape[0], K)[ar.unsqueeze(0) != y.unsqueeze(-1)].view(y.shape[0], K - 1)
+
+
+def nested_nodes(mu: torch.Tensor, Lc: torch.Tensor, quadrature: Quadrature, *, centre_on_lse: bool = True
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Nodes and weights for :math:`\mathbb E_{\mathcal N(\boldsymbol\mu, L L^\top)}[g(\mathbf d)]`, iterated over conditionals.
+
+    :math:`\mathbf d = \boldsymbol\mu + L\mathbf z`: :math:`d_i \mid d_{<i} \sim \mathcal N(\mu_i + \sum_{j<i} L_{ij} z_j, L_{ii}^2)`,
+    each integrated with the 1-D rule ``quadrature`` (Q nodes), so :math:`Q^D` nodes per batch member. With
+    ``centre_on_lse`` the rule for :math:`d_i` is centred (its asinh map dense) at
+    :math:`c_i = \log(1 + \sum_{j<i} e^{d_j})`, where :math:`\log(1 + \sum_{j\le i} e^{d_j}) = c_i +
+    \operatorname{softplus}(d_i - c_i)` bends: each level then integrates a logit-like function.
+
+    Parameters
+    ----------
+    mu : torch.Tensor of shape (B, D)
+    Lc : torch.Tensor of shape (B, D, D)
+        Lower Cholesky factors of the covariances.
+    quadrature : Quadrature
+
+    Returns
+    -------
+    d : torch.Tensor of shape (B, Q^D, D)
+    w : torch.Tensor of shape (B, Q^D)
+    """
+    B, D = mu.shape
+    Z = mu.new_zeros(B, 1, 0)
+    Dn = mu.new_zeros(B, 1, 0)
+    w = mu.new_ones(B, 1)
+    for i in range(D):
+        P = Z.shape[1]
+        cm = mu[:, i:i + 1] + (Z * Lc[:, i, :i].unsqueeze(1)).sum(-1)            # (B, P)
+        sd = Lc[:, i, i].unsqueeze(-1).expand(B, P)
+        # the softmax bends where d_i = log(1 + sum_{j<i} exp(d_j)): centre the 1-D rule there
+        c = torch.nn.functional.pad(Dn, (1, 0)).logsumexp(-1) if centre_on_lse else torch.zeros_like(cm)
+        f, wi = quadrature.nodes((cm - c).reshape(-1), (sd * sd).reshape(-1))   # (B P, Q)
+        f = f + c.reshape(-1, 1)
+        Q = f.shape[-1]
+        sd_safe = torch.where(sd > 0, sd, torch.ones_like(sd)).reshape(-1, 1)
+        zi = (f - cm.reshape(-1, 1)) / sd_safe
+        Z = torch.cat([Z.unsqueeze(2).expand(B, P, Q, i), zi.view(B, P, Q, 1)], -1).reshape(B, P * Q, i + 1)
+        Dn = torch.cat([Dn.unsqueeze(2).expand(B, P, Q, i), f.view(B, P, Q, 1)], -1).reshape(B, P * Q, i + 1)
+        w = (w.unsqueeze(-1) * wi.view(B, P, Q)).reshape(B, P * Q)
+    return Dn, w
+
+
+class Softmax(Likelihood):
+    r"""Softmax likelihood :math:`p(y = k \mid \mathbf f) = \operatorname{softmax}(\mathbf f)_k`.
+
+    With :math:`\mathbf p = \operatorname{softmax}(\mathbf f)`: :math:`h = f_y - \log\sum_j e^{f_j}`,
+    :math:`\nabla h = \mathbf e_y - \mathbf p`, :math:`\operatorname{diag}\nabla^2 h = -\mathbf p\odot(1 - \mathbf p)`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> lik = Softmax()
+    >>> h, g, d2 = lik.derivatives(torch.tensor([0]), torch.zeros(1, 2, dtype=torch.float64))
+    >>> round(float(h), 6), g.tolist(), d2.tolist()
+    (-0.693147, [[0.5, -0.5]], [[-0.25, -0.25]])
+    """
+
+    name = "softmax"
+    binary = False
+    multiclass = True
+
+    def derivatives(self, y: torch.Tensor, F: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        r"""``(h, grad, diag Hessian)`` of :math:`h(\mathbf f) = \log p(y \mid \mathbf f)`; ``F`` (..., K), ``y`` (...)."""
+        logp = torch.log_softmax(F, -1)
+        p = torch.exp(logp)
+        onehot = torch.nn.functional.one_hot(y.long(), F.shape[-1]).to(F)
+        h = (logp * onehot).sum(-1)
+        return h, onehot - p, -p * (1.0 - p)
+
+    def log_prob(self, y: torch.Tensor, F: torch.Tensor) -> torch.Tensor:
+        return self.derivatives(y, F)[0]
+
+    def probs(self, F: torch.Tensor) -> torch.Tensor:
+        """:math:`p(y = k \\mid \\mathbf f)` for every k, ``(..., K)``."""
+        return torch.softmax(F, -1)
+
+    def has_quadrature(self, num_classes: int, max_classes: int) -> bool:
+        return num_classes <= max_classes
+
+    # ------------------------------------------------------------------ expectations
+    def _reference_moments(self, y: torch.Tensor, m: torch.Tensor, v: torch.Tensor, quadrature: Quadrature):
+        """Nodes in the differences d = f_{-y} - f_y: returns (d (N, P, K-1), w (N, P), others (N, K-1))."""
+        N, K = m.shape
+        oth = _others(y, K)
+        my, vy = m.gather(1, y.unsqueeze(-1)), v.gather(1, y.unsqueeze(-1))
+        mu = m.gather(1, oth) - my
+        cov = torch.diag_embed(v.gather(1, oth)) + vy.unsqueeze(-1)
+        Lc, info = torch.linalg.cholesky_ex(cov)
+        if bool((info != 0).any()):                     # a zero variance: fall back to square roots of the diagonal
+            Lc = torch.where((info != 0).view(-1, 1, 1), torch.diag_embed(torch.sqrt(cov.diagonal(dim1=-2, dim2=-1)
+                                                                                     .clamp_min(0.0))), Lc)
+        d, w = nested_nodes(mu, Lc, quadrature)
+        return d, w, oth
+
+    @staticmethod
+    def _quadrature_moments(d: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        r"""From nodes ``d`` (N, P, K-1) of the differences and weights ``w`` (N, P): :math:`\mathbb E[\log p_y]` (N,),
+        :math:`\mathbb E[p]` and :math:`\mathbb E[p(1-p)]` (N, K) with class y in column 0, the others after it."""
+        cols = d.permute(2, 0, 1)                                   # (K-1, N, P): one contiguous pass per class
+        mx = cols.amax(0).clamp_min(0.0)
+        ex = torch.exp(cols - mx)
+        lse = mx + torch.log(torch.exp(-mx) + ex.sum(0))            # log(1 + sum_j e^{d_j})
+        p = torch.cat([torch.exp(-lse).unsqueeze(0), torch.exp(cols - lse)], 0)      # (K, N, P)
+        wp = w * p
+        return -(w * lse).sum(-1), wp.sum(-1).T, (wp * (1.0 - p)).sum(-1).T
+
+    def expected_log_lik(self, y: torch.Tensor, m: torch.Tensor, v: torch.Tensor, *, method: str = "quadrature",
+                         quadrature: Quadrature | None = None, num_draws: int = 10,
+                         generator: torch.Generator | None = None, **_: Any) -> MulticlassExpectations:
+        r""":math:`E_n`, :math:`\partial_m E_n`, :math:`\partial_v E_n` by ``method`` (see the module docstring)."""
+        _check(y, m, v)
+        N, K = m.shape
+        if method == "quadrature":
+            quad = quadrature if quadrature is not None else default_quadrature(K)
+            d, w, oth = self._reference_moments(y, m, v, quad)
+            value, Ep, Eq = self._quadrature_moments(d, w)      # column 0: class y; then the others
+            idx = torch.cat([y.unsqueeze(-1), oth], 1)
+            Ep_k = torch.empty_like(m).scatter_(1, idx, Ep)
+            Eq_k = torch.empty_like(m).scatter_(1, idx, Eq)
+        else:
+            if method == "mc":
+                gen = resolve_generator(None, generator)
+                eps = torch.randn((N, check_positive_int(num_draws, "num_draws"), K), generator=gen, dtype=m.dtype,
+                                  device=m.device)
+            elif method == "fixed":
+                eps = fixed_draws(num_draws, K, m)
+                eps = eps.unsqueeze(0).expand(N, -1, -1)
+            else:
+                raise ValueError(f"method must be 'quadrature', 'mc' or 'fixed'; got {method!r}")
+            F = m.unsqueeze(1) + torch.sqrt(v.clamp_min(0.0)).unsqueeze(1) * eps
+            logp = torch.log_softmax(F, -1)
+            p = torch.exp(logp)
+            value = logp.gather(2, y.view(N, 1, 1).expand(N, F.shape[1], 1)).squeeze(-1).mean(1)
+            Ep_k, Eq_k = p.mean(1), (p * (1.0 - p)).mean(1)
+        onehot = torch.nn.functional.one_hot(y, K).to(m)
+        return MulticlassExpectations(value, onehot - Ep_k, -0.5 * Eq_k)
+
+    def predict_proba(self, m: torch.Tensor, v: torch.Tensor, *, quadrature: Quadrature | None = None,
+                      num_draws: int = 4096, max_quadrature_classes: int = 3) -> torch.Tensor:
+        r""":math:`\mathbb E_{\mathcal N(\mathbf m, \operatorname{diag}\mathbf v)}[\operatorname{softmax}(\mathbf f)]`, rows normalised.
+
+        By the quadrature of :meth:`expected_log_lik` when :math:`K \le` ``max_quadrature_classes``, else by
+        ``num_draws`` fixed (seeded) standard-normal draws.
+        """
+        M, K = m.shape
+        if K <= max_quadrature_classes:
+            y = torch.zeros(M, dtype=torch.long, device=m.device)
+            d, w, oth = self._reference_moments(y, m, v, quadrature if quadrature is not None
+                                                else default_quadrature(K))
+            _, Ep, _ = self._quadrature_moments(d, w)
+            p = torch.empty_like(m).scatter_(1, torch.cat([y.unsqueeze(-1), oth], 1), Ep)
+        else:
+            eps = fixed_draws(num_draws, K, m)
+            p = torch.softmax(m.unsqueeze(1) + torch.sqrt(v.clamp_min(0.0)).unsqueeze(1) * eps, -1).mean(1)
+        p = p.clamp_min(0.0)
+        return p / p.sum(-1, keepdim=True)
+
+    def spec(self) -> dict[str, Any]:
+        return {"name": self.name}
+
+
+class RobustMax(Likelihood):
+    r"""Robust-max likelihood: :math:`p(y \mid \mathbf f) = 1 - \epsilon` if :math:`y = \arg\max_k f_k`, else :math:`\epsilon/(K-1)`.
+
+    Parameters
+    ----------
+    epsilon : float
+        Label-noise probability in (0, 1) (default 1e-3, GPflow's).
+    num_points : int
+        Gauss-Hermite nodes of the 1-D integral over :math:`f_y` (default 64).
+
+    Examples
+    --------
+    >>> import torch
+    >>> lik = RobustMax(0.1)
+    >>> [round(x, 6) for x in lik.probs(torch.tensor([[0.0, 2.0, 1.0]], dtype=torch.float64))[0].tolist()]
+    [0.05, 0.9, 0.05]
+    """
+
+    name = "robustmax"
+    binary = False
+    multiclass = True
+
+    def __init__(self, epsilon: float = 1e-3, num_points: int = 64) -> None:
+        self.epsilon = check_fraction(epsilon, "epsilon", high_closed=False)
+        self.num_points = check_positive_int(num_points, "num_points", minimum=2)
+
+    def _logs(self, K: int) -> tuple[float, float]:
+        return math.log1p(-self.epsilon), math.log(self.epsilon / (K - 1))
+
+    def probs(self, F: torch.Tensor) -> torch.Tensor:
+        K = F.shape[-1]
+        top = torch.nn.functional.one_hot(F.argmax(-1), K).to(F)
+        return top * (1.0 - self.epsilon) + (1.0 - top) * (self.epsilon / (K - 1))
+
+    def derivatives(self, y: torch.Tensor, F: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(h, 0, 0)``: the log-likelihood is piecewise constant in ``F``."""
+        hi, lo = self._logs(F.shape[-1])
+        h = torch.where(F.argmax(-1) == y.long(), torch.full_like(F[..., 0], hi), torch.full_like(F[..., 0], lo))
+        return h, torch.zeros_like(F), torch.zeros_like(F)
+
+    def log_prob(self, y: torch.Tensor, F: torch.Tensor) -> torch.Tensor:
+        return self.derivatives(y, F)[0]
+
+    def has_quadrature(self, num_classes: int, max_classes: int) -> bool:
+        return True
+
+    def prob_argmax(self, y: torch.Tensor, m: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        r""":math:`P(y_n = \arg\max_k f_{nk})` under :math:`\mathcal N(\mathbf m_n, \operatorname{diag}\mathbf v_n)`, (N,).
+
+        :math:`\mathbb E_{f_y}[\prod_{j\ne y}\Phi((f_y - m_j)/\sqrt{v_j})]` by Gauss-Hermite; differentiable.
+        """
+        N, K = m.shape
+        x, wq = _gauss_hermite(self.num_points)
+        xt = torch.as_tensor(x, dtype=m.dtype, device=m.device)
+        wt = torch.as_tensor(wq, dtype=m.dtype, device=m.device)
+        my, vy = m.gather(1, y.unsqueeze(-1)), v.gather(1, y.unsqueeze(-1))
+        fy = my + torch.sqrt(vy.clamp_min(1e-300)) * xt                           # (N, Q)
+        oth = _others(y, K)
+        mo, so = m.gather(1, oth), torch.sqrt(v.gather(1, oth).clamp_min(1e-300))
+        logphi = torch.special.log_ndtr((fy.unsqueeze(-1) - mo.unsqueeze(1)) / so.unsqueeze(1)).sum(-1)
+        return (wt * torch.exp(logphi)).sum(-1)
+
+    def expected_log_lik(self, y: torch.Tensor, m: torch.Tensor, v: torch.Tensor, *, method: str = "quadrature",
+                         **_: Any) -> MulticlassExpectations:
+        r""":math:`E_n = \log(1-\epsilon)P_n + \log\tfrac{\epsilon}{K-1}(1 - P_n)` and its exact derivatives (1-D rule)."""
+        _check(y, m, v)
+        if method != "quadrature":
+            raise ValueError(f"the robust-max likelihood has expectations by quadrature only (its pathwise "
+                             f"derivatives vanish); got estimator {method!r}")
+        hi, lo = self._logs(m.shape[1])
+        with torch.enable_grad():
+            mm = m.detach().clone().requires_grad_(True)
+            vv = v.detach().clone().requires_grad_(True)
+            P = self.prob_argmax(y, mm, vv)
+            dPm, dPv = torch.autograd.grad(P.sum(), (mm, vv))
+        P = P.detach()
+        return MulticlassExpectations(lo + (hi - lo) * P, (hi - lo) * dPm, (hi - lo) * dPv)
+
+    def predict_proba(self, m: torch.Tensor, v: torch.Tensor, **_: Any) -> torch.Tensor:
+        r""":math:`(1-\epsilon)P_k + \tfrac{\epsilon}{K-1}(1 - P_k)` with :math:`P_k = P(k = \arg\max \mathbf f)`; rows normalised."""
+        M, K = m.shape
+        P = torch.stack([self.prob_argmax(torch.full((M,), k, dtype=torch.long, device=m.device), m, v)
+                         for k in range(K)], -1)
+        p = (1.0 - self.epsilon) * P + self.epsilon / (K - 1) * (1.0 - P)
+        return p / p.sum(-1, keepdim=True)
+
+    def spec(self) -> dict[str, Any]:
+        return {"name": self.name, "epsilon": self.epsilon, "num_points": self.num_points}
+
+    def __repr__(self) -> str:
+        return f"RobustMax(epsilon={self.epsilon:g})"
+
+
+def default_quadrature(num_classes: int) -> Quadrature:
+    """The 1-D rule per dimension of the softmax quadrature: 96 nodes for K = 2 (the binary default); for K >= 3,
+    40 per dimension on a window of 6.5 sd (neglected mass 8e-11; 1600 nodes per site at K = 3, errors below
+    1e-7 in :math:`E` and its derivatives for marginal variances 1e-3..1e3 against a 160-node rule)."""
+    return Quadrature(96) if num_classes <= 2 else Quadrature(40, width=6.5)
+
+
+def fixed_draws(num_draws: int, num_classes: int, like: torch.Tensor) -> torch.Tensor:
+    """``(num_draws, K)`` standard-normal draws from a generator seeded with :data:`FIXED_DRAWS_SEED` on
+    ``like``'s device (the same draws at every call: common random numbers)."""
+    gen = torch.Generator(device=like.device).manual_seed(FIXED_DRAWS_SEED)
+    return torch.randn((check_positive_int(num_draws, "num_draws"), num_classes), generator=gen, dtype=like.dtype,
+                       device=like.device)
+
+
+def make_multiclass_likelihood(likelihood: Any) -> Likelihood:
+    """``"softmax"``, ``"robustmax"``, a spec dict, or a :class:`Softmax` / :class:`RobustMax` object."""
+    if isinstance(likelihood, dict):
+        spec = dict(likelihood)
+        name = spec.pop("name", None)
+        if name == "robustmax":
+            return RobustMax(**spec)
+        likelihood = name
+    if isinstance(likelihood, str):
+        if likelihood == "softmax":
+            return Softmax()
+        if likelihood == "robustmax":
+            return RobustMax()
+        raise ValueError(f"likelihood must be 'softmax' or 'robustmax'; got {likelihood!r}")
+    if isinstance(likelihood, (Softmax, RobustMax)):
+        return likelihood
+    raise TypeError(f"likelihood must be 'softmax', 'robustmax', Softmax() or RobustMax(); got "
+                    f"{type(likelihood).__name__}")
+
+
+def check_class_labels(y: Any, name: str = "y", *, device: torch.device | str | None = None
+                       ) -> tuple[torch.Tensor, np.ndarray]:
+    """Labels of any type -> ``(indices (N,) int64 in 0..K-1, classes (K,) sorted)``; ``ValueError`` naming ``name``
+    for non-1-D labels, missing values or a single class."""
+    if isinstance(y, torch.Tensor):
+        y = y.detach().cpu().numpy()
+    arr = np.asarray(y)
+    if arr.ndim == 2 and arr.shape[1] == 1:
+        arr = arr[:, 0]
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D (one label per row); got shape {arr.shape}")
+    if arr.shape[0] == 0:
+        raise ValueError(f"{name} is empty")
+    if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+        raise ValueError(f"{name} contains NaN or infinite labels")
+    if arr.dtype.kind == "O" and any(v is None for v in arr):
+        raise ValueError(f"{name} contains missing labels (None)")
+    try:
+        classes, idx = np.unique(arr, return_inverse=True)
+    except TypeError as exc:
+        raise TypeError(f"{name} holds labels that cannot be sorted: {exc}") from None
+    if classes.shape[0] < 2:
+        raise ValueError(f"{name} holds a single class ({classes[0]!r}); classification needs at least two")
+    return torch.as_tensor(idx.reshape(-1), dtype=torch.long, device=device), classes
+
+
+class GPMulticlass(LatentGP):
+    r"""K-class GP classification: K latent GPs sharing one kernel and one :math:`\theta`, softmax or robust-max.
+
+    Parameters
+    ----------
+    X : array-like of shape (n_samples, n_features)
+    y : array-like of shape (n_samples,)
+        Labels of any sortable type (ints, strings...), mapped to 0..K-1 in the order of ``classes``; at least two
+        classes.
+    kernel : gpytorch.kernels.Kernel, optional
+        Shared by the K latent functions; default ``ScaleKernel(RBFKernel(ard_num_dims=n_features))``.
+    likelihood : {"softmax", "robustmax"} or Softmax or RobustMax
+        Default ``"softmax"``; ``RobustMax(epsilon)`` sets the label-noise probability (default 1e-3).
+    theta : array-like of shape (D,), optional
+        Kernel log-hyperparameters (see :class:`~gpvi.models.classification.LatentGP`).
+    device : torch.device or str, optional
+    feature_names : sequence of str, optional
+
+    Attributes
+    ----------
+    y : torch.Tensor of shape (N,), int64
+        Class indices.
+    classes : numpy.ndarray of shape (K,)
+        The original labels, sorted; ``classes[k]`` is class ``k``.
+    num_classes : int
+        K.
+
+    Examples
+    --------
+    >>> import torch
+    >>> X = torch.linspace(0, 1, 9, dtype=torch.float64).unsqueeze(-1)
+    >>> model = GPMulticlass(X, ["a", "b", "c"] * 3)
+    >>> model.num_classes, model.link, model.classes.tolist(), model.y[:4].tolist()
+    (3, 'softmax', ['a', 'b', 'c'], [0, 1, 2, 0])
+    """
+
+    def __init__(self, X: Any, y: Any, kernel: gpytorch.kernels.Kernel | None = None,
+                 likelihood: str | Likelihood = "softmax", theta: Any = None, *,
+                 device: torch.device | str | None = None, feature_names: Any = None) -> None:
+        super().__init__(X, y, kernel, make_multiclass_likelihood(likelihood), theta, device=device,
+                         feature_names=feature_names)
+
+    def _set_targets(self, y: Any, X: torch.Tensor) -> None:
+        idx, classes = check_class_labels(y, "y", device=X.device)
+        if idx.shape[0] != X.shape[0]:
+            raise ValueError(f"X has {X.shape[0]} rows but y has {idx.shape[0]}")
+        self.y, self.classes = idx, classes
+
+    @property
+    def num_classes(self) -> int:
+        """K."""
+        return int(self.classes.shape[0])
+
+    def __repr__(self) -> str:
+        return (f"GPMulticlass(N={self.num_data}, d={self.X.shape[1]}, K={self.num_classes}, D={self.dim}, "
+                f"likelihood={self.link!r})")

@@ -1,0 +1,337 @@
+"""Multi-class CVI (softmax / robust-max): expectations against brute-force Monte Carlo and finite differences, the
+full-batch fixed point against an independent optimiser of the same bound, Monte Carlo convergence, iris against
+scikit-learn, the engine contract (seeds, interrupt/resume), device discipline and the posterior surface."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from gpvi.exceptions import InterruptedRunWarning
+from gpvi.inference.cvi.multiclass import MulticlassCVI, MulticlassTypeII
+from gpvi.models.likelihoods import BernoulliLogit, expected_log_lik
+from gpvi.models.multiclass import GPMulticlass, RobustMax, Softmax
+from gpvi.posteriors.base import Posterior
+
+F64 = torch.float64
+
+
+def mc_data(n: int = 24, *, seed: int = 0, K: int = 3):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, 2, generator=g, dtype=F64) * 4 - 2
+    F = torch.stack([torch.sin(2 * X[:, 0]), X[:, 1], -X[:, 0] - X[:, 1], X[:, 0] * X[:, 1]][:K], -1)
+    y = torch.multinomial(torch.softmax(2 * F, -1), 1, generator=g)[:, 0]
+    y[:K] = torch.arange(K)                          # every class present
+    return X, y
+
+
+def engine(**kw) -> MulticlassCVI:
+    kw.setdefault("progress_bar", False)
+    return MulticlassCVI(**kw)
+
+
+def sites(seed: int, n: int = 6, K: int = 3, scale: float = 3.0):
+    g = torch.Generator().manual_seed(seed)
+    m = torch.randn(n, K, generator=g, dtype=F64) * 2
+    v = torch.rand(n, K, generator=g, dtype=F64) * scale + 0.05
+    y = torch.randint(0, K, (n,), generator=g)
+    return y, m, v
+
+
+# ------------------------------------------------------------------------------------------- expectations
+def test_two_class_softmax_expectation_is_the_logit_expectation_of_the_difference():
+    y, m, v = sites(0, n=8, K=2, scale=30.0)
+    ex = Softmax().expected_log_lik(y, m, v)
+    d_m = m.gather(1, y[:, None])[:, 0] - m.gather(1, (1 - y)[:, None])[:, 0]
+    ref = expected_log_lik(BernoulliLogit(), torch.ones(8, dtype=F64), d_m, v.sum(1))
+    assert torch.allclose(ex.value, ref.value, rtol=0, atol=1e-13)
+
+
+def test_softmax_quadrature_matches_brute_force_monte_carlo_with_a_million_draws():
+    y, m, v = sites(1, n=5, K=3, scale=4.0)
+    ex = Softmax().expected_log_lik(y, m, v)
+    g = torch.Generator().manual_seed(7)
+    eps = torch.randn(5, 10**6, 3, generator=g, dtype=F64)
+    F = m[:, None] + v.sqrt()[:, None] * eps
+    logp = torch.log_softmax(F, -1)
+    h = logp.gather(2, y.view(5, 1, 1).expand(5, 10**6, 1))[..., 0]
+    p = logp.exp()
+    se = h.std(1) / 1000.0
+    assert ((ex.value - h.mean(1)).abs() <= 5 * se).all()
+    dm_mc = torch.nn.functional.one_hot(y, 3).to(F64) - p.mean(1)
+    se_p = p.std(1) / 1000.0
+    assert ((ex.dm - dm_mc).abs() <= 5 * se_p + 1e-12).all()
+    assert ((ex.dv + 0.5 * (p * (1 - p)).mean(1)).abs() <= 5 * 0.5 * (p * (1 - p)).std(1) / 1000.0).all()
+
+
+def test_robustmax_expectation_matches_brute_force_monte_carlo():
+    y, m, v = sites(2, n=5, K=4, scale=2.0)
+    lik = RobustMax(0.05)
+    ex = lik.expected_log_lik(y, m, v)
+    g = torch.Generator().manual_seed(8)
+    F = m[:, None] + v.sqrt()[:, None] * torch.randn(5, 10**6, 4, generator=g, dtype=F64)
+    h = lik.log_prob(y[:, None].expand(5, 10**6), F)
+    # + 1e-9: a site whose class is almost never the argmax (P ~ 1e-10) has no Monte Carlo spread at all
+    assert ((ex.value - h.mean(1)).abs() <= 5 * h.std(1) / 1000.0 + 1e-9).all()
+
+
+@pytest.mark.parametrize("lik", [Softmax(), RobustMax(0.02)], ids=["softmax", "robustmax"])
+def test_expectation_derivatives_match_central_finite_differences(lik):
+    y, m, v = sites(3, n=4, K=3, scale=2.0)
+    ex = lik.expected_log_lik(y, m, v)
+    h = 1e-5
+    for k in range(3):
+        e = torch.zeros_like(m)
+        e[:, k] = h
+        fd_m = (lik.expected_log_lik(y, m + e, v).value - lik.expected_log_lik(y, m - e, v).value) / (2 * h)
+        fd_v = (lik.expected_log_lik(y, m, v + e).value - lik.expected_log_lik(y, m, v - e).value) / (2 * h)
+        assert torch.allclose(ex.dm[:, k], fd_m, rtol=0, atol=2e-7)
+        assert torch.allclose(ex.dv[:, k], fd_v, rtol=0, atol=2e-7)
+
+
+# ------------------------------------------------------------- the fixed point vs an independent optimiser
+def _dense_elbo(model, theta, lam1, lam2, quad):
+    """The class-factorised bound from the sites with dense matrices: V_k = (K^-1 + diag(-2 lam2_k))^-1."""
+    K = model.kernel_matrix(theta)
+    N, C = lam1.shape
+    Lk = torch.linalg.cholesky(K)
+    ms, vs, kl = [], [], 0.0
+    for k in range(C):
+        prec = torch.cholesky_inverse(Lk) + torch.diag(-2 * lam2[:, k])
+        V = torch.linalg.inv(prec)
+        V = 0.5 * (V + V.T)
+        mk = V @ lam1[:, k]
+        kl = kl + 0.5 * (torch.cholesky_solve(V, Lk).diagonal().sum() + mk @ torch.cholesky_solve(mk[:, None], Lk)[:, 0]
+                         - N + 2 * torch.log(Lk.diagonal()).sum() - torch.logdet(V))
+        ms.append(mk)
+        vs.append(V.diagonal())
+    m, v = torch.stack(ms, -1), torch.stack(vs, -1)
+    ex = model.likelihood.expected_log_lik(model.y, m, v, quadrature=quad)
+    return ex.value.sum() - kl, m, v
+
+
+def test_full_batch_optimum_equals_scipy_lbfgs_on_the_same_bound():
+    from scipy.optimize import minimize
+
+    X, y = mc_data(10, seed=4)
+    model = GPMulticlass(X, y)
+    theta = model.theta.clone()
+    theta[-1] = math.log(3.0)
+    post = engine(tol=1e-13, num_steps=2000).run(model, init=theta)
+    quad = post.quadrature
+    N, C = 10, 3
+    assert model.num_classes == C
+
+    def fun(x):
+        t = torch.tensor(x, dtype=F64, requires_grad=True)
+        lam1, lam2 = t[:N * C].view(N, C), -torch.exp(t[N * C:].view(N, C))
+        # the value's gradient through the quadrature nodes (autograd), independent of CVI's dm/dv identities
+        K = model.kernel_matrix(theta)
+        Lk = torch.linalg.cholesky(K)
+        kl, ms, vs = 0.0, [], []
+        for k in range(C):
+            V = torch.linalg.inv(torch.cholesky_inverse(Lk) + torch.diag(-2 * lam2[:, k]))
+            V = 0.5 * (V + V.T)
+            mk = V @ lam1[:, k]
+            kl = kl + 0.5 * (torch.cholesky_solve(V, Lk).diagonal().sum()
+                             + mk @ torch.cholesky_solve(mk[:, None], Lk)[:, 0] - N
+                             + 2 * torch.log(Lk.diagonal()).sum() - torch.logdet(V))
+            ms.append(mk)
+            vs.append(V.diagonal())
+        d, w, _ = Softmax()._reference_moments(model.y, torch.stack(ms, -1), torch.stack(vs, -1), quad)
+        value = Softmax()._quadrature_moments(d, w)[0].sum()
+        obj = -(value - kl)
+        (g,) = torch.autograd.grad(obj, t)
+        return float(obj), g.numpy()
+
+    x0 = np.concatenate([np.zeros(N * C), np.log(np.full(N * C, 0.1))])
+    res = minimize(fun, x0, jac=True, method="L-BFGS-B", options={"maxiter": 20000, "gtol": 1e-10, "ftol": 1e-15})
+    x = torch.tensor(res.x, dtype=F64)
+    lam1, lam2 = x[:N * C].view(N, C), -torch.exp(x[N * C:].view(N, C))
+    elbo_sp, m_sp, v_sp = _dense_elbo(model, theta, lam1, lam2, quad)
+    elbo_cvi, m_cvi, v_cvi = _dense_elbo(model, theta, post.lam1, post.lam2, quad)
+    assert float(elbo_cvi) == pytest.approx(post.elbo, rel=1e-10)          # site formulas = dense formulas
+    assert float(elbo_sp) == pytest.approx(post.elbo, rel=1e-6)
+    assert float(elbo_sp) <= post.elbo + 1e-8 * abs(post.elbo)
+    assert torch.allclose(m_sp, post.m, atol=1e-4) and torch.allclose(v_sp, post.var, atol=1e-4)
+
+
+# -------------------------------------------------------------------------------- Monte Carlo converges
+def test_monte_carlo_run_converges_to_the_quadrature_bound():
+    X, y = mc_data(20, seed=5)
+    model = GPMulticlass(X, y)
+    exact = engine(tol=1e-12, num_steps=2000).run(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        noisy = engine(estimator="mc", num_draws=10, num_steps=400, tol=0, seed=3).run(model)
+        const = engine(estimator="mc", num_draws=10, num_steps=400, tol=0, seed=3,
+                       beta_schedule="constant").run(model)
+    assert noisy.info["beta_schedule"] == "robbins_monro"
+    gap = abs(noisy.elbo - exact.elbo) / abs(exact.elbo)
+    assert noisy.elbo <= exact.elbo + 1e-9 * abs(exact.elbo)
+    assert gap < 1e-3
+    # the decreasing step is what settles it: the constant step stays further away
+    assert abs(const.elbo - exact.elbo) > abs(noisy.elbo - exact.elbo)
+
+
+# -------------------------------------------------------------------------------- the engine contract
+def _stop_at(k):
+    def cb(state, info):
+        if state.t == k:
+            raise KeyboardInterrupt
+    return cb
+
+
+def test_seeded_runs_repeat_and_interrupt_then_resume_equals_the_uninterrupted_run(tmp_path):
+    X, y = mc_data(18, seed=6)
+    model = GPMulticlass(X, y)
+    kw = dict(estimator="mc", num_steps=40, tol=0, seed=11)
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    a = engine(**kw).run(model)
+    assert torch.equal(torch.get_rng_state(), before)              # no global RNG use
+    b = engine(**kw).run(model)
+    c = engine(**{**kw, "seed": 12}).run(model)
+    assert torch.equal(a.lam1, b.lam1) and torch.equal(a.lam2, b.lam2) and a.elbo == b.elbo
+    assert not torch.equal(a.lam1, c.lam1)
+    with pytest.warns(InterruptedRunWarning):
+        part = engine(**kw).run(model, callback=_stop_at(17))
+    assert part.info["interrupted"] and part.engine_state.t == 17
+    torch.save(part.engine_state.state_dict(), tmp_path / "st.pt")
+    resumed = engine(**kw).run(model, state=torch.load(tmp_path / "st.pt", weights_only=True))
+    assert torch.equal(resumed.lam1, a.lam1) and torch.equal(resumed.lam2, a.lam2) and resumed.elbo == a.elbo
+    assert part.engine_state.t == 17                                # the state handed in did not change
+    eng = engine(**kw)
+    eng.progress_bar = True
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        on = eng.run(model)
+    assert torch.equal(on.lam1, a.lam1)
+
+
+def test_engines_create_no_tensor_on_the_default_device():
+    X, y = mc_data(12, seed=7)
+    model = GPMulticlass(X, y)                    # models are built on the CPU (GPyTorch's kernels included)
+    robust = GPMulticlass(X, y, likelihood=RobustMax())
+
+    def fit():
+        post = engine(num_steps=5, tol=0).run(model)
+        mc = engine(estimator="mc", num_steps=3, tol=0).run(model)
+        rm = engine(num_steps=3, tol=0).run(robust)
+        return [post.m, post.predict_proba(X[:3]), mc.m, rm.m, rm.predict_proba(X[:3])]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = fit()
+        torch.set_default_device("meta")
+        try:
+            got = fit()
+        finally:
+            torch.set_default_device(None)
+    for a, b in zip(want, got):
+        assert b.device.type == "cpu" and torch.equal(a, b)
+
+
+# -------------------------------------------------------------------------------- posterior surface
+def test_posterior_predictions_surface_and_round_trip():
+    X, y = mc_data(20, seed=8)
+    labels = np.array(["cat", "dog", "emu"])[y.numpy()]
+    model = GPMulticlass(X, labels)
+    post = engine().run(model)
+    assert post.converged and post.m.shape == (20, 3) and post.mean.shape == (60,)
+    mean, var = post.predict_latent(X)
+    assert torch.allclose(mean, post.m, atol=1e-9) and torch.allclose(var, post.var, atol=1e-9)
+    p = post.predict_proba(X[:5])
+    assert p.shape == (5, 3) and torch.allclose(p.sum(-1), torch.ones(5, dtype=F64), atol=1e-12)
+    assert set(post.predict(X[:5]).tolist()) <= {"cat", "dog", "emu"}
+    draws = post.sample(4000, seed=0)
+    assert draws.shape == (4000, 60)
+    assert torch.allclose(draws.mean(0), post.mean, atol=5 * float(post.std.max()) / math.sqrt(4000))
+    assert len(post.summary().index) == 60 and post.hyperparameters().keys() == model.describe().keys()
+    back = Posterior.from_state_dict(post.state_dict(), target=model)
+    assert torch.equal(back.lam1, post.lam1) and back.elbo == post.elbo
+    assert torch.allclose(back.predict_proba(X[:5]), p, atol=1e-12)
+    warm = engine().run(model, init=post)                          # a warm start at the optimum stays there
+    assert warm.info["steps"] <= 3 and warm.elbo == pytest.approx(post.elbo, rel=1e-8)
+    assert warm.elbo >= post.elbo - 1e-12 * abs(post.elbo)
+
+
+def test_type_ii_with_the_default_prior_increases_the_objective():
+    X, y = mc_data(24, seed=9)
+    model = GPMulticlass(X, y)
+    fixed = engine().run(model)
+    learned = MulticlassTypeII(engine()).run(model)
+    none = MulticlassTypeII(engine(), prior=None).run(model)
+    assert learned.info["objective"] > fixed.elbo + learned.info["log_prior"] - 1e-6
+    assert none.elbo >= fixed.elbo and none.info["log_prior"] == 0.0
+    assert learned.info["theta_phases"] >= 1 and learned.info["learn_hyperparameters"]
+
+
+def test_bad_input_gives_clear_errors():
+    X, y = mc_data(10, seed=10)
+    with pytest.raises(ValueError, match="single class"):
+        GPMulticlass(X, torch.zeros(10))
+    with pytest.raises(ValueError, match="y"):
+        GPMulticlass(X, torch.zeros(9))
+    with pytest.raises(ValueError, match="likelihood"):
+        GPMulticlass(X, y, likelihood="logit")
+    with pytest.raises(ValueError, match="estimator"):
+        engine(estimator="mc").run(GPMulticlass(X, y, likelihood=RobustMax()))
+    with pytest.raises(ValueError, match="max_quadrature_classes"):
+        engine(estimator="quadrature", max_quadrature_classes=2).run(GPMulticlass(X, y))
+    with pytest.raises(ValueError, match="epsilon"):
+        RobustMax(1.5)
+    with pytest.raises(TypeError, match="GPMulticlass"):
+        engine().run(object())
+
+
+# -------------------------------------------------------------------------------- iris vs scikit-learn
+def _iris():
+    from sklearn.datasets import load_iris
+    from sklearn.model_selection import train_test_split
+
+    d = load_iris()
+    return train_test_split(d.data, d.target, test_size=0.3, random_state=0, stratify=d.target)
+
+
+def _compare(post, Xte, yte, Xtr, ytr, fit_s, what):
+    from sklearn.gaussian_process import GaussianProcessClassifier
+    from sklearn.metrics import log_loss
+
+    p = post.predict_proba(Xte).numpy()
+    t0 = time.perf_counter()
+    sk = GaussianProcessClassifier(random_state=0).fit(Xtr, ytr)
+    sk_s = time.perf_counter() - t0
+    p_sk = sk.predict_proba(Xte)
+    acc, acc_sk = (p.argmax(1) == yte).mean(), (p_sk.argmax(1) == yte).mean()
+    ll, ll_sk = log_loss(yte, p), log_loss(yte, p_sk)
+    print(f"iris ({what}): gpvi acc {acc:.3f} log loss {ll:.4f} fit {fit_s:.2f} s; scikit-learn GPC acc {acc_sk:.3f} "
+          f"log loss {ll_sk:.4f} fit {sk_s:.2f} s")
+    return acc, acc_sk, ll, ll_sk
+
+
+def test_iris_at_the_data_scaled_start_is_sane_against_scikit_learn():
+    """CVI at the model's data-scaled theta (no hyperparameter learning): a sanity check of predictions."""
+    Xtr, Xte, ytr, yte = _iris()
+    t0 = time.perf_counter()
+    post = engine().run(GPMulticlass(Xtr, ytr))
+    acc, acc_sk, ll, ll_sk = _compare(post, Xte, yte, Xtr, ytr, time.perf_counter() - t0, "fixed theta")
+    assert post.converged and acc >= 0.9 and acc >= acc_sk - 0.05
+    assert ll <= 0.5
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("GPVI_RUN_SLOW"), reason="MAP-II on iris takes minutes (set GPVI_RUN_SLOW=1)")
+def test_iris_map_ii_accuracy_and_log_loss_are_sane_against_scikit_learn():
+    Xtr, Xte, ytr, yte = _iris()
+    t0 = time.perf_counter()
+    post = MulticlassTypeII(engine(), inner_tol=1e-7).run(GPMulticlass(Xtr, ytr))
+    acc, acc_sk, ll, ll_sk = _compare(post, Xte, yte, Xtr, ytr, time.perf_counter() - t0, "MAP-II")
+    assert acc >= 0.9 and acc >= acc_sk - 0.05
+    assert ll <= 0.3 and ll <= ll_sk + 0.05
