@@ -25,7 +25,7 @@ recorded); evaluation counts do not depend on load.
 Usage::
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/nuts_fidelity.py ref    # ~1-2 h here
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/nuts_fidelity.py q      # ~30-60 min here
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/nuts_fidelity.py q [boston bodyfat pendulum]  # ~15 min each
 """
 
 from __future__ import annotations
@@ -145,16 +145,19 @@ def overlay(name: str, names: list[str], ref: np.ndarray, q: Any, w: Any, ans: A
     plt.close(fig)
 
 
-def phase_q() -> None:
+def phase_q(names: list[str]) -> None:
     refj = json.loads((RESULTS / "nuts_fidelity_ref.json").read_text())["datasets"]
     refd = np.load(RESULTS / "nuts_fidelity_ref.npz")
-    out: dict[str, Any] = {}
-    for name in DATASETS:
+    part = RESULTS / "nuts_fidelity.json"                 # results of earlier q runs (other datasets) are kept
+    out: dict[str, Any] = json.loads(part.read_text())["data"] if part.exists() else {}
+    for name in names:
         if name not in refj:
+            print(f"{name}: no reference yet (run the ref phase)", flush=True)
             continue
         model = model_of(name)
         ref = refd[name].reshape(-1, refd[name].shape[-1])
-        rec: dict[str, Any] = {"names": list(model.names)}
+        rec: dict[str, Any] = {"names": list(model.names), "load_before": os.getloadavg(),
+                               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         t0 = time.perf_counter()
         q = gpvi.DSVI(scale="full", seed=0, progress_bar=False).run(model)
         rec["dsvi_s"], rec["elbo"], rec["elbo_se"] = time.perf_counter() - t0, float(q.elbo), float(q.elbo_se)
@@ -177,9 +180,9 @@ def phase_q() -> None:
         rec["nuts_default"] = {k: refj[name][k] for k in ("evals_to_400", "wall_to_400", "wall_s", "min_ess_bulk",
                                                           "max_r_hat", "mixed", "draws_per_chain")}
         overlay(name, list(model.names), ref, q, w, ans)
+        rec["load_after"] = os.getloadavg()
         out[name] = rec
         print(name, rec["khat"], rec["infer_answer"], flush=True)
-        (RESULTS / "nuts_fidelity_partial.json").write_text(json.dumps(out, indent=1, default=str))
     md = header("Fidelity of q, PSIS and gpvi.infer against long NUTS references; NUTS from q vs default NUTS")
     md += report(out, refj)
     print(write("nuts_fidelity", md, out))
@@ -196,6 +199,8 @@ def report(out: dict[str, Any], refj: dict[str, Any]) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     for name, r in out.items():
         ref = refj[name]
+        r["reference"] = {k: ref[k] for k in ("wall_s", "evals_warmup", "evals_sampling", "min_ess_bulk",
+                                              "max_r_hat", "mixed", "draws_per_chain", "extensions")}
 
         def rng(c: dict[str, list[float]]) -> str:
             return f"{max(c['dmean_sd']):.2f}, {min(c['sd_ratio']):.2f}–{max(c['sd_ratio']):.2f}"
@@ -219,12 +224,14 @@ def report(out: dict[str, Any], refj: dict[str, Any]) -> str:
             lines.append(f"| {n} | {r['raw_q']['dmean_sd'][j]:.2f} | {r['raw_q']['sd_ratio'][j]:.2f} | "
                          f"{r['psis']['dmean_sd'][j]:.2f} | {r['psis']['sd_ratio'][j]:.2f} | "
                          f"{r['infer']['dmean_sd'][j]:.2f} | {r['infer']['sd_ratio'][j]:.2f} |")
-        lines += ["", f"![{name}](nuts_fidelity_{name}.png)", "", "```", r["infer_report"], "```"]
+        lines += ["", f"Run {r['date']}, load average before / after {r['load_before']} / {r['load_after']} "
+                  "(2 cores; wall times inflated by other jobs when above 2).",
+                  "", f"![{name}](nuts_fidelity_{name}.png)", "", "```", r["infer_report"], "```"]
     return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
     phase = sys.argv[1] if len(sys.argv) > 1 else "q"
     if phase not in ("ref", "q"):
-        raise SystemExit("usage: nuts_fidelity.py ref|q")
-    phase_ref() if phase == "ref" else phase_q()
+        raise SystemExit("usage: nuts_fidelity.py ref | q [dataset ...]")
+    phase_ref() if phase == "ref" else phase_q(sys.argv[2:] or list(DATASETS))
