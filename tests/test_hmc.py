@@ -88,7 +88,7 @@ def test_hmc_recovers_correlated_gaussian(gauss):
                    progress_bar=False), gauss)
     check_gaussian_moments(mc.draws)
     assert "tree_depth" not in mc.stats
-    assert set(mc.stats) == {"diverging", "acceptance_rate", "step_size", "n_steps", "lp"}
+    assert set(mc.stats) == {"diverging", "acceptance_rate", "step_size", "n_steps", "lp", "energy"}
 
 
 def test_gp_four_chains_converge():

@@ -38,7 +38,7 @@ __all__ = ["Potential", "tree_depth", "run_chain", "SITE", "SAMPLE_STATS", "WARM
 
 SITE = "theta"
 _KEY = (SITE,)
-SAMPLE_STATS = ("diverging", "acceptance_rate", "step_size", "n_steps", "lp")
+SAMPLE_STATS = ("diverging", "acceptance_rate", "step_size", "n_steps", "lp", "energy")
 WARMUP_STATS = ("acceptance_rate", "step_size", "n_steps", "lp")
 
 Callback = Callable[[int, int, dict[str, Any]], None]
@@ -168,6 +168,19 @@ def _sample(engine: Any, c: int, st: MCMCState, potential: Potential, callback: 
     kernel.setup(warmup_steps=0)
     kernel.mass_matrix_adapter.inverse_mass_matrix = {_KEY: cs.inverse_mass_matrix.clone()}
     z = {SITE: cs.position.clone()}
+    # energy of each transition (for E-BFMI): the Hamiltonian U(z) + K(r) at its start, with the freshly drawn
+    # momentum; Pyro computes it first thing in sample() and does not return it, so its kinetic energy is recorded
+    # here (no randomness is used; the trajectory conserves H up to the integrator's error, so this is Stan's
+    # energy__ of the selected state to that accuracy)
+    kinetic: list[float] = []
+    pyro_kinetic = kernel._kinetic_energy
+
+    def _kinetic(r_unscaled: Any) -> Any:
+        k = pyro_kinetic(r_unscaled)
+        kinetic.append(float(k))
+        return k
+
+    kernel._kinetic_energy = _kinetic
     # committed draws: [theta, stats row, RNG state after it]; one list append commits a draw atomically,
     # so an interruption anywhere leaves a consistent snapshot (only the last RNG state is kept)
     committed: list[list[Any]] = []
@@ -180,7 +193,9 @@ def _sample(engine: Any, c: int, st: MCMCState, potential: Potential, callback: 
                                      torch.int64 if k == "n_steps" else torch.float64)
                      for k in SAMPLE_STATS}
         new_stats.update(engine._extra_stats(new_stats))
-        stats = ({k: torch.cat([cs.stats[k], v]) for k, v in new_stats.items()} if cs.stats else new_stats)
+        old = {k: cs.stats.get(k, torch.full((cs.draws.shape[0],), math.nan, dtype=torch.float64, device="cpu"))
+               for k in new_stats} if cs.stats else None         # states saved before "energy" was recorded
+        stats = ({k: torch.cat([old[k], v]) for k, v in new_stats.items()} if old is not None else new_stats)
         new_draws = torch.stack([e[0] for e in committed]) if committed else cs.draws[:0]
         return replace(cs, draws=torch.cat([cs.draws, new_draws]), stats=stats,
                        position=committed[-1][0].clone() if committed else cs.position,
@@ -196,11 +211,14 @@ def _sample(engine: Any, c: int, st: MCMCState, potential: Potential, callback: 
             kernel._t = kernel._warmup_steps            # Pyro's running means then cover this draw only
             kernel._mean_accept_prob = 0.0
             d0, e = len(kernel._divergences), potential.evaluations
+            u0 = float(kernel._potential_energy_last)
+            kinetic.clear()
             z = kernel.sample(z)
             theta = z[SITE].detach().clone()
             row = {"diverging": len(kernel._divergences) > d0,
                    "acceptance_rate": float(kernel._mean_accept_prob), "step_size": eps,
-                   "n_steps": potential.evaluations - e, "lp": -float(kernel._potential_energy_last)}
+                   "n_steps": potential.evaluations - e, "lp": -float(kernel._potential_energy_last),
+                   "energy": u0 + kinetic[0] if kinetic else math.nan}
             committed.append([theta, row, torch.get_rng_state()])
             if len(committed) > 1:
                 committed[-2][2] = None

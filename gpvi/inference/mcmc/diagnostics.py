@@ -24,7 +24,27 @@ from ...exceptions import ConvergenceWarning
 from .settings import ConvergenceChecks
 from .state import ChainState
 
-__all__ = ["usable_block", "diagnostics", "DIAGNOSTICS", "chain_table", "convergence_problems", "warn_convergence"]
+__all__ = ["usable_block", "diagnostics", "DIAGNOSTICS", "chain_table", "convergence_problems", "warn_convergence",
+           "e_bfmi", "MIN_E_BFMI"]
+
+MIN_E_BFMI = 0.3
+"""E-BFMI below this (Stan's threshold, Betancourt 2016) flags a chain whose momentum resampling explores the energy
+distribution poorly (heavy tails, funnels)."""
+
+
+def e_bfmi(energy: torch.Tensor) -> list[float]:
+    r"""Energy Bayesian fraction of missing information per chain, ArviZ's ``bfmi`` (Betancourt 2016, eq. 3):
+    :math:`\sum_n (E_n - E_{n-1})^2 / \sum_n (E_n - ar E)^2` over a chain's energies ``(C, S)``; NaN where the
+    energies were not recorded or a chain has fewer than 3 draws."""
+    import arviz as az
+
+    out = []
+    for row in energy.detach().cpu().double():
+        if row.numel() < 3 or not bool(torch.isfinite(row).all()):
+            out.append(math.nan)
+            continue
+        out.append(float(az.bfmi(row.numpy()[None, :])[0]))
+    return out
 
 
 def usable_block(chains: list[ChainState], num_draws: int) -> tuple[int, int]:
@@ -101,14 +121,16 @@ def chain_table(name: str, use: list[ChainState], stats: dict[str, torch.Tensor]
         cols["mean_tree_depth"] = [float(stats["tree_depth"][i].double().mean()) for i in range(C)]
         depth_hits = [int((stats["tree_depth"][i] >= max_tree_depth).sum()) for i in range(C)]
         cols["max_depth_hits"] = depth_hits
+    if "energy" in stats:
+        cols["e_bfmi"] = e_bfmi(stats["energy"])
     cols["warmup_s"] = [cs.warmup_time_s for cs in use]
     cols["sampling_s"] = [cs.sampling_time_s for cs in use]
     return Table([str(i) for i in range(C)], cols, title=f"{name} chains"), num_div, depth_hits
 
 
 def convergence_problems(checks: ConvergenceChecks, ess: torch.Tensor, r_hat: torch.Tensor, divergences: int,
-                         depth_hits: list[int] | None, num_chains: int) -> list[str]:
-    """What a complete run's diagnostics violate (empty when nothing): R-hat, ESS, divergences, tree depth."""
+                         depth_hits: list[int] | None, num_chains: int, bfmi: list[float] | None = None) -> list[str]:
+    """What a complete run's diagnostics violate (empty when nothing): R-hat, ESS, divergences, tree depth, E-BFMI."""
     problems = []
     if bool((r_hat > checks.max_r_hat).any()):
         problems.append(f"split R-hat up to {float(r_hat.nan_to_num(0).max()):.3f} > {checks.max_r_hat:g}")
@@ -119,6 +141,10 @@ def convergence_problems(checks: ConvergenceChecks, ess: torch.Tensor, r_hat: to
         problems.append(f"{divergences} divergent transition(s) after warm-up")
     if depth_hits and sum(depth_hits):
         problems.append(f"{sum(depth_hits)} draw(s) hit the maximum tree depth")
+    low = [i for i, b in enumerate(bfmi or []) if b < MIN_E_BFMI]
+    if low:
+        problems.append(f"E-BFMI below {MIN_E_BFMI} in chain(s) {low} (min {min(bfmi[i] for i in low):.2f}): the "
+                        "energy distribution is explored poorly (heavy tails or a funnel)")
     return problems
 
 

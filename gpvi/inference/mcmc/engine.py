@@ -17,6 +17,7 @@ changed. Ctrl-C (or a callback raising ``KeyboardInterrupt``) returns the partia
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from collections.abc import Callable
@@ -34,7 +35,7 @@ from ..engine import RunReport
 from ..init import Start, init_to_default, resolve_init
 from ..progress import warn_interrupted
 from .chains import Potential, run_chain
-from .diagnostics import chain_table, convergence_problems, diagnostics, usable_block, warn_convergence
+from .diagnostics import chain_table, convergence_problems, diagnostics, e_bfmi, usable_block, warn_convergence
 from .settings import Adaptation, ConvergenceChecks
 from .starts import chain_starts, init_to_chains
 from .state import ChainState, MCMCState
@@ -321,6 +322,7 @@ class HamiltonianEngine:
             "engine": type(self).__name__, "settings": {**self._settings(), "num_draws": S},
             "interrupted": interrupted, "chains": table,
             **diag, "num_divergent": num_div, "divergences": sum(num_div),
+            "e_bfmi": e_bfmi(stats["energy"]) if "energy" in stats else [math.nan] * len(use),
             "step_size": [cs.step_size for cs in use],
             "inverse_mass_matrix": torch.stack([cs.inverse_mass_matrix for cs in use]),
             "chain_seeds": [cs.seed for cs in use], "inits": torch.stack([cs.init for cs in use]),
@@ -345,7 +347,8 @@ class HamiltonianEngine:
             warn_interrupted(f"{self.name} (returning {len(use)} chain(s) x {length} draws of "
                              f"{self.num_chains} x {S})", state.t, self.num_chains * (W + S))
         else:
-            problems = convergence_problems(self.checks, ess, rhat, sum(num_div), depth_hits, len(use))
+            problems = convergence_problems(self.checks, ess, rhat, sum(num_div), depth_hits, len(use),
+                                            info["e_bfmi"])
             post.info["converged"], post.info["problems"] = not problems, problems
             warn_convergence(self.name, problems, len(use), length, stacklevel=3)
         return post

@@ -92,7 +92,7 @@ class NUTS(HamiltonianEngine):
     >>> mc.draws.shape, mc.samples.shape
     (torch.Size([2, 100, 2]), torch.Size([200, 2]))
     >>> sorted(mc.stats)
-    ['acceptance_rate', 'diverging', 'lp', 'n_steps', 'step_size', 'tree_depth']
+    ['acceptance_rate', 'diverging', 'energy', 'lp', 'n_steps', 'step_size', 'tree_depth']
     """
 
     name = "NUTS"
