@@ -13,9 +13,12 @@ A fit file is written by :func:`torch.save` and holds exactly four entries:
 tensors, numbers, strings and containers and refuses every other Python object, so nothing a file carries is
 ever run. It then checks the layout, decodes the JSON and rebuilds the fit from that plain data: the
 :class:`gpvi.GPRegression` model and its posterior (through the posteriors' ``from_state_dict``), or a fitted
-:class:`gpvi.GPClassifier` whose :class:`~gpvi.posteriors.latent.LatentPosterior` is refactorised from the
+:class:`gpvi.GPClassifier` whose posterior (:class:`~gpvi.posteriors.latent.LatentPosterior` for a binary link,
+:class:`~gpvi.posteriors.multiclass.MulticlassPosterior` for the softmax / robust-max) is refactorised from the
 saved sites :math:`\tilde\lambda^{(1)}, \tilde\lambda^{(2)}` and hyperparameters :math:`\theta` exactly as the CVI
-run finalised it, so ``predict_proba`` gives the same numbers. Any other file — not a gpvi fit, a pickle of other
+run finalised it, so ``predict_proba`` gives the same numbers. A classifier's labels (``classes_``: strings,
+numbers or booleans) are saved in the JSON and the training targets as class indices ``y_index`` into them;
+binary files written before multi-class support (targets as labels ``y``) still load. Any other file — not a gpvi fit, a pickle of other
 objects, a file whose unpickling would run code, a truncated or corrupt file, another format version — raises a
 ``ValueError`` that names the path and the reason.
 
@@ -103,7 +106,7 @@ class SavedFit:
 
     @property
     def classes(self) -> list[Any]:
-        """The two class labels (classification), sorted; ``predict_proba`` columns follow this order."""
+        """The class labels (classification), sorted; ``predict_proba`` columns follow this order."""
         if self.kind != "classification":
             raise TypeError("classes exist only for classification fits; this fit is a regression")
         return self.classifier.classes_.tolist()
@@ -141,8 +144,9 @@ class SavedFit:
         (mean, var) : tuple of numpy.ndarray of shape (n,)
             Regression: mean and variance of the predictive of :math:`y_*` in the CSV's units,
             :math:`\bar y + s_y m_*` and :math:`s_y^2 v_*` (a mixture over ``num_draws`` draws of theta).
-        p : numpy.ndarray of shape (n,)
-            Classification: probability of the larger label ``classes[1]``.
+        p : numpy.ndarray of shape (n,) or (n, K)
+            Classification with two classes: probability of the larger label ``classes[1]``; with K > 2 classes:
+            the class probabilities, columns in :attr:`classes` order (as :meth:`predict_proba`).
 
         Raises
         ------
@@ -152,7 +156,8 @@ class SavedFit:
         """
         Xs = self._standardised(X)
         if self.kind == "classification":
-            return self.classifier.predict_proba(Xs)[:, 1]
+            proba = self.classifier.predict_proba(Xs)
+            return proba[:, 1] if proba.shape[1] == 2 else proba
         pred = self.posterior.predict(Xs, num_draws=num_draws, seed=seed, generator=generator)
         mean = pred.mean.detach().cpu().numpy() * self.y_std + self.y_mean
         var = pred.var.detach().cpu().numpy() * self.y_std ** 2
@@ -163,8 +168,8 @@ class SavedFit:
 
         Returns
         -------
-        numpy.ndarray of shape (n, 2)
-            Columns in :attr:`classes` order: :math:`[1 - p_*, p_*]`.
+        numpy.ndarray of shape (n, K)
+            Columns in :attr:`classes` order (two classes: :math:`[1 - p_*, p_*]`).
 
         Raises
         ------
@@ -324,12 +329,21 @@ def _classifier_spec(clf: Any) -> dict[str, Any]:
     es = post.get("engine_state")
     if isinstance(es, dict) and es.get("factor") is not None:
         post["engine_state"] = {**es, "factor": None}      # N x N and recomputable: not stored
-    classes = np.asarray(model.classes)
-    labels = classes[model.y.detach().cpu().long().numpy()]
     names = getattr(clf, "feature_names_in_", None)
-    return {"params": params, "classes": classes.tolist(), "X": model.X, "y": torch.as_tensor(labels),
-            "link": model.link, "posterior": post, "feature_names": _names(model),
+    multiclass = _is_multiclass(model)
+    return {"params": params, "classes": [_label(c) for c in np.asarray(clf.classes_).tolist()], "X": model.X,
+            "y_index": model.y.detach().cpu().long(), "model": "multiclass" if multiclass else "binary",
+            "link": model.link, "likelihood": model.likelihood.spec() if multiclass else model.link,
+            "posterior": post, "feature_names": _names(model),
             "feature_names_in": None if names is None else [str(n) for n in names]}
+
+
+def _label(value: Any) -> Any:
+    """A class label as plain data (str, int, float or bool); others cannot be written to the JSON description."""
+    if isinstance(value, (str, bool, int, float)):
+        return value
+    raise TypeError(f"cannot save a GPClassifier whose classes_ hold a {type(value).__name__} label ({value!r}): "
+                    "only strings, numbers and booleans are plain data")
 
 
 def _names(model: Any) -> list[str] | None:
@@ -338,9 +352,11 @@ def _names(model: Any) -> list[str] | None:
 
 
 def _classifier_from(spec: dict[str, Any]) -> Any:
-    from .posteriors.latent import LatentPosterior
     from .models.classification import GPClassification
     from .models.likelihoods import Quadrature
+    from .models.multiclass import GPMulticlass
+    from .posteriors.latent import LatentPosterior
+    from .posteriors.multiclass import MulticlassPosterior
     from .sklearn import GPClassifier
 
     params = dict(spec["params"])
@@ -354,16 +370,46 @@ def _classifier_from(spec: dict[str, Any]) -> Any:
         raise _Invalid(f"unknown GPClassifier parameters {sorted(unknown)}")
     params["device"] = None                                 # a fit loads on the CPU, wherever it was fitted
     clf = GPClassifier(**params)
-    model = GPClassification(spec["X"], spec["y"], likelihood=spec["link"], theta=params.get("theta"),
-                             feature_names=spec.get("feature_names"))
-    if [int(c) for c in np.asarray(model.classes)] != [int(c) for c in spec["classes"]]:
-        raise _Invalid(f"the labels give classes {np.asarray(model.classes).tolist()}, not {spec['classes']}")
-    post = LatentPosterior.from_state_dict(spec["posterior"], model)
-    q = (post.info or {}).get("quadrature")
-    if isinstance(q, dict) and q != post.quadrature.spec():
-        post.quadrature = Quadrature(int(q["num_points"]), str(q["rule"]), scale=float(q["scale"]),
-                                     width=float(q["width"]))
-    return clf._set_fitted(model, post, spec.get("feature_names_in"))
+    classes = np.asarray(spec["classes"])
+    if classes.ndim != 1 or classes.shape[0] < 2:
+        raise _Invalid(f"classes must be a list of at least two labels; got {spec['classes']!r}")
+    if "y_index" not in spec:                               # binary files written before multi-class (labels in y)
+        model = GPClassification(spec["X"], spec["y"], likelihood=spec["link"], theta=params.get("theta"),
+                                 feature_names=spec.get("feature_names"))
+        if [int(c) for c in np.asarray(model.classes)] != [int(c) for c in classes]:
+            raise _Invalid(f"the labels give classes {np.asarray(model.classes).tolist()}, not {spec['classes']}")
+        classes = np.asarray(model.classes)
+    else:
+        idx = torch.as_tensor(spec["y_index"])
+        if idx.dim() != 1 or idx.dtype != torch.int64 or not bool(((idx >= 0) & (idx < len(classes))).all()):
+            raise _Invalid(f"y_index must hold class indices in 0..{len(classes) - 1}")
+        kind = spec.get("model")
+        if kind == "binary":
+            if len(classes) != 2:
+                raise _Invalid(f"a binary classifier needs two classes; got {len(classes)}")
+            model = GPClassification(spec["X"], idx.numpy(), likelihood=spec["link"], theta=params.get("theta"),
+                                     feature_names=spec.get("feature_names"))
+        elif kind == "multiclass":
+            model = GPMulticlass(spec["X"], classes[idx.numpy()], likelihood=spec["likelihood"],
+                                 theta=params.get("theta"), feature_names=spec.get("feature_names"))
+            if model.num_classes != len(classes):
+                raise _Invalid(f"the class indices use {model.num_classes} of the {len(classes)} classes")
+        else:
+            raise _Invalid(f"unknown classifier model {kind!r}")
+    if _is_multiclass(model):
+        post = MulticlassPosterior.from_state_dict(spec["posterior"], target=model)
+    else:
+        post = LatentPosterior.from_state_dict(spec["posterior"], model)
+        q = (post.info or {}).get("quadrature")
+        if isinstance(q, dict) and q != post.quadrature.spec():
+            post.quadrature = Quadrature(int(q["num_points"]), str(q["rule"]), scale=float(q["scale"]),
+                                         width=float(q["width"]))
+    return clf._set_fitted(model, post, spec.get("feature_names_in"), classes)
+
+
+def _is_multiclass(model: Any) -> bool:
+    """Whether ``model`` is a K-latent multi-class model (it has ``num_classes``)."""
+    return getattr(model, "num_classes", None) is not None
 
 
 # ============================================================================ save / load

@@ -1,68 +1,99 @@
-r"""A scikit-learn style GP classifier over the CVI engine.
+r"""A scikit-learn style GP classifier over the CVI engines: binary and multi-class, labels of any type.
 
 ``GPClassifier`` follows the estimator contract of scikit-learn (which is *not* a runtime dependency of gpvi):
-``__init__`` only stores its arguments, ``fit`` validates, runs :class:`gpvi.inference.cvi.engine.CVI` (or, with
-``learn_hyperparameters=True``, the type-II loop :class:`gpvi.inference.cvi.typeii.TypeII` around it) on a
-:class:`gpvi.models.classification.GPClassification` model and sets trailing-underscore attributes, and
-``get_params``/``set_params`` are implemented from the signature of ``__init__`` so that
-``sklearn.base.clone``, grid search and pipelines work. Inputs may be numpy arrays or torch tensors; outputs of
-``predict_proba``/``predict`` are numpy arrays (scikit-learn's convention).
+``__init__`` only stores its arguments, ``fit`` validates and runs an engine, fitted state lives in trailing-underscore
+attributes, and ``get_params``/``set_params`` come from the signature of ``__init__`` so that ``sklearn.base.clone``,
+grid search and pipelines work. It passes scikit-learn's ``check_estimator`` except for the checks listed (with the
+reasons) in ``tests/test_sklearn_checks.py``.
+
+What ``fit`` runs, by the number of classes K in ``y`` and the ``likelihood``:
+
+* K = 2 with ``"logit"``/``"probit"`` (``"auto"`` picks logit): one latent GP,
+  :class:`gpvi.models.classification.GPClassification`, fitted by :class:`gpvi.inference.cvi.engine.CVI`
+  (``hyperparameters="fixed"``) or by the type-II loop :class:`gpvi.inference.cvi.typeii.TypeII` around it;
+* K >= 2 with ``"softmax"``/``"robustmax"`` (``"auto"`` picks softmax for K >= 3): K latent GPs sharing one kernel,
+  :class:`gpvi.models.multiclass.GPMulticlass`, fitted by :class:`gpvi.inference.cvi.multiclass.MulticlassCVI` or
+  :class:`~gpvi.inference.cvi.multiclass.MulticlassTypeII`, with the same settings.
+
+Inputs may be numpy arrays, pandas DataFrames or torch tensors; outputs are numpy arrays (scikit-learn's convention).
 """
 
 from __future__ import annotations
 
 import inspect
+import warnings
 from typing import Any
 
 import numpy as np
+import torch
 
 from .inference.cvi.engine import CVI
+from .inference.cvi.multiclass import MulticlassCVI, MulticlassTypeII
 from .inference.cvi.options import MonteCarlo, SingleSite, num_steps_for_sweeps
 from .inference.cvi.typeii import TypeII
 from .models.classification import GPClassification
 from .models.likelihoods import Quadrature
-from .posteriors.latent import LatentPosterior
+from .models.multiclass import GPMulticlass, default_quadrature
 from .rng import check_seed
 from .validation import check_bool, check_choice, check_positive_int, check_X, feature_names_of
 
 __all__ = ["GPClassifier"]
 
+_BINARY_LINKS = ("logit", "probit")
+_MULTICLASS_LINKS = ("softmax", "robustmax")
+
 
 class GPClassifier:
-    r"""Binary GP classifier: latent :math:`f \sim \mathcal{GP}(0, k_\theta)`, logit or probit link, CVI posterior.
+    r"""GP classifier with a CVI posterior: binary (logit/probit link) or multi-class (softmax/robust-max).
 
-    The posterior over the latent function is the Gaussian :math:`q(\mathbf f)` found by conjugate-computation
-    variational inference (Khan & Lin 2017, Algorithm 1 with eq. 13; eq. 14 in ``mode="stochastic"``), and with
-    ``learn_hyperparameters=True`` the kernel's log-hyperparameters maximise the ELBO (eq. 5) in L-BFGS-B phases
-    between CVI runs (:class:`gpvi.inference.cvi.typeii.TypeII`).
-    Predictions are :math:`p(y_* = 1\mid\mathcal D) = \mathbb E_{q(f_*)}[p(y_* = 1 \mid f_*)]`.
+    Binary: latent :math:`f \sim \mathcal{GP}(0, k_\theta)`, :math:`p(y = c_1 \mid f) = \sigma(f)` or
+    :math:`\Phi(f)`. Multi-class: K latent :math:`f_k \sim \mathcal{GP}(0, k_\theta)` sharing the kernel,
+    :math:`p(y = c_k \mid \mathbf f) = \operatorname{softmax}(\mathbf f)_k` (or robust-max). The posterior over the
+    latent values is the Gaussian :math:`q` found by conjugate-computation variational inference (Khan & Lin 2017,
+    Algorithm 1, eq. 13; eq. 14 for binary ``mode="stochastic"``); the multi-class :math:`q` is class-factorised,
+    :math:`\prod_k q(\mathbf f_k)`. With ``hyperparameters="type2"`` the kernel log-hyperparameters maximise the
+    ELBO plus the log of the default prior :math:`\mathcal N(0, 10 I)` (MAP-II on the bound) between CVI runs.
+    Predictions are :math:`p(y_* = c_k \mid \mathcal D) = \mathbb E_{q(\mathbf f_*)}[p(y_* = c_k \mid \mathbf f_*)]`.
 
     Parameters
     ----------
     kernel : gpytorch.kernels.Kernel, optional
         Covariance function; default ``ScaleKernel(RBFKernel(ard_num_dims=n_features))`` started at
         lengthscale^2 = d var(x_j), signal variance 1. A given kernel starts at its current values.
-    likelihood : {"logit", "probit"}
-        Link function (default logit, as in the CVI paper and scikit-learn); recorded in ``link_``.
+    likelihood : {"auto", "logit", "probit", "softmax", "robustmax"}
+        ``"auto"`` (default): ``"logit"`` for two classes, ``"softmax"`` for more. ``"logit"``/``"probit"`` need
+        exactly two classes. ``"softmax"``/``"robustmax"`` work for any K >= 2; with two classes they fit **two**
+        latent GPs (``p(y = classes_[1]) = sigma(f_1 - f_0)`` for the softmax: the difference has prior covariance
+        2k, and q is factorised over the two functions), which is not the same model as ``"logit"``'s single GP.
+        Recorded in ``link_``.
     method : {"cvi"}
         Inference method.
     mode : {"full", "stochastic"}
-        Full-batch CVI steps or doubly stochastic single-site steps (see :class:`gpvi.inference.cvi.engine.CVI`).
-    learn_hyperparameters : bool
-        Maximise the ELBO over the kernel hyperparameters (type-II on the bound); otherwise keep them fixed.
+        Full-batch CVI steps or doubly stochastic single-site steps (binary only; multi-class CVI is full-batch).
+    learn_hyperparameters : bool, optional
+        The older spelling of ``hyperparameters``: True is ``"type2"``, False is ``"fixed"``. Giving both with
+        different meanings is a ``ValueError``.
+    hyperparameters : {"type2", "fixed"}, optional
+        ``"type2"`` (the default when neither this nor ``learn_hyperparameters`` is given): MAP-II on the bound
+        (:class:`~gpvi.inference.cvi.typeii.TypeII` / :class:`~gpvi.inference.cvi.multiclass.MulticlassTypeII`,
+        prior :math:`\mathcal N(0, 10 I)` on the log-hyperparameters); ``"fixed"``: keep them at their start.
     beta : float
         CVI step size in (0, 1].
-    estimator : {"quadrature", "mc"}
-        Site gradients by quadrature or Monte Carlo.
-    num_quadrature : int
-        Quadrature nodes (gradients, ELBO and logit predictions).
+    estimator : {"auto", "quadrature", "mc", "fixed"}
+        Site gradients. ``"auto"``: quadrature, except for the softmax with K > 3 (``"fixed"``: a sample average over
+        fixed draws). ``"mc"``: Monte Carlo (binary any link; multi-class softmax only, with a decreasing step).
+        ``"fixed"``: multi-class softmax only.
+    num_quadrature : int, optional
+        Quadrature nodes (per dimension for the softmax); default 96 for the binary links, and the multi-class
+        engine's rule (:func:`gpvi.models.multiclass.default_quadrature`) for the softmax. Robust-max has its own
+        1-D rule and ignores it.
     num_draws : int
         Monte Carlo draws per site and step for ``estimator="mc"``.
     batch_size : int
-        Sites per stochastic step.
+        Sites per stochastic step (binary ``mode="stochastic"``).
     max_sweeps : int
-        Budget in sweeps over the data (turned into the engine's ``num_steps`` for the training set, recorded in
-        ``posterior_.info["num_steps"]``).
+        Budget in sweeps over the data (turned into the engine's ``num_steps``, recorded in
+        ``posterior_.info["num_steps"]``); with ``"type2"`` also the inner budget (at least 50).
     tol : float
         Relative ELBO change for convergence.
     theta : array-like of shape (D,), optional
@@ -78,11 +109,14 @@ class GPClassifier:
 
     Attributes
     ----------
-    classes_ : numpy.ndarray of shape (2,)
-        The two labels, sorted; ``predict_proba`` columns follow this order.
+    classes_ : numpy.ndarray of shape (K,)
+        The labels seen in ``fit``, sorted (any sortable type: ints, strings, booleans...; real labels with integer
+        values, as read from a CSV file, are kept as integers). ``predict_proba`` columns follow this order.
+    n_classes_ : int
+        K.
     link_ : str
-        The likelihood used (``"logit"`` or ``"probit"``).
-    posterior_ : gpvi.posteriors.latent.LatentPosterior
+        The likelihood used (``"logit"``, ``"probit"``, ``"softmax"`` or ``"robustmax"``).
+    posterior_ : LatentPosterior or MulticlassPosterior
         Sites, marginals ``m``/``var`` at the training inputs, ELBO, trace and run info.
     elbo_ : float
         ELBO of the fitted :math:`q` (nats).
@@ -90,19 +124,28 @@ class GPClassifier:
         Fitted (or fixed) kernel log-hyperparameters; ``hyperparameters_`` the natural-scale values by name.
     kernel_ : gpytorch.kernels.Kernel
         A copy of the kernel with the fitted hyperparameters.
-    model_ : gpvi.models.classification.GPClassification
+    model_ : GPClassification or GPMulticlass
     n_features_in_ : int
     feature_names_in_ : numpy.ndarray of str
         The column names of a pandas DataFrame ``X`` given to ``fit`` (only then, scikit-learn's rule); the
         hyperparameter names (``theta`` names, ``hyperparameters_`` keys) use them: ``lengthscale[nox]``. A
         DataFrame given to ``predict*`` must then have the same columns in the same order.
 
+    Notes
+    -----
+    ``decision_function`` is the posterior mean of the latent function(s). Its sign (binary) or argmax
+    (multi-class) gives ``predict``'s label, up to multi-class cases where a class with a larger latent variance wins
+    on probability; but its *ranking* of points differs from ``predict_proba``'s, which also depends on the latent
+    variance (:math:`\mathbb E_q[\sigma(f)]` is moderated towards 1/2 where :math:`q(f)` is wide). scikit-learn's
+    ROC-AUC scorer uses ``decision_function`` when an estimator has one; pass ``response_method="predict_proba"``
+    to rank by the probabilities. ``fit`` takes no ``sample_weight`` (the CVI engines have no weighted sites).
+
     Examples
     --------
     >>> import gpvi
     >>> from gpvi.sklearn import GPClassifier
     >>> ds = gpvi.datasets.load_pima()
-    >>> clf = GPClassifier(learn_hyperparameters=False, progress_bar=False).fit(ds.X_train, ds.y_train)
+    >>> clf = GPClassifier(hyperparameters="fixed", progress_bar=False).fit(ds.X_train, ds.y_train)
     >>> clf.predict_proba(ds.X_test).shape
     (332, 2)
     >>> round(clf.score(ds.X_test, ds.y_test), 2)
@@ -111,16 +154,17 @@ class GPClassifier:
 
     _estimator_type = "classifier"
 
-    def __init__(self, kernel: Any = None, likelihood: str = "logit", method: str = "cvi", mode: str = "full",
-                 learn_hyperparameters: bool = True, *, beta: float = 0.5, estimator: str = "quadrature",
-                 num_quadrature: int = 96, num_draws: int = 10, batch_size: int = 1, max_sweeps: int = 500,
-                 tol: float = 1e-9, theta: Any = None, random_state: int | None = None,
-                 progress_bar: bool = True, device: str | None = None) -> None:
+    def __init__(self, kernel: Any = None, likelihood: str = "auto", method: str = "cvi", mode: str = "full",
+                 learn_hyperparameters: bool | None = None, *, hyperparameters: str | None = None, beta: float = 0.5,
+                 estimator: str = "auto", num_quadrature: int | None = None, num_draws: int = 10,
+                 batch_size: int = 1, max_sweeps: int = 500, tol: float = 1e-9, theta: Any = None,
+                 random_state: int | None = None, progress_bar: bool = True, device: str | None = None) -> None:
         self.kernel = kernel
         self.likelihood = likelihood
         self.method = method
         self.mode = mode
         self.learn_hyperparameters = learn_hyperparameters
+        self.hyperparameters = hyperparameters
         self.beta = beta
         self.estimator = estimator
         self.num_quadrature = num_quadrature
@@ -156,7 +200,7 @@ class GPClassifier:
         from sklearn.utils import ClassifierTags, Tags, TargetTags
 
         return Tags(estimator_type="classifier", target_tags=TargetTags(required=True),
-                    classifier_tags=ClassifierTags(multi_class=False))
+                    classifier_tags=ClassifierTags(multi_class=True))
 
     def __repr__(self) -> str:
         defaults = {p.name: p.default for p in inspect.signature(type(self).__init__).parameters.values()
@@ -175,32 +219,74 @@ class GPClassifier:
                 changed.append(f"{k}={v!r}")
         return f"GPClassifier({', '.join(changed)})"
 
-    # ------------------------------------------------------------------ fitting
+    # ------------------------------------------------------------------ settings
     def _seed(self) -> int | None:
         check_choice(self.method, "method", ["cvi"])
         return check_seed(self.random_state, "random_state")
 
-    def _engine(self, num_data: int, seed: int | None) -> CVI:
+    def _learn(self) -> bool:
+        """``hyperparameters`` and its older spelling ``learn_hyperparameters``, resolved (default: type-II)."""
+        learn = None if self.learn_hyperparameters is None else check_bool(self.learn_hyperparameters,
+                                                                            "learn_hyperparameters")
+        if self.hyperparameters is None:
+            return True if learn is None else learn
+        hp = check_choice(self.hyperparameters, "hyperparameters", ["type2", "fixed"])
+        if learn is not None and learn != (hp == "type2"):
+            raise ValueError(f"hyperparameters={hp!r} and learn_hyperparameters={learn} disagree; give one of them "
+                             f"(learn_hyperparameters=True means 'type2', False means 'fixed')")
+        return hp == "type2"
+
+    def _link(self, num_classes: int) -> str:
+        lik = check_choice(self.likelihood, "likelihood", ["auto", *_BINARY_LINKS, *_MULTICLASS_LINKS])
+        if lik == "auto":
+            return "logit" if num_classes == 2 else "softmax"
+        if lik in _BINARY_LINKS and num_classes != 2:
+            raise ValueError(f"likelihood={lik!r} is a binary link but y holds {num_classes} classes; use "
+                             f"'softmax' or 'robustmax' (or 'auto') for more than two")
+        return lik
+
+    def _num_steps(self, num_data: int, mode: str, batch_size: int) -> int:
+        return num_steps_for_sweeps(check_positive_int(self.max_sweeps, "max_sweeps"), num_data, mode=mode,
+                                    batch_size=batch_size)
+
+    def _binary_engine(self, num_data: int, seed: int | None) -> CVI:
         mode = check_choice(self.mode, "mode", ["full", "stochastic"])
         batch_size = check_positive_int(self.batch_size, "batch_size")
-        estimator = check_choice(self.estimator, "estimator", ["quadrature", "mc"])
-        num_steps = num_steps_for_sweeps(check_positive_int(self.max_sweeps, "max_sweeps"), num_data, mode=mode,
-                                         batch_size=batch_size)
+        estimator = check_choice(self.estimator, "estimator", ["auto", "quadrature", "mc", "fixed"])
+        if estimator == "fixed":
+            raise ValueError("estimator='fixed' is for the multi-class softmax; binary links use 'quadrature' "
+                             "(or 'auto') or 'mc'")
+        nq = 96 if self.num_quadrature is None else self.num_quadrature
         return CVI(mode=mode, beta=self.beta,
-                   estimator=MonteCarlo(num_draws=self.num_draws) if estimator == "mc" else estimator,
-                   quadrature=Quadrature(self.num_quadrature), single_site=SingleSite(batch_size=batch_size),
-                   num_steps=num_steps, tol=self.tol, seed=seed,
+                   estimator=MonteCarlo(num_draws=self.num_draws) if estimator == "mc" else "quadrature",
+                   quadrature=Quadrature(nq), single_site=SingleSite(batch_size=batch_size),
+                   num_steps=self._num_steps(num_data, mode, batch_size), tol=self.tol, seed=seed,
                    progress_bar=check_bool(self.progress_bar, "progress_bar"))
 
+    def _multiclass_engine(self, num_data: int, num_classes: int, seed: int | None) -> MulticlassCVI:
+        mode = check_choice(self.mode, "mode", ["full", "stochastic"])
+        if mode != "full":
+            raise ValueError("mode='stochastic' (single-site steps) is for binary links; multi-class CVI takes "
+                             "full-batch steps (mode='full')")
+        estimator = check_choice(self.estimator, "estimator", ["auto", "quadrature", "mc", "fixed"])
+        quad = None
+        if self.num_quadrature is not None:
+            base = default_quadrature(num_classes)
+            quad = Quadrature(self.num_quadrature, base.rule, scale=base.scale, width=base.width)
+        return MulticlassCVI(beta=self.beta, estimator=estimator, quadrature=quad, num_draws=self.num_draws,
+                             num_steps=self._num_steps(num_data, "full", 1), tol=self.tol, seed=seed,
+                             progress_bar=check_bool(self.progress_bar, "progress_bar"))
+
+    # ------------------------------------------------------------------ fitting
     def fit(self, X: Any, y: Any) -> GPClassifier:
-        """Fit the CVI posterior (and, optionally, the kernel hyperparameters) to training data.
+        """Fit the CVI posterior (and, with ``hyperparameters="type2"``, the kernel hyperparameters).
 
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features)
-            numpy array or torch tensor.
+            numpy array, pandas DataFrame or torch tensor.
         y : array-like of shape (n_samples,)
-            Labels in {0, 1} or {-1, +1}.
+            Class labels of any sortable type (at least two classes).
 
         Returns
         -------
@@ -210,26 +296,45 @@ class GPClassifier:
         Raises
         ------
         ValueError
-            NaN/inf in ``X``, a label set other than two classes {0, 1} / {-1, +1}, mismatched lengths, bad settings.
+            NaN/inf in ``X`` or ``y``, a single class in ``y``, real-valued (continuous) ``y``, mismatched lengths,
+            a binary link with more than two classes, bad settings.
+        TypeError
+            Non-numeric or sparse ``X``, labels that cannot be sorted, settings of the wrong type.
         """
         seed = self._seed()
-        learn = check_bool(self.learn_hyperparameters, "learn_hyperparameters")
+        learn = self._learn()
+        _precheck_X(X)
+        idx, classes = _class_labels(y, self._num_rows(X))
+        link = self._link(len(classes))
         names = feature_names_of(X)
-        model = GPClassification(X, y, kernel=self.kernel, likelihood=self.likelihood, theta=self.theta,
-                                 feature_names=names, device=self.device)
-        engine = self._engine(model.num_data, seed)
+        if link in _BINARY_LINKS:
+            model: Any = GPClassification(X, idx, kernel=self.kernel, likelihood=link, theta=self.theta,
+                                          feature_names=names, device=self.device)
+            engine: Any = self._binary_engine(model.num_data, seed)
+            loop: Any = TypeII
+        else:
+            model = GPMulticlass(X, classes[idx], kernel=self.kernel, likelihood=link, theta=self.theta, feature_names=names,
+                                 device=self.device)
+            engine = self._multiclass_engine(model.num_data, model.num_classes, seed)
+            loop = MulticlassTypeII
         if learn:
-            post = TypeII(engine, inner_num_steps=max(int(self.max_sweeps), 50)).run(model)
+            post = loop(engine, inner_num_steps=max(int(self.max_sweeps), 50)).run(model)
         else:
             post = engine.run(model)
-        return self._set_fitted(model, post, names)
+        return self._set_fitted(model, post, names, classes)
 
-    def _set_fitted(self, model: GPClassification, post: LatentPosterior, names: Any = None) -> GPClassifier:
-        """Set the fitted attributes from a model and its CVI posterior (used by :meth:`fit` and by
-        :func:`gpvi.io.load_fit`)."""
+    @staticmethod
+    def _num_rows(X: Any) -> int | None:
+        shape = getattr(X, "shape", None)
+        return int(shape[0]) if shape is not None and len(shape) >= 1 else None
+
+    def _set_fitted(self, model: Any, post: Any, names: Any = None, classes: Any = None) -> GPClassifier:
+        """Set the fitted attributes from a model, its CVI posterior and the original labels (used by :meth:`fit`
+        and by :func:`gpvi.io.load_fit`)."""
         self.model_ = model
-        self.posterior_: LatentPosterior = post
-        self.classes_ = np.asarray(model.classes)
+        self.posterior_ = post
+        self.classes_ = np.asarray(model.classes if classes is None else classes)
+        self.n_classes_ = int(self.classes_.shape[0])
         self.link_ = model.link
         self.elbo_ = post.elbo
         self.theta_ = post.theta.clone()
@@ -242,6 +347,10 @@ class GPClassifier:
             del self.feature_names_in_
         return self
 
+    @property
+    def _multiclass(self) -> bool:
+        return isinstance(self.model_, GPMulticlass)
+
     def _check_fitted(self) -> None:
         """scikit-learn's ``NotFittedError`` (a ValueError and AttributeError) before ``fit``."""
         if not hasattr(self, "posterior_"):
@@ -250,46 +359,88 @@ class GPClassifier:
     def _check_X(self, X: Any) -> Any:
         """Validated inputs for prediction: columns of a DataFrame must match those seen in ``fit``."""
         self._check_fitted()
-        fitted = getattr(self, "feature_names_in_", None)
-        names = feature_names_of(X)
-        if fitted is not None and names is not None and list(names) != list(fitted):
-            raise ValueError(f"X has columns {list(names)} but the classifier was fitted with columns "
-                             f"{list(fitted)} (same names, same order)")
+        _check_feature_names(getattr(self, "feature_names_in_", None), feature_names_of(X))
+        _precheck_X(X, self.n_features_in_)
         return check_X(X, "X", n_features=self.n_features_in_)
 
     # ------------------------------------------------------------------ prediction
     def predict_proba(self, X: Any) -> np.ndarray:
-        r"""Class probabilities, columns in ``classes_`` order: :math:`[1 - p_*, p_*]`, shape ``(n, 2)``.
+        r"""Class probabilities :math:`\mathbb E_q[p(y_* = c_k \mid \mathbf f_*)]`, shape ``(n, K)``, columns in
+        ``classes_`` order (binary: :math:`[1 - p_*, p_*]`); rows sum to 1.
 
         Raises ``ValueError`` for malformed ``X``, DataFrame columns other than those seen in ``fit``, or inputs so
         large that the kernel overflows float64 (e.g. ``X * 1e300``): never NaN probabilities without a word.
         """
         Xt = self._check_X(X)
+        if self._multiclass:
+            return self.posterior_.predict_proba(Xt).cpu().numpy()
         p1 = self.posterior_.predict_proba(Xt).cpu().numpy()
         return np.stack([1.0 - p1, p1], axis=1)
 
+    def predict_log_proba(self, X: Any) -> np.ndarray:
+        """Logarithm of :meth:`predict_proba` (``-inf`` where a probability is exactly 0); shape ``(n, K)``."""
+        with np.errstate(divide="ignore"):
+            return np.log(self.predict_proba(X))
+
     def predict(self, X: Any) -> np.ndarray:
-        """The more probable label (a value of ``classes_``) for each row of ``X``; shape ``(n,)``."""
+        """The most probable label (a value of ``classes_``) for each row of ``X``; shape ``(n,)``."""
         proba = self.predict_proba(X)
-        return self.classes_[(proba[:, 1] > 0.5).astype(int)]
+        if proba.shape[1] == 2:
+            return self.classes_[(proba[:, 1] > 0.5).astype(int)]
+        return self.classes_[proba.argmax(axis=1)]
+
+    def predict_latent(self, X: Any, return_std: bool = False) -> Any:
+        r"""Posterior mean (and standard deviation) of the latent function(s) at ``X``: :math:`q(f_*)`.
+
+        Parameters
+        ----------
+        X : array-like of shape (n, n_features)
+        return_std : bool
+            Also return the standard deviations :math:`\sqrt{v_*}`.
+
+        Returns
+        -------
+        mean : numpy.ndarray of shape (n,) (binary link) or (n, K) (softmax / robust-max, one column per class of
+            ``classes_``, also for K = 2)
+        std : numpy.ndarray of the same shape
+            Only with ``return_std=True``.
+        """
+        Xt = self._check_X(X)
+        mean, var = self.posterior_.predict_latent(Xt)
+        mean = mean.cpu().numpy()
+        if not check_bool(return_std, "return_std"):
+            return mean
+        return mean, np.sqrt(np.clip(var.cpu().numpy(), 0.0, None))
 
     def decision_function(self, X: Any) -> np.ndarray:
-        """Posterior mean of the latent function at ``X`` (positive favours ``classes_[1]``); shape ``(n,)``."""
-        mean, _ = self.posterior_.predict_latent(self._check_X(X))
-        return mean.cpu().numpy()
+        """Posterior mean of the latent function(s) at ``X`` (scikit-learn's shapes).
+
+        Binary link: shape ``(n,)``, positive favours ``classes_[1]``. Softmax / robust-max: shape ``(n, K)``, one
+        column per class; with K = 2, the difference of the two columns, shape ``(n,)``. See the class Notes on
+        how it ranks points compared with ``predict_proba``.
+        """
+        mean = self.predict_latent(X)
+        if mean.ndim == 2 and mean.shape[1] == 2:
+            return mean[:, 1] - mean[:, 0]
+        return mean
 
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
-        """Mean accuracy on ``(X, y)`` (labels in the same coding as at ``fit``)."""
+        """Mean accuracy on ``(X, y)`` (labels as at ``fit``), optionally weighted by ``sample_weight``."""
         from .validation import as_float_tensor
 
         pred = self.predict(X)
-        yt = as_float_tensor(y, "y", ndim=1).cpu().numpy()
+        yt = _label_array(y, "y")
         if yt.shape[0] != pred.shape[0]:
             raise ValueError(f"X has {pred.shape[0]} rows but y has {yt.shape[0]}")
-        unknown = set(np.unique(yt).tolist()) - set(self.classes_.astype(float).tolist())
-        if unknown:
-            raise ValueError(f"y holds labels {sorted(unknown)} not seen in fit (classes_ = {self.classes_.tolist()})")
-        correct = (pred.astype(float) == yt).astype(float)
+        try:
+            seen = np.isin(yt, self.classes_)
+        except TypeError:                                   # e.g. strings against numbers: nothing matches
+            seen = np.zeros(yt.shape[0], dtype=bool)
+        if not seen.all():
+            unknown = np.unique(yt[~seen]).tolist()
+            shown = ", ".join(map(repr, unknown[:6])) + (", ..." if len(unknown) > 6 else "")
+            raise ValueError(f"y holds labels [{shown}] not seen in fit (classes_ = {self.classes_.tolist()})")
+        correct = (pred == yt).astype(float)
         if sample_weight is None:
             return float(correct.mean())
         w = as_float_tensor(sample_weight, "sample_weight", ndim=1).cpu().numpy()
@@ -301,8 +452,129 @@ class GPClassifier:
         return float((w * correct).sum() / w.sum())
 
 
+# ============================================================================ input checks (scikit-learn's wording)
+def _is_sparse(X: Any) -> bool:
+    return type(X).__module__.startswith("scipy.sparse")
+
+
+def _precheck_X(X: Any, n_features: int | None = None) -> None:
+    """The checks whose messages scikit-learn's estimator checks read; the rest is :func:`gpvi.validation.check_X`."""
+    if _is_sparse(X):
+        raise TypeError(f"X is a scipy sparse {type(X).__name__}: sparse input is not supported (GP kernels are "
+                        f"dense); pass X.toarray()")
+    if isinstance(X, torch.Tensor):
+        shape, complex_ = tuple(X.shape), X.is_complex()
+    else:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                arr = np.asarray(X)
+        except Exception:                                   # ragged and the like: check_X says what is wrong
+            return
+        shape, complex_ = arr.shape, arr.dtype.kind == "c"
+    if complex_:
+        raise ValueError("Complex data not supported: X is complex; pass its real part or split real and imaginary "
+                         "parts into columns")
+    if len(shape) == 1:
+        raise ValueError(f"X must be 2-D (n_samples, n_features); got a 1-D array of shape {shape}. Reshape your "
+                         f"data with X.reshape(-1, 1) if it has a single feature or X.reshape(1, -1) if it is a "
+                         f"single sample")
+    if len(shape) == 2 and shape[1] == 0:
+        raise ValueError(f"X has 0 feature(s) (shape={shape}) while a minimum of 1 is required.")
+    if n_features is not None and len(shape) == 2 and shape[1] != n_features:
+        raise ValueError(f"X has {shape[1]} features, but GPClassifier is expecting {n_features} features as input")
+
+
+def _check_feature_names(fitted: Any, names: list[str] | None) -> None:
+    """scikit-learn's rule for DataFrame columns at prediction time: same names in the same order."""
+    if fitted is None and names is not None:
+        warnings.warn("X has feature names, but GPClassifier was fitted without feature names", UserWarning,
+                      stacklevel=4)
+        return
+    if fitted is not None and names is None:
+        warnings.warn("X does not have valid feature names, but GPClassifier was fitted with feature names",
+                      UserWarning, stacklevel=4)
+        return
+    if fitted is None or list(names) == list(fitted):
+        return
+    seen, now = set(fitted), set(names)
+
+    def listed(items: list[str]) -> str:
+        shown = "".join(f"- {n}\n" for n in items[:5])
+        return shown + ("- ...\n" if len(items) > 5 else "")
+
+    msg = "The feature names should match those that were passed during fit.\n"
+    unseen, missing = sorted(now - seen), sorted(seen - now)
+    if unseen:
+        msg += "Feature names unseen at fit time:\n" + listed(unseen)
+    if missing:
+        msg += "Feature names seen at fit time, yet now missing:\n" + listed(missing)
+    if not unseen and not missing:
+        msg += "Feature names must be in the same order as they were in fit.\n"
+    raise ValueError(msg + f"(X has columns {list(names)} but the classifier was fitted with columns {list(fitted)})")
+
+
+def _label_array(y: Any, name: str) -> np.ndarray:
+    """``y`` as a 1-D numpy array of labels (a column vector is flattened with scikit-learn's warning)."""
+    if y is None:
+        raise ValueError(f"GPClassifier requires {name} to be passed, but the target {name} is None")
+    if isinstance(y, torch.Tensor):
+        y = y.detach().cpu().numpy()
+    try:
+        arr = np.asarray(y)
+    except Exception as exc:
+        raise TypeError(f"{name} must be a 1-D array of class labels; could not convert it: {exc}") from None
+    if arr.dtype.kind == "c":
+        raise ValueError(f"Complex data not supported: {name} is complex; class labels must be real or strings")
+    if arr.ndim == 2 and arr.shape[1] == 1:
+        warnings.warn("A column-vector y was passed when a 1d array was expected. Please change the shape of y to "
+                      "(n_samples,), for example using ravel().", _data_conversion_warning(), stacklevel=4)
+        arr = arr[:, 0]
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D (one label per row); got shape {arr.shape}")
+    if arr.dtype.kind in "mMV":
+        raise TypeError(f"{name} must hold class labels (numbers, strings or booleans); got dtype {arr.dtype}")
+    return arr
+
+
+def _class_labels(y: Any, num_rows: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Labels of any sortable type -> ``(indices (N,) int64 in 0..K-1, classes (K,) sorted)``, K >= 2.
+
+    Real labels must be integer-valued (they are then kept as int64 labels); others are scikit-learn's
+    "continuous" targets, a ``ValueError``.
+    """
+    arr = _label_array(y, "y")
+    if arr.shape[0] == 0:
+        raise ValueError("y is empty")
+    if num_rows == 1 or arr.shape[0] == 1:
+        raise ValueError("need at least 2 samples to fit a classifier; got n_samples = 1")
+    if arr.dtype.kind == "f":
+        if not np.isfinite(arr).all():
+            raise ValueError(f"y contains {int((~np.isfinite(arr)).sum())} NaN or infinite label(s)")
+        if not (arr == np.round(arr)).all():
+            bad = arr[arr != np.round(arr)][0]
+            raise ValueError(f"Unknown label type: continuous. y holds real values such as {bad!r}, not class "
+                             f"labels; use a regressor (gpvi.GPRegression) for a real-valued target")
+        if np.abs(arr).max() < 2.0 ** 53:
+            arr = arr.astype(np.int64)
+    if arr.dtype.kind == "O" and any(v is None or (isinstance(v, float) and v != v) for v in arr):
+        raise ValueError("y contains missing labels (None or NaN)")
+    try:
+        classes, idx = np.unique(arr, return_inverse=True)
+    except TypeError as exc:
+        raise TypeError(f"y holds labels that cannot be sorted (mixed types?): {exc}") from None
+    if classes.shape[0] < 2:
+        label = classes[0].item() if isinstance(classes[0], np.generic) else classes[0]
+        raise ValueError(f"y holds one class only ({label!r}): a classifier needs at least two classes")
+    return idx.reshape(-1).astype(np.int64), classes
+
+
 class _NotFittedError(ValueError, AttributeError):
     """Stands in for ``sklearn.exceptions.NotFittedError`` when scikit-learn is not installed."""
+
+
+class _DataConversionWarning(UserWarning):
+    """Stands in for ``sklearn.exceptions.DataConversionWarning`` when scikit-learn is not installed."""
 
 
 def _not_fitted_error() -> type:
@@ -311,3 +583,11 @@ def _not_fitted_error() -> type:
         return NotFittedError
     except ImportError:                          # pragma: no cover - scikit-learn is optional
         return _NotFittedError
+
+
+def _data_conversion_warning() -> type:
+    try:
+        from sklearn.exceptions import DataConversionWarning
+        return DataConversionWarning
+    except ImportError:                          # pragma: no cover - scikit-learn is optional
+        return _DataConversionWarning

@@ -141,6 +141,63 @@ def test_classifier_round_trip_predict_proba_to_1e12(settings, cls_data, tmp_pat
     np.testing.assert_allclose(back.predict(X), clf.predict_proba(X)[:, 1], rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("likelihood", ["softmax", "robustmax"])
+def test_multiclass_classifier_round_trip_with_string_labels(likelihood, tmp_path):
+    rng = np.random.default_rng(3)
+    X = rng.uniform(-2, 2, (24, 2))
+    lab = np.array(["ant", "bee", "cat"])[(X[:, 0] > -0.6).astype(int) + (X[:, 0] > 0.6).astype(int)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                      # robust-max needs more than 40 sweeps here
+        clf = gpvi.GPClassifier(likelihood=likelihood, hyperparameters="fixed", max_sweeps=40,
+                                progress_bar=False).fit(X, lab)
+    p = tmp_path / "mc.pt"
+    save_fit(p, clf)
+    meta = json.loads(torch.load(p, weights_only=True)["meta"])
+    assert meta["classifier"]["classes"] == ["ant", "bee", "cat"] and meta["classifier"]["model"] == "multiclass"
+    back = load_fit(p)
+    c2 = back.classifier
+    assert back.classes == ["ant", "bee", "cat"] and c2.get_params() == clf.get_params()
+    assert c2.link_ == likelihood and c2.n_classes_ == 3 and type(c2.posterior_) is type(clf.posterior_)
+    Xnew = np.random.default_rng(6).uniform(-3, 3, (15, 2))
+    for Z in (X, Xnew):
+        np.testing.assert_allclose(c2.predict_proba(Z), clf.predict_proba(Z), rtol=0, atol=1e-12)
+        np.testing.assert_allclose(c2.decision_function(Z), clf.decision_function(Z), rtol=0, atol=1e-12)
+        np.testing.assert_array_equal(c2.predict(Z), clf.predict(Z))
+    assert c2.elbo_ == clf.elbo_
+    torch.testing.assert_close(c2.theta_, clf.theta_, rtol=0, atol=0)
+    np.testing.assert_allclose(back.predict(Xnew), clf.predict_proba(Xnew), rtol=0, atol=1e-12)   # (n, K)
+
+
+def test_binary_string_labels_round_trip_and_older_binary_files_still_load(cls_data, tmp_path):
+    X, lab = cls_data
+    words = np.where(lab == 1, "spam", "ham")
+    clf = gpvi.GPClassifier(hyperparameters="fixed", max_sweeps=30, progress_bar=False).fit(X, words)
+    save_fit(tmp_path / "w.pt", clf)
+    back = load_fit(tmp_path / "w.pt").classifier
+    assert back.classes_.tolist() == ["ham", "spam"]
+    np.testing.assert_allclose(back.predict_proba(X), clf.predict_proba(X), rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(back.predict(X), clf.predict(X))
+    # a file as written before multi-class support: targets as labels "y", no model kind, no hyperparameters option
+    old = gpvi.GPClassifier(learn_hyperparameters=False, max_sweeps=30, progress_bar=False).fit(X, lab)
+    save_fit(tmp_path / "old.pt", old)
+    payload = torch.load(tmp_path / "old.pt", weights_only=True)
+    meta = json.loads(payload["meta"])
+    spec = meta["classifier"]
+    tensors = payload["tensors"]
+    idx = tensors.pop(spec.pop("y_index")["$tensor"])
+    tensors["fit.classifier.y"] = torch.as_tensor(np.array([-1, 1])[idx.numpy()])
+    spec["y"] = {"$tensor": "fit.classifier.y"}
+    for k in ("model", "likelihood"):
+        del spec[k]
+    del spec["params"]["hyperparameters"]
+    spec["params"]["likelihood"] = "logit"
+    payload["meta"] = json.dumps(meta)
+    torch.save(payload, tmp_path / "old.pt")
+    legacy = load_fit(tmp_path / "old.pt").classifier
+    assert legacy.classes_.tolist() == [-1, 1] and legacy.link_ == "logit"
+    np.testing.assert_array_equal(legacy.predict_proba(X), old.predict_proba(X))
+
+
 def test_cli_names_are_the_io_objects():
     assert gpvi.cli.load_fit is load_fit and gpvi.cli.SavedFit is SavedFit and gpvi.cli.save_fit is save_fit
 
