@@ -275,29 +275,42 @@ def _cmd_fit_regression(args: argparse.Namespace) -> int:
     return 0
 
 
+def _label(c: float) -> str:
+    """A label read from a CSV as text: ``1`` for 1.0."""
+    return str(int(c)) if float(c) == round(float(c)) else repr(float(c))
+
+
 def _cmd_fit_classifier(args: argparse.Namespace) -> int:
     if args.save:
         _check_output(args.save, "--save")
     X, y, names = load_csv(args.csv, args.target)
     import gpvi
 
-    try:
-        _, classes = gpvi.validation.check_binary_labels(y, f"column {args.target!r}")
-    except ValueError as exc:
-        raise CLIError(f"{args.csv}: {exc}") from None
+    import numpy as np
+
+    classes = np.unique(y)
+    if classes.size < 2:
+        raise CLIError(f"{args.csv}: column {args.target!r} holds a single class ({_label(classes[0])}); "
+                       f"a classifier needs at least two")
+    if not bool(np.all(classes == np.round(classes))):
+        bad = [float(c) for c in classes if c != round(c)][:3]
+        raise CLIError(f"{args.csv}: column {args.target!r} must hold integer class labels; got {bad}")
+    labels = y.astype(np.int64)
     Xs, _, (mu, sd, _, _) = _standardise(X, None, names, path=args.csv)
     clf = gpvi.GPClassifier(likelihood=args.likelihood, mode=args.mode, random_state=args.seed,
                             progress_bar=not args.no_progress)
     t0 = time.perf_counter()
-    clf.fit(Xs, y)
+    clf.fit(Xs, labels)
     elapsed = time.perf_counter() - t0
-    p = clf.predict_proba(Xs)[:, 1]
-    y01 = (y == classes[1]).astype(float)
+    proba = clf.predict_proba(Xs)
+    idx = np.searchsorted(clf.classes_, labels)
+    err = float(np.mean(proba.argmax(1) != idx))
+    bits = float(-np.mean(np.log2(np.clip(proba[np.arange(len(idx)), idx], 1e-15, 1.0))))
+    pos = f" (positive: {clf.classes_[1]})" if len(clf.classes_) == 2 else ""
     print(f"GP classification on {args.csv}: N = {len(y)}, d = {X.shape[1]} ({', '.join(names)}), classes "
-          f"{classes.tolist()} (positive: {classes[1]}), link {args.likelihood}, CVI mode {args.mode}, "
+          f"{clf.classes_.tolist()}{pos}, likelihood {getattr(clf, 'link_', args.likelihood)}, CVI mode {args.mode}, "
           f"{elapsed:.1f} s. Inputs standardised.")
-    print(f"ELBO {clf.elbo_:.4f}   training error {gpvi.metrics.error_rate(p, y01):.4f}   "
-          f"training log-loss {gpvi.metrics.log_loss_bits(p, y01):.4f} bits")
+    print(f"ELBO {clf.elbo_:.4f}   training error {err:.4f}   training log-loss {bits:.4f} bits")
     print(clf.posterior_.summary())
     if args.save:
         _save(SavedFit(kind="classification", method=f"cvi-{args.mode}", features=names, target=args.target,
@@ -318,11 +331,10 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         header = ["mean", "sd"]
         rows = [[repr(float(m)), repr(float(s))] for m, s in zip(mean, np.sqrt(var))]
     else:
-        proba = fit.predict_proba(X)
+        proba = np.asarray(fit.predict_proba(X))
         classes = fit.classes
         header = [f"p_{c}" for c in classes] + ["label"]
-        labels = [classes[1] if p1 > 0.5 else classes[0] for p1 in proba[:, 1]]
-        rows = [[repr(float(a)), repr(float(b)), str(lab)] for (a, b), lab in zip(proba, labels)]
+        rows = [[repr(float(v)) for v in row] + [str(classes[int(row.argmax())])] for row in proba]
     if out is None:
         w = csv.writer(sys.stdout, lineterminator="\n")
         w.writerow(header)
@@ -466,7 +478,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "standardised.")
     p.add_argument("csv", help="CSV file with a header row, numeric columns")
     p.add_argument("--target", required=True, help="name of the label column ({0,1} or {-1,+1})")
-    p.add_argument("--likelihood", choices=["logit", "probit"], default="logit", help="link (default logit)")
+    p.add_argument("--likelihood", choices=["auto", "logit", "probit", "softmax", "robustmax"], default="auto",
+                   help="auto (default): logit for two classes, softmax for more")
     p.add_argument("--mode", choices=["full", "stochastic"], default="full",
                    help="full-batch CVI (default) or doubly stochastic single-site steps")
     p.add_argument("--save", metavar="FILE", help="save the fitted classifier to FILE (checked before fitting; "

@@ -137,9 +137,8 @@ def test_bad_csv_regression_in_process(case, tmp_path, capsys):
 
 
 BAD_LABELS = {
-    "three_classes": ("a,label\n1,0\n2,1\n3,2\n", r"must hold two classes, \{0, 1\} or \{-1, \+1\}; got 3 distinct"),
     "one_class": ("a,label\n1,1\n2,1\n3,1\n", r"holds a single class \(1\)"),
-    "other_pair": ("a,label\n1,0\n2,2\n3,0\n", r"\{0, 1\} or \{-1, \+1\}"),
+    "non_integer": ("a,label\n1,0\n2,0.5\n3,1\n", r"must hold integer class labels; got \[0\.5\]"),
 }
 
 
@@ -163,7 +162,7 @@ def test_missing_file_and_non_text(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("case,command", [("missing_column", "fit-regression"), ("nan", "fit-regression"),
-                                          ("three_classes", "fit-classifier")])
+                                          ("one_class", "fit-classifier")])
 def test_bad_csv_subprocess_exit_status_and_one_line(case, command, tmp_path):
     text, pattern = (BAD[case][0], BAD[case][2]) if case in BAD else BAD_LABELS[case]
     target = "label" if command == "fit-classifier" else "y"
@@ -585,3 +584,24 @@ def test_ctrl_c_subprocess_exits_130(reg_csv, tmp_path):
     text = err.decode(errors="replace")
     assert text.strip().splitlines()[-1] == "gpvi: interrupted (Ctrl-C); nothing was saved"
     assert "Traceback" not in text and b"saved to" not in stdout and not out.exists()
+
+
+def test_fit_classifier_three_classes_and_predict(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(45, 2))
+    lab = np.repeat([0, 1, 2], 15)
+    X[:, 0] += 2.0 * lab
+    p = tmp_path / "three.csv"
+    p.write_text("a,b,label\n" + "".join(f"{float(a)!r},{float(b)!r},{c}\n" for (a, b), c in zip(X, lab)))
+    fit_file = tmp_path / "three.pt"
+    assert main(["fit-classifier", str(p), "--target", "label", "--no-progress", "--save", str(fit_file)]) == 0
+    out = capsys.readouterr().out
+    assert "classes [0, 1, 2], likelihood softmax" in out
+    q = tmp_path / "new.csv"
+    q.write_text("a,b\n-0.1,0.0\n4.1,0.0\n")
+    assert main(["predict", str(fit_file), str(q)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "p_0,p_1,p_2,label"
+    rows = [line.split(",") for line in lines[1:]]
+    assert [r[-1] for r in rows] == ["0", "2"]
+    assert all(abs(sum(float(v) for v in r[:3]) - 1.0) < 1e-9 for r in rows)
