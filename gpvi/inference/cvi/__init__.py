@@ -8,7 +8,8 @@
 * :mod:`~gpvi.inference.cvi.steps` -- the full-batch and the single-site step;
 * :mod:`~gpvi.inference.cvi.typeii` -- :class:`TypeII`, the outer loop that learns the kernel hyperparameters;
 * :mod:`~gpvi.inference.cvi.multiclass`, :mod:`~gpvi.inference.cvi.multiclass_sites` -- :class:`MulticlassCVI`
-  (K latent GPs, softmax or robust-max, class-factorised sites) and its MAP-II loop :class:`MulticlassTypeII`.
+  (K latent GPs, softmax or robust-max, class-factorised sites) and its MAP-II loop :class:`MulticlassTypeII`;
+* :mod:`~gpvi.inference.cvi.bayes` -- :class:`FullyBayesianCVI`: a Gaussian q(theta) by DSVI on the CVI bound.
 
 The posterior is :class:`gpvi.posteriors.latent.LatentPosterior`.
 """
@@ -22,7 +23,8 @@ from .typeii import TypeII, theta_objective
 from ...posteriors.multiclass import MulticlassPosterior
 from .multiclass import MulticlassCVI, MulticlassTypeII
 from .multiclass_sites import MulticlassCVIState
+from .bayes import FullyBayesianCVI
 
 __all__ = ["CVI", "CVIState", "LatentPosterior", "BernoulliPredictive", "MonteCarlo", "SingleSite",
            "SitesConverged", "init_to_sites", "num_steps_for_sweeps", "site_elbo", "TypeII", "theta_objective",
-           "MulticlassCVI", "MulticlassTypeII", "MulticlassCVIState", "MulticlassPosterior"]
+           "MulticlassCVI", "MulticlassTypeII", "MulticlassCVIState", "MulticlassPosterior", "FullyBayesianCVI"]

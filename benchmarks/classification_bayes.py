@@ -1,0 +1,180 @@
+"""Fully Bayesian GP classification (q(theta) by DSVI on the CVI bound) vs type-II CVI vs NUTS over (theta, v).
+
+For each binary set (pima, ionosphere, sonar, ripley; logit link, ScaleKernel(RBF, ARD), prior N(0, 10 I) on the
+log-hyperparameters):
+
+* **type-II**: ``gpvi.sklearn.GPClassifier()`` with its defaults (MAP-II on the CVI bound, the same prior);
+* **fully Bayesian**: :class:`gpvi.posteriors.bayes_classification.FullyBayesianCVI` with its defaults (MAP-II,
+  Laplace scale, DSVI with the Natural rule on :class:`gpvi.models.cvi_bound.CVIBoundTarget`, 32 predictive draws);
+* **NUTS** on :class:`gpvi.models.whitened.WhitenedLatentGP` (theta and the whitened latent values v, D + N
+  dimensions), ``--chains`` chains of ``--warmup`` + ``--draws`` iterations, R-hat and bulk ESS reported over all
+  D + N coordinates and over theta; predictive probabilities from ``--pred-draws`` evenly spaced draws.
+
+Reported: test log loss (nats) and accuracy, wall time, the difference of q(theta)'s (and type-II's) theta from
+NUTS's posterior mean in NUTS posterior sds, and the mean absolute difference of test predictive probabilities from
+NUTS's. ``--n-train`` subsamples the training set (stratified by label, seeded): NUTS over (theta, v) costs one
+O(N^3) factorisation per leapfrog step, with trees of tens to hundreds of steps, which does not fit this shared
+2-core machine at the full training sizes.
+
+Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.classification_bayes --datasets pima --n-train 100``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+
+import numpy as np
+import torch
+
+from benchmarks._common import header, write
+import gpvi
+from gpvi.models.whitened import WhitenedLatentGP
+from gpvi.inference.cvi.bayes import FullyBayesianCVI
+from gpvi.sklearn import GPClassifier
+
+DATASETS = ["pima", "ionosphere", "sonar", "ripley"]
+
+
+def subsample(X: torch.Tensor, y: torch.Tensor, n: int | None, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A stratified seeded subsample of ``n`` rows (all rows when ``n`` is None or >= N)."""
+    if n is None or n >= X.shape[0]:
+        return X, y
+    rng = np.random.default_rng(seed)
+    yy = y.numpy()
+    idx = []
+    for c in np.unique(yy):
+        rows = np.flatnonzero(yy == c)
+        k = max(1, int(round(n * rows.size / yy.size)))
+        idx.extend(rng.choice(rows, size=min(k, rows.size), replace=False).tolist())
+    idx = np.sort(np.asarray(idx))
+    return X[idx], y[idx]
+
+
+def scores(p: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    p = p.clamp(1e-12, 1 - 1e-12)
+    y01 = (y == y.max()).to(torch.float64)
+    ll = -(y01 * torch.log(p) + (1 - y01) * torch.log1p(-p)).mean()
+    return {"log_loss": float(ll), "accuracy": float(((p > 0.5).double() == y01).double().mean())}
+
+
+def run_one(name: str, args: argparse.Namespace) -> dict:
+    ds = gpvi.datasets.load(name)
+    X, y = subsample(torch.as_tensor(ds.X_train, dtype=torch.float64), torch.as_tensor(ds.y_train, dtype=torch.float64),
+                     args.n_train, args.seed)
+    Xt, yt = torch.as_tensor(ds.X_test, dtype=torch.float64), torch.as_tensor(ds.y_test, dtype=torch.float64)
+    out: dict = {"dataset": name, "N": int(X.shape[0]), "N_full": int(ds.X_train.shape[0]), "n_test": int(Xt.shape[0])}
+    # type-II
+    t0 = time.perf_counter()
+    clf = GPClassifier(progress_bar=False).fit(X, y)
+    t2 = time.perf_counter() - t0
+    p2 = torch.as_tensor(clf.predict_proba(Xt)[:, 1], dtype=torch.float64)
+    out["typeii"] = {"time_s": t2, **scores(p2, yt), "theta": clf.theta_.tolist()}
+    print(name, "type-II", round(t2, 1), out["typeii"]["log_loss"], flush=True)
+    # fully Bayesian
+    model = gpvi.GPClassification(X, y)
+    names = list(model.names)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        post = FullyBayesianCVI(seed=args.seed).run(model)
+    tfb = time.perf_counter() - t0
+    pfb = post.predict_proba(Xt)
+    out["bayes"] = {"time_s": tfb, **scores(pfb, yt), "mean": post.mean.tolist(), "std": post.std.tolist(),
+                    "elbo": post.elbo, "elbo_se": post.elbo_se,
+                    **{k: post.info[k] for k in ("map_time_s", "laplace_time_s", "dsvi_time_s", "dsvi_steps",
+                                                 "dsvi_converged", "evaluations", "inner_steps", "failures",
+                                                 "predictive_time_s")}}
+    print(name, "bayes", round(tfb, 1), out["bayes"]["log_loss"], post.info["dsvi_steps"], flush=True)
+    # NUTS
+    if args.chains > 0:
+        target = WhitenedLatentGP(model)
+        t0 = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mc = gpvi.NUTS(num_chains=args.chains, num_warmup=args.warmup, num_draws=args.draws, seed=args.seed,
+                           progress_bar=False).run(target)
+        tn = time.perf_counter() - t0
+        d = mc.samples
+        D = model.dim
+        diag = mc.diagnostics()
+        rhat, ess = diag["r_hat"], diag["ess_bulk"]
+        idx = torch.linspace(0, d.shape[0] - 1, min(args.pred_draws, d.shape[0])).round().long()
+        pn = target.predict_proba(d[idx], Xt)
+        nm, ns = d[:, :D].mean(0), d[:, :D].std(0)
+        out["nuts"] = {"time_s": tn, **scores(pn, yt), "mean": nm.tolist(), "std": ns.tolist(),
+                       "rhat_max_all": float(rhat.max()), "rhat_max_theta": float(rhat[:D].max()),
+                       "ess_bulk_min_all": float(ess.min()), "ess_bulk_min_theta": float(ess[:D].min()),
+                       "divergences": mc.info.get("divergences")}
+        out["bayes"]["theta_diff_sd"] = ((post.mean - nm) / ns).tolist()
+        out["bayes"]["prob_mad_vs_nuts"] = float((pfb - pn).abs().mean())
+        out["typeii"]["theta_diff_sd"] = ((clf.theta_ - nm) / ns).tolist()
+        out["typeii"]["prob_mad_vs_nuts"] = float((p2 - pn).abs().mean())
+        print(name, "nuts", round(tn, 1), out["nuts"]["log_loss"], "rhat", out["nuts"]["rhat_max_all"],
+              "ess", out["nuts"]["ess_bulk_min_all"], flush=True)
+    out["names"] = names
+    return out
+
+
+def report(results: list[dict], args: argparse.Namespace) -> str:
+    md = header("Fully Bayesian GP classification (DSVI on the CVI bound) vs type-II vs NUTS over (theta, v)")
+    md += (f"\nSettings: training subsample `--n-train {args.n_train}` (stratified, seed {args.seed}; full test sets), "
+           f"NUTS {args.chains} chains x ({args.warmup} warmup + {args.draws} draws), predictive from "
+           f"{args.pred_draws} evenly spaced NUTS draws; fully Bayesian = `FullyBayesianCVI()` defaults; type-II = "
+           f"`GPClassifier()` defaults. Log loss in nats per test point.\n")
+    md += "\n## Test metrics and wall time\n\n"
+    md += "| set | N | method | log loss | accuracy | time (s) | mean abs diff of p vs NUTS | max abs theta diff (NUTS sd) |\n"
+    md += "|---|---|---|---|---|---|---|---|\n"
+    for r in results:
+        for key, label in (("typeii", "type-II"), ("bayes", "fully Bayesian"), ("nuts", "NUTS")):
+            if key not in r:
+                continue
+            m = r[key]
+            mad = m.get("prob_mad_vs_nuts")
+            td = m.get("theta_diff_sd")
+            md += (f"| {r['dataset']} | {r['N']} | {label} | {m['log_loss']:.4f} | {m['accuracy']:.3f} | "
+                   f"{m['time_s']:.1f} | {'' if mad is None else f'{mad:.4f}'} | "
+                   f"{'' if td is None else f'{max(abs(x) for x in td):.2f}'} |\n")
+    md += "\n## NUTS diagnostics\n\n| set | R-hat max (all) | R-hat max (theta) | bulk ESS min (all) | bulk ESS min (theta) |\n|---|---|---|---|---|\n"
+    for r in results:
+        if "nuts" in r:
+            n = r["nuts"]
+            md += (f"| {r['dataset']} | {n['rhat_max_all']:.3f} | {n['rhat_max_theta']:.3f} | "
+                   f"{n['ess_bulk_min_all']:.0f} | {n['ess_bulk_min_theta']:.0f} |\n")
+    md += "\n## Theta marginals: fully Bayesian q vs NUTS\n\n| set | parameter | q mean | q sd | NUTS mean | NUTS sd | diff (NUTS sd) | type-II |\n|---|---|---|---|---|---|---|---|\n"
+    for r in results:
+        if "nuts" not in r:
+            continue
+        b, n = r["bayes"], r["nuts"]
+        for j, nm in enumerate(r["names"]):
+            md += (f"| {r['dataset']} | {nm} | {b['mean'][j]:.3f} | {b['std'][j]:.3f} | {n['mean'][j]:.3f} | "
+                   f"{n['std'][j]:.3f} | {b['theta_diff_sd'][j]:+.2f} | {r['typeii']['theta'][j]:.3f} |\n")
+    md += "\n## Fully Bayesian run details\n\n| set | MAP-II (s) | Laplace (s) | DSVI (s) | DSVI steps | converged | bound | bound se | inner steps / evaluation |\n|---|---|---|---|---|---|---|---|---|\n"
+    for r in results:
+        b = r["bayes"]
+        md += (f"| {r['dataset']} | {b['map_time_s']:.1f} | {b['laplace_time_s']:.1f} | {b['dsvi_time_s']:.1f} | "
+               f"{b['dsvi_steps']} | {b['dsvi_converged']} | {b['elbo']:.3f} | {b['elbo_se']:.3f} | "
+               f"{b['inner_steps'] / max(b['evaluations'], 1):.1f} |\n")
+    return md
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--datasets", nargs="+", default=DATASETS, choices=DATASETS)
+    ap.add_argument("--n-train", type=int, default=100)
+    ap.add_argument("--chains", type=int, default=4)
+    ap.add_argument("--warmup", type=int, default=300)
+    ap.add_argument("--draws", type=int, default=500)
+    ap.add_argument("--pred-draws", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--name", default="classification_bayes")
+    args = ap.parse_args()
+    torch.set_default_dtype(torch.float64)
+    results = [run_one(name, args) for name in args.datasets]
+    write(args.name, report(results, args), {"args": vars(args), "results": results})
+    print(report(results, args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+r"""Fully Bayesian GP classification: a Gaussian :math:`q(\theta)` over the kernel log-hyperparameters by DSVI on the
+CVI bound, and predictions that integrate over :math:`q(\theta)` and over :math:`\mathbf f`.
+
+:class:`gpvi.inference.cvi.bayes.FullyBayesianCVI` fits, for a latent GP model (:class:`gpvi.GPClassification`),
+
+.. math::
+
+    q(\theta, \mathbf f) = q(\theta)\, q^*(\mathbf f\mid\theta),\qquad q(\theta) = \mathcal N(\mu, CC^\top),
+
+where :math:`q^*(\mathbf f\mid\theta)` is the Gaussian CVI converges to at :math:`\theta`, by maximising the
+structured evidence lower bound
+
+.. math::
+
+    \mathcal F(\mu, C) = \mathbb E_{q(\theta)}\big[\mathcal L_{CVI}(\theta) + \log p(\theta)\big]
+      + \mathcal H[q(\theta)] \;\le\; \log p(\mathbf y)
+
+with DSVI (Titsias & Lázaro-Gredilla 2014) on :class:`gpvi.models.cvi_bound.CVIBoundTarget`, whose log joint is
+the profiled CVI bound :math:`\mathcal L_{CVI}(\theta) \le \log p(\mathbf y\mid\theta)` plus the log prior (see
+that module for the bound, its envelope-theorem gradient and what :math:`q(\theta)` approximates: the posterior of
+:math:`\theta` under the CVI bound, not exactly :math:`p(\theta\mid\mathbf y)`; NUTS over :math:`(\theta, \mathbf
+v)`, :class:`gpvi.models.whitened.WhitenedLatentGP`, is the reference without that approximation).
+
+The run: (1) MAP-II, the maximiser of :math:`\mathcal L_{CVI}(\theta) + \log p(\theta)`, by
+:class:`gpvi.inference.cvi.typeii.TypeII` (the same objective); (2) the Laplace scale of the target there
+(:func:`gpvi.inference.init.laplace_scale_at`, central differences of the envelope gradient); (3) DSVI with the
+:class:`~gpvi.inference.dsvi.Natural` rule from that start, stopped by its convergence rule
+(:class:`~gpvi.inference.dsvi.Convergence`); (4) ``num_draws`` draws :math:`\theta_s \sim q` with their converged
+latent posteriors.
+
+The predictive (:class:`BayesClassificationPosterior`) is the equal-weight mixture over the draws,
+
+.. math::
+
+    p(y_* = 1\mid\mathcal D) \approx \frac1S\sum_{s=1}^S \mathbb E_{q^*(f_*\mid\theta_s)}[\sigma(f_*)],\qquad
+    \theta_s\sim q(\theta),
+
+each inner expectation by quadrature (closed form for probit), and the latent predictive
+:math:`q(f_*) \approx \frac1S\sum_s \mathcal N(m_{*s}, v_{*s})` reported by its mean and variance.
+
+Names: ``theta`` (kernel log-hyperparameters), ``q`` (the Gaussian posterior of theta), ``draws`` (:math:`\theta_s`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+
+from ..rng import check_seed
+from ..validation import check_positive_int
+from .latent import BernoulliPredictive
+
+__all__ = ["BayesClassificationPosterior"]
+
+
+class BayesClassificationPosterior:
+    r""":math:`q(\theta)` and the latent posteriors :math:`q^*(\mathbf f\mid\theta_s)` at draws :math:`\theta_s\sim q`.
+
+    Parameters
+    ----------
+    q : GaussianPosterior
+        The posterior of the kernel log-hyperparameters (e.g. DSVI's on a
+        :class:`~gpvi.models.cvi_bound.CVIBoundTarget`).
+    target : CVIBoundTarget
+        Gives the model and the converged latent posterior at each draw.
+    num_draws : int
+        S, draws of :math:`\theta` in the predictive mixture (default 32).
+    seed : int
+        Seed of the draws (reproducible predictions).
+    info : dict, optional
+
+    Attributes
+    ----------
+    names : list of str
+        The theta names (``model.names``).
+    draws : torch.Tensor of shape (S', D)
+        The draws whose latent posterior could be computed (S' <= S; ``info["failed_draws"]`` counts the others).
+    latents : list of LatentPosterior
+        :math:`q^*(\mathbf f\mid\theta_s)`, one per row of ``draws``.
+
+    Examples
+    --------
+    See :class:`FullyBayesianCVI`.
+    """
+
+    def __init__(self, q: Any, target: Any, *, num_draws: int = 32, seed: int = 0,
+                 info: dict[str, Any] | None = None) -> None:
+        num_draws = check_positive_int(num_draws, "num_draws")
+        self.q = q
+        self.target = target
+        self.names = list(target.names)
+        self.info = dict(info or {})
+        t0 = time.perf_counter()
+        draws = q.sample(num_draws, seed=check_seed(seed)).to(target.device)
+        kept, latents = [], []
+        for th in draws:
+            try:
+                latents.append(target.latent_posterior(th))
+                kept.append(th)
+            except Exception as exc:                       # NotPSDError, SiteFault: leave the draw out, count it
+                self.info.setdefault("draw_errors", []).append(str(exc))
+        if not latents:
+            raise RuntimeError("no draw of q(theta) gave a latent posterior (every CVI run failed)")
+        self.draws = torch.stack(kept)
+        self.latents = latents
+        self.info.update(num_draws=num_draws, failed_draws=num_draws - len(kept), seed=seed,
+                         predictive_time_s=time.perf_counter() - t0)
+
+    # ------------------------------------------------------------------ theta
+    @property
+    def model(self) -> Any:
+        return self.target.model
+
+    @property
+    def mean(self) -> torch.Tensor:
+        r"""Mean of :math:`q(\theta)`, in the model's theta order, shape (D,)."""
+        return self.q.mean
+
+    @property
+    def std(self) -> torch.Tensor:
+        r"""Marginal standard deviations of :math:`q(\theta)`, shape (D,)."""
+        return self.q.std
+
+    @property
+    def elbo(self) -> float:
+        r"""DSVI's estimate of :math:`\mathcal F(\mu, C) \le \log p(\mathbf y)` (``elbo_se`` its standard error)."""
+        return float(self.q.elbo)
+
+    @property
+    def elbo_se(self) -> float:
+        return float(getattr(self.q, "elbo_se", math.nan))
+
+    def summary(self, prob: float = 0.9, *, natural: bool = True) -> Any:
+        r"""The marginals of :math:`q(\theta)` by name (:meth:`GaussianPosterior.summary`)."""
+        return self.q.summary(prob, natural=natural)
+
+    # ------------------------------------------------------------------ prediction
+    @torch.no_grad()
+    def predict_latent(self, X_new: Any, *, per_draw: bool = False
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""Mean and variance of the mixture :math:`\frac1S\sum_s q^*(f_*\mid\theta_s)` at new inputs.
+
+        .. math::
+
+            \bar m_* = \frac1S\sum_s m_{*s},\qquad
+            \bar v_* = \frac1S\sum_s \big(v_{*s} + m_{*s}^2\big) - \bar m_*^2.
+
+        With ``per_draw=True``, the ``(S', n)`` means and variances of the components instead.
+        """
+        parts = [lp.predict_latent(X_new) for lp in self.latents]
+        m = torch.stack([p[0] for p in parts])
+        v = torch.stack([p[1] for p in parts])
+        if per_draw:
+            return m, v
+        mean = m.mean(0)
+        var = (v + m * m).mean(0) - mean * mean
+        return mean, var.clamp_min(0.0)
+
+    @torch.no_grad()
+    def predict_proba(self, X_new: Any) -> torch.Tensor:
+        r""":math:`p(y_*=1\mid\mathcal D) \approx \frac1S\sum_s \mathbb E_{q^*(f_*\mid\theta_s)}[p(y_*=1\mid f_*)]`,
+        shape ``(n,)``; "1" is the model's positive class."""
+        return torch.stack([lp.predict_proba(X_new) for lp in self.latents]).mean(0).clamp(0.0, 1.0)
+
+    def predict(self, X_new: Any) -> BernoulliPredictive:
+        """The predictive of the labels (:class:`~gpvi.posteriors.latent.BernoulliPredictive`)."""
+        return BernoulliPredictive(self.predict_proba(X_new))
+
+    def __repr__(self) -> str:
+        return (f"BayesClassificationPosterior(D={len(self.names)}, draws={self.draws.shape[0]}, "
+                f"elbo={self.elbo:.6g})")

@@ -1,0 +1,117 @@
+"""Fully Bayesian GP classification: the CVI-bound target over theta, DSVI on it, and the predictive, against
+independent answers (finite differences, the type-II objective, a fresh CVI run, NUTS over (theta, v))."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+import gpvi
+from gpvi.inference.cvi import CVI, TypeII, theta_objective
+from gpvi.inference.dsvi import DSVI, Convergence, Natural
+from gpvi.models.cvi_bound import CVIBoundTarget
+from gpvi.models.priors import default_prior, prior_log_prob
+from gpvi.models.whitened import WhitenedLatentGP
+from gpvi.inference.cvi.bayes import FullyBayesianCVI
+
+F64 = torch.float64
+
+
+def _data(n: int = 30, seed: int = 0) -> gpvi.GPClassification:
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, 1, generator=g, dtype=F64) * 4 - 2
+    y = (torch.rand(n, generator=g, dtype=F64) < torch.sigmoid(3 * torch.sin(2 * X[:, 0]))).to(F64)
+    return gpvi.GPClassification(X, y)
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_envelope_gradient_matches_central_differences_of_the_converged_bound(batched):
+    model = _data()
+    target = CVIBoundTarget(model, inner_tol=1e-14, batched=batched)
+    theta = torch.tensor([[-0.8, 0.6], [0.4, 1.5]], dtype=F64)
+    th = theta.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(target.log_joint(th).sum(), th)
+    h = 1e-5
+    for i in range(theta.shape[0]):
+        fd = torch.stack([(target.log_joint(theta[i] + h * e) - target.log_joint(theta[i] - h * e)) / (2 * h)
+                          for e in torch.eye(2, dtype=F64)])
+        # value error of converged sites ~1e-12 -> fd error ~1e-7; the gradient itself is closed form
+        torch.testing.assert_close(grad[i], fd, rtol=1e-5, atol=1e-6)
+    assert target.counters["failures"] == 0 and target.counters["unconverged"] == 0
+
+
+def test_log_joint_equals_the_type_ii_objective_and_a_fresh_cvi_run():
+    model = _data()
+    post = TypeII(CVI(progress_bar=False)).run(model)
+    target = CVIBoundTarget(model)
+    assert float(target.log_joint(post.theta)) == pytest.approx(post.info["objective"], rel=1e-9, abs=1e-8)
+    # elsewhere: CVI from the prior (not from the anchor), then theta_objective, plus the default prior
+    theta = torch.tensor([0.7, -0.4], dtype=F64)
+    fresh = CVI(tol=1e-13, num_steps=5000, progress_bar=False).run(model, theta)
+    val, _ = theta_objective(model, fresh.lam1, fresh.lam2, theta)
+    expect = val + float(prior_log_prob(default_prior(2), theta))
+    assert float(target.log_joint(theta)) == pytest.approx(expect, rel=1e-9, abs=1e-8)
+    # batched rows give the row-by-row answers
+    rows = torch.stack([theta, post.theta, torch.tensor([-1.5, 2.5], dtype=F64)])
+    seq = CVIBoundTarget(model, batched=False).log_joint(rows)
+    torch.testing.assert_close(target.log_joint(rows), seq, rtol=1e-10, atol=1e-9)
+
+
+def test_bad_rows_get_minus_inf_and_bad_arguments_are_named():
+    model = _data(12)
+    target = CVIBoundTarget(model)
+    out = target.log_joint(torch.tensor([[0.0, 0.0], [math.nan, 0.0]], dtype=F64).requires_grad_(False))
+    assert math.isfinite(float(out[0])) and out[1] == -math.inf
+    with pytest.raises(TypeError, match="model"):
+        CVIBoundTarget(object())
+    with pytest.raises(ValueError, match="prior"):
+        CVIBoundTarget(model, prior="flat")
+    with pytest.raises(TypeError, match="dsvi"):
+        FullyBayesianCVI(dsvi="natural")
+
+
+def _short_fit(model, prior=None, steps=300, seed=0):
+    dsvi = DSVI(optimizer=Natural(), num_draws=4, num_steps=steps, polyak=0.5, num_elbo_draws=20,
+                convergence=Convergence(stop=False), progress_bar=False, seed=seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return FullyBayesianCVI(dsvi, prior="default" if prior is None else prior, num_draws=16, seed=seed).run(model)
+
+
+def test_fully_bayesian_fit_is_seeded_and_its_predictive_is_a_mixture():
+    model = _data(12, seed=3)
+    a, b = _short_fit(model, steps=40), _short_fit(model, steps=40)
+    assert torch.equal(a.mean, b.mean) and torch.equal(a.q.scale_tril, b.q.scale_tril)
+    Xs = torch.tensor([[-1.0], [0.3]], dtype=F64)
+    assert torch.equal(a.predict_proba(Xs), b.predict_proba(Xs))
+    m, v = a.predict_latent(Xs)
+    ms, vs = a.predict_latent(Xs, per_draw=True)
+    torch.testing.assert_close(m, ms.mean(0))
+    torch.testing.assert_close(v, (vs + ms ** 2).mean(0) - ms.mean(0) ** 2)
+    p = torch.stack([lp.predict_proba(Xs) for lp in a.latents]).mean(0)
+    torch.testing.assert_close(a.predict_proba(Xs), p)
+
+
+@pytest.mark.slow
+def test_q_theta_and_predictive_match_nuts_on_theta_and_whitened_latents():
+    """q(theta)'s mean within 0.3 NUTS sd of NUTS's on WhitenedLatentGP; predictive probabilities within 0.05.
+
+    A tighter prior than the default, N(0, 1.5^2), keeps NUTS's trees short; both use it. NUTS's Monte Carlo error
+    of the mean at its ESS (> 100 here) is below 0.1 sd. About 25 s on an idle core (NUTS is most of it)."""
+    model = _data(20, seed=1)
+    prior = torch.distributions.Independent(torch.distributions.Normal(torch.zeros(2, dtype=F64),
+                                                                       torch.full((2,), 1.5, dtype=F64)), 1)
+    post = _short_fit(model, prior=prior, steps=300)
+    target = WhitenedLatentGP(model, prior=prior)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mc = gpvi.NUTS(num_chains=1, num_warmup=150, num_draws=300, seed=0, progress_bar=False).run(target)
+    d = mc.samples
+    nm, ns = d[:, :2].mean(0), d[:, :2].std(0)
+    assert bool(((post.mean - nm).abs() <= 0.3 * ns).all()), ((post.mean - nm) / ns).tolist()
+    Xs = torch.linspace(-2.5, 2.5, 9, dtype=F64)[:, None]
+    p_mc = target.predict_proba(d[::2], Xs)
+    assert float((post.predict_proba(Xs) - p_mc).abs().max()) < 0.05
