@@ -75,18 +75,23 @@ def run_to_ess(sampler: Any, model: Any, init: Any = None) -> tuple[Any, dict[st
             sampler.num_draws = 2 * sampler.num_draws
             mc = sampler.run(model, state=mc.engine_state)
             d, ext = mc.diagnostics(), ext + 1
-    wall = time.perf_counter() - t0
+    return mc, record(mc, time.perf_counter() - t0, ext)
+
+
+def record(mc: Any, wall: float, ext: int) -> dict[str, Any]:
+    """Cost and diagnostics of a finished (possibly extended) NUTS run; sampling evaluations pro-rated to 400 ESS."""
+    d = mc.diagnostics()
     warm = mc.info.get("warmup_stats") or {}
     ev_warm = int(torch.as_tensor(warm["n_steps"]).sum()) if "n_steps" in warm else 0
     ev_samp = int(mc.stats["n_steps"].sum())
     min_ess = float(d["ess_bulk"].min())
-    rec = {"draws_per_chain": int(mc.draws.shape[1]), "extensions": ext, "mixed": _mixed(d), "wall_s": wall,
-           "evals_warmup": ev_warm, "evals_sampling": ev_samp, "min_ess_bulk": min_ess,
-           "min_ess_tail": float(d["ess_tail"].min()), "max_r_hat": float(d["r_hat"].max()),
-           "divergences": int(mc.stats["diverging"].sum()),
-           "evals_to_400": ev_warm + ev_samp * MIN_ESS / min_ess,
-           "wall_to_400": wall * (ev_warm + ev_samp * MIN_ESS / min_ess) / max(ev_warm + ev_samp, 1)}
-    return mc, rec
+    return {"draws_per_chain": int(mc.draws.shape[1]), "extensions": ext, "mixed": _mixed(d), "wall_s": wall,
+            "evals_warmup": ev_warm, "evals_sampling": ev_samp, "min_ess_bulk": min_ess,
+            "min_ess_tail": float(d["ess_tail"].min()), "max_r_hat": float(d["r_hat"].max()),
+            "divergences": int(mc.stats["diverging"].sum()),
+            "e_bfmi_min": float(min(mc.info.get("e_bfmi") or [math.nan])),
+            "evals_to_400": ev_warm + ev_samp * MIN_ESS / min_ess,
+            "wall_to_400": wall * (ev_warm + ev_samp * MIN_ESS / min_ess) / max(ev_warm + ev_samp, 1)}
 
 
 def phase_ref() -> None:
@@ -175,8 +180,11 @@ def phase_q(names: list[str]) -> None:
         rec["raw_q"] = _cmp(q.mean, q.std, ref)
         rec["psis"] = _cmp(w.mean, w.std, ref)
         rec["infer"] = _cmp(ans.mean, ans.std, ref)
-        nuts = gpvi.NUTS(num_chains=4, num_warmup=200, num_draws=500, seed=0, progress_bar=False)
-        _, rec["nuts_from_q"] = run_to_ess(nuts, model, init=q)
+        if ans.report.answer == "nuts":          # gpvi.infer ran exactly this sampler from this q: reuse it
+            rec["nuts_from_q"] = record(ans, ans.report.times["nuts"], int(ans.report.nuts["extensions"]))
+        else:
+            nuts = gpvi.NUTS(num_chains=4, num_warmup=200, num_draws=500, seed=0, progress_bar=False)
+            _, rec["nuts_from_q"] = run_to_ess(nuts, model, init=q)
         rec["nuts_default"] = {k: refj[name][k] for k in ("evals_to_400", "wall_to_400", "wall_s", "min_ess_bulk",
                                                           "max_r_hat", "mixed", "draws_per_chain")}
         overlay(name, list(model.names), ref, q, w, ans)
