@@ -102,7 +102,12 @@ def test_default_gp_run_is_natural_from_laplace_and_stops_converged(synth, defau
     assert q.info["init"]["mean"] == "map" and q.info["init"]["scale"] == "laplace"
     assert q.info["converged"] and q.info["stopped_on_convergence"]
     assert q.info["steps"] < 20_000 and q.info["steps"] % 100 == 0            # checked every window of 100
-    assert q.info["returned"].startswith("average of the last 3 window(s) (300 iterates)")
+    assert q.info["returned"].startswith("average of the last 3 window(s) (300 iterates) since the bound's plateau")
+    assert q.info["convergence"]["gap"] <= 0.01                              # the finish's estimate, in nats
+    # five MAP restarts, all at one optimum: one start, one run
+    assert q.info["init"]["optima"][0]["restarts"] == [0, 1, 2, 3, 4] and len(q.info["init"]["optima"]) == 1
+    assert len(q.info["starts"]) == 1 and q.info["starts_agree"] and q.info["start_chosen"] == 0
+    assert q.info["starts"][0]["elbo"] == q.elbo
     assert isinstance(q.engine_state, DSVIState) and q.engine_state.optimizer == "natural"
     assert isinstance(DSVI().schedule_for(q.engine_state), RobbinsMonro)
     assert q.info["lr_mu"] == pytest.approx(0.05) and q.info["lr_C"] == pytest.approx(0.05)

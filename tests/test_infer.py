@@ -68,3 +68,22 @@ def test_gp_regression_end_to_end_and_bad_arguments():
         gpvi.infer(model, seed=-1)
     with pytest.raises(ValueError, match="num_psis_draws"):
         gpvi.infer(model, num_psis_draws=0)
+
+
+def test_engine_by_name_sk_and_the_starts_in_the_report():
+    """engine="sk": Salimans-Knowles' Hessian-free Gaussian from DSVI's start, on a correlated Gaussian target
+    whose posterior is q's family (mean and sds exact: allowed 0.05 sd, 5%, for N = 250 averaged steps)."""
+    m = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    P = torch.tensor([[2.0, 0.8], [0.8, 1.0]], dtype=torch.float64)
+    target = gpvi.Target(lambda th: -0.5 * (((th - m) @ P) * (th - m)).sum(-1), names=NAMES)
+    post = _quiet(gpvi.infer, target, seed=0, engine="sk", progress_bar=False)
+    sd = torch.linalg.inv(P).diagonal().sqrt()
+    assert type(post.engine_state).__name__ == "SKState" and post.report.answer == "q"
+    assert bool(((post.mean - m).abs() / sd < 0.05).all()) and bool(((post.stddev / sd - 1).abs() < 0.05).all())
+    assert post.report.starts == [] and post.report.starts_agree is None      # not a DSVI multi-start fit
+    with pytest.raises(ValueError, match="engine"):
+        gpvi.infer(target, engine="adam")
+    # DSVI's starts reach the report (one start here: no extra line)
+    q = _quiet(gpvi.infer, target, seed=0, engine=gpvi.DSVI(seed=0, num_steps=2000, progress_bar=False),
+               progress_bar=False)
+    assert len(q.report.starts) == 1 and q.report.starts_agree and "starts" not in str(q.report)

@@ -53,6 +53,10 @@ class InferenceReport:
         Wall time (s) of each stage: ``dsvi``, ``psis``, ``nuts`` (when run).
     nuts : dict
         NUTS diagnostics when it ran: smallest bulk ESS, largest split R-hat, divergences, gradient evaluations.
+    starts : list of dict
+        DSVI's starts (one per distinct MAP optimum; ``q.info["starts"]``): MAP log joint, final bound, its se.
+    starts_agree : bool or None
+        Whether the starts' final bounds agree within their Monte Carlo error (``q.info["starts_agree"]``).
     """
 
     answer: str
@@ -66,10 +70,13 @@ class InferenceReport:
     psis_ess: float
     times: dict[str, float] = field(default_factory=dict)
     nuts: dict[str, Any] = field(default_factory=dict)
+    starts: list[dict[str, Any]] = field(default_factory=list)
+    starts_agree: bool | None = None
 
     def lines(self) -> list[str]:
         out = [f"gpvi.infer: answer = {self.answer} ({self.reason})",
-               f"  DSVI bound {self.elbo:.3f} +- {self.elbo_se:.3f} (converged: {self.converged})",
+               f"  DSVI bound {self.elbo:.3f} +- {self.elbo_se:.3f} (converged: {self.converged})"
+               + self._starts_line(),
                f"  PSIS k-hat {self.khat:.2f}, weights' ESS {self.psis_ess:.0f}, "
                f"log evidence {self.log_evidence:.3f} +- {self.log_evidence_se:.3f}"]
         if self.nuts:
@@ -78,6 +85,13 @@ class InferenceReport:
         out.append("  wall time: " + ", ".join(f"{k} {v:.1f} s" for k, v in self.times.items())
                    + f" (total {sum(self.times.values()):.1f} s)")
         return out
+
+    def _starts_line(self) -> str:
+        if len(self.starts) < 2:
+            return ""
+        bounds = ", ".join(f"{r['elbo']:.2f}" for r in self.starts)
+        verdict = "they agree" if self.starts_agree else "they differ: the best is kept"
+        return f"; {len(self.starts)} starts (distinct MAP optima), bounds {bounds}: {verdict}"
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
@@ -116,8 +130,15 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
         Seed of every stage (DSVI, PSIS draws, NUTS).
     num_psis_draws : int
         Draws of q for PSIS (default 1000).
-    engine : optional
-        The variational engine (default ``gpvi.DSVI(scale="full", seed=seed)``).
+    engine : {"dsvi", "sk"} or engine, optional
+        The variational engine. ``"dsvi"`` (default, also ``None``): ``gpvi.DSVI(scale="full", seed=seed)``, the
+        best Gaussian from every distinct MAP optimum with the finish to 0.01 nats. ``"sk"``: Salimans-Knowles'
+        Hessian-free variant (``SKGaussian(num_steps=max(250, 20 D), method="gradient", num_draws=4)``) from the
+        best MAP optimum with its Laplace scale (DSVI's default start, its alternatives unused): in
+        ``benchmarks/results/dsvi_best_gaussian.md`` it reaches the same or a better bound with several times
+        fewer log-joint evaluations on GP hyperparameters; it has no stop rule of its own (N is fixed) and ends in
+        a :class:`~gpvi.exceptions.NumericalFaultError` rather than a wrong answer when N is too small. An engine
+        object is run as it is.
     nuts : optional
         The sampler used when :math:`\hat k > 0.7` (default ``gpvi.NUTS(num_chains=4, num_warmup=200,
         num_draws=500, seed=seed)``: a short warm-up suffices because q supplies the mass matrix).
@@ -152,10 +173,19 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
     min_ess = check_positive(min_ess, "min_ess", allow_zero=True)
     max_extensions = check_nonnegative_int(max_extensions, "max_extensions")
     progress_bar = check_bool(progress_bar, "progress_bar")
-    engine = DSVI(scale="full", seed=seed, progress_bar=progress_bar) if engine is None else engine
+    init = None
+    if engine is None or isinstance(engine, str):
+        from ..validation import check_choice
+        name = check_choice("dsvi" if engine is None else engine, "engine", ("dsvi", "sk"))
+        engine = DSVI(scale="full", seed=seed, progress_bar=progress_bar)
+        if name == "sk":
+            from .sk.engine import SKGaussian
+            init = engine.default_init(target)                 # DSVI's start: the MAP with its Laplace scale
+            engine = SKGaussian(num_steps=max(250, 20 * len(target.names)), method="gradient", num_draws=4,
+                                seed=seed, progress_bar=progress_bar)
     times: dict[str, float] = {}
     t0 = time.perf_counter()
-    q = engine.run(target)
+    q = engine.run(target, init=init)
     times["dsvi"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     with warnings.catch_warnings():
@@ -164,7 +194,9 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
     times["psis"] = time.perf_counter() - t0
     answer, reason = _choose(w.khat)
     report = InferenceReport(answer, reason, w.khat, float(q.elbo), float(getattr(q, "elbo_se", math.nan)),
-                             bool(q.info.get("converged", False)), w.log_evidence, w.log_evidence_se, w.ess, times)
+                             bool(q.info.get("converged", False)), w.log_evidence, w.log_evidence_se, w.ess, times,
+                             starts=[{k: v for k, v in r.items() if k != "theta"} for r in q.info.get("starts", [])],
+                             starts_agree=q.info.get("starts_agree"))
     post: Any = q if answer == "q" else w
     if answer == "nuts":
         sampler = (NUTS(num_chains=4, num_warmup=200, num_draws=500, seed=seed, progress_bar=progress_bar)

@@ -36,7 +36,7 @@ from .budget import MemoryBudget
 from .derivatives import finite_difference_hessian, is_minibatch_target, log_joint_and_grad
 
 __all__ = ["Start", "resolve_init", "start_point", "check_start", "init_to_value", "init_to_posterior",
-           "init_to_default", "init_to_map", "init_to_ml2", "init_to_laplace", "init_to_prior_draw", "laplace_scale",
+           "init_to_default", "init_to_map", "init_to_ml2", "distinct_optima", "init_to_laplace", "init_to_prior_draw", "laplace_scale",
            "laplace_scale_at", "laplace_approximation", "LAPLACE_MAX_DIM"]
 
 LAPLACE_MAX_DIM = 200
@@ -59,12 +59,17 @@ class Start:
     info : dict
         How the start was found (``mean``: "given", "initial_theta", "zeros", "map", "ml2", "prior_draw";
         ``scale``; times, the MAP's value and warnings).
+    alternatives : tuple of Start
+        Further starts at *other* optima found by the same strategy (:func:`init_to_map` with ``max_starts > 1``),
+        best first. An engine's ``init`` starts from ``theta`` alone; an engine that can use several starts
+        (:meth:`gpvi.DSVI.run`) runs one fit from each and keeps the best.
     """
 
     theta: torch.Tensor
     scale_tril: torch.Tensor | None = None
     scale_source: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    alternatives: tuple[Start, ...] = ()
 
 
 def _point(theta: Any, D: int, name: str) -> torch.Tensor:
@@ -139,6 +144,12 @@ class init_to_map:  # noqa: N801
 
     ML-II's warnings are recorded in ``info["map_warnings"]`` rather than raised (the point is only a start).
 
+    With ``max_starts > 1`` the restarts' end points are grouped into *distinct optima*: two end points are the
+    same optimum when every component of theta differs by at most ``theta_tol`` (log scale: 0.1 is a 10% change
+    of a lengthscale or variance). Each optimum is represented by its best restart (ties as in
+    :class:`gpvi.ML2`); the best is the start, up to ``max_starts - 1`` others (by objective value) are
+    ``Start.alternatives``. ``info["optima"]`` lists every optimum found (value, restarts, representative).
+
     Parameters
     ----------
     num_restarts : int
@@ -146,12 +157,19 @@ class init_to_map:  # noqa: N801
         Seed of the restarts.
     prior : bool
         True: maximise the log joint (MAP); False: the log marginal likelihood (ML-II).
+    max_starts : int
+        Most distinct optima returned (>= 1; 1: the best only, no alternatives).
+    theta_tol : float
+        Largest componentwise difference (> 0) of two end points of the same optimum.
     """
 
-    def __init__(self, num_restarts: int = 1, *, seed: int = 0, prior: bool = True) -> None:
+    def __init__(self, num_restarts: int = 1, *, seed: int = 0, prior: bool = True, max_starts: int = 1,
+                 theta_tol: float = 0.1) -> None:
         self.num_restarts = check_positive_int(num_restarts, "num_restarts")
         self.seed = seed
         self.prior = bool(prior)
+        self.max_starts = check_positive_int(max_starts, "max_starts")
+        self.theta_tol = check_positive(theta_tol, "theta_tol")
 
     def __call__(self, target: Any) -> Start:
         from .ml2 import ML2
@@ -160,14 +178,61 @@ class init_to_map:  # noqa: N801
         t0 = time.perf_counter()
         with warnings.catch_warnings(record=True) as rec:
             warnings.simplefilter("always")
-            fit = ML2(num_restarts=self.num_restarts, prior=self.prior, seed=self.seed).run(target)
+            ml2 = ML2(num_restarts=self.num_restarts, prior=self.prior, seed=self.seed)
+            fit = ml2.run(target)
         info = {"mode": "map" if self.prior else "ml2", "mean": "map" if self.prior else "ml2",
                 "map_value": fit.value, "map_time_s": time.perf_counter() - t0,
                 "map_warnings": sorted({f"{w.category.__name__}: {w.message}" for w in rec})}
-        return Start(fit.theta.detach().to(torch.float64).cpu().clone(), info=info)
+        theta = fit.theta.detach().to(torch.float64).cpu().clone()
+        if self.max_starts == 1 or self.num_restarts == 1:
+            return Start(theta, info=info)
+        optima = distinct_optima(fit.info["records"], self.theta_tol, ml2._choose)
+        info["optima"] = [{"value": o["value"], "restarts": o["restarts"], "restart": o["restart"]} for o in optima]
+        alternatives = []
+        for o in optima[1:self.max_starts]:
+            alt_info = {**info, "map_value": o["value"], "map_restart": o["restart"]}
+            alternatives.append(Start(o["theta"].detach().to(torch.float64).cpu().clone(), info=alt_info))
+        info["map_restart"] = optima[0]["restart"]
+        return Start(theta, info=info, alternatives=tuple(alternatives))
 
     def __repr__(self) -> str:
-        return f"init_to_map(num_restarts={self.num_restarts}, seed={self.seed}, prior={self.prior})"
+        extra = f", max_starts={self.max_starts}" if self.max_starts > 1 else ""
+        return f"init_to_map(num_restarts={self.num_restarts}, seed={self.seed}, prior={self.prior}{extra})"
+
+
+def distinct_optima(records: list[dict[str, Any]], theta_tol: float,
+                    choose: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> list[dict[str, Any]]:
+    """Group optimiser end points (``records`` with ``theta``, ``value``, ``restart``) into distinct optima.
+
+    End points are taken best value first; one joins the first group whose best member is within ``theta_tol``
+    in every component, else it opens a new group. Each group is represented by ``choose(members)`` (ML-II's
+    rule: the best value, a converged run among ties). Returns the groups best first, each ``{"theta", "value",
+    "restart", "restarts"}`` (``restarts``: the indices of its members). Non-finite end points are left out.
+
+    Examples
+    --------
+    >>> import torch
+    >>> recs = [{"theta": torch.tensor([0.0, 1.0]), "value": -1.0, "restart": 0},
+    ...         {"theta": torch.tensor([0.05, 1.0]), "value": -1.01, "restart": 1},
+    ...         {"theta": torch.tensor([2.0, 1.0]), "value": -3.0, "restart": 2}]
+    >>> [(o["restart"], o["restarts"]) for o in distinct_optima(recs, 0.1, lambda m: m[0])]
+    [(0, [0, 1]), (2, [2])]
+    """
+    finite = [r for r in records if math.isfinite(r["value"]) and bool(torch.isfinite(r["theta"]).all())]
+    groups: list[list[dict[str, Any]]] = []
+    for rec in sorted(finite, key=lambda r: -r["value"]):
+        for g in groups:
+            if float((rec["theta"] - g[0]["theta"]).abs().max()) <= theta_tol:
+                g.append(rec)
+                break
+        else:
+            groups.append([rec])
+    out = []
+    for g in groups:
+        rep = choose(g)
+        out.append({"theta": rep["theta"], "value": rep["value"], "restart": rep["restart"],
+                    "restarts": sorted(r["restart"] for r in g)})
+    return sorted(out, key=lambda o: -o["value"])
 
 
 def init_to_ml2(num_restarts: int = 1, *, seed: int = 0) -> init_to_map:
@@ -225,7 +290,13 @@ def check_laplace_possible(target: Any) -> None:
 
 
 class init_to_laplace:  # noqa: N801
-    """Start at another strategy's point (default: :func:`init_to_map`) with the Laplace scale there."""
+    """Start at another strategy's point (default: :func:`init_to_map`) with the Laplace scale there.
+
+    Every alternative start (:attr:`Start.alternatives`) gets the Laplace scale at its own point, and each start
+    records ``info["laplace_log_evidence"]`` = :math:`\\log g(\\hat\\theta) + \\tfrac12\\log\\det(2\\pi\\Sigma)`,
+    the Laplace estimate of :math:`\\log p(y)` (also the Gaussian bound of the Laplace q when
+    :math:`\\log g` is quadratic), where the scale is a full Laplace one.
+    """
 
     def __init__(self, at: Callable[[Any], Start] | None = None) -> None:
         self.at = init_to_map() if at is None else at
@@ -233,14 +304,24 @@ class init_to_laplace:  # noqa: N801
     def __call__(self, target: Any) -> Start:
         check_laplace_possible(as_target(target))
         start = self.at(target)
+        alternatives = tuple(self._scaled(target, s) for s in start.alternatives)
+        return self._scaled(target, start, alternatives)
+
+    @staticmethod
+    def _scaled(target: Any, start: Start, alternatives: tuple[Start, ...] = ()) -> Start:
         C, how = laplace_scale_at(target, start.theta)
         info = {**start.info, **{k: v for k, v in how.items() if k != "hessian"}}
         if C is None:
             warnings.warn(f"no Laplace scale at the initial mean ({how['scale_reason']}); the engine's init_scale "
-                          "is used", NumericalWarning, stacklevel=3)
+                          "is used", NumericalWarning, stacklevel=4)
             info["scale"] = "init_scale (laplace failed: " + how["scale_reason"] + ")"
-            return Start(start.theta, None, None, info)
-        return Start(start.theta, C, "laplace", info)
+            return Start(start.theta, None, None, info, alternatives)
+        value = info.get("map_value")
+        if how["scale"] == "laplace" and value is not None and math.isfinite(value) and info.get("mode") == "map":
+            D = C.shape[0]
+            info["laplace_log_evidence"] = float(value) + 0.5 * D * math.log(2 * math.pi) + \
+                float(torch.log(torch.diagonal(C)).sum())
+        return Start(start.theta, C, "laplace", info, alternatives)
 
     def __repr__(self) -> str:
         return f"init_to_laplace(at={self.at!r})"
@@ -266,14 +347,29 @@ class init_to_prior_draw:  # noqa: N801
         return Start(_point(theta.cpu(), D, "prior draw"), info={"mean": "prior_draw", "seed": self.seed})
 
 
+class init_to_start:  # noqa: N801
+    """The strategy that returns a :class:`Start` found earlier (e.g. to give several runs the same start)."""
+
+    def __init__(self, start: Start) -> None:
+        self.start = start
+
+    def __call__(self, target: Any) -> Start:
+        return self.start
+
+    def __repr__(self) -> str:
+        return "init_to_start(...)"
+
+
 def resolve_init(init: Any, default: Callable[[Any], Start], *, seed: int = 0) -> Callable[[Any], Start]:
     """Turn what ``run(init=...)`` accepts into a strategy.
 
-    ``None`` -> ``default``; ``"laplace"`` -> ``init_to_laplace(init_to_map(seed=seed))``; a posterior ->
+    ``None`` -> ``default``; a :class:`Start` -> itself (with its alternatives); ``"laplace"`` -> ``init_to_laplace(init_to_map(seed=seed))``; a posterior ->
     :func:`init_to_posterior`; a callable strategy -> itself; an array-like -> :func:`init_to_value`.
     """
     if init is None:
         return default
+    if isinstance(init, Start):
+        return init_to_start(init)
     if isinstance(init, str):
         if init != "laplace":
             raise ValueError(f"init must be None, 'laplace', a point, a posterior or an init strategy; got {init!r}")

@@ -17,6 +17,7 @@ from ...posteriors.base import GaussianPosterior
 from ..budget import MemoryBudget
 from ..derivatives import call_log_joint
 from ..progress import Progress, trace_to_tensor
+from .convergence import batch_average
 from .state import COUNTERS, DSVIState
 
 __all__ = ["estimate_bound", "build_posterior", "DRAW_BLOCK"]
@@ -64,13 +65,18 @@ def estimate_bound(target: Any, base: Any, term: Any, mu: torch.Tensor, C: torch
 
 
 def _returned(state: DSVIState, stopped: bool) -> tuple[torch.Tensor, torch.Tensor, str]:
-    hist = state.check.get("history") or []
+    ck = state.check
+    batches = ck.get("batches")
+    if batches:                                   # the finish: the average over the windows since the plateau
+        mu, C, n = batch_average(batches)
+        gap = ck.get("gap", math.nan)
+        how = "converged" if stopped and state.converged else "not converged"
+        return mu, C, (f"average of the last {len(batches)} window(s) ({n} iterates) since the bound's plateau at "
+                       f"step {ck.get('plateau_t')}; estimated gap to the optimum {gap:.3g} nats ({how})")
+    hist = ck.get("history") or []
     if stopped and state.converged and hist:
-        w = torch.tensor([float(h["n"]) for h in hist], dtype=torch.float64)
-        w = w / w.sum()
-        mu = sum(wi * h["mu"] for wi, h in zip(w, hist))
-        C = sum(wi * h["C"] for wi, h in zip(w, hist))
-        return mu, C, (f"average of the last {len(hist)} window(s) ({int(sum(h['n'] for h in hist))} iterates) "
+        mu, C, n = batch_average(hist)
+        return mu, C, (f"average of the last {len(hist)} window(s) ({n} iterates) "
                        f"over which the convergence rule held")
     if state.polyak_n > 0:
         return state.polyak_mu, state.polyak_C, f"Polyak average of the last {state.polyak_n} iterates"
@@ -118,7 +124,9 @@ def build_posterior(engine: Any, target: Any, state: DSVIState, report: Any) -> 
         converged=state.converged, steps=state.t, steps_this_run=report.steps_this_run, time_s=report.time_s,
         total_time_s=state.wall_time, bound_time_s=t_est, lr_mu=state.rho0_mu, lr_C=state.rho0_C,
         interrupted=report.interrupted, polyak_n=state.polyak_n, elbo_method=elbo_method, elbo_invalid=invalid,
-        elbo_chunks=chunks, convergence=dict(state.check.get("last") or {}), settings=engine.settings(),
+        elbo_chunks=chunks, convergence={**dict(state.check.get("last") or {}),
+                                         **{k: state.check[k] for k in ("plateau_t", "gap") if k in state.check}},
+        settings=engine.settings(),
         optimizer=state.optimizer, returned=returned, stopped_on_convergence=bool(report.stopped_early),
         schedule=repr(engine.schedule_for(state)), init=copy.deepcopy(state.init_info),
     )
