@@ -189,14 +189,24 @@ class Softmax(Likelihood):
     @staticmethod
     def _quadrature_moments(d: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         r"""From nodes ``d`` (N, P, K-1) of the differences and weights ``w`` (N, P): :math:`\mathbb E[\log p_y]` (N,),
-        :math:`\mathbb E[p]` and :math:`\mathbb E[p(1-p)]` (N, K) with class y in column 0, the others after it."""
+        :math:`\mathbb E[p]` and :math:`\mathbb E[p(1-p)]` (N, K) with class y in column 0, the others after it.
+
+        One exponential per node and difference and one logarithm per node: with :math:`\mu = \max(0, \max_j d_j)`,
+        :math:`e_0 = e^{-\mu}`, :math:`e_j = e^{d_j - \mu}` and :math:`s = e_0 + \sum_j e_j`, the class probabilities
+        are :math:`e_j / s` (:math:`e_0/s` for y), :math:`1 - p_j = (s - e_j)/s` and
+        :math:`\log(1 + \sum_j e^{d_j}) = \mu + \log s`."""
         cols = d.permute(2, 0, 1)                                   # (K-1, N, P): one contiguous pass per class
         mx = cols.amax(0).clamp_min(0.0)
         ex = torch.exp(cols - mx)
-        lse = mx + torch.log(torch.exp(-mx) + ex.sum(0))            # log(1 + sum_j e^{d_j})
-        p = torch.cat([torch.exp(-lse).unsqueeze(0), torch.exp(cols - lse)], 0)      # (K, N, P)
-        wp = w * p
-        return -(w * lse).sum(-1), wp.sum(-1).T, (wp * (1.0 - p)).sum(-1).T
+        e0 = torch.exp(-mx)
+        rest = ex.sum(0)
+        den = e0 + rest
+        r = w / den                                                 # weight / s
+        rr = r / den                                                # weight / s^2
+        value = -(w * (mx + torch.log(den))).sum(-1)
+        Ep = torch.cat([(e0 * r).sum(-1).unsqueeze(0), (ex * r).sum(-1)], 0).T
+        Eq = torch.cat([(e0 * rest * rr).sum(-1).unsqueeze(0), (ex * (den - ex) * rr).sum(-1)], 0).T
+        return value, Ep, Eq
 
     def expected_log_lik(self, y: torch.Tensor, m: torch.Tensor, v: torch.Tensor, *, method: str = "quadrature",
                          quadrature: Quadrature | None = None, num_draws: int = 10,
@@ -348,8 +358,10 @@ class RobustMax(Likelihood):
 
 def default_quadrature(num_classes: int) -> Quadrature:
     """The 1-D rule per dimension of the softmax quadrature: 96 nodes for K = 2 (the binary default); for K >= 3,
-    40 per dimension on a window of 6.5 sd (neglected mass 8e-11; 1600 nodes per site at K = 3, errors below
-    1e-7 in :math:`E` and its derivatives for marginal variances 1e-3..1e3 against a 160-node rule)."""
+    40 per dimension on a window of 6.5 sd (neglected mass 8e-11; 1600 nodes per site at K = 3). Measured against a
+    240-node rule (largest error in :math:`E` and its derivatives, K = 3, means of sd 2 + sqrt(v_max)): 6e-8 for
+    per-class marginal variances 1..3, 8e-7 for 3..10, 4e-5 for 10..100, 2e-3 for 100..1000; on iris sites at the
+    MAP-II optimum (variances 0.7..10) 2e-9, 8e-8 in the sum over sites."""
     return Quadrature(96) if num_classes <= 2 else Quadrature(40, width=6.5)
 
 

@@ -25,10 +25,21 @@ Single-site (doubly stochastic) steps are not implemented for the multi-class en
 :class:`MulticlassTypeII` maximises the bound plus the log prior of the shared kernel log-hyperparameters
 (MAP-II; default prior :math:`\mathcal N(0, 10 I)`, :func:`gpvi.models.priors.default_prior`) over :math:`\theta`
 by L-BFGS-B on the profiled bound, as :class:`gpvi.inference.cvi.typeii.TypeII` does for binary CVI.
+
+Speed (3-class iris, 105 training rows, MAP-II; 2-core machine under load 3..7). Plain CVI crawls along the
+**common mode** (all classes' means shifted together, along which softmax and robust-max are flat): 844 steps to
+a relative change of 1e-14 at the MAP-II theta, about 80 per theta evaluation, and robust-max did not converge at
+all. Each step now first moves the sites to the exact maximiser along that mode (``center``,
+:func:`gpvi.inference.cvi.multiclass_sites.center`; 44 steps). The inner runs are ELBO-monotone
+(:func:`converge_sites`), the first L-BFGS-B step is scaled to length 1 in theta (it jumped to the box before), the
+inner runs and gradients use a cheaper rule (:func:`inner_quadrature`). Iris MAP-II: 70..267 s before, 4..8 s
+after (41 -> 21 theta evaluations, 2956 -> 203 inner steps; inputs standardised), objective -34.8337206 both
+(within 2e-8).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import time
@@ -92,6 +103,10 @@ class MulticlassCVI:
     invalid : {"shrink", "reject"}
         What to do with a site update that would make :math:`\tilde\lambda^{(2)} \ge 0` (robust-max can produce
         one; see :func:`gpvi.inference.cvi.sites.update_sites`).
+    center : bool
+        Before each step, move the sites to the exact maximiser of the bound along the common mode (all classes'
+        means shifted together, :func:`gpvi.inference.cvi.multiclass_sites.center`; default True). Same fixed
+        point; without it CVI crawls along that mode when the signal variance is large.
     faults : FaultPolicy, optional
     seed : int or None
     progress_bar : bool
@@ -113,7 +128,8 @@ class MulticlassCVI:
                  max_quadrature_classes: int = 3, num_draws: int = 10, num_fixed_draws: int = 2000,
                  beta_schedule: str | Callable[[int], float] = "auto", decay_steps: float = 10.0,
                  decay_power: float = 0.7, num_steps: int = 1000, tol: float = 1e-9, invalid: str = "shrink",
-                 faults: FaultPolicy | None = None, seed: int | None = 0, progress_bar: bool = True) -> None:
+                 faults: FaultPolicy | None = None, seed: int | None = 0, progress_bar: bool = True,
+                 center: bool = True) -> None:
         self.beta = check_fraction(beta, "beta")
         self.requested_estimator = check_choice(estimator, "estimator", ["auto", "quadrature", "mc", "fixed"])
         if quadrature is not None and not isinstance(quadrature, Quadrature):
@@ -139,6 +155,7 @@ class MulticlassCVI:
         self.faults = faults if faults is not None else FaultPolicy(max_consecutive=10)
         self.seed = check_seed(seed)
         self.progress_bar = check_bool(progress_bar, "progress_bar")
+        self.center = check_bool(center, "center")
         # resolved for a model by _configure (the estimator depends on the likelihood and K)
         self.estimator, self.elbo_method, self.quadrature = "quadrature", "quadrature", quadrature
         self.beta_schedule: str | Callable[[int], float] = "constant"
@@ -178,7 +195,7 @@ class MulticlassCVI:
                 "quadrature": self.quadrature.spec() if self.quadrature is not None else None,
                 "num_draws": self.num_draws if self.estimator == "mc" else None,
                 "num_fixed_draws": self.num_fixed_draws if "fixed" in (self.estimator, self.elbo_method) else None,
-                "num_steps": self.num_steps, "tol": self.tol, "invalid": self.invalid,
+                "num_steps": self.num_steps, "tol": self.tol, "invalid": self.invalid, "center": self.center,
                 "max_consecutive_faults": self.faults.max_consecutive}
 
     # ------------------------------------------------------------------ the engine contract
@@ -345,21 +362,54 @@ class _Start:
 
 def converge_sites(eng: MulticlassCVI, model: Any, theta: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor,
                    counters: dict[str, float], *, tol: float, max_steps: int) -> MulticlassCVIState:
-    """Deterministic full-batch CVI at ``theta`` from the given sites until the relative change of the bound is
-    below ``tol``; returns the state after the last step (``t`` = steps taken)."""
+    r"""Deterministic full-batch CVI at ``theta`` from the given sites until the relative change of the bound is
+    below ``tol``; returns the state after the last step (``t`` = steps taken).
+
+    The steps are kept **monotone in the bound**, as in :func:`gpvi.inference.cvi.typeii.converge_sites`: a step
+    whose bound is lower than the last accepted one is undone (the sites go back to the last accepted point) and
+    the step size is halved; each accepted step lets it grow back by 1.5, up to the engine's ``beta``. A damped
+    CVI map can settle on a 2-cycle instead of its fixed point (an eigenvalue below -1 of its Jacobian, e.g.
+    points on a boundary between two classes with ``beta`` near 1; robust-max sites whose variance gradient is
+    positive); an ELBO-monotone sequence converges to the fixed point. Every step (undone ones too) counts towards
+    ``max_steps``; ``counters["inner_backtracks"]`` counts the undone ones.
+    """
     K = model.kernel_matrix(theta)
     inner = MulticlassCVIState(lam1, lam2, theta, _NO_DRAWS, initialised=True)
     inner.counters = counters
-    prev = math.nan
+    prev = math.nan                       # the bound of the last accepted sites ...
+    keep = (lam1, lam2)                   # ... and those sites (before centring: the step centres them again)
+    redo = False
     for _ in range(max_steps):
+        here = (inner.lam1, inner.lam2)
         elbo = ms.full_step(eng, model, inner, K, None, method=eng.elbo_method)["elbo"]
-        if math.isfinite(prev) and abs(elbo - prev) <= tol * max(1.0, abs(elbo)):
-            break
-        prev = elbo
+        if redo:                          # the restored sites' bound is prev: nothing learned yet
+            redo = False
+            continue
+        if math.isfinite(prev):
+            if abs(elbo - prev) <= tol * max(1.0, abs(elbo)):
+                break
+            if elbo < prev:
+                inner.lam1, inner.lam2 = keep
+                inner.beta_scale *= 0.5
+                counters["inner_backtracks"] = counters.get("inner_backtracks", 0) + 1
+                redo = True
+                continue
+        prev, keep = elbo, here
+        inner.beta_scale = min(1.0, 1.5 * inner.beta_scale)
     return inner
 
 
 _NO_DRAWS = torch.Generator()
+
+
+def inner_quadrature(num_classes: int) -> Quadrature:
+    r"""The cheaper softmax rule of :class:`MulticlassTypeII`'s inner runs: 28 asinh-mapped Gauss-Legendre nodes per
+    dimension on a window of 6 sd (784 per site at K = 3, against 1600 for
+    :func:`gpvi.models.multiclass.default_quadrature`). Largest error in :math:`E_n` and its derivatives against a
+    200-node rule: 6e-6 on iris sites at the MAP-II optimum (2e-6 in the sum over sites); 2e-4 (value), 8e-4
+    (:math:`\partial_m`), 6e-5 (:math:`\partial_v`) for means of sd 4 and per-class variances 0.1..10 (the
+    1600-node rule: 1.4e-6, 1.6e-5, 4.9e-6)."""
+    return Quadrature(28, width=6.0) if num_classes >= 3 else default_quadrature(num_classes)
 
 
 class MulticlassTypeII:
@@ -382,6 +432,18 @@ class MulticlassTypeII:
         The loop ends when a phase improves the objective by at most ``tol`` relative (default 1e-7).
     gtol : float
         L-BFGS-B's tolerance on the projected gradient of the objective (default 1e-5).
+    inner_quadrature : "auto", Quadrature or None
+        The softmax rule of the phases' inner runs and gradients. ``"auto"`` (default):
+        :func:`inner_quadrature` (28 nodes per dimension on a window of 6 sd, 784 per site at K = 3, about half
+        the cost of the engine's 1600-node rule), unless the engine was given its own ``quadrature``; ``None``:
+        the engine's rule. The bound reported, the final posterior and the CVI runs between phases use the
+        engine's rule; as the bound is stationary in the sites, sites converged under the cheaper rule give the
+        fine rule's bound to second order in the rules' difference, and the optimum in theta moves to first order
+        only (measured on iris: objective within 2e-8 of a run with the fine rule throughout).
+    ftol : float
+        L-BFGS-B's tolerance on the relative change of the objective between its iterations (default 1e-10; the
+        inner runs' ``inner_tol`` makes the objective reproducible to about that, so a smaller value only adds
+        evaluations that cannot improve it).
     max_iter, inner_tol, inner_num_steps, theta_bounds
         As for :class:`~gpvi.inference.cvi.typeii.TypeII`.
 
@@ -398,7 +460,8 @@ class MulticlassTypeII:
 
     def __init__(self, cvi: MulticlassCVI | None = None, *, prior: Any = "default", tol: float = 1e-7,
                  gtol: float = 1e-5, max_iter: int = 100, inner_tol: float = 1e-9, inner_num_steps: int = 500,
-                 theta_bounds: tuple[float, float] = (-11.5, 11.5)) -> None:
+                 theta_bounds: tuple[float, float] = (-11.5, 11.5), ftol: float = 1e-10,
+                 inner_quadrature: Quadrature | str | None = "auto") -> None:
         if cvi is not None and not isinstance(cvi, MulticlassCVI):
             raise TypeError(f"cvi must be a MulticlassCVI engine; got {type(cvi).__name__}")
         self.cvi = cvi if cvi is not None else MulticlassCVI()
@@ -407,6 +470,10 @@ class MulticlassTypeII:
         self.prior = prior
         self.tol = check_positive(tol, "tol")
         self.gtol = check_positive(gtol, "gtol")
+        self.ftol = check_positive(ftol, "ftol")
+        if not (inner_quadrature is None or isinstance(inner_quadrature, Quadrature) or inner_quadrature == "auto"):
+            raise ValueError(f"inner_quadrature must be 'auto', None or a Quadrature; got {inner_quadrature!r}")
+        self.inner_quadrature = inner_quadrature
         self.max_iter = check_positive_int(max_iter, "max_iter")
         self.inner_tol = check_positive(inner_tol, "inner_tol")
         self.inner_num_steps = check_positive_int(inner_num_steps, "inner_num_steps")
@@ -420,8 +487,24 @@ class MulticlassTypeII:
             return None
         return check_prior(None if isinstance(self.prior, str) else self.prior, model.dim, device=model.device)
 
+    def _inner_engine(self, model: Any) -> MulticlassCVI:
+        """The engine of the phases' inner runs and gradients: ``self.cvi`` with ``inner_quadrature``'s rule."""
+        cvi = self.cvi
+        cvi._configure(model)
+        auto = self.inner_quadrature == "auto"
+        if (self.inner_quadrature is None or cvi.elbo_method != "quadrature"
+                or not isinstance(model.likelihood, Softmax) or (auto and cvi.user_quadrature is not None)):
+            return cvi
+        fast = copy.copy(cvi)
+        fast.quadrature = (self.inner_quadrature if isinstance(self.inner_quadrature, Quadrature)
+                           else inner_quadrature(model.num_classes))
+        return fast
+
     def settings(self) -> dict[str, Any]:
-        return {"tol": self.tol, "gtol": self.gtol, "max_iter": self.max_iter, "inner_tol": self.inner_tol, "inner_num_steps": self.inner_num_steps,
+        return {"tol": self.tol, "gtol": self.gtol, "ftol": self.ftol, "max_iter": self.max_iter,
+                "inner_tol": self.inner_tol, "inner_num_steps": self.inner_num_steps,
+                "inner_quadrature": (self.inner_quadrature.spec() if isinstance(self.inner_quadrature, Quadrature)
+                                     else self.inner_quadrature),
                 "theta_bounds": list(self.theta_bounds),
                 "prior": None if self.prior is None else ("N(0, 10 I)" if isinstance(self.prior, str)
                                                           else repr(self.prior))}
@@ -430,7 +513,7 @@ class MulticlassTypeII:
                                                                                 torch.Tensor, float, float]:
         """L-BFGS-B on the profiled objective from ``state``; returns (theta, lam1, lam2, objective, objective at
         the start) (the start when nothing better was found)."""
-        cvi, dev, counters = self.cvi, state.theta.device, state.counters
+        cvi, dev, counters = self._inner_engine(model), state.theta.device, state.counters
         cur = {"lam1": state.lam1, "lam2": state.lam2}
         seen: dict[bytes, tuple[float, torch.Tensor, torch.Tensor]] = {}
 
@@ -451,10 +534,23 @@ class MulticlassTypeII:
             return val, grad
 
         x0 = np.clip(state.theta.detach().cpu().numpy(), *self.theta_bounds)
-        f0 = fn(torch.as_tensor(x0, dtype=torch.float64, device=dev))[0]
+        f0, g0 = fn(torch.as_tensor(x0, dtype=torch.float64, device=dev))
         start = seen.get(x0.tobytes())
-        res = lbfgs_maximise(fn, x0, bounds=self.theta_bounds, max_iter=self.max_iter, gtol=self.gtol, ftol=1e-13,
-                             returns_grad=True, catch=(), ignore_warnings=(NumericalWarning,), device=dev)
+        # L-BFGS-B's first trial point on a box is a full gradient step (x0 + g0): with |g0| ~ 30 on iris it
+        # lands on the box (signal variance e^11.5) and the inner run there costs 100+ steps. Dividing the
+        # objective by |g0| makes that step 1 in theta; gtol is divided too, so the stop rule is unchanged.
+        scale = max(1.0, float(g0.norm())) if math.isfinite(f0) else 1.0
+
+        def scaled(theta: torch.Tensor) -> tuple[float, torch.Tensor]:
+            key = theta.detach().cpu().numpy().tobytes()
+            if key == x0.tobytes():
+                return f0 / scale, g0 / scale
+            val, grad = fn(theta)
+            return val / scale, grad / scale
+
+        res = lbfgs_maximise(scaled, x0, bounds=self.theta_bounds, max_iter=self.max_iter, gtol=self.gtol / scale,
+                             ftol=self.ftol, returns_grad=True, catch=(), ignore_warnings=(NumericalWarning,),
+                             device=dev)
         res_x = res.x.cpu().numpy()
         best = seen.get(res_x.tobytes())
         if best is None and seen:

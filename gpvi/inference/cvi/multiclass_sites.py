@@ -44,7 +44,7 @@ from ...validation import as_float_tensor
 from . import sites
 from .state import COUNTERS, TRACE_KEYS
 
-__all__ = ["MulticlassCVIState", "pseudo_data", "factors", "marginals", "kl2", "elbo_from_sites", "full_step",
+__all__ = ["MulticlassCVIState", "pseudo_data", "factors", "marginals", "kl2", "center", "elbo_from_sites", "full_step",
            "theta_objective"]
 
 STATE_VERSION = 1
@@ -174,6 +174,43 @@ def kl2(lam2: torch.Tensor, m: torch.Tensor, v: torch.Tensor, L: torch.Tensor, a
     return (m * alpha.T).sum() - (v / s).sum() + logdet_from_cholesky(L).sum() - torch.log(s).sum()
 
 
+def center(lam1: torch.Tensor, lam2: torch.Tensor, m: torch.Tensor, alpha: torch.Tensor
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    r"""Move the class-mean of the latent means to zero: the exact maximiser of the bound along the common mode.
+
+    Softmax and robust-max depend on :math:`\mathbf f_n` only through the differences :math:`f_{nk} - f_{nj}`,
+    so shifting every class's mean by the same :math:`\mathbf c` (variances kept) leaves the data term unchanged
+    and changes only the KL terms, :math:`\tfrac12\sum_k (\mathbf m_k - \mathbf c)^\top K^{-1}(\mathbf m_k - \mathbf c)`,
+    minimised by :math:`\mathbf c = \bar{\mathbf m} = \tfrac1C\sum_k\mathbf m_k`; the bound rises by
+    :math:`\tfrac C2\,\bar{\mathbf m}^\top\bar{\boldsymbol\alpha}\ge 0` with
+    :math:`\bar{\boldsymbol\alpha} = K^{-1}\bar{\mathbf m} = \tfrac1C\sum_k\boldsymbol\alpha_k`. Every optimum
+    therefore has :math:`\sum_k \mathbf m_k = 0` (also from the stationarity conditions:
+    :math:`K^{-1}\sum_k\mathbf m_k = \sum_k\partial_{\mathbf m_k}E = 0`). In sites, with
+    :math:`\mathbf m_k = V_k\tilde{\boldsymbol\lambda}^{(1)}_k` and :math:`V_k^{-1} = K^{-1} - 2\operatorname{diag}\tilde{\boldsymbol\lambda}^{(2)}_k`,
+
+    .. math::
+
+        \tilde{\boldsymbol\lambda}^{(1)}_k \leftarrow \tilde{\boldsymbol\lambda}^{(1)}_k - \bar{\boldsymbol\alpha}
+          + 2\tilde{\boldsymbol\lambda}^{(2)}_k\odot\bar{\mathbf m},\qquad
+        \mathbf m_k \leftarrow \mathbf m_k - \bar{\mathbf m},\qquad
+        \boldsymbol\alpha_k \leftarrow \boldsymbol\alpha_k - \bar{\boldsymbol\alpha},
+
+    O(NC), no factorisation (the factors of :math:`K + S_k` do not change). CVI alone converges slowly along this
+    mode: its site precisions :math:`-2\tilde\lambda^{(2)}_{nk} = \mathbb E[p_k(1-p_k)]` treat the likelihood as
+    curved where it is flat, and the damped map contracts the common mode by only
+    :math:`1-\beta + \beta\,\lambda_{\max}(K\Lambda)/(1 + \lambda_{\max}(K\Lambda))`, near 1 when the signal
+    variance is large (0.97 per step on iris at its MAP-II theta: 844 steps to a relative change of 1e-14; 44 with
+    this step).
+
+    Returns
+    -------
+    (lam1, m, alpha) : the new sites' first natural parameters (N, C), means (N, C) and ``alpha`` (C, N).
+    """
+    abar = alpha.mean(0)
+    mbar = m.mean(1, keepdim=True)
+    return lam1 - abar.unsqueeze(-1) + 2.0 * lam2 * mbar, m - mbar, alpha - abar
+
+
 def expectations(eng: Any, model: Any, m: torch.Tensor, v: torch.Tensor, gen: torch.Generator | None,
                  method: str | None = None):
     """The likelihood's expectations by ``method`` (default: the engine's estimator)."""
@@ -213,6 +250,9 @@ def full_step(eng: Any, model: Any, st: MulticlassCVIState, K: torch.Tensor, gen
               method: str | None = None) -> dict[str, Any]:
     """Evaluate the current q (marginals, bound), then update every site (eq. 13). Mutates ``st``; returns info.
 
+    With ``eng.center`` the sites are first moved along the common mode by :func:`center` (an exact partial
+    maximisation: the bound reported is that of the centred sites).
+
     Raises :class:`~gpvi.inference.cvi.sites.SiteFault` or :class:`~gpvi.exceptions.NotPSDError` before changing
     anything but the counters.
     """
@@ -228,6 +268,8 @@ def full_step(eng: Any, model: Any, st: MulticlassCVIState, K: torch.Tensor, gen
         if jit > 0:
             st.counters["jitter_events"] += 1
         m, v, alpha = marginals(K, L, ytilde)
+        if getattr(eng, "center", False):
+            st.lam1, m, alpha = center(st.lam1, st.lam2, m, alpha)
         ex_elbo = expectations(eng, model, m, v, None, eng.elbo_method)
         elbo = ex_elbo.value.sum() - 0.5 * kl2(st.lam2, m, v, L, alpha)
     elbo_f = sites.finite_or_fault(elbo, st.t)
