@@ -78,7 +78,7 @@ def test_engine_by_name_sk_and_the_starts_in_the_report():
     target = gpvi.Target(lambda th: -0.5 * (((th - m) @ P) * (th - m)).sum(-1), names=NAMES)
     post = _quiet(gpvi.infer, target, seed=0, engine="sk", progress_bar=False)
     sd = torch.linalg.inv(P).diagonal().sqrt()
-    assert type(post.engine_state).__name__ == "SKState" and post.report.answer == "q"
+    assert type(post.engine_state).__name__ == "SKState" and post.report.answer == "q" and post.report.q is post
     assert bool(((post.mean - m).abs() / sd < 0.05).all()) and bool(((post.stddev / sd - 1).abs() < 0.05).all())
     assert post.report.starts == [] and post.report.starts_agree is None      # not a DSVI multi-start fit
     with pytest.raises(ValueError, match="engine"):

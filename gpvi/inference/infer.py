@@ -49,6 +49,8 @@ class InferenceReport:
         Importance-sampling estimate of :math:`\\log p(y)` from q's draws (reliable only when ``khat`` is small).
     psis_ess : float
         Effective sample size of the PSIS weights.
+    q : GaussianPosterior
+        The variational posterior that was diagnosed (whatever the answer).
     times : dict of str to float
         Wall time (s) of each stage: ``dsvi``, ``psis``, ``nuts`` (when run).
     nuts : dict
@@ -72,6 +74,7 @@ class InferenceReport:
     nuts: dict[str, Any] = field(default_factory=dict)
     starts: list[dict[str, Any]] = field(default_factory=list)
     starts_agree: bool | None = None
+    q: Any = field(default=None, repr=False)
 
     def lines(self) -> list[str]:
         out = [f"gpvi.infer: answer = {self.answer} ({self.reason})",
@@ -196,7 +199,7 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
     report = InferenceReport(answer, reason, w.khat, float(q.elbo), float(getattr(q, "elbo_se", math.nan)),
                              bool(q.info.get("converged", False)), w.log_evidence, w.log_evidence_se, w.ess, times,
                              starts=[{k: v for k, v in r.items() if k != "theta"} for r in q.info.get("starts", [])],
-                             starts_agree=q.info.get("starts_agree"))
+                             starts_agree=q.info.get("starts_agree"), q=q)
     post: Any = q if answer == "q" else w
     if answer == "nuts":
         sampler = (NUTS(num_chains=4, num_warmup=200, num_draws=500, seed=seed, progress_bar=progress_bar)
