@@ -5,7 +5,6 @@ scikit-learn, the engine contract (seeds, interrupt/resume), device discipline a
 from __future__ import annotations
 
 import math
-import os
 import time
 import warnings
 
@@ -419,7 +418,6 @@ def test_iris_at_the_data_scaled_start_is_sane_against_scikit_learn():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("GPVI_RUN_SLOW"), reason="MAP-II on raw iris, 5-10 s (set GPVI_RUN_SLOW=1)")
 def test_iris_map_ii_accuracy_and_log_loss_are_sane_against_scikit_learn():
     Xtr, Xte, ytr, yte = _iris()
     t0 = time.perf_counter()
