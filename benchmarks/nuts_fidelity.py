@@ -26,6 +26,7 @@ Usage::
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/nuts_fidelity.py ref    # ~1-2 h here
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/nuts_fidelity.py q [boston bodyfat pendulum]  # ~15 min each
+    .venv/bin/python benchmarks/nuts_fidelity.py render [DIR ...]   # merge q results written to other folders
 """
 
 from __future__ import annotations
@@ -237,8 +238,35 @@ def report(out: dict[str, Any], refj: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render(dirs: list[str]) -> None:
+    """Merge the q-phase results of runs written elsewhere (``GPVI_BENCH_OUT=DIR ... q <datasets>``, e.g. two
+    processes side by side) into this results folder and write the report again."""
+    import shutil
+    from pathlib import Path
+
+    out: dict[str, Any] = {}
+    for folder in [RESULTS, *map(Path, dirs)]:
+        part = folder / "nuts_fidelity.json"
+        if part.exists():
+            out.update(json.loads(part.read_text())["data"])
+        for png in folder.glob("nuts_fidelity_*.png"):
+            if folder != RESULTS:
+                shutil.copy(png, RESULTS / png.name)
+    out = {n: out[n] for n in DATASETS if n in out}
+    refj = json.loads((RESULTS / "nuts_fidelity_ref.json").read_text())["datasets"]
+    md = header("Fidelity of q, PSIS and gpvi.infer against long NUTS references; NUTS from q vs default NUTS")
+    md += ("\nThe q phase of the datasets may come from separate processes (merged by the `render` phase); each "
+           "dataset's section gives its run date and load.\n")
+    print(write("nuts_fidelity", md + report(out, refj), out))
+
+
 if __name__ == "__main__":
     phase = sys.argv[1] if len(sys.argv) > 1 else "q"
-    if phase not in ("ref", "q"):
-        raise SystemExit("usage: nuts_fidelity.py ref | q [dataset ...]")
-    phase_ref() if phase == "ref" else phase_q(sys.argv[2:] or list(DATASETS))
+    if phase not in ("ref", "q", "render"):
+        raise SystemExit("usage: nuts_fidelity.py ref | q [dataset ...] | render [DIR ...]")
+    if phase == "ref":
+        phase_ref()
+    elif phase == "q":
+        phase_q(sys.argv[2:] or list(DATASETS))
+    else:
+        render(sys.argv[2:])
