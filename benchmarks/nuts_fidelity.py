@@ -26,6 +26,7 @@ Usage::
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/nuts_fidelity.py ref    # ~1-2 h here
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/nuts_fidelity.py q [boston bodyfat pendulum]  # ~15 min each
+    # --reuse-nuts: keep the NUTS-from-q row of the last run where gpvi.infer does not itself run NUTS (say so)
     .venv/bin/python benchmarks/nuts_fidelity.py render [DIR ...]   # merge q results written to other folders
 """
 
@@ -151,7 +152,7 @@ def overlay(name: str, names: list[str], ref: np.ndarray, q: Any, w: Any, ans: A
     plt.close(fig)
 
 
-def phase_q(names: list[str]) -> None:
+def phase_q(names: list[str], reuse_nuts: bool = False) -> None:
     refj = json.loads((RESULTS / "nuts_fidelity_ref.json").read_text())["datasets"]
     refd = np.load(RESULTS / "nuts_fidelity_ref.npz")
     part = RESULTS / "nuts_fidelity.json"                 # results of earlier q runs (other datasets) are kept
@@ -168,6 +169,7 @@ def phase_q(names: list[str]) -> None:
         ans = gpvi.infer(model, seed=0, progress_bar=False)       # DSVI's default q -> PSIS -> answer
         rec["infer_s"] = time.perf_counter() - t0
         rec["infer_answer"], rec["infer_khat"] = ans.report.answer, ans.report.khat
+        rec["basin_mass"], rec["khat_mixture"] = list(ans.report.basin_mass), float(ans.report.khat_mixture)
         rec["infer_report"], rec["infer_times"] = str(ans.report), dict(ans.report.times)
         q = ans.report.q                                          # the q gpvi.infer diagnosed
         rec["dsvi_s"], rec["elbo"], rec["elbo_se"] = ans.report.times["dsvi"], float(q.elbo), float(q.elbo_se)
@@ -182,6 +184,9 @@ def phase_q(names: list[str]) -> None:
         rec["infer"] = _cmp(ans.mean, ans.std, ref)
         if ans.report.answer == "nuts":          # gpvi.infer ran exactly this sampler from this q: reuse it
             rec["nuts_from_q"] = record(ans, ans.report.times["nuts"], int(ans.report.nuts["extensions"]))
+        elif reuse_nuts and "nuts_from_q" in out.get(name, {}):
+            rec["nuts_from_q"] = {**out[name]["nuts_from_q"],
+                                  "reused_from": out[name].get("nuts_from_q", {}).get("reused_from", out[name]["date"])}
         else:
             nuts = gpvi.NUTS(num_chains=4, num_warmup=200, num_draws=500, seed=0, progress_bar=False)
             _, rec["nuts_from_q"] = run_to_ess(nuts, model, init=q)
@@ -201,10 +206,13 @@ def report(out: dict[str, Any], refj: dict[str, Any]) -> str:
              "R-hat <= 1.01 (`ref` phase). |Δmean| in reference sds; sd ratio = sd / reference sd. "
              "Monte Carlo error of the reference mean at ESS 400: about 0.05 sd.", "",
              "## Summary per dataset", "",
-             "| dataset | reference mixed (min ESS, max R-hat) | k-hat | raw q: max abs Δmean/sd, sd ratio range | "
-             "PSIS: max Δmean/sd, sd ratio range | gpvi.infer answer: max Δmean/sd, sd ratio range | "
-             "infer wall (s) | default NUTS wall to 400 ESS (s) | ratio |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "k-hat: PSIS of raw q (the best Gaussian). Basins: when DSVI's starts ended in several basins, the "
+             "posterior mass of each (best q's first) and the k-hat of the mixture of their Gaussians "
+             "(PSIS of that mixture is then gpvi.infer's weighted answer).", "",
+             "| dataset | reference mixed (min ESS, max R-hat) | k-hat | basins: mass (k-hat) | raw q: max abs "
+             "Δmean/sd, sd ratio range | PSIS of raw q: max Δmean/sd, sd ratio range | gpvi.infer answer: max "
+             "Δmean/sd, sd ratio range | infer wall (s) | default NUTS wall to 400 ESS (s) | ratio |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in out.items():
         ref = refj[name]
         r["reference"] = {k: ref[k] for k in ("wall_s", "evals_warmup", "evals_sampling", "min_ess_bulk",
@@ -213,7 +221,7 @@ def report(out: dict[str, Any], refj: dict[str, Any]) -> str:
         def rng(c: dict[str, list[float]]) -> str:
             return f"{max(c['dmean_sd']):.2f}, {min(c['sd_ratio']):.2f}–{max(c['sd_ratio']):.2f}"
         lines.append(f"| {name} | {ref['mixed']} ({ref['min_ess_bulk']:.0f}, {ref['max_r_hat']:.3f}) | "
-                     f"{r['khat']:.2f} | {rng(r['raw_q'])} | {rng(r['psis'])} | {r['infer_answer']}: "
+                     f"{r['khat']:.2f} | {basins(r)} | {rng(r['raw_q'])} | {rng(r['psis'])} | {r['infer_answer']}: "
                      f"{rng(r['infer'])} | {r['infer_s']:.0f} | {ref['wall_to_400']:.0f} | "
                      f"{r['infer_s'] / ref['wall_to_400']:.2f} |")
     lines += ["", "## NUTS from q vs default NUTS at equal bulk ESS (gradient evaluations, pro-rated to 400)", "",
@@ -221,7 +229,8 @@ def report(out: dict[str, Any], refj: dict[str, Any]) -> str:
               "from q: wall to 400 (s) | from q: min ESS, max R-hat, divergences |", "|---|---|---|---|---|---|---|"]
     for name, r in out.items():
         a, b = r["nuts_default"], r["nuts_from_q"]
-        lines.append(f"| {name} | {a['evals_to_400']:.0f} | {b['evals_to_400']:.0f} | "
+        reused = f" (measured {b['reused_from']})" if b.get("reused_from") else ""
+        lines.append(f"| {name}{reused} | {a['evals_to_400']:.0f} | {b['evals_to_400']:.0f} | "
                      f"{b['evals_to_400'] / a['evals_to_400']:.2f} | {a['wall_to_400']:.0f} | "
                      f"{b['wall_to_400']:.0f} | {b['min_ess_bulk']:.0f}, {b['max_r_hat']:.3f}, "
                      f"{b['divergences']} |")
@@ -236,6 +245,13 @@ def report(out: dict[str, Any], refj: dict[str, Any]) -> str:
                   "(2 cores; wall times inflated by other jobs when above 2).",
                   "", f"![{name}](nuts_fidelity_{name}.png)", "", "```", r["infer_report"], "```"]
     return "\n".join(lines) + "\n"
+
+
+def basins(r: dict[str, Any]) -> str:
+    mass = r.get("basin_mass") or []
+    if not mass:
+        return "one"
+    return " / ".join(f"{m:.2f}" for m in mass) + f" ({r['khat_mixture']:.2f})"
 
 
 def render(dirs: list[str]) -> None:
@@ -263,10 +279,13 @@ def render(dirs: list[str]) -> None:
 if __name__ == "__main__":
     phase = sys.argv[1] if len(sys.argv) > 1 else "q"
     if phase not in ("ref", "q", "render"):
-        raise SystemExit("usage: nuts_fidelity.py ref | q [dataset ...] | render [DIR ...]")
+        raise SystemExit("usage: nuts_fidelity.py ref | q [--reuse-nuts] [dataset ...] | render [DIR ...]")
     if phase == "ref":
         phase_ref()
     elif phase == "q":
-        phase_q(sys.argv[2:] or list(DATASETS))
+        args = sys.argv[2:]
+        reuse = "--reuse-nuts" in args
+        args = [a for a in args if a != "--reuse-nuts"]
+        phase_q(args or list(DATASETS), reuse_nuts=reuse)
     else:
         render(sys.argv[2:])

@@ -8,10 +8,11 @@ All share the surface of :class:`~gpvi.posteriors.base.Posterior` (``names``, ``
 from .base import STATE_VERSION, Posterior, posterior_from_state_dict
 from .gaussian import GaussianPosterior
 from .latent import LatentPosterior
+from .mixture import GaussianMixture
 from .point import PointPosterior
 from .predictive import MixturePredictive
 from .samples import SamplePosterior
 from .weighted import WeightedPosterior, psis
 
 __all__ = ["Posterior", "PointPosterior", "GaussianPosterior", "SamplePosterior", "LatentPosterior",
-           "WeightedPosterior", "psis", "MixturePredictive", "posterior_from_state_dict", "STATE_VERSION"]
+           "WeightedPosterior", "GaussianMixture", "psis", "MixturePredictive", "posterior_from_state_dict", "STATE_VERSION"]

@@ -47,7 +47,8 @@ def pareto_smooth(log_ratios: np.ndarray) -> tuple[np.ndarray, float]:
 
     Uses ``arviz.psislw`` (ArviZ 0.x) when it exists, else ``arviz_stats.base.array_stats.psislw`` (ArviZ >= 1.0,
     which takes the negated ratios). Non-finite ratios (a log joint of :math:`-\\infty`) get weight 0 and are left
-    out of the tail fit.
+    out of the tail fit. When the tail holds tied ratios (ratios bounded, taking few values: ArviZ's fit returns
+    NaN weights) the raw normalised ratios are the weights.
 
     Parameters
     ----------
@@ -76,8 +77,12 @@ def pareto_smooth(log_ratios: np.ndarray) -> tuple[np.ndarray, float]:
         else:                                                    # ArviZ >= 1.0
             from arviz_stats.base import array_stats
             lw_ok, khat = array_stats.psislw(-lr[ok], r_eff=1.0, axis=-1)
+    lw_ok = np.asarray(lw_ok, dtype=np.float64)
+    if not np.isfinite(lw_ok).all():                             # a tail of tied ratios: the Pareto fit degenerates
+        raw = lr[ok]                                             # (bounded ratios): the raw weights need no smoothing
+        lw_ok = raw - (raw.max() + np.log(np.exp(raw - raw.max()).sum()))
     out = np.full(lr.shape, -np.inf)
-    out[ok] = np.asarray(lw_ok, dtype=np.float64)
+    out[ok] = lw_ok
     return out, float(np.asarray(khat))
 
 

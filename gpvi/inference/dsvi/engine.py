@@ -78,7 +78,7 @@ from .convergence import Convergence
 from .gradient import estimate_gradient
 from .options import OPTIMIZERS, RENAMED, RULES, Adam, BlockDiagonal, Natural, SGD, UpdateRule, as_rule, renamed
 from .result import build_posterior
-from .starts import MAP_RESTARTS, MAX_STARTS, run_starts
+from .starts import MAP_INIT_SCALE, MAP_RESTARTS, MAX_STARTS, run_starts
 from .result import estimate_bound as _estimate_bound
 from .setup import block_mask as _block_mask
 from .setup import initial_moments
@@ -333,12 +333,13 @@ class DSVI:
 
     # ------------------------------------------------------------------ the engine contract
     def default_init(self, target: Any) -> Callable[[Any], Start]:
-        """For ``"natural"`` runs, the distinct MAP optima of ``MAP_RESTARTS`` seeded restarts (at most
-        ``MAX_STARTS``), each with its Laplace scale: ``init_to_laplace(init_to_map(MAP_RESTARTS, seed=seed,
-        max_starts=MAX_STARTS))``; else :func:`init_to_default`."""
+        """For ``"natural"`` runs, the distinct MAP optima of ``MAP_RESTARTS`` seeded restarts spread by
+        ``MAP_INIT_SCALE`` (at most ``MAX_STARTS``), each with its Laplace scale: ``init_to_laplace(init_to_map(
+        MAP_RESTARTS, seed=seed, max_starts=MAX_STARTS, init_scale=MAP_INIT_SCALE))``; else
+        :func:`init_to_default`."""
         if self.resolve_optimizer(target) == "natural":
             return init_to_laplace(init_to_map(MAP_RESTARTS, seed=0 if self.seed is None else self.seed,
-                                               max_starts=MAX_STARTS))
+                                               max_starts=MAX_STARTS, init_scale=MAP_INIT_SCALE))
         return init_to_default()
 
     def init(self, target: Any, start: Any = None, generator: torch.Generator | None = None) -> DSVIState:

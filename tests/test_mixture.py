@@ -1,0 +1,144 @@
+"""Several basins (issue 17): the mixture of DSVI's starts, its PSIS basin masses, and gpvi.infer's use of them.
+
+Independent answers: closed-form moments and densities of a two-component normal mixture (scipy), and a target
+that *is* such a mixture (normalised, log Z = 0), whose basin masses are its component weights and whose mean and
+sd are known in closed form. The best single Gaussian of that target sits on the heavier component; PSIS of it
+alone cannot see the lighter one (its draws never go there), which is the failure the mixture step exists to catch.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+
+import numpy as np
+import pytest
+import scipy.optimize
+import scipy.stats
+import torch
+
+import gpvi
+from gpvi.inference.dsvi.engine import DSVI
+from gpvi.inference.init import init_to_laplace, init_to_map
+from gpvi.posteriors import GaussianPosterior, posterior_from_state_dict, psis
+from gpvi.posteriors.mixture import GaussianMixture
+
+W = torch.tensor([0.3, 0.7], dtype=torch.float64)
+CENTERS = torch.tensor([[-1.5, 0.0], [1.5, 0.0]], dtype=torch.float64)
+SDS = torch.tensor([0.25, 0.6], dtype=torch.float64)
+
+
+class TwoBasins:
+    """p(theta) = 0.3 N((-1.5, 0), 0.25^2 I) + 0.7 N((1.5, 0), 0.6^2 I) (log Z = 0)."""
+
+    names = ["a", "b"]
+
+    def log_joint(self, theta: torch.Tensor) -> torch.Tensor:
+        d = theta.unsqueeze(-2) - CENTERS
+        comp = -0.5 * (d ** 2).sum(-1) / SDS ** 2 - 2 * torch.log(SDS) - math.log(2 * math.pi) + torch.log(W)
+        return torch.logsumexp(comp, -1)
+
+    def initial_theta(self) -> torch.Tensor:
+        return torch.tensor([-0.8, 0.0], dtype=torch.float64)
+
+
+class MultiStartDSVI(DSVI):
+    """DSVI whose default start is every distinct MAP optimum (as for exact GP targets)."""
+
+    def default_init(self, target):
+        return init_to_laplace(init_to_map(5, seed=0, max_starts=3))
+
+
+def _gauss(mean, sd):
+    m = torch.as_tensor(mean, dtype=torch.float64)
+    return GaussianPosterior(m, torch.diag(torch.as_tensor(sd, dtype=torch.float64)), ["a", "b"])
+
+
+@pytest.fixture(scope="module")
+def mix():
+    return GaussianMixture([_gauss([-1.0, 0.5], [0.5, 1.0]), _gauss([2.0, -0.5], [1.5, 0.3])], torch.log(W))
+
+
+def test_moments_density_and_quantiles_match_closed_forms(mix):
+    w, m1, m2, s1, s2 = 0.3, np.array([-1.0, 0.5]), np.array([2.0, -0.5]), np.array([0.5, 1.0]), np.array([1.5, 0.3])
+    mean = w * m1 + (1 - w) * m2
+    var = w * (s1 ** 2 + m1 ** 2) + (1 - w) * (s2 ** 2 + m2 ** 2) - mean ** 2
+    assert np.allclose(mix.mean.numpy(), mean, atol=1e-12)
+    assert np.allclose(mix.std.numpy(), np.sqrt(var), atol=1e-12)
+    assert np.allclose(torch.diagonal(mix.covariance).numpy(), var, atol=1e-12)
+    x = np.array([[0.1, 0.2], [2.5, -0.4], [-1.0, 3.0]])
+    dens = (w * scipy.stats.norm.pdf(x, m1, s1).prod(-1) + (1 - w) * scipy.stats.norm.pdf(x, m2, s2).prod(-1))
+    assert np.allclose(mix.log_prob(torch.tensor(x)).numpy(), np.log(dens), atol=1e-10)
+    assert mix.log_prob(torch.tensor(x[0])).shape == ()
+    for p in (0.05, 0.5, 0.9):
+        for j in range(2):
+            cdf = lambda t: w * scipy.stats.norm.cdf(t, m1[j], s1[j]) + (1 - w) * scipy.stats.norm.cdf(t, m2[j], s2[j])
+            exact = scipy.optimize.brentq(lambda t: cdf(t) - p, -20, 20, xtol=1e-12)
+            assert float(mix.quantile(p)[j]) == pytest.approx(exact, abs=1e-8)
+
+
+def test_draws_follow_the_mixture(mix):
+    x = mix.sample(40_000, seed=3)
+    assert x.shape == (40_000, 2) and x.dtype == torch.float64
+    assert torch.allclose(x.mean(0), mix.mean, atol=4 * float(mix.std.max()) / 200)      # 4 se
+    assert float((x[:, 0] < 0.5).double().mean()) == pytest.approx(
+        0.3 * scipy.stats.norm.cdf(0.5, -1.0, 0.5) + 0.7 * scipy.stats.norm.cdf(0.5, 2.0, 1.5), abs=0.01)
+    assert torch.equal(mix.sample(5, seed=1), mix.sample(5, seed=1))
+
+
+def test_state_dict_round_trip_and_errors(mix):
+    back = posterior_from_state_dict(mix.state_dict())
+    assert isinstance(back, GaussianMixture)
+    assert torch.allclose(back.weights, mix.weights) and torch.allclose(back.mean, mix.mean)
+    with pytest.raises(ValueError, match="log_weights"):
+        GaussianMixture(mix.components, [0.0])
+    with pytest.raises(ValueError, match="components"):
+        GaussianMixture([], [])
+    with pytest.raises(TypeError, match="sample and log_prob"):
+        GaussianMixture([object()], [0.0])
+
+
+def test_basin_mass_of_a_two_basin_target_is_its_weights():
+    target = TwoBasins()
+    comps = [_gauss(CENTERS[k], SDS[k].expand(2)) for k in range(2)]
+    mix = GaussianMixture(comps, [0.0, 0.0], target)                 # deliberately wrong weights: PSIS corrects
+    w = psis(mix, target, 4000, seed=0)
+    assert w.khat < 0.5
+    assert torch.allclose(mix.basin_mass(w), W, atol=0.02)
+
+
+def test_infer_sees_the_basin_the_best_gaussian_leaves_out():
+    target = TwoBasins()
+    engine = MultiStartDSVI(optimizer="natural", seed=0, progress_bar=False)
+    post = gpvi.infer(target, seed=0, engine=engine, num_psis_draws=2000, progress_bar=False)
+    rep = post.report
+    q = rep.q
+    assert torch.allclose(q.mean, CENTERS[1], atol=0.1)              # the best Gaussian: the heavier component
+    assert rep.khat <= 0.5                                            # ... and PSIS of it alone sees nothing wrong
+    assert len(rep.basin_mass) == 2 and rep.basin_mass[0] == pytest.approx(0.7, abs=0.03)
+    assert rep.answer == "psis" and "basins" in rep.reason and rep.khat_mixture <= 0.7
+    exact_mean = (W[:, None] * CENTERS).sum(0)
+    exact_var = (W[:, None] * (SDS[:, None] ** 2 + CENTERS ** 2)).sum(0) - exact_mean ** 2
+    assert torch.allclose(post.mean, exact_mean, atol=0.06)          # raw q is off by 0.9 in theta_a
+    assert torch.allclose(post.std, exact_var.sqrt(), atol=0.06)
+    assert re.search(r"2 basins holding (69|70|71)% / (29|30|31)%", str(rep))
+
+
+def test_infer_with_one_basin_is_unchanged():
+    m = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    target = gpvi.Target(lambda th: -0.5 * ((th - m) ** 2).sum(-1), names=["a", "b"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        post = gpvi.infer(target, seed=0, engine=gpvi.DSVI(num_steps=2000, seed=0, progress_bar=False),
+                          progress_bar=False)
+    assert post.report.answer == "q" and post.report.basin_mass == []
+    assert math.isnan(post.report.khat_mixture)
+
+
+def test_pareto_smooth_with_a_tail_of_tied_ratios_keeps_the_raw_weights():
+    from gpvi.posteriors.weighted import pareto_smooth
+    lr = np.where(np.arange(1000) % 3 == 0, math.log(1.4), math.log(0.6))
+    lw, khat = pareto_smooth(lr)
+    assert np.isfinite(lw).all() and np.exp(lw).sum() == pytest.approx(1.0)
+    assert np.allclose(np.exp(lw), np.exp(lr) / np.exp(lr).sum())
