@@ -323,6 +323,10 @@ def _classifier_spec(clf: Any) -> dict[str, Any]:
     if params.get("kernel") is not None:
         raise ValueError(f"cannot save a GPClassifier with a custom kernel ({params['kernel']!r}): a fit file holds "
                          "only plain data, and only the default kernel (kernel=None) can be rebuilt from it")
+    if getattr(clf, "hyperparameter_posterior_", None) is not None:
+        raise ValueError("cannot save a GPClassifier(hyperparameters='bayes') fit: its predictive holds a CVI "
+                         "posterior per draw of q(theta); save clf.hyperparameter_posterior_.state_dict() with "
+                         "torch.save and refit, or fit with hyperparameters='type2'")
     model = clf.model_
     _check_default_kernel(model.kernel_params, int(model.X.shape[1]), "a GPClassifier")
     post = clf.posterior_.state_dict()

@@ -115,3 +115,49 @@ def test_q_theta_and_predictive_match_nuts_on_theta_and_whitened_latents():
     Xs = torch.linspace(-2.5, 2.5, 9, dtype=F64)[:, None]
     p_mc = target.predict_proba(d[::2], Xs)
     assert float((post.predict_proba(Xs) - p_mc).abs().max()) < 0.05
+
+
+@pytest.fixture(scope="module")
+def bayes_classifier():
+    import numpy as np
+    from gpvi.sklearn import GPClassifier
+    g = np.random.default_rng(0)
+    X = g.normal(size=(30, 1))
+    y = np.where(X[:, 0] + 0.7 * g.normal(size=30) > 0, "yes", "no")
+    clf = GPClassifier(hyperparameters="bayes", random_state=0, progress_bar=False).fit(X, y)
+    return X, y, clf
+
+
+def test_gpclassifier_bayes_is_fully_bayesian_cvi_with_scikit_learn_shapes(bayes_classifier):
+    import numpy as np
+    X, y, clf = bayes_classifier
+    # the same fit as FullyBayesianCVI on the same model and seed ("yes" is the positive class: classes_[1])
+    model = gpvi.GPClassification(torch.as_tensor(X), torch.as_tensor((y == "yes").astype(float)))
+    direct = FullyBayesianCVI(num_draws=32, seed=0).run(model)
+    q = clf.hyperparameter_posterior_
+    assert torch.allclose(q.mean, direct.mean, atol=1e-10) and torch.allclose(q.std, direct.std, atol=1e-10)
+    assert list(clf.classes_) == ["no", "yes"] and torch.equal(clf.theta_, q.mean)
+    assert list(clf.hyperparameters_) == list(model.describe(q.mean))
+    assert [r for r in q.summary().index] == list(model.names)
+    p = clf.predict_proba(X[:5])
+    assert p.shape == (5, 2) and np.allclose(p.sum(1), 1.0)
+    assert np.allclose(p[:, 1], direct.predict_proba(torch.as_tensor(X[:5])).numpy(), atol=1e-12)
+    mean, std = clf.predict_latent(X[:5], return_std=True)
+    m2, v2 = direct.predict_latent(torch.as_tensor(X[:5]))
+    assert np.allclose(mean, m2.numpy()) and np.allclose(std, v2.sqrt().numpy())
+    assert set(clf.predict(X)) <= {"no", "yes"} and 0.6 < clf.score(X, y) <= 1.0
+
+
+def test_gpclassifier_bayes_refuses_what_it_cannot_do(bayes_classifier, tmp_path):
+    import numpy as np
+    from gpvi.sklearn import GPClassifier
+    X, y, clf = bayes_classifier
+    with pytest.raises(ValueError, match="cannot save a GPClassifier\\(hyperparameters='bayes'\\)"):
+        gpvi.io.save_fit(tmp_path / "fit.json", clf)
+    y3 = np.array(["a", "b", "c"] * 10)
+    with pytest.raises(ValueError, match="'bayes' is for the binary links"):
+        GPClassifier(hyperparameters="bayes", progress_bar=False).fit(X, y3)
+    with pytest.raises(ValueError, match="disagree"):
+        GPClassifier(hyperparameters="bayes", learn_hyperparameters=False).fit(X, y)
+    fixed = GPClassifier(hyperparameters="fixed", progress_bar=False).fit(X, y)
+    assert fixed.hyperparameter_posterior_ is None

@@ -448,8 +448,8 @@ def test_hyperparameters_option_and_its_older_spelling():
     np.testing.assert_array_equal(learned.predict_proba(X), default.predict_proba(X))
     with pytest.raises(ValueError, match="hyperparameters='type2' and learn_hyperparameters=False disagree"):
         GPClassifier(hyperparameters="type2", learn_hyperparameters=False, progress_bar=False).fit(X, y)
-    with pytest.raises(ValueError, match=r"hyperparameters must be one of \['type2', 'fixed'\]; got 'bayes'"):
-        GPClassifier(hyperparameters="bayes", progress_bar=False).fit(X, y)
+    with pytest.raises(ValueError, match=r"hyperparameters must be one of \['type2', 'fixed', 'bayes'\]; got 'ml2'"):
+        GPClassifier(hyperparameters="ml2", progress_bar=False).fit(X, y)
 
 
 def test_multiclass_type2_is_the_map_ii_loop(iris):
