@@ -28,6 +28,7 @@ Usage::
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/nuts_fidelity.py q [boston bodyfat pendulum]  # ~15 min each
     # --reuse-nuts: keep the NUTS-from-q row of the last run where gpvi.infer does not itself run NUTS (say so)
     .venv/bin/python benchmarks/nuts_fidelity.py render [DIR ...]   # merge q results written to other folders
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/nuts_fidelity.py seeds [bodyfat ...]  # gpvi.infer, seeds 1-3
 """
 
 from __future__ import annotations
@@ -247,6 +248,32 @@ def report(out: dict[str, Any], refj: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def phase_seeds(names: list[str], seeds: list[int]) -> None:
+    """gpvi.infer from several seeds (the MAP restarts that find the basins depend on it): answer, basins, fidelity."""
+    refd = np.load(RESULTS / "nuts_fidelity_ref.npz")
+    rows: dict[str, Any] = {}
+    lines = ["", "gpvi.infer(model, seed=s) for several seeds against the long NUTS references of `nuts_fidelity.md` "
+             "(the basins DSVI's starts find depend on the seed of the MAP restarts).", "",
+             "| dataset | seed | answer | raw q k-hat | basins: mass (k-hat) | max Δmean/sd | sd ratio range | wall (s) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name in names:
+        model = model_of(name)
+        ref = refd[name].reshape(-1, refd[name].shape[-1])
+        for seed in seeds:
+            t0 = time.perf_counter()
+            ans = gpvi.infer(model, seed=seed, progress_bar=False)
+            wall = time.perf_counter() - t0
+            c = _cmp(ans.mean, ans.std, ref)
+            r = {"answer": ans.report.answer, "khat": ans.report.khat, "basin_mass": list(ans.report.basin_mass),
+                 "khat_mixture": float(ans.report.khat_mixture), "wall_s": wall, "load": os.getloadavg(), **c}
+            rows[f"{name}/{seed}"] = r
+            lines.append(f"| {name} | {seed} | {r['answer']} | {r['khat']:.2f} | {basins(r)} | "
+                         f"{max(c['dmean_sd']):.2f} | {min(c['sd_ratio']):.2f}–{max(c['sd_ratio']):.2f} | {wall:.0f} |")
+            print(lines[-1], flush=True)
+    md = header("gpvi.infer across seeds against the long NUTS references") + "\n".join(lines) + "\n"
+    print(write("nuts_fidelity_seeds", md, rows))
+
+
 def basins(r: dict[str, Any]) -> str:
     mass = r.get("basin_mass") or []
     if not mass:
@@ -278,8 +305,9 @@ def render(dirs: list[str]) -> None:
 
 if __name__ == "__main__":
     phase = sys.argv[1] if len(sys.argv) > 1 else "q"
-    if phase not in ("ref", "q", "render"):
-        raise SystemExit("usage: nuts_fidelity.py ref | q [--reuse-nuts] [dataset ...] | render [DIR ...]")
+    if phase not in ("ref", "q", "render", "seeds"):
+        raise SystemExit("usage: nuts_fidelity.py ref | q [--reuse-nuts] [dataset ...] | render [DIR ...] | "
+                         "seeds [dataset ...]")
     if phase == "ref":
         phase_ref()
     elif phase == "q":
@@ -287,5 +315,7 @@ if __name__ == "__main__":
         reuse = "--reuse-nuts" in args
         args = [a for a in args if a != "--reuse-nuts"]
         phase_q(args or list(DATASETS), reuse_nuts=reuse)
+    elif phase == "seeds":
+        phase_seeds(sys.argv[2:] or list(DATASETS), [1, 2, 3])
     else:
         render(sys.argv[2:])

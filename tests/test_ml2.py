@@ -51,6 +51,14 @@ def test_ml2_restarts_are_seeded_and_reported():
     assert a.value == max(a.info["restarts"].column("value"))
     starts = gpvi.ML2(num_restarts=3, seed=5).starting_points(model)
     assert torch.equal(starts[0], model.initial_theta())
+    # a sequence of spreads is cycled over the restarts: restart r >= 1 is first + z_r * scale[(r - 1) % 2]
+    cyc = gpvi.ML2(num_restarts=5, seed=5, init_scale=(1.0, 3.0)).starting_points(model)
+    z = gpvi.ML2(num_restarts=5, seed=5).starting_points(model) - model.initial_theta()
+    assert torch.allclose(cyc - model.initial_theta(), z * torch.tensor([0.0, 1.0, 3.0, 1.0, 3.0])[:, None],
+                          atol=1e-12)
+    for bad in ([], (1.0, -2.0), 0.0):
+        with pytest.raises(ValueError, match="init_scale"):
+            gpvi.ML2(init_scale=bad)
 
 
 def test_map_differs_from_ml2_and_includes_prior():

@@ -161,19 +161,20 @@ class init_to_map:  # noqa: N801
         Most distinct optima returned (>= 1; 1: the best only, no alternatives).
     theta_tol : float
         Largest componentwise difference (> 0) of two end points of the same optimum.
-    init_scale : float
-        Standard deviation of the restarts' perturbations of the first start (``gpvi.ML2(init_scale=...)``,
-        default 1).
+    init_scale : float or sequence of float
+        Standard deviation of the restarts' perturbations of the first start (``gpvi.ML2(init_scale=...)``: a
+        sequence is cycled over the restarts; default 1).
     """
 
     def __init__(self, num_restarts: int = 1, *, seed: int = 0, prior: bool = True, max_starts: int = 1,
-                 theta_tol: float = 0.1, init_scale: float = 1.0) -> None:
+                 theta_tol: float = 0.1, init_scale: float | tuple[float, ...] = 1.0) -> None:
         self.num_restarts = check_positive_int(num_restarts, "num_restarts")
         self.seed = seed
         self.prior = bool(prior)
         self.max_starts = check_positive_int(max_starts, "max_starts")
         self.theta_tol = check_positive(theta_tol, "theta_tol")
-        self.init_scale = check_positive(init_scale, "init_scale")
+        from .ml2 import _check_scales
+        self.init_scale = _check_scales(init_scale)
 
     def __call__(self, target: Any) -> Start:
         from .ml2 import ML2
@@ -201,7 +202,7 @@ class init_to_map:  # noqa: N801
 
     def __repr__(self) -> str:
         extra = f", max_starts={self.max_starts}" if self.max_starts > 1 else ""
-        extra += f", init_scale={self.init_scale:g}" if self.init_scale != 1.0 else ""
+        extra += f", init_scale={self.init_scale!r}" if self.init_scale != 1.0 else ""
         return f"init_to_map(num_restarts={self.num_restarts}, seed={self.seed}, prior={self.prior}{extra})"
 
 

@@ -38,6 +38,15 @@ from ..validation import as_float_tensor, check_bool, check_positive, check_posi
 __all__ = ["ML2"]
 
 
+def _check_scales(init_scale: Any) -> float | tuple[float, ...]:
+    """A positive float, or a non-empty tuple of positive floats (``init_scale`` of :class:`ML2`)."""
+    if isinstance(init_scale, (list, tuple)):
+        if not init_scale:
+            raise ValueError("init_scale must be a positive number or a non-empty sequence of them; got []")
+        return tuple(check_positive(x, "init_scale") for x in init_scale)
+    return check_positive(init_scale, "init_scale")
+
+
 class ML2:
     """Type-II maximum likelihood (or MAP) with L-BFGS-B from several seeded starting points.
 
@@ -54,8 +63,9 @@ class ML2:
         SciPy's L-BFGS-B tolerances (projected gradient and relative decrease).
     bounds : tuple of float or None
         Box on every component of theta (log scale); default (-25, 25), i.e. values in about [1e-11, 7e10].
-    init_scale : float
-        Standard deviation of the restart perturbations.
+    init_scale : float or sequence of float
+        Standard deviation of the restart perturbations; a sequence is cycled over the restarts (restart r >= 1
+        uses ``init_scale[(r - 1) % len(init_scale)]``), mixing near and far restarts.
     seed : int, optional
         Seed of the restart perturbations (or pass ``generator`` to :meth:`run`); a non-negative int, checked here
         by :func:`gpvi.rng.check_seed`.
@@ -94,7 +104,7 @@ class ML2:
                 raise ValueError(f"bounds must be (low, high) with low < high; got {bounds}")
             bounds = (lo, hi)
         self.bounds = bounds
-        self.init_scale = check_positive(init_scale, "init_scale")
+        self.init_scale = _check_scales(init_scale)
         self.seed = check_seed(seed)
         self.progress_bar = check_bool(progress_bar, "progress_bar")
 
@@ -123,8 +133,12 @@ class ML2:
         else:
             first = torch.zeros(D, dtype=torch.float64, device="cpu")
         gen = resolve_generator(check_seed(seed) if seed is not None else self.seed, generator)
-        noise = torch.randn((self.num_restarts - 1, D), generator=gen, dtype=torch.float64,
-                            device=gen.device) * self.init_scale
+        noise = torch.randn((self.num_restarts - 1, D), generator=gen, dtype=torch.float64, device=gen.device)
+        if isinstance(self.init_scale, tuple):
+            sc = [self.init_scale[r % len(self.init_scale)] for r in range(self.num_restarts - 1)]
+            noise = noise * torch.tensor(sc, dtype=torch.float64, device=noise.device).unsqueeze(-1)
+        else:
+            noise = noise * self.init_scale
         return torch.cat([first.unsqueeze(0).cpu(), first.cpu() + noise])
 
     def run(self, target: Any, init: Any = None, *, generator: torch.Generator | None = None,

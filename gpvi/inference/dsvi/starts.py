@@ -32,15 +32,15 @@ from ..init import Start
 
 __all__ = ["run_starts", "MAP_RESTARTS", "MAP_INIT_SCALE", "MAX_STARTS"]
 
-MAP_RESTARTS = 20
+MAP_RESTARTS = 30
 """L-BFGS restarts of the MAP behind DSVI's default start for exact GP targets."""
-MAP_INIT_SCALE = 2.0
-"""Spread (sd, log scale) of those restarts around the data-scaled first start. Bodyfat has a second basin (Chest
-relevant, Wrist irrelevant: 27% of the NUTS reference's mass, MAP log joint 1.9 nats below the best). Restarts that
-found it, by seed: 5 at :class:`gpvi.ML2`'s default spread 1.0, none of 4 seeds; 5 at 2.0, 3 of 4; 10 at 2.0, 4 of
-6 (Boston's three optima: 6 of 6); 20 at 2.0, 6 of 8; 10 at 3.0, 6 of 8, but at 3.0 (5 restarts) Boston's best
-optimum was missed by 3 of 4 seeds. Cost of 20 restarts: about 3 s (Bodyfat) to 19 s (Boston), against 40-220 s
-of DSVI."""
+MAP_INIT_SCALE = (1.0, 2.0, 3.0)
+"""Spreads (sd, log scale) of those restarts around the data-scaled first start, cycled over the restarts.
+Bodyfat has a second basin (Chest relevant, Wrist irrelevant: 27% of the NUTS reference's mass, MAP log joint 1.9
+nats below the best). Seeds (of 8, or 4) whose restarts found it: 5 restarts at :class:`gpvi.ML2`'s default spread
+1.0, 0 of 4; 20 at 2.0, 6 of 8; 10 at 3.0, 6 of 8 (but 5 at 3.0 missed Boston's best optimum in 3 of 4 seeds);
+20 cycling (1, 2, 3), 7 of 8; 30 cycling (1, 2, 3), 8 of 8, with Boston's three optima in 4 of 4 seeds. Cost of
+the 30: about 5-8 s on Bodyfat, 13 s on pendulum, 27 s on Boston (2 cores, under load), against 40-220 s of DSVI."""
 MAX_STARTS = 3
 """Most distinct MAP optima DSVI's default runs from (the best three by log joint)."""
 FINISH_MARGIN = 0.1
