@@ -347,8 +347,8 @@ between CVI sweeps (type II). It follows scikit-learn's estimator conventions.
 3. Against MCMC: type-II CVI, fully Bayesian CVI (hyperparameters integrated out) and NUTS over the
    hyperparameters and the whitened latent values, on a subsample of Ripley's data.
 
-*Run time*: about 10 minutes with the default settings (section 3's NUTS is most of it); `GPVI_QUICK=1` (CI)
-cuts budgets and skips Ionosphere.
+*Run time*: about 6 minutes with the default settings on 2 cores (section 3's NUTS is 5 of them); `GPVI_QUICK=1`
+(CI) cuts budgets and skips Ionosphere.
 """),
     ("code", r"""
 import os
