@@ -29,6 +29,7 @@ Usage::
     # --reuse-nuts: keep the NUTS-from-q row of the last run where gpvi.infer does not itself run NUTS (say so)
     .venv/bin/python benchmarks/nuts_fidelity.py render [DIR ...]   # merge q results written to other folders
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/nuts_fidelity.py seeds [bodyfat ...]  # gpvi.infer, seeds 1-3
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/nuts_fidelity.py mixture [bodyfat boston]  # NUTS from the mixture
 """
 
 from __future__ import annotations
@@ -274,6 +275,40 @@ def phase_seeds(names: list[str], seeds: list[int]) -> None:
     print(write("nuts_fidelity_seeds", md, rows))
 
 
+def phase_mixture(names: list[str]) -> None:
+    """NUTS warm-started from the mixture of DSVI's starts (its mean and covariance) vs from q and default NUTS."""
+    from gpvi.inference.infer import _mixture
+    refj = json.loads((RESULTS / "nuts_fidelity_ref.json").read_text())["datasets"]
+    prev = json.loads((RESULTS / "nuts_fidelity.json").read_text())["data"]
+    rows: dict[str, Any] = {}
+    lines = ["", "NUTS (4 chains, 200 warm-up, 500 draws, extended by doubling to bulk ESS >= 400 and R-hat <= 1.01) "
+             "started from the Gaussian with the mean and covariance of the mixture of DSVI's starts (its covariance "
+             "the dense inverse mass matrix, step size adapted), against default NUTS (the `ref` phase) and NUTS "
+             "from q (`nuts_fidelity.md`). Evaluations pro-rated to 400 bulk ESS as there.", "",
+             "| dataset | basins | default: evals to 400 | from q | from mixture | mixture / default | from mixture: "
+             "min ESS, max R-hat, divergences, wall to 400 (s) |", "|---|---|---|---|---|---|---|"]
+    for name in names:
+        model = model_of(name)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            q = gpvi.DSVI(scale="full", seed=0, progress_bar=False).run(model)
+        mix = _mixture(q, model)
+        if mix is None:
+            print(name, "one basin: nothing to compare", flush=True)
+            continue
+        nuts = gpvi.NUTS(num_chains=4, num_warmup=200, num_draws=500, seed=0, progress_bar=False)
+        _, rec = run_to_ess(nuts, model, init=mix)
+        rec["mixture_weights"] = [float(x) for x in mix.weights]
+        rows[name] = rec
+        a, b = refj[name]["evals_to_400"], prev.get(name, {}).get("nuts_from_q", {}).get("evals_to_400", math.nan)
+        lines.append(f"| {name} | {len(mix.components)} | {a:.0f} | {b:.0f} | {rec['evals_to_400']:.0f} | "
+                     f"{rec['evals_to_400'] / a:.2f} | {rec['min_ess_bulk']:.0f}, {rec['max_r_hat']:.3f}, "
+                     f"{rec['divergences']}, {rec['wall_to_400']:.0f} |")
+        print(lines[-1], flush=True)
+        md = header("NUTS warm-started from the mixture of DSVI's starts") + "\n".join(lines) + "\n"
+        write("nuts_fidelity_mixture", md, rows)
+
+
 def basins(r: dict[str, Any]) -> str:
     mass = r.get("basin_mass") or []
     if not mass:
@@ -305,9 +340,9 @@ def render(dirs: list[str]) -> None:
 
 if __name__ == "__main__":
     phase = sys.argv[1] if len(sys.argv) > 1 else "q"
-    if phase not in ("ref", "q", "render", "seeds"):
+    if phase not in ("ref", "q", "render", "seeds", "mixture"):
         raise SystemExit("usage: nuts_fidelity.py ref | q [--reuse-nuts] [dataset ...] | render [DIR ...] | "
-                         "seeds [dataset ...]")
+                         "seeds [dataset ...] | mixture [dataset ...]")
     if phase == "ref":
         phase_ref()
     elif phase == "q":
@@ -315,6 +350,8 @@ if __name__ == "__main__":
         reuse = "--reuse-nuts" in args
         args = [a for a in args if a != "--reuse-nuts"]
         phase_q(args or list(DATASETS), reuse_nuts=reuse)
+    elif phase == "mixture":
+        phase_mixture(sys.argv[2:] or ["bodyfat", "boston"])
     elif phase == "seeds":
         phase_seeds(sys.argv[2:] or list(DATASETS), [1, 2, 3])
     else:

@@ -142,3 +142,14 @@ def test_pareto_smooth_with_a_tail_of_tied_ratios_keeps_the_raw_weights():
     lw, khat = pareto_smooth(lr)
     assert np.isfinite(lw).all() and np.exp(lw).sum() == pytest.approx(1.0)
     assert np.allclose(np.exp(lw), np.exp(lr) / np.exp(lr).sum())
+
+
+def test_a_mixture_warm_starts_nuts_with_its_moments():
+    target = TwoBasins()
+    comps = [_gauss(CENTERS[k], SDS[k].expand(2)) for k in range(2)]
+    mix = GaussianMixture(comps, torch.log(W), target)
+    assert torch.allclose(mix.scale_tril @ mix.scale_tril.T, mix.covariance, atol=1e-12)
+    nuts = gpvi.NUTS(num_chains=2, num_warmup=20, num_draws=20, seed=0, progress_bar=False)
+    state = nuts.init(target, nuts._start(target, mix), torch.Generator().manual_seed(0))
+    assert torch.allclose(state.init_info["inverse_mass_matrix_init"], mix.covariance, atol=1e-12)
+    assert state.init_info["mean"] == "mixture mean" and state.init_info["scale"] == "mixture covariance"

@@ -15,8 +15,8 @@ importance sampling*, JMLR 2024):
    ``BASIN_MASS_TOL`` of it, the mixture replaces q in the next step.
 4. **Answer**: q itself if :math:`\hat k \le 0.5` (the mixture's PSIS-weighted draws when there are several
    basins); the PSIS-weighted draws if :math:`0.5 < \hat k \le 0.7`; otherwise NUTS warm-started from q (chains
-   start at draws of q, q's covariance is the inverse mass matrix, only the step size is adapted), whose draws are
-   the answer.
+   start at draws of q, q's covariance is the inverse mass matrix, only the step size is adapted; with several
+   basins, the Gaussian with the mixture's mean and covariance takes q's place), whose draws are the answer.
 
 The returned posterior carries a :class:`InferenceReport` as ``.report``: :math:`\hat k`, the bound and its
 convergence, which answer was chosen and why, and the wall time of each stage.
@@ -263,7 +263,7 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
         t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")                   # judged below, after any extension
-            post = sampler.run(target, init=q)
+            post = sampler.run(target, init=mix if several else q)
             d, ext = post.diagnostics(), 0
             while not _mixed(d, min_ess) and ext < max_extensions:
                 sampler = copy.copy(sampler)

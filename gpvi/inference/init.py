@@ -105,7 +105,9 @@ class init_to_value:  # noqa: N801 - strategies read as functions, as in NumPyro
 
 
 class init_to_posterior:  # noqa: N801
-    """Start from an earlier posterior: a point's ``theta``, or a Gaussian's mean and scale (a warm start)."""
+    """Start from an earlier posterior: a point's ``theta``, a Gaussian's mean and scale (a warm start), or a
+    :class:`~gpvi.posteriors.mixture.GaussianMixture`'s mean and the Cholesky factor of its covariance (the Gaussian
+    with the mixture's first two moments: it spans all of the mixture's basins)."""
 
     def __init__(self, posterior: Any) -> None:
         self.posterior = posterior
@@ -115,6 +117,9 @@ class init_to_posterior:  # noqa: N801
         post = self.posterior
         if getattr(post, "dim", D) != D:
             raise ValueError(f"init (a {type(post).__name__}) has dimension {post.dim} but the target has D = {D}")
+        if hasattr(post, "components") and hasattr(post, "scale_tril"):   # a GaussianMixture: its moments
+            return Start(_point(post.mean, D, "init"), _scale(post.scale_tril, D, "init.scale_tril"), "posterior",
+                         {"mean": "mixture mean", "scale": "mixture covariance"})
         storage = getattr(post, "storage", None)
         if storage is not None:                 # a Gaussian posterior: keep a diagonal scale as its (D,) vector
             scale = post.scale_diag.detach().to(torch.float64).clone() if storage == "diag" else \

@@ -105,6 +105,13 @@ class GaussianMixture(Posterior):
         return out
 
     @property
+    def scale_tril(self) -> torch.Tensor:
+        """Cholesky factor of :attr:`covariance`, (D, D): the scale of the moment-matched Gaussian, which is how a
+        mixture warm-starts an engine (``gpvi.NUTS(...).run(target, init=mixture)``: chains from that Gaussian's
+        draws, the mixture's covariance as the dense inverse mass matrix)."""
+        return torch.linalg.cholesky(self.covariance)
+
+    @property
     def std(self) -> torch.Tensor:
         m = self.mean
         second = sum(w * (c.std ** 2 + c.mean ** 2) for w, c in zip(self.weights, self.components))
