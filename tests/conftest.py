@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
@@ -29,3 +30,28 @@ def make_gp_data(n: int = 40, d: int = 2, *, seed: int = 0, noise: float = 0.1):
 @pytest.fixture
 def gp_data():
     return make_gp_data()
+
+
+TWO_BASIN_WEIGHTS = torch.tensor([0.3, 0.7], dtype=torch.float64)
+TWO_BASIN_CENTERS = torch.tensor([[-1.5, 0.0], [1.5, 0.0]], dtype=torch.float64)
+TWO_BASIN_SDS = torch.tensor([0.25, 0.6], dtype=torch.float64)
+
+
+class TwoBasins:
+    """p(theta) = 0.3 N((-1.5, 0), 0.25^2 I) + 0.7 N((1.5, 0), 0.6^2 I), normalised (log Z = 0).
+
+    The lighter component has the higher peak (log density -0.27 against -1.17), so it is the MAP; the heavier
+    one carries the better Gaussian bound (log 0.7 = -0.357 against log 0.3 = -1.204). ``initial_theta`` sits
+    where 5 seeded MAP restarts (seed 0) reach both components.
+    """
+
+    names = ["a", "b"]
+
+    def log_joint(self, theta: torch.Tensor) -> torch.Tensor:
+        d = theta.unsqueeze(-2) - TWO_BASIN_CENTERS
+        comp = (-0.5 * (d ** 2).sum(-1) / TWO_BASIN_SDS ** 2 - 2 * torch.log(TWO_BASIN_SDS) - math.log(2 * math.pi)
+                + torch.log(TWO_BASIN_WEIGHTS))
+        return torch.logsumexp(comp, -1)
+
+    def initial_theta(self) -> torch.Tensor:
+        return torch.tensor([-0.8, 0.0], dtype=torch.float64)

@@ -23,28 +23,7 @@ from gpvi.inference.dsvi.convergence import average_gap
 from gpvi.inference.dsvi.engine import DSVI
 from gpvi.inference.init import Start, distinct_optima, init_to_laplace, init_to_map
 
-W = torch.tensor([0.3, 0.7], dtype=torch.float64)
-CENTERS = torch.tensor([[-1.5, 0.0], [1.5, 0.0]], dtype=torch.float64)
-SDS = torch.tensor([0.25, 0.6], dtype=torch.float64)
-
-
-class Mixture:
-    """p(theta) = 0.3 N((-1.5, 0), 0.25^2 I) + 0.7 N((1.5, 0), 0.6^2 I), normalised (log Z = 0).
-
-    The lighter component has the higher peak (log density -0.27 against -1.17), so it is the MAP; the heavier
-    one carries the better Gaussian bound (log 0.7 = -0.357 against log 0.3 = -1.204). ``initial_theta`` sits
-    where 5 seeded MAP restarts (seed 0) reach both components.
-    """
-
-    names = ["a", "b"]
-
-    def log_joint(self, theta: torch.Tensor) -> torch.Tensor:
-        d = theta.unsqueeze(-2) - CENTERS
-        comp = -0.5 * (d ** 2).sum(-1) / SDS ** 2 - 2 * torch.log(SDS) - math.log(2 * math.pi) + torch.log(W)
-        return torch.logsumexp(comp, -1)
-
-    def initial_theta(self) -> torch.Tensor:
-        return torch.tensor([-0.8, 0.0], dtype=torch.float64)
+from conftest import TWO_BASIN_CENTERS as CENTERS, TWO_BASIN_SDS as SDS, TwoBasins as Mixture
 
 
 def exact_bound(target, q, n: int = 20_000, seed: int = 1) -> float:

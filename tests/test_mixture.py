@@ -24,23 +24,7 @@ from gpvi.inference.init import init_to_laplace, init_to_map
 from gpvi.posteriors import GaussianPosterior, posterior_from_state_dict, psis
 from gpvi.posteriors.mixture import GaussianMixture
 
-W = torch.tensor([0.3, 0.7], dtype=torch.float64)
-CENTERS = torch.tensor([[-1.5, 0.0], [1.5, 0.0]], dtype=torch.float64)
-SDS = torch.tensor([0.25, 0.6], dtype=torch.float64)
-
-
-class TwoBasins:
-    """p(theta) = 0.3 N((-1.5, 0), 0.25^2 I) + 0.7 N((1.5, 0), 0.6^2 I) (log Z = 0)."""
-
-    names = ["a", "b"]
-
-    def log_joint(self, theta: torch.Tensor) -> torch.Tensor:
-        d = theta.unsqueeze(-2) - CENTERS
-        comp = -0.5 * (d ** 2).sum(-1) / SDS ** 2 - 2 * torch.log(SDS) - math.log(2 * math.pi) + torch.log(W)
-        return torch.logsumexp(comp, -1)
-
-    def initial_theta(self) -> torch.Tensor:
-        return torch.tensor([-0.8, 0.0], dtype=torch.float64)
+from conftest import TWO_BASIN_CENTERS as CENTERS, TWO_BASIN_SDS as SDS, TWO_BASIN_WEIGHTS as W, TwoBasins
 
 
 class MultiStartDSVI(DSVI):
