@@ -277,7 +277,7 @@ def phase_seeds(names: list[str], seeds: list[int]) -> None:
 
 def phase_mixture(names: list[str]) -> None:
     """NUTS warm-started from the mixture of DSVI's starts (its mean and covariance) vs from q and default NUTS."""
-    from gpvi.inference.infer import _mixture
+    from gpvi.inference.infer import starts_mixture
     refj = json.loads((RESULTS / "nuts_fidelity_ref.json").read_text())["datasets"]
     prev = json.loads((RESULTS / "nuts_fidelity.json").read_text())["data"]
     rows: dict[str, Any] = {}
@@ -292,7 +292,7 @@ def phase_mixture(names: list[str]) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             q = gpvi.DSVI(scale="full", seed=0, progress_bar=False).run(model)
-        mix = _mixture(q, model)
+        mix = starts_mixture(q, model)
         if mix is None:
             print(name, "one basin: nothing to compare", flush=True)
             continue

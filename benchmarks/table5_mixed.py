@@ -50,7 +50,7 @@ def _mixed(d: dict[str, Any]) -> bool:
 
 
 def job(dataset: str, split: int) -> dict[str, Any]:
-    from gpvi.inference.infer import _mixture
+    from gpvi.inference.infer import starts_mixture
     ds = load(dataset, split)
     model = gpvi.GPRegression(ds.X_train, ds.y_train)
     out: dict[str, Any] = {"dataset": dataset, "split": split, "n_train": ds.n_train, "n_test": ds.n_test,
@@ -67,7 +67,7 @@ def job(dataset: str, split: int) -> dict[str, Any]:
         out["methods"]["DSVI"] = {"time_s": ans.report.times["dsvi"], **scores(q, ds)}
         out["methods"]["gpvi.infer"] = {"time_s": t_inf, "answer": ans.report.answer, "khat": ans.report.khat,
                                         "basin_mass": list(ans.report.basin_mass), **scores(ans, ds)}
-        mix = _mixture(q, model)
+        mix = starts_mixture(q, model)
         several = bool(ans.report.basin_mass) and 1.0 - ans.report.basin_mass[0] > 0.01
         init = mix if several else q
         t0 = time.perf_counter()

@@ -34,7 +34,7 @@ from typing import Any
 from ..rng import check_seed
 from ..validation import check_bool, check_nonnegative_int, check_positive, check_positive_int
 
-__all__ = ["infer", "InferenceReport", "BASIN_MASS_TOL"]
+__all__ = ["infer", "InferenceReport", "starts_mixture", "BASIN_MASS_TOL"]
 
 BASIN_MASS_TOL = 0.01
 """Posterior mass (estimated by PSIS of the starts' mixture) the basins other than the best q's may hold before
@@ -137,8 +137,10 @@ def _mixed(d: dict[str, Any], min_ess: float) -> bool:
     return bool((d["ess_bulk"] >= min_ess).all()) and bool((d["r_hat"] <= 1.01).all())
 
 
-def _mixture(q: Any, target: Any) -> Any:
-    """The mixture of the starts' Gaussians that lie in distinct basins (best bound first), or None with one."""
+def starts_mixture(q: Any, target: Any) -> Any:
+    r"""The mixture of the starts' Gaussians (``q.start_posteriors``, set by DSVI's multi-start run) that lie in
+    distinct basins (every mean component more than ``BASIN_SEPARATION`` sds apart), q first, weights
+    :math:`\propto e^{\mathcal L_k}`; None when there is one basin."""
     from ..posteriors.mixture import GaussianMixture
     posts = [p for p in getattr(q, "start_posteriors", None) or [q] if p is not None]
     posts = sorted(posts, key=lambda p: (p is not q, -float(getattr(p, "elbo", -math.inf))))
@@ -243,7 +245,7 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")                       # the report says what k-hat means
         w = psis(q, target, num_psis_draws, seed=seed)
-        mix = _mixture(q, target)
+        mix = starts_mixture(q, target)
         wm = psis(mix, target, num_psis_draws, seed=seed) if mix is not None else None
     mass = [] if wm is None else [float(x) for x in mix.basin_mass(wm)]
     several = bool(mass) and 1.0 - mass[0] > BASIN_MASS_TOL
