@@ -2,9 +2,9 @@
 
 Protocol. Sets from ``sklearn.datasets`` (offline): iris (150 rows, 4 inputs, K = 3), wine (178, 13, K = 3) and
 digits (1,797, 64, K = 10; a stratified subsample of ``--digits-rows`` rows, default 300, because the full set is
-not affordable for either method at K = 10 on this machine: gpvi's K > 3 softmax expectations use 2,000 fixed
-draws per site and step, scikit-learn fits 10 one-vs-rest Laplace GPCs of N^3 cost each). Each set: stratified
-70/30 split (``random_state=0``), inputs standardised with the training rows' mean and sd.
+not affordable for either method at K = 10 on this machine: gpvi's K > 3 softmax expectations use 1,024 fixed
+quasi-Monte Carlo points per site and step (2,000 pseudo-random draws before 2026-11-24), scikit-learn fits 10
+one-vs-rest Laplace GPCs of N^3 cost each). Each set: stratified 70/30 split (``random_state=0``), inputs standardised with the training rows' mean and sd.
 
 * gpvi: ``MulticlassTypeII(MulticlassCVI(progress_bar=False))`` on ``GPMulticlass(X, y)`` -- softmax, K latent GPs
   sharing one ``ScaleKernel(RBFKernel(ard_num_dims=d))`` (digits: one isotropic lengthscale, ``--digits-kernel

@@ -86,8 +86,9 @@ class GPClassifier:
     beta : float
         CVI step size in (0, 1].
     estimator : {"auto", "quadrature", "mc", "fixed"}
-        Site gradients. ``"auto"``: quadrature, except for the softmax with K > 3 (``"fixed"``: a sample average over
-        fixed draws). ``"mc"``: Monte Carlo (binary any link; multi-class softmax only, with a decreasing step).
+        Site gradients. ``"auto"``: quadrature, except for the softmax with K > 3 (``"fixed"``: an average over 1,024
+        fixed quasi-Monte Carlo points). ``"mc"``: Monte Carlo (binary any link; multi-class softmax only, with a
+        decreasing step).
         ``"fixed"``: multi-class softmax only.
     num_quadrature : int, optional
         Quadrature nodes (per dimension for the softmax); default 96 for the binary links, and the multi-class

@@ -175,8 +175,8 @@ class MulticlassPosterior(Posterior):
     def predict_proba(self, X_new: Any) -> torch.Tensor:
         r""":math:`p(y_* = k \mid \mathcal D) = \mathbb E_{q(\mathbf f_*)}[p(y_* = k \mid \mathbf f_*)]`, ``(M, K)``; rows sum to 1.
 
-        Softmax: the quadrature of :mod:`gpvi.models.multiclass` for :math:`K \le 3`, else 4096 fixed (seeded)
-        draws. Robust-max: the 1-D Gauss-Hermite formula.
+        Softmax: the quadrature of :mod:`gpvi.models.multiclass` for :math:`K \le 3`, else 4096 fixed quasi-Monte
+        Carlo points (:func:`gpvi.models.multiclass.fixed_draws`). Robust-max: the 1-D Gauss-Hermite formula.
         """
         mean, var = self.predict_latent(X_new)
         return self.model.likelihood.predict_proba(mean, var, quadrature=self.quadrature)

@@ -15,7 +15,8 @@ Estimators of the site gradients (``estimator``):
   ``"mc"`` decreases the step, :math:`\beta_t = \beta(1 + t/\tau)^{-\kappa}` (``decay_steps`` :math:`\tau`,
   ``decay_power`` :math:`\kappa \in (0.5, 1]`: :math:`\sum\beta_t = \infty`, :math:`\sum\beta_t^2 < \infty`,
   Robbins-Monro), which converges to the fixed point of the exact expectations;
-* ``"fixed"``: a deterministic sample average over ``num_fixed_draws`` fixed draws (softmax, any K).
+* ``"fixed"``: a deterministic quasi-Monte Carlo average over ``num_fixed_draws`` fixed Sobol' points (softmax,
+  any K).
 
 ``"auto"`` (default) is ``"quadrature"`` where it exists, else ``"fixed"``. The bound reported (``elbo``, the
 stop rule, the type-II objective) always uses the deterministic rule (``elbo_method``).
@@ -90,7 +91,8 @@ class MulticlassCVI:
     num_draws : int
         Monte Carlo draws per site and step (``"mc"``; default 10).
     num_fixed_draws : int
-        Fixed draws of the ``"fixed"`` rule (default 2000).
+        Fixed quasi-Monte Carlo points of the ``"fixed"`` rule (default 1024, scrambled Sobol'; see
+        :func:`gpvi.models.multiclass.fixed_draws`: more accurate than the 2000 pseudo-random draws used before).
     beta_schedule : {"auto", "constant", "robbins_monro"} or callable
         ``"auto"``: constant for deterministic estimators, ``"robbins_monro"`` for ``"mc"``;
         ``callable(t) -> beta_t`` with t the completed sweeps.
@@ -125,7 +127,7 @@ class MulticlassCVI:
     name = "MulticlassCVI"
 
     def __init__(self, beta: float = 0.5, estimator: str = "auto", *, quadrature: Quadrature | None = None,
-                 max_quadrature_classes: int = 3, num_draws: int = 10, num_fixed_draws: int = 2000,
+                 max_quadrature_classes: int = 3, num_draws: int = 10, num_fixed_draws: int = 1024,
                  beta_schedule: str | Callable[[int], float] = "auto", decay_steps: float = 10.0,
                  decay_power: float = 0.7, num_steps: int = 1000, tol: float = 1e-9, invalid: str = "shrink",
                  faults: FaultPolicy | None = None, seed: int | None = 0, progress_bar: bool = True,
