@@ -58,7 +58,8 @@ def log_loss(p: np.ndarray, y: np.ndarray) -> float:
 def fit_gpvi(Xtr: np.ndarray, ytr: np.ndarray, iso: bool) -> tuple[Any, float]:
     import gpytorch
 
-    from gpvi.inference.cvi.multiclass import MulticlassCVI, MulticlassTypeII
+    from gpvi.inference.cvi.multiclass import MulticlassCVI
+    from gpvi.inference.cvi.multiclass_typeii import MulticlassTypeII
     from gpvi.models.multiclass import GPMulticlass
 
     kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()) if iso else None

@@ -13,7 +13,7 @@ What ``fit`` runs, by the number of classes K in ``y`` and the ``likelihood``:
   (``hyperparameters="fixed"``) or by the type-II loop :class:`gpvi.inference.cvi.typeii.TypeII` around it;
 * K >= 2 with ``"softmax"``/``"robustmax"`` (``"auto"`` picks softmax for K >= 3): K latent GPs sharing one kernel,
   :class:`gpvi.models.multiclass.GPMulticlass`, fitted by :class:`gpvi.inference.cvi.multiclass.MulticlassCVI` or
-  :class:`~gpvi.inference.cvi.multiclass.MulticlassTypeII`, with the same settings.
+  :class:`~gpvi.inference.cvi.multiclass_typeii.MulticlassTypeII`, with the same settings.
 
 Inputs may be numpy arrays, pandas DataFrames or torch tensors; outputs are numpy arrays (scikit-learn's convention).
 """
@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 
 from .inference.cvi.engine import CVI
-from .inference.cvi.multiclass import MulticlassCVI, MulticlassTypeII
+from .inference.cvi.multiclass import MulticlassCVI
+from .inference.cvi.multiclass_typeii import MulticlassTypeII
 from .inference.cvi.options import MonteCarlo, SingleSite, num_steps_for_sweeps
 from .inference.cvi.typeii import TypeII
 from .models.classification import GPClassification
@@ -68,13 +69,14 @@ class GPClassifier:
     method : {"cvi"}
         Inference method.
     mode : {"full", "stochastic"}
-        Full-batch CVI steps or doubly stochastic single-site steps (binary only; multi-class CVI is full-batch).
+        Full-batch CVI steps or doubly stochastic single-site steps (``batch_size`` data points per step on
+        cached, rank-one-updated factors; multi-class: all K sites of each point, one factor per class).
     learn_hyperparameters : bool, optional
         The older spelling of ``hyperparameters``: True is ``"type2"``, False is ``"fixed"``. Giving both with
         different meanings is a ``ValueError``.
     hyperparameters : {"type2", "fixed", "bayes"}, optional
         ``"type2"`` (the default when neither this nor ``learn_hyperparameters`` is given): MAP-II on the bound
-        (:class:`~gpvi.inference.cvi.typeii.TypeII` / :class:`~gpvi.inference.cvi.multiclass.MulticlassTypeII`,
+        (:class:`~gpvi.inference.cvi.typeii.TypeII` / :class:`~gpvi.inference.cvi.multiclass_typeii.MulticlassTypeII`,
         prior :math:`\mathcal N(0, 10 I)` on the log-hyperparameters); ``"fixed"``: keep them at their start;
         ``"bayes"`` (binary links): integrate over them,
         :class:`~gpvi.inference.cvi.bayes.FullyBayesianCVI` -- a Gaussian :math:`q(\theta)` by DSVI on the
@@ -277,17 +279,16 @@ class GPClassifier:
 
     def _multiclass_engine(self, num_data: int, num_classes: int, seed: int | None) -> MulticlassCVI:
         mode = check_choice(self.mode, "mode", ["full", "stochastic"])
-        if mode != "full":
-            raise ValueError("mode='stochastic' (single-site steps) is for binary links; multi-class CVI takes "
-                             "full-batch steps (mode='full')")
+        batch_size = check_positive_int(self.batch_size, "batch_size")
         estimator = check_choice(self.estimator, "estimator", ["auto", "quadrature", "mc", "fixed"])
         quad = None
         if self.num_quadrature is not None:
             base = default_quadrature(num_classes)
             quad = Quadrature(self.num_quadrature, base.rule, scale=base.scale, width=base.width)
         return MulticlassCVI(beta=self.beta, estimator=estimator, quadrature=quad, num_draws=self.num_draws,
-                             num_steps=self._num_steps(num_data, "full", 1), tol=self.tol, seed=seed,
-                             progress_bar=check_bool(self.progress_bar, "progress_bar"))
+                             num_steps=self._num_steps(num_data, mode, batch_size), tol=self.tol, seed=seed,
+                             progress_bar=check_bool(self.progress_bar, "progress_bar"), mode=mode,
+                             single_site=SingleSite(batch_size=batch_size))
 
     # ------------------------------------------------------------------ fitting
     def fit(self, X: Any, y: Any) -> GPClassifier:

@@ -481,8 +481,6 @@ def test_multiclass_settings_that_do_not_apply_are_refused_clearly():
     rng = np.random.default_rng(2)
     X = rng.uniform(-2, 2, (12, 2))
     y = np.arange(12) % 3
-    with pytest.raises(ValueError, match="mode='stochastic' .* is for binary links"):
-        fast(mode="stochastic").fit(X, y)
     with pytest.raises(ValueError, match="likelihood='probit' is a binary link but y holds 3 classes"):
         fast(likelihood="probit").fit(X, y)
     with pytest.raises(ValueError, match="estimator='mc' is for the softmax likelihood"):

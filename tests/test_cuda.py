@@ -106,6 +106,22 @@ def test_cvi_single_site_reaches_the_same_fixed_point():
     assert float(b.elbo) == pytest.approx(float(a.elbo), rel=1e-5)
 
 
+def _mcl(dev):
+    from gpvi.models.multiclass import GPMulticlass
+    X, _, _ = _data(90)
+    y = (X[:, 0] > 1.2).long() + (X[:, 1] > 1.8).long() + (X[:, 0] > 2.2).long()        # K = 4: the Sobol' rule
+    return GPMulticlass(X, y, device=dev)
+
+
+@pytest.mark.parametrize("mode", ["full", "stochastic"])
+def test_multiclass_cvi_matches_cpu(mode):
+    from gpvi.inference.cvi.multiclass import MulticlassCVI
+    a, b = _both(lambda dev: MulticlassCVI(mode=mode, num_steps=1 + 150 * 90, tol=1e-11, seed=0,
+                                           progress_bar=False).run(_mcl(dev)))
+    assert float(b.elbo) == pytest.approx(float(a.elbo), rel=1e-7)
+    torch.testing.assert_close(_on(b.m), a.m, rtol=1e-4, atol=1e-5)
+
+
 def test_nuts():
     a, b = _both(lambda dev: gpvi.NUTS(num_chains=4, num_warmup=200, num_draws=400, seed=0,
                                        progress_bar=False).run(reg(dev)))

@@ -10,6 +10,8 @@ import pytest
 import torch
 
 import gpvi
+from gpvi.inference.cvi.multiclass import MulticlassCVI
+from gpvi.models.multiclass import GPMulticlass
 
 G = torch.Generator().manual_seed(0)
 X = torch.rand(30, 2, generator=G, dtype=torch.float64)
@@ -20,6 +22,12 @@ Z4 = torch.zeros(4, dtype=torch.float64)
 
 REG = gpvi.GPRegression(X, Y)                   # models are built on the CPU (GPyTorch's kernels included); only
 CLF = gpvi.GPClassification(X, YC)              # the engines and posteriors run under the meta default device
+MCL = GPMulticlass(X, (X[:, 0] > 0.3).long() + (X[:, 1] > 0.6).long() + (X[:, 0] > 0.8).long())   # K = 4
+
+
+def _multiclass(**kw):
+    post = MulticlassCVI(seed=0, progress_bar=False, **kw).run(MCL)
+    return [post.m, post.var, post.predict_proba(X[:4])]
 
 
 def _dsvi_psis_predict():
@@ -38,6 +46,8 @@ CASES = {
                                                                                                      init=Z4).mean],
     "cvi-full": lambda: [gpvi.CVI(num_steps=5, seed=0, progress_bar=False).run(CLF).mean],
     "cvi-single-site": lambda: [gpvi.CVI(mode="stochastic", num_steps=60, seed=0, progress_bar=False).run(CLF).mean],
+    "multiclass-full-sobol": lambda: _multiclass(num_steps=5),
+    "multiclass-single-site": lambda: _multiclass(mode="stochastic", num_steps=70),
     "nuts": lambda: [gpvi.NUTS(num_chains=1, num_warmup=5, num_draws=5, seed=0, progress_bar=False).run(
         REG, init=Z4).draws],
 }

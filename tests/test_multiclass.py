@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from gpvi.exceptions import InterruptedRunWarning
-from gpvi.inference.cvi.multiclass import MulticlassCVI, MulticlassTypeII
+from gpvi.inference.cvi.multiclass import MulticlassCVI
+from gpvi.inference.cvi.multiclass_typeii import MulticlassTypeII
 from gpvi.models.likelihoods import BernoulliLogit, expected_log_lik
 from gpvi.models.multiclass import GPMulticlass, RobustMax, Softmax
 from gpvi.posteriors.base import Posterior
@@ -231,7 +232,7 @@ def test_centering_changes_the_speed_not_the_fixed_point(likelihood):
 
 
 def test_inner_quadrature_is_accurate_against_the_fine_rule():
-    from gpvi.inference.cvi.multiclass import inner_quadrature
+    from gpvi.inference.cvi.multiclass_typeii import inner_quadrature
     from gpvi.models.likelihoods import Quadrature
 
     g = torch.Generator().manual_seed(12)

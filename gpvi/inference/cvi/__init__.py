@@ -7,8 +7,10 @@
 * :mod:`~gpvi.inference.cvi.sites` -- site algebra and the site ELBO;
 * :mod:`~gpvi.inference.cvi.steps` -- the full-batch and the single-site step;
 * :mod:`~gpvi.inference.cvi.typeii` -- :class:`TypeII`, the outer loop that learns the kernel hyperparameters;
-* :mod:`~gpvi.inference.cvi.multiclass`, :mod:`~gpvi.inference.cvi.multiclass_sites` -- :class:`MulticlassCVI`
-  (K latent GPs, softmax or robust-max, class-factorised sites) and its MAP-II loop :class:`MulticlassTypeII`;
+* :mod:`~gpvi.inference.cvi.multiclass`, :mod:`~gpvi.inference.cvi.multiclass_sites`,
+  :mod:`~gpvi.inference.cvi.multiclass_single` -- :class:`MulticlassCVI` (K latent GPs, softmax or robust-max,
+  class-factorised sites; full-batch and single-site steps);
+* :mod:`~gpvi.inference.cvi.multiclass_typeii` -- its MAP-II loop :class:`MulticlassTypeII`;
 * :mod:`~gpvi.inference.cvi.bayes` -- :class:`FullyBayesianCVI`: a Gaussian q(theta) by DSVI on the CVI bound.
 
 The posterior is :class:`gpvi.posteriors.latent.LatentPosterior`.
@@ -21,7 +23,8 @@ from .sites import site_elbo
 from .state import CVIState
 from .typeii import TypeII, theta_objective
 from ...posteriors.multiclass import MulticlassPosterior
-from .multiclass import MulticlassCVI, MulticlassTypeII
+from .multiclass import MulticlassCVI
+from .multiclass_typeii import MulticlassTypeII
 from .multiclass_sites import MulticlassCVIState
 from .bayes import FullyBayesianCVI
 

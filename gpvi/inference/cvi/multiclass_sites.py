@@ -65,6 +65,12 @@ class MulticlassCVIState:
     theta : torch.Tensor of shape (D,)
     generator : torch.Generator
         Monte Carlo draws.
+    factor : torch.Tensor of shape (K, N, N) or None
+        Single-site mode: the cached lower Cholesky factors of :math:`K + S_k`, one per class, each viewed from
+        contiguous upper storage (rank-one updated in place). ``None``: computed from scratch at the next step.
+    since_refactor, order, order_pos
+        Single-site steps since the last refactorisation; the sweep's permutation of the data points and the next
+        position in it.
     t, sites_updated, initialised, elbo, beta_scale, converged, consecutive_failures, wall_time, step_time_s,
     counters, trace
         As in :class:`~gpvi.inference.cvi.state.CVIState` (``sites_updated`` counts data points, so
@@ -78,6 +84,10 @@ class MulticlassCVIState:
     t: int = 0
     sites_updated: int = 0
     initialised: bool = False
+    factor: torch.Tensor | None = None
+    since_refactor: int = 0
+    order: torch.Tensor | None = None
+    order_pos: int = 0
     elbo: float = math.nan
     beta_scale: float = 1.0
     converged: bool = False
@@ -101,10 +111,13 @@ class MulticlassCVIState:
 
     def state_dict(self) -> dict[str, Any]:
         """Plain tensors, numbers, lists and dicts (``torch.save``-able); resumes bit for bit."""
-        return {"version": STATE_VERSION, "lam1": self.lam1.detach().clone(), "lam2": self.lam2.detach().clone(),
-                "theta": self.theta.detach().clone(), "generator_state": self.generator.get_state(),
+        def c(t):
+            return None if t is None else t.detach().clone()
+        return {"version": STATE_VERSION, "lam1": c(self.lam1), "lam2": c(self.lam2), "theta": c(self.theta),
+                "generator_state": self.generator.get_state(),
                 "generator_device": str(self.generator.device), "t": self.t, "sites_updated": self.sites_updated,
-                "initialised": self.initialised, "elbo": self.elbo, "beta_scale": self.beta_scale,
+                "initialised": self.initialised, "factor": c(self.factor), "since_refactor": self.since_refactor,
+                "order": c(self.order), "order_pos": self.order_pos, "elbo": self.elbo, "beta_scale": self.beta_scale,
                 "converged": self.converged, "consecutive_failures": self.consecutive_failures,
                 "wall_time": self.wall_time, "step_time_s": self.step_time_s, "counters": dict(self.counters),
                 "trace": {k: list(v) for k, v in self.trace.items()}}
@@ -130,8 +143,14 @@ class MulticlassCVIState:
         theta = as_float_tensor(state["theta"], "state['theta']", ndim=1, allow_empty=True)
         trace = {k: [] for k in TRACE_KEYS}
         trace.update({k: list(v) for k, v in dict(state.get("trace", {})).items()})
+        factor, order = state.get("factor"), state.get("order")
+        if factor is not None:                   # keep the layout the in-place updates need (upper storage)
+            factor = torch.as_tensor(factor).to(torch.float64).mT.contiguous().mT
         return cls(lam1.clone(), lam2.clone(), theta.clone(), generator_from_state(state), t=int(state.get("t", 0)),
                    sites_updated=int(state.get("sites_updated", 0)), initialised=bool(state.get("initialised", False)),
+                   factor=factor, since_refactor=int(state.get("since_refactor", 0)),
+                   order=None if order is None else torch.as_tensor(order).to(torch.long).clone(),
+                   order_pos=int(state.get("order_pos", 0)),
                    elbo=float(state.get("elbo", math.nan)), beta_scale=float(state.get("beta_scale", 1.0)),
                    converged=bool(state.get("converged", False)),
                    consecutive_failures=int(state.get("consecutive_failures", 0)),
