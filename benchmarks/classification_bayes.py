@@ -4,8 +4,12 @@ For each binary set (pima, ionosphere, sonar, ripley; logit link, ScaleKernel(RB
 log-hyperparameters):
 
 * **type-II**: ``gpvi.sklearn.GPClassifier()`` with its defaults (MAP-II on the CVI bound, the same prior);
-* **fully Bayesian**: :class:`gpvi.posteriors.bayes_classification.FullyBayesianCVI` with its defaults (MAP-II,
-  Laplace scale, DSVI with the Natural rule on :class:`gpvi.models.cvi_bound.CVIBoundTarget`, 32 predictive draws);
+* **fully Bayesian**: :class:`gpvi.inference.cvi.bayes.FullyBayesianCVI` with its defaults (MAP-II, Laplace
+  scale, Salimans-Knowles Hessian-free with max(200, 4 D) steps of 4 draws on
+  :class:`gpvi.models.cvi_bound.CVIBoundTarget`, 32 predictive draws);
+* **fully Bayesian, DSVI** (``--dsvi-baseline``, on by default): the same with the engine used before 2026-11-24,
+  ``DSVI(scale="full", optimizer=Natural(), num_draws=4, convergence=Convergence(gap_tol=0.05),
+  num_elbo_draws=100)``, to compare the two engines in the same run;
 * **NUTS** on :class:`gpvi.models.whitened.WhitenedLatentGP` (theta and the whitened latent values v, D + N
   dimensions), ``--chains`` chains of ``--warmup`` + ``--draws`` iterations, R-hat and bulk ESS reported over all
   D + N coordinates and over theta; predictive probabilities from ``--pred-draws`` evenly spaced draws.
@@ -72,21 +76,30 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
     p2 = torch.as_tensor(clf.predict_proba(Xt)[:, 1], dtype=torch.float64)
     out["typeii"] = {"time_s": t2, **scores(p2, yt), "theta": clf.theta_.tolist()}
     print(name, "type-II", round(t2, 1), out["typeii"]["log_loss"], flush=True)
-    # fully Bayesian
+    # fully Bayesian: the default engine, and DSVI (the default before 2026-11-24) for comparison
     model = gpvi.GPClassification(X, y)
     names = list(model.names)
-    t0 = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        post = FullyBayesianCVI(seed=args.seed).run(model)
-    tfb = time.perf_counter() - t0
-    pfb = post.predict_proba(Xt)
-    out["bayes"] = {"time_s": tfb, **scores(pfb, yt), "mean": post.mean.tolist(), "std": post.std.tolist(),
-                    "elbo": post.elbo, "elbo_se": post.elbo_se,
-                    **{k: post.info[k] for k in ("map_time_s", "laplace_time_s", "dsvi_time_s", "dsvi_steps",
-                                                 "dsvi_converged", "evaluations", "inner_steps", "failures",
+    engines = [("bayes", None)]
+    if args.dsvi_baseline:
+        from gpvi.inference.dsvi import DSVI, Convergence, Natural
+        engines.append(("bayes_dsvi", DSVI(scale="full", optimizer=Natural(), num_draws=4,
+                                           convergence=Convergence(gap_tol=0.05), num_elbo_draws=100,
+                                           seed=args.seed, progress_bar=False)))
+    fb_probs = {}
+    for key, engine in engines:
+        t0 = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            post = FullyBayesianCVI(engine, seed=args.seed).run(model)
+        tfb = time.perf_counter() - t0
+        fb_probs[key] = (post, post.predict_proba(Xt))
+        out[key] = {"time_s": tfb, **scores(fb_probs[key][1], yt), "mean": post.mean.tolist(),
+                    "std": post.std.tolist(), "elbo": post.elbo, "elbo_se": post.elbo_se,
+                    **{k: post.info[k] for k in ("engine", "map_time_s", "laplace_time_s", "q_time_s", "q_steps",
+                                                 "q_converged", "evaluations", "inner_steps", "failures",
                                                  "predictive_time_s")}}
-    print(name, "bayes", round(tfb, 1), out["bayes"]["log_loss"], post.info["dsvi_steps"], flush=True)
+        print(name, key, post.info["engine"], round(tfb, 1), out[key]["log_loss"], post.info["evaluations"],
+              flush=True)
     # NUTS
     if args.chains > 0:
         target = WhitenedLatentGP(model)
@@ -107,8 +120,9 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
                        "rhat_max_all": float(rhat.max()), "rhat_max_theta": float(rhat[:D].max()),
                        "ess_bulk_min_all": float(ess.min()), "ess_bulk_min_theta": float(ess[:D].min()),
                        "divergences": mc.info.get("divergences")}
-        out["bayes"]["theta_diff_sd"] = ((post.mean - nm) / ns).tolist()
-        out["bayes"]["prob_mad_vs_nuts"] = float((pfb - pn).abs().mean())
+        for key, (post, pfb) in fb_probs.items():
+            out[key]["theta_diff_sd"] = ((post.mean - nm) / ns).tolist()
+            out[key]["prob_mad_vs_nuts"] = float((pfb - pn).abs().mean())
         out["typeii"]["theta_diff_sd"] = ((clf.theta_ - nm) / ns).tolist()
         out["typeii"]["prob_mad_vs_nuts"] = float((p2 - pn).abs().mean())
         print(name, "nuts", round(tn, 1), out["nuts"]["log_loss"], "rhat", out["nuts"]["rhat_max_all"],
@@ -118,16 +132,17 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
 
 
 def report(results: list[dict], args: argparse.Namespace) -> str:
-    md = header("Fully Bayesian GP classification (DSVI on the CVI bound) vs type-II vs NUTS over (theta, v)")
+    md = header("Fully Bayesian GP classification (q(theta) on the CVI bound) vs type-II vs NUTS over (theta, v)")
     md += (f"\nSettings: training subsample `--n-train {args.n_train}` (stratified, seed {args.seed}; full test sets), "
            f"NUTS {args.chains} chains x ({args.warmup} warmup + {args.draws} draws), predictive from "
-           f"{args.pred_draws} evenly spaced NUTS draws; fully Bayesian = `FullyBayesianCVI()` defaults; type-II = "
-           f"`GPClassifier()` defaults. Log loss in nats per test point.\n")
+           f"{args.pred_draws} evenly spaced NUTS draws; fully Bayesian = `FullyBayesianCVI()` defaults (S&K Hessian-free); "
+           f"fully Bayesian, DSVI = the DSVI engine of the module docstring; type-II = `GPClassifier()` defaults. Log loss in nats per test point.\n")
     md += "\n## Test metrics and wall time\n\n"
     md += "| set | N | method | log loss | accuracy | time (s) | mean abs diff of p vs NUTS | max abs theta diff (NUTS sd) |\n"
     md += "|---|---|---|---|---|---|---|---|\n"
     for r in results:
-        for key, label in (("typeii", "type-II"), ("bayes", "fully Bayesian"), ("nuts", "NUTS")):
+        for key, label in (("typeii", "type-II"), ("bayes", "fully Bayesian (S&K)"),
+                           ("bayes_dsvi", "fully Bayesian (DSVI)"), ("nuts", "NUTS")):
             if key not in r:
                 continue
             m = r[key]
@@ -150,12 +165,16 @@ def report(results: list[dict], args: argparse.Namespace) -> str:
         for j, nm in enumerate(r["names"]):
             md += (f"| {r['dataset']} | {nm} | {b['mean'][j]:.3f} | {b['std'][j]:.3f} | {n['mean'][j]:.3f} | "
                    f"{n['std'][j]:.3f} | {b['theta_diff_sd'][j]:+.2f} | {r['typeii']['theta'][j]:.3f} |\n")
-    md += "\n## Fully Bayesian run details\n\n| set | MAP-II (s) | Laplace (s) | DSVI (s) | DSVI steps | converged | bound | bound se | inner steps / evaluation |\n|---|---|---|---|---|---|---|---|---|\n"
+    md += ("\n## Fully Bayesian run details\n\n| set | engine | MAP-II (s) | Laplace (s) | q (s) | steps | converged "
+           "| bound | bound se | target evaluations | inner steps / evaluation |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
     for r in results:
-        b = r["bayes"]
-        md += (f"| {r['dataset']} | {b['map_time_s']:.1f} | {b['laplace_time_s']:.1f} | {b['dsvi_time_s']:.1f} | "
-               f"{b['dsvi_steps']} | {b['dsvi_converged']} | {b['elbo']:.3f} | {b['elbo_se']:.3f} | "
-               f"{b['inner_steps'] / max(b['evaluations'], 1):.1f} |\n")
+        for key in ("bayes", "bayes_dsvi"):
+            if key not in r:
+                continue
+            b = r[key]
+            md += (f"| {r['dataset']} | {b['engine']} | {b['map_time_s']:.1f} | {b['laplace_time_s']:.1f} | "
+                   f"{b['q_time_s']:.1f} | {b['q_steps']} | {b['q_converged']} | {b['elbo']:.3f} | "
+                   f"{b['elbo_se']:.3f} | {b['evaluations']} | {b['inner_steps'] / max(b['evaluations'], 1):.1f} |\n")
     return md
 
 
@@ -169,6 +188,7 @@ def main() -> None:
     ap.add_argument("--pred-draws", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--name", default="classification_bayes")
+    ap.add_argument("--dsvi-baseline", action=argparse.BooleanOptionalAction, default=True)
     args = ap.parse_args()
     torch.set_default_dtype(torch.float64)
     results = [run_one(name, args) for name in args.datasets]

@@ -533,7 +533,8 @@ steps against $N$ is in [`benchmarks/results/cvi_step_cost.md`](../benchmarks/re
 Type II fixes the kernel hyperparameters $\theta$ at one value. Two answers integrate over them:
 
 * **fully Bayesian CVI** (`gpvi.inference.cvi.FullyBayesianCVI`, also `GPClassifier(hyperparameters="bayes")`):
-  a Gaussian $q(\theta)$ fitted by DSVI to the profiled CVI bound, $\max_{q(\theta)}\,\mathbb E_q[\mathcal L_{CVI}
+  a Gaussian $q(\theta)$ fitted (by Salimans & Knowles' Hessian-free regression, the default, or DSVI) to the
+  profiled CVI bound, $\max_{q(\theta)}\,\mathbb E_q[\mathcal L_{CVI}
   (\theta) + \log p(\theta)] + \mathcal H[q]$, and predictions averaged over draws of $q(\theta)$, each with its
   converged CVI posterior;
 * **NUTS** over $\theta$ and the whitened latent values $\mathbf v$ with $\mathbf f = L_\theta \mathbf v$
@@ -544,7 +545,7 @@ the test set is the full one. Prior on $\theta$: $\mathcal N(0, 10 I)$ for all t
 """),
     ("code", r"""
 from gpvi.inference.cvi import FullyBayesianCVI
-from gpvi.inference.dsvi import DSVI, Convergence, Natural
+from gpvi.inference.sk import SKGaussian
 from gpvi.models.whitened import WhitenedLatentGP
 
 M = dict(n=30, chains=1, warmup=30, draws=30, fb_draws=8) if QUICK else dict(n=80, chains=4, warmup=300, draws=500,
@@ -560,9 +561,9 @@ times["type-II"] = time.perf_counter() - t0
 answers["type-II"] = torch.as_tensor(typeii.predict_proba(ripley.X_test)[:, 1])
 
 t0 = time.perf_counter()
-dsvi = (DSVI(optimizer=Natural(), num_steps=60, num_elbo_draws=10, convergence=Convergence(stop=False),
-             progress_bar=False) if QUICK else None)                  # None: FullyBayesianCVI's default DSVI
-fb = FullyBayesianCVI(dsvi, num_draws=M["fb_draws"], seed=SEED, progress_bar=PROGRESS).run(model)
+engine = (SKGaussian(num_steps=40, method="gradient", num_draws=4, num_elbo_draws=10, progress_bar=False)
+          if QUICK else None)                       # None: FullyBayesianCVI's default (S&K Hessian-free, 200 steps)
+fb = FullyBayesianCVI(engine, num_draws=M["fb_draws"], seed=SEED, progress_bar=PROGRESS).run(model)
 times["fully Bayesian CVI"] = time.perf_counter() - t0
 answers["fully Bayesian CVI"] = fb.predict_proba(ripley.X_test)
 

@@ -69,8 +69,8 @@ def test_bad_rows_get_minus_inf_and_bad_arguments_are_named():
         CVIBoundTarget(object())
     with pytest.raises(ValueError, match="prior"):
         CVIBoundTarget(model, prior="flat")
-    with pytest.raises(TypeError, match="dsvi"):
-        FullyBayesianCVI(dsvi="natural")
+    with pytest.raises(TypeError, match="engine must be a gpvi.SKGaussian or gpvi.DSVI"):
+        FullyBayesianCVI("natural")
 
 
 def _short_fit(model, prior=None, steps=300, seed=0):
@@ -95,23 +95,37 @@ def test_fully_bayesian_fit_is_seeded_and_its_predictive_is_a_mixture():
     torch.testing.assert_close(a.predict_proba(Xs), p)
 
 
-@pytest.mark.slow
-def test_q_theta_and_predictive_match_nuts_on_theta_and_whitened_latents():
-    """q(theta)'s mean within 0.3 NUTS sd of NUTS's on WhitenedLatentGP; predictive probabilities within 0.05.
+_TIGHT = torch.distributions.Independent(torch.distributions.Normal(torch.zeros(2, dtype=F64),
+                                                                    torch.full((2,), 1.5, dtype=F64)), 1)
 
-    A tighter prior than the default, N(0, 1.5^2), keeps NUTS's trees short; both use it. NUTS's Monte Carlo error
-    of the mean at its ESS (> 100 here) is below 0.1 sd. About 25 s on an idle core (NUTS is most of it)."""
+
+@pytest.fixture(scope="module")
+def nuts_reference():
+    """NUTS over (theta, whitened latents) on 20 points with a N(0, 1.5^2) prior (short trees; about 20 s)."""
     model = _data(20, seed=1)
-    prior = torch.distributions.Independent(torch.distributions.Normal(torch.zeros(2, dtype=F64),
-                                                                       torch.full((2,), 1.5, dtype=F64)), 1)
-    post = _short_fit(model, prior=prior, steps=300)
-    target = WhitenedLatentGP(model, prior=prior)
+    target = WhitenedLatentGP(model, prior=_TIGHT)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mc = gpvi.NUTS(num_chains=1, num_warmup=150, num_draws=300, seed=0, progress_bar=False).run(target)
-    d = mc.samples
+    return model, target, mc.samples
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["default (S&K Hessian-free)", "DSVI natural"])
+def test_q_theta_and_predictive_match_nuts_on_theta_and_whitened_latents(nuts_reference, engine):
+    """q(theta)'s mean within 0.3 NUTS sd of NUTS's on WhitenedLatentGP, its sd within 30%; predictive
+    probabilities within 0.05. NUTS's Monte Carlo error of the mean at its ESS (> 100 here) is below 0.1 sd."""
+    model, target, d = nuts_reference
+    if engine.startswith("default"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            post = FullyBayesianCVI(prior=_TIGHT, num_draws=16, seed=0).run(model)
+        assert post.info["engine"] == "SKGaussian"
+    else:
+        post = _short_fit(model, prior=_TIGHT, steps=300)
     nm, ns = d[:, :2].mean(0), d[:, :2].std(0)
     assert bool(((post.mean - nm).abs() <= 0.3 * ns).all()), ((post.mean - nm) / ns).tolist()
+    assert bool(((post.std / ns - 1).abs() <= 0.3).all()), (post.std / ns).tolist()
     Xs = torch.linspace(-2.5, 2.5, 9, dtype=F64)[:, None]
     p_mc = target.predict_proba(d[::2], Xs)
     assert float((post.predict_proba(Xs) - p_mc).abs().max()) < 0.05

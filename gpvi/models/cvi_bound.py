@@ -1,4 +1,4 @@
-r"""The CVI bound as a function of the kernel hyperparameters: a target for DSVI over :math:`q(\theta)`.
+r"""The CVI bound as a function of the kernel hyperparameters: a target for a Gaussian :math:`q(\theta)` (S&K, DSVI).
 
 For a latent GP (:class:`gpvi.models.classification.LatentGP`, e.g. binary GP classification) with kernel
 log-hyperparameters :math:`\theta` and prior :math:`p(\theta)`, the exact hyperparameter posterior needs
@@ -21,8 +21,8 @@ the ELBO (Khan & Lin 2017, eq. 5) at the Gaussian :math:`q^*(\mathbf f\mid\theta
 This is exactly the objective :math:`F(\theta)` that :class:`gpvi.inference.cvi.typeii.TypeII` maximises; its
 maximiser is the MAP-II point.
 
-**What DSVI on this target optimises.** :math:`\tilde g` is an unnormalised density over :math:`\theta`; DSVI
-(:class:`gpvi.DSVI`, a Gaussian :math:`q(\theta)`) maximises
+**What a Gaussian engine on this target optimises.** :math:`\tilde g` is an unnormalised density over
+:math:`\theta`; DSVI or S&K (:class:`gpvi.DSVI`, :class:`gpvi.SKGaussian`: a Gaussian :math:`q(\theta)`) maximise
 
 .. math::
 

@@ -1,4 +1,4 @@
-r"""Fully Bayesian GP classification: a Gaussian :math:`q(\theta)` over the kernel log-hyperparameters by DSVI on the
+r"""Fully Bayesian GP classification: a Gaussian :math:`q(\theta)` over the kernel log-hyperparameters fitted on the
 CVI bound, and predictions that integrate over :math:`q(\theta)` and over :math:`\mathbf f`.
 
 :class:`gpvi.inference.cvi.bayes.FullyBayesianCVI` fits, for a latent GP model (:class:`gpvi.GPClassification`),
@@ -15,7 +15,9 @@ structured evidence lower bound
     \mathcal F(\mu, C) = \mathbb E_{q(\theta)}\big[\mathcal L_{CVI}(\theta) + \log p(\theta)\big]
       + \mathcal H[q(\theta)] \;\le\; \log p(\mathbf y)
 
-with DSVI (Titsias & Lázaro-Gredilla 2014) on :class:`gpvi.models.cvi_bound.CVIBoundTarget`, whose log joint is
+with a Gaussian variational engine -- Salimans & Knowles' Hessian-free stochastic linear regression
+(:class:`gpvi.SKGaussian`, the default) or DSVI (Titsias & Lázaro-Gredilla 2014) -- on
+:class:`gpvi.models.cvi_bound.CVIBoundTarget`, whose log joint is
 the profiled CVI bound :math:`\mathcal L_{CVI}(\theta) \le \log p(\mathbf y\mid\theta)` plus the log prior (see
 that module for the bound, its envelope-theorem gradient and what :math:`q(\theta)` approximates: the posterior of
 :math:`\theta` under the CVI bound, not exactly :math:`p(\theta\mid\mathbf y)`; NUTS over :math:`(\theta, \mathbf
@@ -23,10 +25,10 @@ v)`, :class:`gpvi.models.whitened.WhitenedLatentGP`, is the reference without th
 
 The run: (1) MAP-II, the maximiser of :math:`\mathcal L_{CVI}(\theta) + \log p(\theta)`, by
 :class:`gpvi.inference.cvi.typeii.TypeII` (the same objective); (2) the Laplace scale of the target there
-(:func:`gpvi.inference.init.laplace_scale_at`, central differences of the envelope gradient); (3) DSVI with the
-:class:`~gpvi.inference.dsvi.Natural` rule from that start, stopped by its convergence rule
-(:class:`~gpvi.inference.dsvi.Convergence`); (4) ``num_draws`` draws :math:`\theta_s \sim q` with their converged
-latent posteriors.
+(:func:`gpvi.inference.init.laplace_scale_at`, central differences of the envelope gradient); (3) the engine from that
+start (default: S&K Hessian-free, max(200, 4 D) steps of 4 draws, the second half averaged; see
+:class:`~gpvi.inference.cvi.bayes.FullyBayesianCVI`); (4) ``num_draws`` draws :math:`\theta_s \sim q` with their
+converged latent posteriors.
 
 The predictive (:class:`BayesClassificationPosterior`) is the equal-weight mixture over the draws,
 
@@ -62,7 +64,7 @@ class BayesClassificationPosterior:
     Parameters
     ----------
     q : GaussianPosterior
-        The posterior of the kernel log-hyperparameters (e.g. DSVI's on a
+        The posterior of the kernel log-hyperparameters (e.g. S&K's or DSVI's on a
         :class:`~gpvi.models.cvi_bound.CVIBoundTarget`).
     target : CVIBoundTarget
         Gives the model and the converged latent posterior at each draw.
@@ -126,7 +128,8 @@ class BayesClassificationPosterior:
 
     @property
     def elbo(self) -> float:
-        r"""DSVI's estimate of :math:`\mathcal F(\mu, C) \le \log p(\mathbf y)` (``elbo_se`` its standard error)."""
+        r"""The engine's estimate of :math:`\mathcal F(\mu, C) \le \log p(\mathbf y)` (``elbo_se`` its standard
+        error)."""
         return float(self.q.elbo)
 
     @property
