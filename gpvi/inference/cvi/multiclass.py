@@ -107,7 +107,11 @@ class MulticlassCVI:
         per step, O(K N^3). ``"stochastic"``: doubly stochastic single-site steps (``single_site.batch_size`` data
         points per step, all their K sites) on cached class factors kept current by rank-one updates, O(K N^2) per
         step; the bound is checked (and the sites centred) at each refactorisation
-        (:mod:`gpvi.inference.cvi.multiclass_single`). Same fixed point.
+        (:mod:`gpvi.inference.cvi.multiclass_single`). Same fixed point. A single-site step is 36-189x cheaper
+        than a full-batch one at N = 250-2000 (K = 3), but a sweep costs 7-19 full-batch steps and full-batch CVI
+        converges in about 17, so end to end the full-batch run was faster up to N = 1000
+        (``benchmarks/results/multiclass_step_cost.md``): single-site steps are for memory or for N where one
+        full-batch step is too long to wait for.
     single_site : SingleSite, optional
         Batch size and refactorisation period of ``mode="stochastic"`` (default ``SingleSite()``: one data point per
         step, refactorisation once per sweep).
