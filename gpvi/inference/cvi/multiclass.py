@@ -110,8 +110,8 @@ class MulticlassCVI:
         (:mod:`gpvi.inference.cvi.multiclass_single`). Same fixed point. A single-site step is 36-189x cheaper
         than a full-batch one at N = 250-2000 (K = 3), but a sweep costs 7-19 full-batch steps and full-batch CVI
         converges in about 17, so end to end the full-batch run was faster up to N = 1000
-        (``benchmarks/results/multiclass_step_cost.md``): single-site steps are for memory or for N where one
-        full-batch step is too long to wait for.
+        (``benchmarks/results/multiclass_step_cost.md``); single-site steps give progress (and an interruptible
+        run) at a cost of O(K N^2) per step where one full-batch step takes too long to wait for.
     single_site : SingleSite, optional
         Batch size and refactorisation period of ``mode="stochastic"`` (default ``SingleSite()``: one data point per
         step, refactorisation once per sweep).
