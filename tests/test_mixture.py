@@ -109,6 +109,24 @@ def test_infer_sees_the_basin_the_best_gaussian_leaves_out():
     assert re.search(r"2 basins holding (69|70|71)% / (29|30|31)%", str(rep))
 
 
+def test_sk_from_every_map_optimum_finds_both_basins():
+    """S&K run from each distinct MAP optimum (what ``gpvi.infer(engine="sk")`` does on GP targets): one Gaussian
+    per basin, the best bound first, and PSIS of their mixture gives the basins' masses."""
+    from gpvi.inference.dsvi.starts import run_starts
+    from gpvi.inference.infer import starts_mixture
+    from gpvi.inference.sk import SKGaussian
+    target = TwoBasins()
+    start = init_to_laplace(init_to_map(5, seed=0, max_starts=3))(target)
+    q = run_starts(SKGaussian(num_steps=250, method="gradient", num_draws=4, seed=0, progress_bar=False), target,
+                   start)
+    assert len(q.info["starts"]) >= 2 and not q.info["starts_agree"]
+    assert torch.allclose(q.mean, CENTERS[1], atol=0.1)
+    mix = starts_mixture(q, target)
+    assert mix is not None
+    w = psis(mix, target, 2000, seed=0)
+    assert mix.basin_mass(w)[0] == pytest.approx(0.7, abs=0.03)
+
+
 def test_infer_with_one_basin_is_unchanged():
     m = torch.tensor([1.0, -1.0], dtype=torch.float64)
     target = gpvi.Target(lambda th: -0.5 * ((th - m) ** 2).sum(-1), names=["a", "b"])

@@ -100,7 +100,9 @@ def run_starts(engine: Any, target: Any, start: Start, *, generator: torch.Gener
 
     Parameters
     ----------
-    engine : DSVI
+    engine : DSVI or SKGaussian
+        DSVI finishes as described; an engine without a ``convergence`` rule (S&K, whose step count is part of
+        the algorithm) runs each start once.
     target : target
     start : Start
         The start (its ``alternatives``: further starts, best first).
@@ -137,7 +139,8 @@ def run_starts(engine: Any, target: Any, start: Start, *, generator: torch.Gener
         q.start_posteriors = [q]
         return q
     generator = resolve_generator(engine.seed, generator)     # one stream, used by the runs in turn
-    finishes = engine.convergence.gap_tol is not None
+    conv = getattr(engine, "convergence", None)               # S&K (fixed N, no finish) runs each start once
+    finishes = conv is not None and conv.gap_tol is not None
     first = engine
     if finishes:                                              # phase 1: every start to its plateau
         first = copy.copy(engine)
