@@ -276,7 +276,8 @@ def phase_seeds(names: list[str], seeds: list[int]) -> None:
     print(write("nuts_fidelity_seeds", md, rows))
 
 
-def phase_engines(names: list[str], seeds: list[int]) -> None:
+def phase_engines(names: list[str], seeds: list[int], engines: tuple[str, ...] = ("dsvi", "sk"),
+                  out_name: str = "nuts_fidelity_engines") -> None:
     """gpvi.infer with engine="dsvi" (the default) and engine="sk" (S&K Hessian-free from every distinct MAP
     optimum), same seeds, same run: q's bound, k-hat, answer, fidelity against the reference and wall time."""
     refd = np.load(RESULTS / "nuts_fidelity_ref.npz")
@@ -294,7 +295,7 @@ def phase_engines(names: list[str], seeds: list[int]) -> None:
         model = model_of(name)
         ref = refd[name].reshape(-1, refd[name].shape[-1])
         for seed in seeds:
-            for engine in ("dsvi", "sk"):
+            for engine in engines:
                 t0 = time.perf_counter()
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
@@ -313,7 +314,7 @@ def phase_engines(names: list[str], seeds: list[int]) -> None:
                              f"{r['load'][0]:.1f} |")
                 print(lines[-1], flush=True)
     md = header("gpvi.infer: DSVI vs S&K Hessian-free as the variational engine") + "\n".join(lines) + "\n"
-    print(write("nuts_fidelity_engines", md, rows))
+    print(write(out_name, md, rows))
 
 
 def phase_mixture(names: list[str]) -> None:
@@ -395,7 +396,17 @@ if __name__ == "__main__":
         phase_mixture(sys.argv[2:] or ["bodyfat", "boston"])
     elif phase == "seeds":
         phase_seeds(sys.argv[2:] or list(DATASETS), [1, 2, 3])
-    elif phase == "engines":
-        phase_engines(sys.argv[2:] or list(DATASETS), [0])
+    elif phase == "engines":                  # engines [--seeds 1,2 --only sk] [dataset ...]
+        args, seeds, only = sys.argv[2:], [0], ("dsvi", "sk")
+        if "--seeds" in args:
+            i = args.index("--seeds")
+            seeds = [int(x) for x in args[i + 1].split(",")]
+            args = args[:i] + args[i + 2:]
+        if "--only" in args:
+            i = args.index("--only")
+            only = (args[i + 1],)
+            args = args[:i] + args[i + 2:]
+        phase_engines(args or list(DATASETS), seeds, only,
+                      "nuts_fidelity_engines" if seeds == [0] else "nuts_fidelity_engines_seeds")
     else:
         render(sys.argv[2:])
