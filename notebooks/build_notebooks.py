@@ -244,9 +244,10 @@ az.summary(bf_posts["NUTS"].to_arviz())
 
 Pareto-smoothed importance sampling of q against the exact log joint (`q.psis`) gives the diagnostic $\hat k$
 (Vehtari et al. 2024; Yao et al. 2018): $\hat k \le 0.5$, q is close to the posterior; $\le 0.7$, its
-importance-weighted draws are; above, sample the posterior. `gpvi.infer` makes that decision in one call (DSVI →
-PSIS → q, the weighted draws, or NUTS warm-started from q, with q's covariance as the mass matrix) and says what it
-did in `post.report`.
+importance-weighted draws are; above, sample the posterior. `gpvi.infer` makes that decision in one call (a Gaussian
+q → PSIS → q, the weighted draws, or NUTS warm-started from q, with q's covariance as the mass matrix) and says what
+it did in `post.report`. Its default engine is Salimans & Knowles' Hessian-free regression from every MAP optimum;
+here it is given the DSVI engine fitted above.
 """),
     ("code", r"""
 w = bf_posts["DSVI"].psis(num_draws=S["psis_draws"], seed=SEED)

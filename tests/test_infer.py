@@ -1,4 +1,5 @@
-"""gpvi.infer: DSVI -> PSIS -> (q | weighted | NUTS from q), with the choice checked against known answers."""
+"""gpvi.infer: Gaussian q (S&K or DSVI) -> PSIS -> (q | weighted | NUTS from q), the choice checked against known
+answers."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def test_a_gaussian_target_returns_q_itself():
     r = post.report
     assert r.answer == "q" and isinstance(post, gpvi.GaussianPosterior) and r.khat < 0.5
     assert abs(r.log_evidence - math.log(2 * math.pi)) < 4 * r.log_evidence_se + 1e-3   # Z = 2 pi exactly
-    assert set(r.times) == {"dsvi", "psis"} and "answer = q" in str(r) and "<b>" in r._repr_html_()
+    assert set(r.times) == {"q", "psis"} and "answer = q" in str(r) and "<b>" in r._repr_html_()
+    assert r.engine == "DSVI" and "DSVI bound" in str(r)
 
 
 def _funnel(th):                                 # Neal's funnel: v ~ N(0, 9), x_j | v ~ N(0, e^v)
@@ -64,6 +66,11 @@ def test_gp_regression_end_to_end_and_bad_arguments():
     post = _quiet(gpvi.infer, model, seed=0, engine=eng, nuts=nuts, num_psis_draws=400, progress_bar=False)
     assert post.report.answer in ("q", "psis", "nuts") and math.isfinite(post.report.khat)
     assert post.predict(X[:3], num_draws=20).mean.shape == (3,)
+    # the default engine: S&K Hessian-free from every distinct MAP optimum, each start recorded
+    dflt = _quiet(gpvi.infer, model, seed=0, nuts=nuts, num_psis_draws=400, progress_bar=False)
+    assert dflt.report.engine == "SKGaussian" and type(dflt.report.q.engine_state).__name__ == "SKState"
+    assert len(dflt.report.starts) >= 1 and all(math.isfinite(r["elbo"]) for r in dflt.report.starts)
+    assert dflt.report.q.info["settings"]["method"] == "gradient"
     with pytest.raises(ValueError, match="seed"):
         gpvi.infer(model, seed=-1)
     with pytest.raises(ValueError, match="num_psis_draws"):

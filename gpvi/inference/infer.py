@@ -3,11 +3,15 @@ r"""``gpvi.infer``: one call from a target to a hyperparameter posterior whose r
 The recipe (Yao, Vehtari, Simpson & Gelman, *Yes, but did it work?*, ICML 2018; Vehtari et al., *Pareto smoothed
 importance sampling*, JMLR 2024):
 
-1. **Variational fit**: DSVI's default Gaussian q (Titsias & Lázaro-Gredilla 2014; for exact GP regression its
-   MAP/Laplace start, natural-gradient steps and convergence stop).
+1. **Variational fit**: the best Gaussian q. Default engine: Salimans & Knowles' Hessian-free stochastic linear
+   regression (2013, section 6.2; :class:`gpvi.SKGaussian`) from every distinct MAP optimum with its Laplace scale
+   (DSVI's default starts for exact GP targets), the best final bound kept; ``engine="dsvi"``: DSVI's default
+   (Titsias & Lázaro-Gredilla 2014; natural-gradient steps, convergence stop and finish). On Boston, Bodyfat and
+   pendulum S&K reached an equal or higher bound than DSVI in 0.35-0.5 of its time, and ``infer``'s answers stayed
+   within 0.2 NUTS sd (``benchmarks/results/nuts_fidelity_engines.md``).
 2. **Diagnosis**: PSIS of q against the exact (Cholesky) log joint gives :math:`\hat k`
    (:func:`gpvi.posteriors.weighted.psis`).
-3. **Basins**: when DSVI's starts (one per distinct MAP optimum) ended in different basins, PSIS cannot see the
+3. **Basins**: when the starts (one per distinct MAP optimum) ended in different basins, PSIS cannot see the
    mass the best Gaussian leaves out (its draws never reach the other basins: on Bodyfat :math:`\hat k = 0.41`
    while a second basin holds 27% of the mass). The starts' Gaussians are mixed
    (:class:`~gpvi.posteriors.mixture.GaussianMixture`, weights :math:`\propto e^{\mathcal L_k}`) and PSIS of
@@ -55,9 +59,10 @@ class InferenceReport:
     khat : float
         Pareto :math:`\\hat k` of q's importance weights.
     elbo, elbo_se : float
-        DSVI's final bound and its Monte Carlo standard error.
+        The variational engine's final bound and its Monte Carlo standard error.
     converged : bool
-        DSVI's convergence rule held.
+        The engine's convergence rule held (S&K: its fixed number of steps ran and the window-split check
+        passed).
     log_evidence, log_evidence_se : float
         Importance-sampling estimate of :math:`\\log p(y)` from q's draws (reliable only when ``khat`` is small).
     psis_ess : float
@@ -65,11 +70,12 @@ class InferenceReport:
     q : GaussianPosterior
         The variational posterior that was diagnosed (whatever the answer).
     times : dict of str to float
-        Wall time (s) of each stage: ``dsvi``, ``psis``, ``nuts`` (when run).
+        Wall time (s) of each stage: ``q`` (the variational fit, MAP restarts included), ``psis``, ``nuts``
+        (when run).
     nuts : dict
         NUTS diagnostics when it ran: smallest bulk ESS, largest split R-hat, divergences, gradient evaluations.
     starts : list of dict
-        DSVI's starts (one per distinct MAP optimum; ``q.info["starts"]``): MAP log joint, final bound, its se.
+        The starts (one per distinct MAP optimum; ``q.info["starts"]``): MAP log joint, final bound, its se.
     starts_agree : bool or None
         Whether the starts' final bounds agree within their Monte Carlo error (``q.info["starts_agree"]``).
     basin_mass : list of float
@@ -77,6 +83,8 @@ class InferenceReport:
         by PSIS of their mixture; empty otherwise.
     khat_mixture, log_evidence_mixture, log_evidence_mixture_se : float
         :math:`\\hat k` of that mixture and its importance-sampling log evidence (NaN without one).
+    engine : str
+        The variational engine's name (``"SKGaussian"``, ``"DSVI"``, ...).
     """
 
     answer: str
@@ -97,10 +105,11 @@ class InferenceReport:
     log_evidence_mixture: float = math.nan
     log_evidence_mixture_se: float = math.nan
     q: Any = field(default=None, repr=False)
+    engine: str = "q"
 
     def lines(self) -> list[str]:
         out = [f"gpvi.infer: answer = {self.answer} ({self.reason})",
-               f"  DSVI bound {self.elbo:.3f} +- {self.elbo_se:.3f} (converged: {self.converged})"
+               f"  {self.engine} bound {self.elbo:.3f} +- {self.elbo_se:.3f} (converged: {self.converged})"
                + self._starts_line(),
                f"  PSIS k-hat {self.khat:.2f}, weights' ESS {self.psis_ess:.0f}, "
                f"log evidence {self.log_evidence:.3f} +- {self.log_evidence_se:.3f}"]
@@ -179,19 +188,20 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
         E.g. :class:`gpvi.GPRegression` (parameters: kernel log-hyperparameters); anything with ``names`` and a
         batched ``log_joint``.
     seed : int
-        Seed of every stage (DSVI, PSIS draws, NUTS).
+        Seed of every stage (MAP restarts, the variational engine, PSIS draws, NUTS).
     num_psis_draws : int
         Draws of q for PSIS (default 1000).
-    engine : {"dsvi", "sk"} or engine, optional
-        The variational engine. ``"dsvi"`` (default, also ``None``): ``gpvi.DSVI(scale="full", seed=seed)``, the
-        best Gaussian from every distinct MAP optimum with the finish to 0.01 nats. ``"sk"``: Salimans-Knowles'
-        Hessian-free variant (``SKGaussian(num_steps=max(250, 20 D), method="gradient", num_draws=4)``) from each
-        distinct MAP optimum with its Laplace scale (DSVI's default starts; the best final bound wins and the
-        starts' Gaussians enter the basin step as DSVI's do): in
-        ``benchmarks/results/dsvi_best_gaussian.md`` it reaches the same or a better bound with several times
-        fewer log-joint evaluations on GP hyperparameters; it has no stop rule of its own (N is fixed) and ends in
-        a :class:`~gpvi.exceptions.NumericalFaultError` rather than a wrong answer when N is too small. An engine
-        object is run as it is.
+    engine : {"sk", "dsvi"} or engine, optional
+        The variational engine. ``"sk"`` (default, also ``None``): Salimans-Knowles' Hessian-free variant
+        (``SKGaussian(num_steps=max(250, 20 D), method="gradient", num_draws=4)``) from each of DSVI's default
+        starts (for exact GP targets the distinct MAP optima with their Laplace scales; the best final bound
+        wins and the starts' Gaussians enter the basin step): same or higher bounds than DSVI's default with
+        fewer log-joint evaluations (``benchmarks/results/nuts_fidelity_engines.md``,
+        ``dsvi_best_gaussian.md``); N is part of the algorithm, not a stop rule, and too small an N ends in a
+        :class:`~gpvi.exceptions.NumericalFaultError` (a non-positive-definite averaged precision) rather than a
+        wrong answer. ``"dsvi"``: ``gpvi.DSVI(scale="full", seed=seed)``, the best Gaussian from the same starts
+        with its plateau stop and the finish to 0.01 nats (the default before 2026-11-24). An engine object is run
+        as it is.
     nuts : optional
         The sampler used when :math:`\hat k > 0.7` (default ``gpvi.NUTS(num_chains=4, num_warmup=200,
         num_draws=500, seed=seed)``: a short warm-up suffices because q supplies the mass matrix).
@@ -231,7 +241,7 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
     init = None
     if engine is None or isinstance(engine, str):
         from ..validation import check_choice
-        name = check_choice("dsvi" if engine is None else engine, "engine", ("dsvi", "sk"))
+        name = check_choice("sk" if engine is None else engine, "engine", ("sk", "dsvi"))
         engine = DSVI(scale="full", seed=seed, progress_bar=progress_bar)
         if name == "sk":
             from .sk.engine import SKGaussian
@@ -247,7 +257,7 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
         q = run_starts(engine, target, start)
     else:
         q = engine.run(target, init=init)
-    times["dsvi"] = time.perf_counter() - t0
+    times["q"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")                       # the report says what k-hat means
@@ -264,7 +274,8 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
                              starts_agree=q.info.get("starts_agree"), basin_mass=mass,
                              khat_mixture=math.nan if wm is None else wm.khat,
                              log_evidence_mixture=math.nan if wm is None else wm.log_evidence,
-                             log_evidence_mixture_se=math.nan if wm is None else wm.log_evidence_se, q=q)
+                             log_evidence_mixture_se=math.nan if wm is None else wm.log_evidence_se, q=q,
+                             engine=getattr(engine, "name", type(engine).__name__))
     post: Any = q if answer == "q" else (wm if several else w)
     if answer == "nuts":
         sampler = (NUTS(num_chains=4, num_warmup=200, num_draws=500, seed=seed, progress_bar=progress_bar)
