@@ -81,7 +81,7 @@ class GPClassifier:
         ``"bayes"`` (binary links): integrate over them,
         :class:`~gpvi.inference.cvi.bayes.FullyBayesianCVI` -- a Gaussian :math:`q(\theta)` (Salimans-Knowles
         Hessian-free) on the profiled CVI bound (same prior), predictions averaged over ``num_draws`` draws of it
-        (at least 32) with their CVI posteriors. Slower than ``"type2"`` (15-30 s for N = 100 on 2 cores: every
+        (at least 32) with their CVI posteriors. Slower than ``"type2"`` (10-15 s for N = 100 on 2 cores: every
         step runs CVI to convergence at 4 draws of theta); ``mode``, ``beta``, ``estimator`` and ``max_sweeps``
         do not apply (FullyBayesianCVI's own full-batch engine), and the fit cannot be saved with
         :func:`gpvi.io.save_fit`.
