@@ -292,7 +292,8 @@ def report(binary: list[dict[str, Any]], multi: list[dict[str, Any]], args: argp
                        f"[{c['load_1min']} at end] | {tag} |\n")
         md += ("\nRead rows: one run each on the same machine; wall of the fully Bayesian fit = MAP-II + Laplace + "
                "the q(theta) engine (S&K Hessian-free by default) + the 32 per-draw latent posteriors its predictive "
-               "mixes, of NUTS = sampling; test predictions not included; their load is the 1-minute load in that file's header, taken when the run ended. "
+               "mixes, of NUTS = sampling; test predictions not included; their load is the 1-minute load in that "
+               "file's header, taken when the run ended. "
                "NUTS R-hat max over (theta, v): "
                + ", ".join(f"{r['set']} {r['committed']['nuts_rhat_max']:.3f}" for r in binary)
                + ". Check that the training rows are the committed ones: type-II log loss here vs in the file: "
