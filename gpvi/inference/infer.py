@@ -197,7 +197,10 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
         starts (for exact GP targets the distinct MAP optima with their Laplace scales; the best final bound
         wins and the starts' Gaussians enter the basin step): same or higher bounds than DSVI's default with
         fewer log-joint evaluations (``benchmarks/results/nuts_fidelity_engines.md``,
-        ``dsvi_best_gaussian.md``); N is part of the algorithm, not a stop rule, and too small an N ends in a
+        ``dsvi_best_gaussian.md``). Its length is not a finish: a run 10x longer from the same start gains 0.015
+        to 0.07 nats (pendulum, Bodyfat, Boston; ``sk_length.md``) where DSVI's finish stops within 0.01, and
+        Boston's q moves by up to 0.23 sd; the PSIS step corrects q's moments. N is part of the algorithm, not a
+        stop rule, and too small an N ends in a
         :class:`~gpvi.exceptions.NumericalFaultError` (a non-positive-definite averaged precision) rather than a
         wrong answer. ``"dsvi"``: ``gpvi.DSVI(scale="full", seed=seed)``, the best Gaussian from the same starts
         with its plateau stop and the finish to 0.01 nats (the default before 2026-11-24). An engine object is run
