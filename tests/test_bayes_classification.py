@@ -175,3 +175,23 @@ def test_gpclassifier_bayes_refuses_what_it_cannot_do(bayes_classifier, tmp_path
         GPClassifier(hyperparameters="bayes", learn_hyperparameters=False).fit(X, y)
     fixed = GPClassifier(hyperparameters="fixed", progress_bar=False).fit(X, y)
     assert fixed.hyperparameter_posterior_ is None
+
+
+def test_a_failed_default_sk_run_falls_back_to_dsvi(monkeypatch):
+    from gpvi.exceptions import NumericalFaultError, NumericalWarning
+    from gpvi.inference.sk import SKGaussian
+
+    def failing(self, target, init=None, **kw):
+        raise NumericalFaultError("averaged precision not positive definite (forced)")
+
+    monkeypatch.setattr(SKGaussian, "run", failing)
+    model = _data(12, seed=3)
+    fit = FullyBayesianCVI(num_draws=4, seed=0)
+    monkeypatch.setattr(fit, "fallback_engine", lambda: DSVI(optimizer=Natural(), num_draws=4, num_steps=30,
+                                                             num_elbo_draws=10, convergence=Convergence(stop=False),
+                                                             progress_bar=False))
+    with pytest.warns(NumericalWarning, match="SKGaussian failed"):
+        post = fit.run(model)
+    assert post.info["engine"] == "DSVI" and "forced" in post.info["engine_fallback"]
+    with pytest.raises(NumericalFaultError):             # a user's own engine is not replaced
+        FullyBayesianCVI(SKGaussian(num_steps=20, method="gradient", progress_bar=False)).run(model)

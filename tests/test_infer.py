@@ -94,3 +94,26 @@ def test_engine_by_name_sk_and_the_starts_in_the_report():
     q = _quiet(gpvi.infer, target, seed=0, engine=gpvi.DSVI(seed=0, num_steps=2000, progress_bar=False),
                progress_bar=False)
     assert len(q.report.starts) == 1 and q.report.starts_agree and "starts" not in str(q.report)
+
+
+def test_a_failed_sk_run_falls_back_to_dsvi_from_the_same_starts(monkeypatch):
+    """When the default S&K engine fails from every start (NumericalFaultError), infer warns and runs DSVI from
+    the same starts; the report says so."""
+    import gpvi.inference.dsvi.starts as starts
+    from gpvi.exceptions import NumericalFaultError, NumericalWarning
+    real = starts.run_starts
+
+    def failing(engine, target, start, **kw):
+        if type(engine).__name__ == "SKGaussian":
+            raise NumericalFaultError("averaged precision not positive definite (forced)")
+        return real(engine, target, start, **kw)
+
+    monkeypatch.setattr(starts, "run_starts", failing)
+    g = torch.Generator().manual_seed(1)
+    X = torch.rand(20, 1, generator=g, dtype=torch.float64)
+    model = gpvi.GPRegression(X, torch.sin(6 * X[:, 0]) + 0.1 * torch.randn(20, generator=g, dtype=torch.float64))
+    with pytest.warns(NumericalWarning, match="S&K failed from every start"):
+        post = gpvi.infer(model, seed=0, num_psis_draws=200, progress_bar=False,
+                          nuts=gpvi.NUTS(num_chains=2, num_warmup=20, num_draws=40, seed=0, progress_bar=False))
+    assert post.report.engine == "DSVI" and "DSVI from the same starts" in post.report.reason
+    assert type(post.report.q.engine_state).__name__ == "DSVIState"

@@ -202,8 +202,10 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
         Boston's q moves by up to 0.23 sd; the PSIS step corrects q's moments. N is part of the algorithm, not a
         stop rule, and too small an N ends in a
         :class:`~gpvi.exceptions.NumericalFaultError` (a non-positive-definite averaged precision) rather than a
-        wrong answer. ``"dsvi"``: ``gpvi.DSVI(scale="full", seed=seed)``, the best Gaussian from the same starts
-        with its plateau stop and the finish to 0.01 nats (the default before 2026-11-24). An engine object is run
+        wrong answer; when that happens from every start, ``infer`` warns and runs DSVI from the same starts (the
+        report's ``engine`` and ``reason`` say so). ``"dsvi"``: ``gpvi.DSVI(scale="full", seed=seed)``, the best
+        Gaussian from the same starts with its plateau stop and the finish to 0.01 nats (the default before
+        2026-11-24). An engine object is run
         as it is.
     nuts : optional
         The sampler used when :math:`\hat k > 0.7` (default ``gpvi.NUTS(num_chains=4, num_warmup=200,
@@ -253,11 +255,19 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
                                 seed=seed, progress_bar=progress_bar)
     times: dict[str, float] = {}
     t0 = time.perf_counter()
+    fallback = ""
     if init is not None:                                      # S&K from every distinct MAP optimum
-        from .dsvi.starts import run_starts
+        from . import dsvi as _dsvi
+        from ..exceptions import NumericalFaultError, NumericalWarning
         from ..models.target import as_target
         start = init(as_target(target))
-        q = run_starts(engine, target, start)
+        try:
+            q = _dsvi.starts.run_starts(engine, target, start)
+        except NumericalFaultError as err:                    # every start's S&K run failed: DSVI, same starts
+            fallback = f"S&K failed from every start ({str(err)[:120]}); DSVI from the same starts"
+            warnings.warn(f"gpvi.infer: {fallback}", NumericalWarning, stacklevel=2)
+            engine = DSVI(scale="full", seed=seed, progress_bar=progress_bar)
+            q = _dsvi.starts.run_starts(engine, target, start)
     else:
         q = engine.run(target, init=init)
     times["q"] = time.perf_counter() - t0
@@ -279,6 +289,8 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
                              log_evidence_mixture=math.nan if wm is None else wm.log_evidence,
                              log_evidence_mixture_se=math.nan if wm is None else wm.log_evidence_se, q=q,
                              engine=getattr(engine, "name", type(engine).__name__))
+    if fallback:
+        report.reason += f"; {fallback}"
     post: Any = q if answer == "q" else (wm if several else w)
     if answer == "nuts":
         sampler = (NUTS(num_chains=4, num_warmup=200, num_draws=500, seed=seed, progress_bar=progress_bar)

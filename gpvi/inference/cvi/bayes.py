@@ -10,9 +10,11 @@ maximised, what :math:`q(\theta)` approximates, and the predictive).
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any
 
 
+from ...exceptions import NumericalFaultError, NumericalWarning
 from ...posteriors.bayes_classification import BayesClassificationPosterior
 from ...rng import check_seed
 from ...validation import check_bool, check_positive_int
@@ -105,6 +107,14 @@ class FullyBayesianCVI:
         return SKGaussian(num_steps=max(200, 4 * int(dim)), method="gradient", num_draws=4, num_elbo_draws=100,
                           seed=self.seed, progress_bar=self.progress_bar)
 
+    def fallback_engine(self) -> Any:
+        """DSVI-Natural with its convergence rule (the default before 2026-11-24): run when the default S&K run
+        fails with :class:`~gpvi.exceptions.NumericalFaultError` (``info["engine_fallback"]`` says why)."""
+        from ..dsvi import DSVI, Convergence, Natural
+
+        return DSVI(scale="full", optimizer=Natural(), num_draws=4, convergence=Convergence(gap_tol=0.05),
+                    num_elbo_draws=100, seed=self.seed, progress_bar=self.progress_bar)
+
     def run(self, model: Any, init: Any = None) -> BayesClassificationPosterior:
         r"""Fit :math:`q(\theta)` and build the predictive.
 
@@ -121,7 +131,8 @@ class FullyBayesianCVI:
         BayesClassificationPosterior
             ``info``: ``map_theta``, ``map_objective``, ``laplace`` (what the Laplace step did), the times
             ``map_time_s``, ``laplace_time_s``, ``q_time_s`` (the engine's run), ``predictive_time_s``, ``time_s``
-            (all), ``engine`` (its name), ``q_steps``, ``q_converged`` and the target's counters
+            (all), ``engine`` (its name), ``engine_fallback`` (None, or why the default S&K run was replaced by
+            :meth:`fallback_engine`), ``q_steps``, ``q_converged`` and the target's counters
             (``evaluations``, ``inner_steps``, ``failures``).
         """
         from .typeii import TypeII
@@ -141,13 +152,25 @@ class FullyBayesianCVI:
         t_lap = time.perf_counter() - t1
         target.inner_tol = self.inner_tol
         engine = self.engine if self.engine is not None else self.default_engine(target.dim)
+        start = init_to_value(theta_map, C0) if C0 is not None else init_to_value(theta_map)
         t2 = time.perf_counter()
-        q = engine.run(target, init=init_to_value(theta_map, C0) if C0 is not None else init_to_value(theta_map))
+        fallback = None
+        try:
+            q = engine.run(target, init=start)
+        except NumericalFaultError as err:
+            if self.engine is not None:
+                raise
+            # the default S&K run failed (a non-positive-definite averaged precision): DSVI from the same start
+            fallback = f"SKGaussian failed ({str(err)[:120]}); DSVI-Natural from the same start"
+            warnings.warn(f"FullyBayesianCVI: {fallback}", NumericalWarning, stacklevel=2)
+            engine = self.fallback_engine()
+            q = engine.run(target, init=start)
         t_q = time.perf_counter() - t2
         map_obj = float(target.log_joint(theta_map))
         info = {"map_theta": theta_map.tolist(), "map_objective": map_obj, "map_time_s": t_map,
                 "laplace": {k: v for k, v in how.items() if k != "hessian"}, "laplace_time_s": t_lap,
-                "engine": type(engine).__name__, "q_time_s": t_q, "q_steps": q.info.get("steps"),
+                "engine": type(engine).__name__, "engine_fallback": fallback, "q_time_s": t_q,
+                "q_steps": q.info.get("steps"),
                 "q_converged": q.info.get("converged"),
                 **{k: target.counters[k] for k in ("evaluations", "inner_steps", "failures", "unconverged")}}
         post = BayesClassificationPosterior(q, target, num_draws=self.num_draws, seed=self.seed, info=info)
