@@ -21,7 +21,6 @@ Names: ``lam1``, ``lam2`` (:math:`\tilde\lambda^{(1)}, \tilde\lambda^{(2)}`), ``
 
 from __future__ import annotations
 
-import math
 import time
 import warnings
 from collections.abc import Callable
@@ -40,7 +39,7 @@ from ..budget import MemoryBudget
 from ..engine import FaultPolicy, RunReport, resume_copy
 from ..init import start_point
 from . import sites, steps
-from .options import MonteCarlo, SingleSite, SitesConverged, flat_elbo_window, init_to_sites, latent_init
+from .options import MonteCarlo, SingleSite, SitesConverged, init_to_sites, latent_init
 from .sites import site_elbo
 from .state import CVIState
 
@@ -268,7 +267,7 @@ class CVI:
         state.beta_scale = 1.0
         state.step_time_s += time.perf_counter() - t0
         if info["checked"]:
-            self._record_check(state, info)
+            steps.record_check(state, info, self.tol, noisy=self.estimator == "mc")
         return state, info
 
     @staticmethod
@@ -276,24 +275,6 @@ class CVI:
         for k, v in snap.items():
             setattr(state, k, v)
         state.counters = counters
-
-    def _record_check(self, state: CVIState, info: dict[str, Any]) -> None:
-        """Append a check to the trace and decide convergence (relative ELBO change against the last check)."""
-        elbo, prev = info["elbo"], state.elbo
-        tr = state.trace
-        tr["step"].append(info.get("elbo_step", state.t))
-        tr["sweep"].append(state.sweeps)
-        tr["elbo"].append(elbo)
-        tr["residual"].append(info.get("residual", math.nan))
-        tr["drift"].append(info.get("drift", math.nan))
-        tr["time_s"].append(state.step_time_s)
-        state.elbo = elbo
-        if self.estimator == "mc":
-            state.converged = self.tol > 0 and flat_elbo_window(tr["elbo"], self.tol)
-        else:
-            state.converged = (self.tol > 0 and math.isfinite(prev)
-                               and abs(elbo - prev) <= self.tol * max(1.0, abs(elbo)))
-        info["converged"] = state.converged
 
     def result(self, target: Any, state: CVIState, report: RunReport) -> LatentPosterior | None:
         """The :class:`~gpvi.posteriors.latent.LatentPosterior` of ``state`` (it keeps a copy of the state).

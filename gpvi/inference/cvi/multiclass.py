@@ -41,7 +41,6 @@ after (41 -> 21 theta evaluations, 2956 -> 203 inner steps; inputs standardised)
 
 from __future__ import annotations
 
-import math
 import time
 import warnings
 from collections.abc import Callable
@@ -60,7 +59,7 @@ from .. import driver
 from ..budget import MemoryBudget
 from ..engine import FaultPolicy, RunReport, resume_copy
 from . import multiclass_sites as ms
-from . import sites
+from . import sites, steps
 from .multiclass_single import stochastic_step
 from .options import SingleSite, SitesConverged
 from .multiclass_sites import MulticlassCVIState
@@ -293,18 +292,7 @@ class MulticlassCVI:
         state.beta_scale = 1.0
         state.step_time_s += time.perf_counter() - t0
         if info["checked"]:
-            elbo, prev = info["elbo"], state.elbo
-            tr = state.trace
-            tr["step"].append(info["elbo_step"])
-            tr["sweep"].append(state.sweeps)
-            tr["elbo"].append(elbo)
-            tr["residual"].append(info.get("residual", math.nan))
-            tr["drift"].append(info.get("drift", math.nan))
-            tr["time_s"].append(state.step_time_s)
-            state.elbo = elbo
-            state.converged = (self.tol > 0 and math.isfinite(prev)
-                               and abs(elbo - prev) <= self.tol * max(1.0, abs(elbo)))
-            info["converged"] = state.converged
+            steps.record_check(state, info, self.tol)
         return state, info
 
     def result(self, target: Any, state: MulticlassCVIState, report: RunReport) -> MulticlassPosterior | None:

@@ -32,10 +32,9 @@ from typing import Any
 import torch
 
 from ...exceptions import NotPSDError, NumericalWarning
-from ...linalg import cholesky_site_update_, cholesky_update
 from ...models.likelihoods import mean_parameter_gradients
 from . import multiclass_sites as ms
-from . import sites
+from . import sites, steps
 from .steps import _next_batch
 
 __all__ = ["refactor", "stochastic_step", "HUGE_NOISE"]
@@ -45,19 +44,9 @@ HUGE_NOISE = 1e6
 
 
 def refactor(st: ms.MulticlassCVIState, K: torch.Tensor, *, measure: bool) -> float:
-    """Recompute the class factors from scratch; returns the drift max |L_updated - L_fresh| (nan if not measured)."""
-    _, s = ms.pseudo_data(st.lam1, st.lam2)
-    L, jit = ms.factors(K, s, st.theta)
-    if jit > 0:
-        st.counters["jitter_events"] += 1
-    drift = math.nan
-    if measure and st.factor is not None:
-        drift = float((st.factor - L).abs().max())
-        st.counters["max_drift"] = max(float(st.counters["max_drift"]), drift)
-    st.factor = L.mT.contiguous().mT          # lower factors viewed from contiguous upper storage
-    st.since_refactor = 0
-    st.counters["refactorisations"] += 1
-    return drift
+    """Recompute the class factors from scratch (:func:`gpvi.inference.cvi.steps.refactor` with one factor per
+    class); returns the drift max |L_updated - L_fresh| over the classes (nan if not measured)."""
+    return steps.refactor(st, K, measure=measure, factorise=ms.factors)
 
 
 def _check(eng: Any, model: Any, st: ms.MulticlassCVIState, K: torch.Tensor) -> dict[str, Any]:
@@ -132,16 +121,7 @@ def stochastic_step(eng: Any, model: Any, st: ms.MulticlassCVIState, K: torch.Te
                 st.since_refactor = since
                 st.counters["unstable_updates"] = st.counters.get("unstable_updates", 0) + 1
             for c in range(C if not unstable else 0):
-                U = L[c].mT
-                for i, (j, dlt) in enumerate(zip(idx.tolist(), delta[:, c].tolist())):
-                    if dlt == 0.0:
-                        continue
-                    if opts.factor_update == "blocked":
-                        cholesky_site_update_(U, j, dlt, p=R[c, j:, B + 1] if i == 0 else None)
-                    else:
-                        unit = torch.zeros(N - j, dtype=L.dtype, device=L.device)
-                        unit[0] = 1.0
-                        L[c, j:, j:] = cholesky_update(L[c, j:, j:], unit, dlt)
+                steps.update_factor_(L[c], idx, delta[:, c], R[c, :, B + 1], opts.factor_update)
             st.since_refactor += 1
         except NotPSDError:
             st.counters["factor_faults"] += 1

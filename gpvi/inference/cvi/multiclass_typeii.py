@@ -31,6 +31,7 @@ from . import multiclass_sites as ms
 from . import sites
 from .multiclass import MulticlassCVI
 from .multiclass_sites import MulticlassCVIState
+from .typeii import _NO_DRAWS, monotone_run
 
 __all__ = ["MulticlassTypeII", "converge_sites", "inner_quadrature"]
 
@@ -51,30 +52,8 @@ def converge_sites(eng: MulticlassCVI, model: Any, theta: torch.Tensor, lam1: to
     K = model.kernel_matrix(theta)
     inner = MulticlassCVIState(lam1, lam2, theta, _NO_DRAWS, initialised=True)
     inner.counters = counters
-    prev = math.nan                       # the bound of the last accepted sites ...
-    keep = (lam1, lam2)                   # ... and those sites (before centring: the step centres them again)
-    redo = False
-    for _ in range(max_steps):
-        here = (inner.lam1, inner.lam2)
-        elbo = ms.full_step(eng, model, inner, K, None, method=eng.elbo_method)["elbo"]
-        if redo:                          # the restored sites' bound is prev: nothing learned yet
-            redo = False
-            continue
-        if math.isfinite(prev):
-            if abs(elbo - prev) <= tol * max(1.0, abs(elbo)):
-                break
-            if elbo < prev:
-                inner.lam1, inner.lam2 = keep
-                inner.beta_scale *= 0.5
-                counters["inner_backtracks"] = counters.get("inner_backtracks", 0) + 1
-                redo = True
-                continue
-        prev, keep = elbo, here
-        inner.beta_scale = min(1.0, 1.5 * inner.beta_scale)
-    return inner
-
-
-_NO_DRAWS = torch.Generator()
+    return monotone_run(inner, lambda st: ms.full_step(eng, model, st, K, None, method=eng.elbo_method)["elbo"],
+                        tol=tol, max_steps=max_steps)
 
 
 def inner_quadrature(num_classes: int) -> Quadrature:

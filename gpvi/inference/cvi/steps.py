@@ -49,8 +49,9 @@ from ...exceptions import NotPSDError, NumericalWarning
 from ...linalg import cholesky_site_update_, cholesky_update
 from ...models.likelihoods import expected_log_lik, mean_parameter_gradients
 from . import sites
+from .options import flat_elbo_window
 
-__all__ = ["beta_at", "expectations", "full_step", "stochastic_step", "refactor"]
+__all__ = ["beta_at", "expectations", "full_step", "stochastic_step", "refactor", "update_factor_", "record_check"]
 
 
 def beta_at(cvi: Any, state: Any) -> float:
@@ -126,10 +127,13 @@ def _next_batch(st: Any, gen: torch.Generator, batch_size: int) -> torch.Tensor:
     return idx
 
 
-def refactor(st: Any, K: torch.Tensor, *, measure: bool) -> float:
-    """Recompute the factor from scratch; return the drift max |L_updated - L_fresh| (nan if not measured)."""
+def refactor(st: Any, K: torch.Tensor, *, measure: bool, factorise: Any = sites.site_factor) -> float:
+    """Recompute the factor from scratch; return the drift max |L_updated - L_fresh| (nan if not measured).
+
+    ``factorise(K, s, theta) -> (L, jitter)``: :func:`gpvi.inference.cvi.sites.site_factor` (one factor), or
+    :func:`gpvi.inference.cvi.multiclass_sites.factors` (one per class, ``s`` of shape (N, K))."""
     _, s = sites.pseudo_data(st.lam1, st.lam2)
-    L, jit = sites.site_factor(K, s, st.theta)
+    L, jit = factorise(K, s, st.theta)
     if jit > 0:
         st.counters["jitter_events"] += 1
     drift = math.nan
@@ -140,6 +144,48 @@ def refactor(st: Any, K: torch.Tensor, *, measure: bool) -> float:
     st.since_refactor = 0
     st.counters["refactorisations"] += 1
     return drift
+
+
+def update_factor_(L: torch.Tensor, idx: torch.Tensor, delta: torch.Tensor, p0: torch.Tensor,
+                   factor_update: str) -> None:
+    r"""In place: the factor ``L`` (N, N; lower, viewed from contiguous upper storage) of :math:`A` becomes that of
+    :math:`A + \sum_i \delta_i e_{n_i} e_{n_i}^\top` for the sites ``idx``, one rank-one update per site.
+
+    ``p0`` is :math:`L^{-1} e_{n_0}` for the first site (the extra column of the step's triangular solve);
+    ``factor_update``: ``"blocked"`` (:func:`gpvi.linalg.cholesky_site_update_`) or ``"generic"``
+    (:func:`gpvi.linalg.cholesky_update` on the trailing block). Raises :class:`~gpvi.exceptions.NotPSDError`
+    when a downdate would make :math:`A` indefinite.
+    """
+    U, N = L.mT, L.shape[0]
+    for i, (j, dlt) in enumerate(zip(idx.tolist(), delta.tolist())):
+        if dlt == 0.0:
+            continue
+        if factor_update == "blocked":
+            cholesky_site_update_(U, j, dlt, p=p0[j:] if i == 0 else None)
+        else:
+            unit = torch.zeros(N - j, dtype=L.dtype, device=L.device)
+            unit[0] = 1.0
+            L[j:, j:] = cholesky_update(L[j:, j:], unit, dlt)
+
+
+def record_check(state: Any, info: dict[str, Any], tol: float, *, noisy: bool = False) -> None:
+    """Append a check (a step that evaluated the ELBO) to ``state.trace`` and decide ``state.converged``: the
+    relative ELBO change against the last check is at most ``tol``, or with ``noisy`` (Monte Carlo site gradients)
+    :func:`gpvi.inference.cvi.options.flat_elbo_window`. Sets ``info["converged"]``."""
+    elbo, prev = info["elbo"], state.elbo
+    tr = state.trace
+    tr["step"].append(info.get("elbo_step", state.t))
+    tr["sweep"].append(state.sweeps)
+    tr["elbo"].append(elbo)
+    tr["residual"].append(info.get("residual", math.nan))
+    tr["drift"].append(info.get("drift", math.nan))
+    tr["time_s"].append(state.step_time_s)
+    state.elbo = elbo
+    if noisy:
+        state.converged = tol > 0 and flat_elbo_window(tr["elbo"], tol)
+    else:
+        state.converged = tol > 0 and math.isfinite(prev) and abs(elbo - prev) <= tol * max(1.0, abs(elbo))
+    info["converged"] = state.converged
 
 
 def stochastic_step(cvi: Any, model: Any, st: Any, K: torch.Tensor, gen: torch.Generator) -> dict[str, Any]:
@@ -160,7 +206,6 @@ def stochastic_step(cvi: Any, model: Any, st: Any, K: torch.Tensor, gen: torch.G
     if not st.factor.mT.is_contiguous():
         st.factor = st.factor.mT.contiguous().mT
     L = st.factor
-    U = L.mT
     N = L.shape[0]
     idx = _next_batch(st, gen, opts.batch_size)
     B = idx.shape[0]
@@ -186,15 +231,7 @@ def stochastic_step(cvi: Any, model: Any, st: Any, K: torch.Tensor, gen: torch.G
     delta = (-0.5 / new2) - s_old[idx]
     try:
         try:
-            for i, (j, dlt) in enumerate(zip(idx.tolist(), delta.tolist())):
-                if dlt == 0.0:
-                    continue
-                if opts.factor_update == "blocked":
-                    cholesky_site_update_(U, j, dlt, p=R[j:, B + 1] if i == 0 else None)
-                else:
-                    unit = torch.zeros(N - j, dtype=L.dtype, device=L.device)
-                    unit[0] = 1.0
-                    L[j:, j:] = cholesky_update(L[j:, j:], unit, dlt)
+            update_factor_(L, idx, delta, R[:, B + 1], opts.factor_update)
             st.since_refactor += 1
         except NotPSDError:
             st.counters["factor_faults"] += 1

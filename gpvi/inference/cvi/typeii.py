@@ -130,12 +130,27 @@ def converge_sites(cvi: CVI, model: Any, theta: torch.Tensor, lam1: torch.Tensor
     K = model.kernel_matrix(theta)
     inner = CVIState(lam1, lam2, theta, _NO_DRAWS, initialised=True)
     inner.counters = counters
+    return monotone_run(inner, lambda st: steps.full_step(cvi, model, st, K, None, method="quadrature")["elbo"],
+                        tol=tol, max_steps=max_steps)
+
+
+def monotone_run(inner: Any, step: Callable[[Any], float], *, tol: float, max_steps: int) -> Any:
+    r"""The ELBO-monotone loop of :func:`converge_sites` (binary) and
+    :func:`gpvi.inference.cvi.multiclass_typeii.converge_sites` (multi-class).
+
+    ``step(inner)`` evaluates the bound of ``inner``'s sites, then updates them in place and returns that bound.
+    A step whose bound is lower than the last accepted one is undone (the sites go back to the last accepted
+    point, ``inner.beta_scale`` halves, ``inner.counters["inner_backtracks"]`` counts it); each accepted step
+    multiplies ``beta_scale`` by 1.5, up to 1. Ends when the relative change is at most ``tol`` or after
+    ``max_steps`` steps (undone ones count); returns ``inner``.
+    """
+    counters = inner.counters
     prev = math.nan                       # the ELBO of the last accepted sites ...
-    keep = (lam1, lam2)                   # ... and those sites
+    keep = (inner.lam1, inner.lam2)       # ... and those sites
     redo = False
     for _ in range(max_steps):
         here = (inner.lam1, inner.lam2)
-        elbo = steps.full_step(cvi, model, inner, K, None, method="quadrature")["elbo"]
+        elbo = step(inner)
         if redo:                          # the ELBO of the restored sites is prev: nothing learned yet
             redo = False
             continue
