@@ -98,3 +98,12 @@ def test_gpclassifier_stochastic_multiclass_matches_full_mode():
     assert sto.posterior_.info["mode"] == "stochastic" and sto.posterior_.info["batch_size"] == 3
     Xt = np.random.default_rng(0).uniform(-2, 2, (20, 2))
     assert np.abs(sto.predict_proba(Xt) - full.predict_proba(Xt)).max() <= 1e-5
+
+
+def test_bad_single_site_settings_are_named():
+    with pytest.raises(ValueError, match="mode must be one of"):
+        MulticlassCVI(mode="single")
+    with pytest.raises(TypeError, match="single_site must be a gpvi.inference.cvi.SingleSite"):
+        MulticlassCVI(mode="stochastic", single_site=3)
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        GPClassifier(mode="stochastic", batch_size=0, progress_bar=False).fit(np.random.rand(12, 2), np.arange(12) % 3)
