@@ -49,6 +49,13 @@ def refactor(st: ms.MulticlassCVIState, K: torch.Tensor, *, measure: bool) -> fl
     return steps.refactor(st, K, measure=measure, factorise=ms.factors)
 
 
+def _refresh(st: ms.MulticlassCVIState, K: torch.Tensor) -> None:
+    """Recompute the class factors from scratch without moving the refactorisation (check) schedule."""
+    since = st.since_refactor
+    refactor(st, K, measure=False)
+    st.since_refactor = since
+
+
 def _check(eng: Any, model: Any, st: ms.MulticlassCVIState, K: torch.Tensor) -> dict[str, Any]:
     """Refactorise (measuring the drift), centre the sites along the common mode and evaluate the bound."""
     drift = refactor(st, K, measure=True)
@@ -76,9 +83,7 @@ def stochastic_step(eng: Any, model: Any, st: ms.MulticlassCVIState, K: torch.Te
         refactor(st, K, measure=False)
         return info
     if st.factor is None:                      # resumed without factors: recompute them, keep the schedule
-        since = st.since_refactor
-        refactor(st, K, measure=False)
-        st.since_refactor = since
+        _refresh(st, K)
     if not st.factor.mT.is_contiguous():
         st.factor = st.factor.mT.contiguous().mT
     L = st.factor
@@ -116,12 +121,11 @@ def stochastic_step(eng: Any, model: Any, st: ms.MulticlassCVIState, K: torch.Te
     try:
         try:
             if unstable:
-                since = st.since_refactor
-                refactor(st, K, measure=False)
-                st.since_refactor = since
+                _refresh(st, K)
                 st.counters["unstable_updates"] = st.counters.get("unstable_updates", 0) + 1
-            for c in range(C if not unstable else 0):
-                steps.update_factor_(L[c], idx, delta[:, c], R[c, :, B + 1], opts.factor_update)
+            else:
+                for c in range(C):
+                    steps.update_factor_(L[c], idx, delta[:, c], R[c, :, B + 1], opts.factor_update)
             st.since_refactor += 1
         except NotPSDError:
             st.counters["factor_faults"] += 1
