@@ -31,6 +31,7 @@ Usage::
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/nuts_fidelity.py seeds [bodyfat ...]  # gpvi.infer, seeds 1-3
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/nuts_fidelity.py mixture [bodyfat boston]  # NUTS from the mixture
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/nuts_fidelity.py engines [dataset ...]  # infer: DSVI vs S&K
+    # engines [--seeds 1,2] [--only sk] [--name NAME]: other seeds, one engine, another result file
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ import numpy as np
 import torch
 
 import gpvi
+from gpvi.inference.infer import default_sk
 
 try:
     from benchmarks._common import RESULTS, header, write
@@ -284,7 +286,8 @@ def phase_engines(names: list[str], seeds: list[int], engines: tuple[str, ...] =
     rows: dict[str, Any] = {}
     lines = ["", "gpvi.infer(model, seed=s, engine=e) for the variational engine e = \"dsvi\" (DSVI's default: natural "
              "steps from every distinct MAP optimum, plateau then finish) and e = \"sk\" (Salimans-Knowles "
-             "Hessian-free, max(250, 20 D) steps of 4 draws from the same starts, the second half averaged), against "
+             "Hessian-free from the same starts, the second half averaged: `gpvi.inference.infer.default_sk`, at the "
+             f"time of this run {default_sk(15, progress_bar=False)!r} for D = 15), against "
              "the long NUTS references of `nuts_fidelity.md`. Bound: the best start's final bound and its standard "
              "error (1,000 draws for DSVI's, 1,000 for S&K's); wall: the variational stage (MAP restarts included) "
              "and all of gpvi.infer.", "",
@@ -396,8 +399,13 @@ if __name__ == "__main__":
         phase_mixture(sys.argv[2:] or ["bodyfat", "boston"])
     elif phase == "seeds":
         phase_seeds(sys.argv[2:] or list(DATASETS), [1, 2, 3])
-    elif phase == "engines":                  # engines [--seeds 1,2 --only sk] [dataset ...]
+    elif phase == "engines":                  # engines [--seeds 1,2 --only sk --name NAME] [dataset ...]
         args, seeds, only = sys.argv[2:], [0], ("dsvi", "sk")
+        name = None
+        if "--name" in args:
+            i = args.index("--name")
+            name = args[i + 1]
+            args = args[:i] + args[i + 2:]
         if "--seeds" in args:
             i = args.index("--seeds")
             seeds = [int(x) for x in args[i + 1].split(",")]
@@ -407,6 +415,6 @@ if __name__ == "__main__":
             only = (args[i + 1],)
             args = args[:i] + args[i + 2:]
         phase_engines(args or list(DATASETS), seeds, only,
-                      "nuts_fidelity_engines" if seeds == [0] else "nuts_fidelity_engines_seeds")
+                      name or ("nuts_fidelity_engines" if seeds == [0] else "nuts_fidelity_engines_seeds"))
     else:
         render(sys.argv[2:])

@@ -88,7 +88,10 @@ def pima():
 
 # ================================================================================= exact recovery (noise free)
 @pytest.mark.parametrize("kw", [dict(hessian="autograd"), dict(hessian="fd"), dict(method="gradient"),
-                                dict(method="gradient", num_draws=4)], ids=["autograd", "fd", "grad", "grad-S4"])
+                                dict(method="gradient", num_draws=4),
+                                dict(method="gradient", num_draws=4, draws="sobol"),
+                                dict(hessian="autograd", draws="sobol")],
+                         ids=["autograd", "fd", "grad", "grad-S4", "grad-S4-sobol", "autograd-sobol"])
 def test_gaussian_target_recovered_exactly(kw):
     """Paper section 4 / Appendix B: for a Gaussian target H is constant and the gradient linear in x, so the
     averaged regression returns (mu, Lam^-1) exactly, whatever the draws. Rounding-level tolerance: 1e-8."""
@@ -182,7 +185,9 @@ def test_gp_target_auto_uses_fd_hessian_that_matches_an_independent_autograd_hes
 
 
 # ================================================================================= independent optimum (Pima)
-@pytest.mark.parametrize("kw", [dict(), dict(method="gradient", num_draws=4)], ids=["hessian", "gradient"])
+@pytest.mark.parametrize("kw", [dict(), dict(method="gradient", num_draws=4),
+                                dict(method="gradient", num_draws=4, draws="sobol")],
+                         ids=["hessian", "gradient", "gradient-sobol"])
 def test_pima_matches_the_deterministic_gaussian_vi_optimum(pima, kw):
     """Bayesian logistic regression (DSVI paper 3.1): the Gaussian bound is concave with a unique maximiser, found
     independently by L-BFGS on the 64-point quadrature bound. Algorithm 2's fixed point (E_q[g] = 0, P = -E_q[H])
@@ -197,6 +202,50 @@ def test_pima_matches_the_deterministic_gaussian_vi_optimum(pima, kw):
     # the Monte Carlo bound estimate agrees with the quadrature bound within 5 of its standard errors
     assert abs(q.elbo - ref.elbo) < 5 * q.elbo_se + 0.01
     assert q.info["non_pd_steps"] == 0                 # log-concave target: -H is PD at every draw
+
+
+def test_sobol_draws_lower_the_error_of_the_averaged_regression(pima):
+    """Randomised quasi-Monte Carlo draws (one scrambled Sobol' sequence per run) make the window average a QMC
+    average: against the exact (quadrature) bound optimum of Pima, N = 200, 2 antithetic pairs per step, 8 seeds
+    each, the mean bound gap was 1.8e-4 with pseudo-random draws and 5.6e-5 with Sobol' draws (3.2x smaller; at
+    N = 1000, 6.0e-5 vs 4.1e-6). Asserted on 4 seeds: Sobol' at most half of pseudo-random's mean gap, every
+    Sobol' gap below 2e-4 (3x its observed maximum 6.5e-5)."""
+    model, ref = pima
+    gaps = {}
+    for draws in ("random", "sobol"):
+        gaps[draws] = []
+        for seed in range(4):
+            q = run_quiet(quiet(num_steps=200, method="gradient", num_draws=4, draws=draws, seed=seed,
+                                num_elbo_draws=0), model)
+            gaps[draws].append(float(ref.elbo - model.gaussian_bound(q.mean, q.scale_tril)))
+    assert min(gaps["sobol"]) > -1e-9 and max(gaps["sobol"]) < 2e-4
+    assert sum(gaps["sobol"]) < 0.5 * sum(gaps["random"])
+
+
+def test_sobol_runs_resume_bit_for_bit_and_refuse_a_pseudo_random_engine(pima):
+    """The Sobol' sequence's scramble seed and position are part of the state: an interrupted run resumed from
+    its state_dict (through torch.save) equals the uninterrupted one exactly; the seed is drawn from the run's
+    generator, so different seeds give different sequences; a state made with one kind of draws is refused by an
+    engine with the other."""
+    model, _ = pima
+    kw = dict(num_steps=100, method="gradient", num_draws=4, draws="sobol", seed=11, num_elbo_draws=100)
+    full = run_quiet(quiet(**kw), model)
+    with pytest.warns(InterruptedRunWarning):
+        part = run_quiet(quiet(**kw), model, callback=_stop_at(70))
+    saved = part.engine_state.state_dict()
+    assert saved["qmc_seed"] is not None and saved["qmc_drawn"] == 70 * 2
+    buf = io.BytesIO()
+    torch.save(saved, buf)
+    buf.seek(0)
+    state = SKState.from_state_dict(torch.load(buf, weights_only=False))
+    resumed = run_quiet(quiet(**kw), model, state=state)
+    assert torch.equal(resumed.mean, full.mean) and torch.equal(resumed.scale_tril, full.scale_tril)
+    assert torch.equal(resumed.trace["bound"], full.trace["bound"]) and resumed.elbo == full.elbo
+    other = run_quiet(quiet(**{**kw, "seed": 12}), model)
+    assert not torch.equal(other.trace["bound"], full.trace["bound"])
+    assert full.info["settings"]["draws"] == "sobol" and "draws='sobol'" in repr(quiet(**kw))
+    with pytest.raises(ValueError, match="draws"):
+        quiet(**{**kw, "draws": "random"}).run(model, state=part.engine_state)
 
 
 def test_minibatch_subsampling_converges_to_the_full_data_optimum(pima):
@@ -549,7 +598,7 @@ def test_run_never_changes_the_state_it_resumes_from(pima):
     (dict(num_elbo_draws=-1), "num_elbo_draws"), (lambda: dict(faults=gpvi.inference.engine.FaultPolicy(0)),
                                                   "max_consecutive"),
     (dict(seed=-3), "seed"), (dict(init_scale="big"), "init_scale"),
-    (dict(method="gradient", num_draws=3), "num_draws"),
+    (dict(method="gradient", num_draws=3), "num_draws"), (dict(draws="halton"), "draws"),
 ])
 def test_bad_settings_raise_value_error_naming_argument(kwargs, match):
     """Option groups are validated where they are built (inside the ``raises`` block: hence the lambdas)."""

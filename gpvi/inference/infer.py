@@ -38,7 +38,7 @@ from typing import Any
 from ..rng import check_seed
 from ..validation import check_bool, check_nonnegative_int, check_positive, check_positive_int
 
-__all__ = ["infer", "InferenceReport", "starts_mixture", "BASIN_MASS_TOL"]
+__all__ = ["infer", "default_sk", "InferenceReport", "starts_mixture", "BASIN_MASS_TOL"]
 
 BASIN_MASS_TOL = 0.01
 """Posterior mass (estimated by PSIS of the starts' mixture) the basins other than the best q's may hold before
@@ -178,6 +178,27 @@ def _choose(khat: float, mixture: bool = False) -> tuple[str, str]:
     return "nuts", f"k-hat {khat:.2f} > {KHAT_USABLE}: q and its weights are unreliable; NUTS warm-started from q"
 
 
+def default_sk(dim: int, *, seed: int = 0, progress_bar: bool = True) -> Any:
+    r"""``gpvi.infer``'s variational engine for a D-dimensional target: Salimans-Knowles' Hessian-free variant,
+    ``SKGaussian(num_steps=max(500, 40 D), method="gradient", num_draws=4, draws="sobol")``.
+
+    Two antithetic pairs per step, :math:`N = \max(500, 40D)` steps (step size :math:`1/\sqrt N`, the second half
+    averaged) and randomised quasi-Monte Carlo draws: from the same start, the bound of the returned q is within
+    0.01 nats of a run 10x longer on the pendulum, Bodyfat and Boston GP hyperparameter posteriors (+0.0000 ±
+    0.0003, +0.0007 ± 0.0010, +0.0069 ± 0.0037 nats, paired estimates; ``benchmarks/results/sk_length.md``). The
+    default before 2026-11-25 (``max(250, 20 D)`` pseudo-random steps) left +0.0025, +0.010 and +0.043; either
+    change alone missed 0.01 on Boston (Sobol' draws: +0.023, twice the steps: +0.016).
+
+    Examples
+    --------
+    >>> default_sk(15, progress_bar=False)
+    SKGaussian(num_steps=600, method='gradient', num_draws=4, draws='sobol', step_size=0.04082)
+    """
+    from .sk.engine import SKGaussian
+    return SKGaussian(num_steps=max(500, 40 * dim), method="gradient", num_draws=4, draws="sobol", seed=seed,
+                      progress_bar=progress_bar)
+
+
 def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any = None, nuts: Any = None,
           min_ess: float = 400.0, max_extensions: int = 3, progress_bar: bool = True) -> Any:
     r"""A posterior over the target's parameters that has been checked against the exact log joint.
@@ -193,14 +214,14 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
         Draws of q for PSIS (default 1000).
     engine : {"sk", "dsvi"} or engine, optional
         The variational engine. ``"sk"`` (default, also ``None``): Salimans-Knowles' Hessian-free variant
-        (``SKGaussian(num_steps=max(250, 20 D), method="gradient", num_draws=4)``) from each of DSVI's default
-        starts (for exact GP targets the distinct MAP optima with their Laplace scales; the best final bound
-        wins and the starts' Gaussians enter the basin step): same or higher bounds than DSVI's default with
-        fewer log-joint evaluations (``benchmarks/results/nuts_fidelity_engines.md``,
-        ``dsvi_best_gaussian.md``). Its length is not a finish: a run 10x longer from the same start gains 0.015
-        to 0.07 nats (pendulum, Bodyfat, Boston; ``sk_length.md``) where DSVI's finish stops within 0.01, and
-        Boston's q moves by up to 0.23 sd; the PSIS step corrects q's moments. N is part of the algorithm, not a
-        stop rule, and too small an N ends in a
+        (:func:`default_sk`: ``SKGaussian(num_steps=max(500, 40 D), method="gradient", num_draws=4,
+        draws="sobol")``) from each of DSVI's default starts (for exact GP targets the distinct MAP optima with
+        their Laplace scales; the best final bound wins and the starts' Gaussians enter the basin step): same or
+        higher bounds than DSVI's default with fewer log-joint evaluations
+        (``benchmarks/results/nuts_fidelity_engines.md``, ``dsvi_best_gaussian.md``). Its length N is part of the
+        algorithm, not a stop rule; at the default N a run 10x longer from the same start gains less than 0.01
+        nats on pendulum, Bodyfat and Boston (``sk_length.md``; Boston's q still moves by up to 0.19 sd along a
+        flat direction, which the PSIS step checks). Too small an N ends in a
         :class:`~gpvi.exceptions.NumericalFaultError` (a non-positive-definite averaged precision) rather than a
         wrong answer; when that happens from every start, ``infer`` warns and runs DSVI from the same starts (the
         report's ``engine`` and ``reason`` say so). ``"dsvi"``: ``gpvi.DSVI(scale="full", seed=seed)``, the best
@@ -249,10 +270,8 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
         name = check_choice("sk" if engine is None else engine, "engine", ("sk", "dsvi"))
         engine = DSVI(scale="full", seed=seed, progress_bar=progress_bar)
         if name == "sk":
-            from .sk.engine import SKGaussian
             init = engine.default_init(target)                 # DSVI's starts: the MAP optima, Laplace scales
-            engine = SKGaussian(num_steps=max(250, 20 * len(target.names)), method="gradient", num_draws=4,
-                                seed=seed, progress_bar=progress_bar)
+            engine = default_sk(len(target.names), seed=seed, progress_bar=progress_bar)
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     fallback = ""

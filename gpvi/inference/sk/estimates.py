@@ -121,7 +121,7 @@ def draw_statistics(target: Any, state: SKState, num_draws: int, max_resample: i
     L, m = state.L, state.m
 
     def draw(k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        eps = torch.randn((k, D), generator=gen, dtype=m.dtype, device=m.device)
+        eps = state.standard_normals(k)
         if pairs:
             eps = torch.cat([eps, -eps], 0)
         x = m + torch.linalg.solve_triangular(L.T, eps.T, upper=True).T      # m + L^-T eps

@@ -60,7 +60,12 @@ class SKState(RunState):
         "laplace_diagonal ...", "given (GaussianPosterior)", ...; an ``init_scale="laplace"`` start's evaluation
         cost).
     generator : torch.Generator
-        The run's random stream (draws, resampled draws, minibatches).
+        The run's random stream (draws, resampled draws, minibatches; with ``draws="sobol"`` minibatches only).
+    qmc_seed : int or None
+        Scramble seed of the run's Sobol' sequence (``SKGaussian(draws="sobol")``, drawn from ``generator`` at
+        ``init``); None for pseudo-random draws.
+    qmc_drawn : int
+        Sobol' points used so far (a resumed run continues the sequence where it stopped).
     window : collections.deque of float
         Last instantaneous bounds (rolling average).
     trace : dict of str to array.array
@@ -105,6 +110,9 @@ class SKState(RunState):
     counters: dict[str, int] = field(default_factory=lambda: {k: 0 for k in COUNTERS})
     consecutive_failures: int = 0
     wall_time: float = 0.0
+    qmc_seed: int | None = None
+    qmc_drawn: int = 0
+    _sobol: Any = field(default=None, repr=False, compare=False)
 
     @property
     def dim(self) -> int:
@@ -116,7 +124,8 @@ class SKState(RunState):
         return {
             "version": 1, "m": self.m.clone(), "L": self.L.clone(), "stats": clone_tensors(self.stats),
             "sums": [clone_tensors(s) for s in self.sums], "t": self.t, "num_steps": self.num_steps, "w": self.w,
-            "method": self.method, "hessian": self.hessian, "hessian_note": self.hessian_note, **run_state_dict(self),
+            "method": self.method, "hessian": self.hessian, "hessian_note": self.hessian_note,
+            "qmc_seed": self.qmc_seed, "qmc_drawn": self.qmc_drawn, **run_state_dict(self),
         }
 
     @classmethod
@@ -128,5 +137,21 @@ class SKState(RunState):
             m=state["m"].clone(), L=state["L"].clone(), stats=clone_tensors(state["stats"]),
             sums=[clone_tensors(s) for s in state["sums"]], t=int(state["t"]), num_steps=int(state["num_steps"]),
             w=float(state["w"]), method=state["method"], hessian=state["hessian"],
-            hessian_note=state.get("hessian_note", ""), **run_state_fields(state, COUNTERS),
+            hessian_note=state.get("hessian_note", ""), qmc_seed=state.get("qmc_seed"),
+            qmc_drawn=int(state.get("qmc_drawn", 0)), **run_state_fields(state, COUNTERS),
         )
+
+    def standard_normals(self, k: int) -> torch.Tensor:
+        r"""``(k, D)`` standard-normal draws for the next step: pseudo-random from ``generator``, or the next ``k``
+        points of the run's scrambled Sobol' sequence through the normal quantile (``qmc_seed`` set)."""
+        D, like = self.dim, self.m
+        if self.qmc_seed is None:
+            return torch.randn((k, D), generator=self.generator, dtype=like.dtype, device=like.device)
+        if self._sobol is None or self._sobol.num_generated != self.qmc_drawn:
+            self._sobol = torch.quasirandom.SobolEngine(D, scramble=True, seed=self.qmc_seed)
+            if self.qmc_drawn:
+                self._sobol.fast_forward(self.qmc_drawn)
+        u = self._sobol.draw(k, dtype=torch.float64)
+        self.qmc_drawn += k
+        tiny = torch.finfo(torch.float64).eps
+        return torch.special.ndtri(u.clamp(tiny, 1.0 - tiny)).to(dtype=like.dtype, device=like.device)
