@@ -80,9 +80,10 @@ class GPClassifier:
         prior :math:`\mathcal N(0, 10 I)` on the log-hyperparameters); ``"fixed"``: keep them at their start;
         ``"bayes"`` (binary links): integrate over them,
         :class:`~gpvi.inference.cvi.bayes.FullyBayesianCVI` -- a Gaussian :math:`q(\theta)` (Salimans-Knowles
-        Hessian-free) on the profiled CVI bound (same prior), predictions averaged over ``num_draws`` draws of it
-        (at least 32) with their CVI posteriors. Slower than ``"type2"`` (10-15 s for N = 100 on 2 cores: every
-        step runs CVI to convergence at 4 draws of theta); ``mode``, ``beta``, ``estimator`` and ``max_sweeps``
+        Hessian-free) on EP's approximate evidence (same prior; the CVI bound before 2026-11-24, whose gap grows
+        with the signal variance), predictions averaged over ``num_draws`` draws of it (at least 32) with their
+        CVI posteriors. Slower than ``"type2"`` (11-21 s for N = 100 on 2 cores: every step runs EP to convergence
+        at 4 draws of theta); ``mode``, ``beta``, ``estimator`` and ``max_sweeps``
         do not apply (FullyBayesianCVI's own full-batch engine), and the fit cannot be saved with
         :func:`gpvi.io.save_fit`.
     beta : float

@@ -111,16 +111,17 @@ def nuts_reference():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("engine", ["default (S&K Hessian-free)", "DSVI natural"])
+@pytest.mark.parametrize("engine", ["default (S&K Hessian-free, EP evidence)", "S&K on the CVI bound", "DSVI natural"])
 def test_q_theta_and_predictive_match_nuts_on_theta_and_whitened_latents(nuts_reference, engine):
     """q(theta)'s mean within 0.3 NUTS sd of NUTS's on WhitenedLatentGP, its sd within 30%; predictive
     probabilities within 0.05. NUTS's Monte Carlo error of the mean at its ESS (> 100 here) is below 0.1 sd."""
     model, target, d = nuts_reference
-    if engine.startswith("default"):
+    if engine.startswith(("default", "S&K")):
+        evidence = "ep" if engine.startswith("default") else "cvi"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            post = FullyBayesianCVI(prior=_TIGHT, num_draws=16, seed=0).run(model)
-        assert post.info["engine"] == "SKGaussian"
+            post = FullyBayesianCVI(prior=_TIGHT, num_draws=16, evidence=evidence, seed=0).run(model)
+        assert post.info["engine"] == "SKGaussian" and post.info["evidence"] == evidence
     else:
         post = _short_fit(model, prior=_TIGHT, steps=300)
     nm, ns = d[:, :2].mean(0), d[:, :2].std(0)

@@ -1,5 +1,5 @@
-r"""Fully Bayesian GP classification: a Gaussian :math:`q(\theta)` over the kernel log-hyperparameters fitted on the
-CVI bound, and predictions that integrate over :math:`q(\theta)` and over :math:`\mathbf f`.
+r"""Fully Bayesian GP classification: a Gaussian :math:`q(\theta)` over the kernel log-hyperparameters, and
+predictions that integrate over :math:`q(\theta)` and over :math:`\mathbf f`.
 
 :class:`gpvi.inference.cvi.bayes.FullyBayesianCVI` fits, for a latent GP model (:class:`gpvi.GPClassification`),
 
@@ -7,28 +7,36 @@ CVI bound, and predictions that integrate over :math:`q(\theta)` and over :math:
 
     q(\theta, \mathbf f) = q(\theta)\, q^*(\mathbf f\mid\theta),\qquad q(\theta) = \mathcal N(\mu, CC^\top),
 
-where :math:`q^*(\mathbf f\mid\theta)` is the Gaussian CVI converges to at :math:`\theta`, by maximising the
-structured evidence lower bound
+where :math:`q^*(\mathbf f\mid\theta)` is the Gaussian CVI converges to at :math:`\theta`, with a Gaussian
+variational engine -- Salimans & Knowles' Hessian-free stochastic linear regression (:class:`gpvi.SKGaussian`, the
+default) or DSVI (Titsias & Lázaro-Gredilla 2014) -- maximising
 
 .. math::
 
-    \mathcal F(\mu, C) = \mathbb E_{q(\theta)}\big[\mathcal L_{CVI}(\theta) + \log p(\theta)\big]
-      + \mathcal H[q(\theta)] \;\le\; \log p(\mathbf y)
+    \mathcal F(\mu, C) = \mathbb E_{q(\theta)}\big[\ell(\theta) + \log p(\theta)\big] + \mathcal H[q(\theta)],
 
-with a Gaussian variational engine -- Salimans & Knowles' Hessian-free stochastic linear regression
-(:class:`gpvi.SKGaussian`, the default) or DSVI (Titsias & Lázaro-Gredilla 2014) -- on
-:class:`gpvi.models.cvi_bound.CVIBoundTarget`, whose log joint is
-the profiled CVI bound :math:`\mathcal L_{CVI}(\theta) \le \log p(\mathbf y\mid\theta)` plus the log prior (see
-that module for the bound, its envelope-theorem gradient and what :math:`q(\theta)` approximates: the posterior of
-:math:`\theta` under the CVI bound, not exactly :math:`p(\theta\mid\mathbf y)`; NUTS over :math:`(\theta, \mathbf
-v)`, :class:`gpvi.models.whitened.WhitenedLatentGP`, is the reference without that approximation).
+where :math:`\ell(\theta)` stands in for :math:`\log p(\mathbf y\mid\theta)`:
+
+* ``evidence="ep"`` (the default): EP's approximate evidence :math:`\log Z_{EP}(\theta)`
+  (:class:`gpvi.models.ep_evidence.EPEvidenceTarget`). :math:`\mathcal F` then approximates the ELBO of
+  :math:`q(\theta)` against the exact :math:`p(\theta\mid\mathbf y)` (it is that ELBO where :math:`\log Z_{EP} =
+  \log p(\mathbf y\mid\theta)`); it is not a bound.
+* ``evidence="cvi"``: the profiled CVI bound :math:`\mathcal L_{CVI}(\theta) \le \log p(\mathbf y\mid\theta)`
+  (:class:`gpvi.models.cvi_bound.CVIBoundTarget`). :math:`\mathcal F \le \log p(\mathbf y)` is then the ELBO of
+  the structured family :math:`q(\theta)\,q^*(\mathbf f\mid\theta)`, and :math:`q(\theta)` approximates the
+  posterior of :math:`\theta` *under the CVI bound*, pulled towards small signal variances where the likelihood
+  saturates (the bound's gap grows with the signal variance: ``benchmarks/classification_evidence.md``).
+
+NUTS over :math:`(\theta, \mathbf v)` (:class:`gpvi.models.whitened.WhitenedLatentGP`) is the reference without
+either approximation (``benchmarks/classification_nuts_ref.md``).
 
 The run: (1) MAP-II, the maximiser of :math:`\mathcal L_{CVI}(\theta) + \log p(\theta)`, by
-:class:`gpvi.inference.cvi.typeii.TypeII` (the same objective); (2) the Laplace scale of the target there
-(:func:`gpvi.inference.init.laplace_scale_at`, central differences of the envelope gradient); (3) the engine from that
+:class:`gpvi.inference.cvi.typeii.TypeII`, and with ``evidence="ep"`` the maximiser of
+:math:`\log Z_{EP}(\theta) + \log p(\theta)` from there (L-BFGS-B); (2) the Laplace scale of the target there
+(:func:`gpvi.inference.init.laplace_scale_at`, central differences of the gradient); (3) the engine from that
 start (default: S&K Hessian-free, max(200, 4 D) steps of 4 draws, the second half averaged; see
 :class:`~gpvi.inference.cvi.bayes.FullyBayesianCVI`); (4) ``num_draws`` draws :math:`\theta_s \sim q` with their
-converged latent posteriors.
+converged CVI latent posteriors.
 
 The predictive (:class:`BayesClassificationPosterior`) is the equal-weight mixture over the draws,
 
@@ -64,10 +72,10 @@ class BayesClassificationPosterior:
     Parameters
     ----------
     q : GaussianPosterior
-        The posterior of the kernel log-hyperparameters (e.g. S&K's or DSVI's on a
-        :class:`~gpvi.models.cvi_bound.CVIBoundTarget`).
-    target : CVIBoundTarget
-        Gives the model and the converged latent posterior at each draw.
+        The posterior of the kernel log-hyperparameters (e.g. S&K's or DSVI's on an
+        :class:`~gpvi.models.ep_evidence.EPEvidenceTarget` or a :class:`~gpvi.models.cvi_bound.CVIBoundTarget`).
+    target : EPEvidenceTarget or CVIBoundTarget
+        Gives the model and the converged CVI latent posterior at each draw (``latent_posterior``).
     num_draws : int
         S, draws of :math:`\theta` in the predictive mixture (default 32).
     seed : int
@@ -128,8 +136,8 @@ class BayesClassificationPosterior:
 
     @property
     def elbo(self) -> float:
-        r"""The engine's estimate of :math:`\mathcal F(\mu, C) \le \log p(\mathbf y)` (``elbo_se`` its standard
-        error)."""
+        r"""The engine's estimate of :math:`\mathcal F(\mu, C)` (module docstring; a lower bound on
+        :math:`\log p(\mathbf y)` only with ``evidence="cvi"``; ``elbo_se`` its standard error)."""
         return float(self.q.elbo)
 
     @property

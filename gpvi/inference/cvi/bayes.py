@@ -1,23 +1,26 @@
-r"""Fully Bayesian GP classification: a Gaussian q over the kernel log-hyperparameters on the profiled CVI bound.
+r"""Fully Bayesian GP classification: a Gaussian q over the kernel log-hyperparameters, CVI's latent posteriors.
 
 :class:`FullyBayesianCVI` runs MAP-II (:class:`~gpvi.inference.cvi.typeii.TypeII`), a Laplace start, and a Gaussian
-variational engine (Salimans-Knowles Hessian-free by default, or DSVI) on
-:class:`gpvi.models.cvi_bound.CVIBoundTarget`; it returns a
+variational engine (Salimans-Knowles Hessian-free by default, or DSVI) on EP's approximate evidence
+(:class:`gpvi.models.ep_evidence.EPEvidenceTarget`, the default) or on the profiled CVI bound
+(:class:`gpvi.models.cvi_bound.CVIBoundTarget`); it returns a
 :class:`gpvi.posteriors.bayes_classification.BayesClassificationPosterior` (see that module for the bound that is
 maximised, what :math:`q(\theta)` approximates, and the predictive).
 """
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from typing import Any
 
+import torch
 
 from ...exceptions import NumericalFaultError, NumericalWarning
 from ...posteriors.bayes_classification import BayesClassificationPosterior
 from ...rng import check_seed
-from ...validation import check_bool, check_positive_int
+from ...validation import check_bool, check_choice, check_positive_int
 
 __all__ = ["FullyBayesianCVI"]
 
@@ -54,6 +57,16 @@ class FullyBayesianCVI:
         differences of the gradient need it accurate).
     num_draws : int
         Draws of :math:`\theta` in the predictive mixture (default 32).
+    evidence : {"ep", "cvi"}
+        What stands in for :math:`\log p(\mathbf y\mid\theta)` in :math:`q(\theta)`'s target. ``"ep"`` (default
+        since 2026-11-24): EP's approximation :math:`\log Z_{EP}(\theta)`
+        (:class:`~gpvi.models.ep_evidence.EPEvidenceTarget`); the run then moves from the CVI MAP-II point to the
+        maximiser of :math:`\log Z_{EP} + \log p(\theta)` (L-BFGS-B) and takes the Laplace scale there.
+        ``"cvi"``: the profiled CVI bound (:class:`~gpvi.models.cvi_bound.CVIBoundTarget`; the only choice before),
+        a lower bound whose gap grows with the signal variance, so its :math:`q(\theta)` sits at too small signal
+        variances where the likelihood saturates (measured against long NUTS runs in
+        ``benchmarks/classification_nuts_ref.md``: on Ionosphere 1.5 posterior sds too low). Either way the latent
+        posterior at each draw is CVI's :math:`q^*(\mathbf f\mid\theta)`.
     seed : int
         Seed of DSVI (when ``dsvi`` is not given) and of the predictive draws.
     progress_bar : bool
@@ -78,7 +91,7 @@ class FullyBayesianCVI:
     """
 
     def __init__(self, engine: Any = None, *, prior: Any = "default", cvi: Any = None, inner_tol: float = 1e-9,
-                 num_draws: int = 32, seed: int = 0, progress_bar: bool = False) -> None:
+                 num_draws: int = 32, evidence: str = "ep", seed: int = 0, progress_bar: bool = False) -> None:
         from .engine import CVI
         from ..dsvi import DSVI
         from ..sk import SKGaussian
@@ -96,9 +109,11 @@ class FullyBayesianCVI:
         if not self.inner_tol > 0:
             raise ValueError(f"inner_tol must be > 0; got {inner_tol!r}")
         self.num_draws = check_positive_int(num_draws, "num_draws")
+        self.evidence = check_choice(evidence, "evidence", ["ep", "cvi"])
 
     def __repr__(self) -> str:
-        return f"FullyBayesianCVI({self.engine!r}, inner_tol={self.inner_tol:g}, num_draws={self.num_draws})"
+        return (f"FullyBayesianCVI({self.engine!r}, inner_tol={self.inner_tol:g}, num_draws={self.num_draws}, "
+                f"evidence={self.evidence!r})")
 
     def default_engine(self, dim: int) -> Any:
         """The default engine for D = ``dim`` log-hyperparameters (see the class docstring)."""
@@ -129,7 +144,10 @@ class FullyBayesianCVI:
         Returns
         -------
         BayesClassificationPosterior
-            ``info``: ``map_theta``, ``map_objective``, ``laplace`` (what the Laplace step did), the times
+            ``info``: ``map_theta``, ``map_objective`` (MAP-II on the CVI bound), ``evidence``, with
+            ``evidence="ep"`` also ``ep_map_theta``, ``ep_map_objective``, ``ep_map_time_s`` (the start of the
+            engine) and ``ep_counters`` (EP's evaluations, sweeps, failures, unconverged rows); ``laplace`` (what
+            the Laplace step did), the times
             ``map_time_s``, ``laplace_time_s``, ``q_time_s`` (the engine's run), ``predictive_time_s``, ``time_s``
             (all), ``engine`` (its name), ``engine_fallback`` (None, or why the default S&K run was replaced by
             :meth:`fallback_engine`), ``q_steps``, ``q_converged`` and the target's counters
@@ -144,15 +162,19 @@ class FullyBayesianCVI:
             init = TypeII(self.cvi, prior=self.prior).run(model)
         t_map = time.perf_counter() - t0
         theta_map = init.theta.detach().clone()
-        target = CVIBoundTarget(model, self.prior, cvi=self.cvi, inner_tol=min(self.inner_tol, 1e-12))
+        bound = CVIBoundTarget(model, self.prior, cvi=self.cvi, inner_tol=min(self.inner_tol, 1e-12))
         t1 = time.perf_counter()
         # the anchor: MAP-II's sites re-converged tightly (TypeII's final sites stop at the engine's own tolerance)
-        target.set_anchor(theta_map, init.lam1, init.lam2)
-        C0, how = laplace_scale_at(target, theta_map)
+        bound.set_anchor(theta_map, init.lam1, init.lam2)
+        extra: dict[str, Any] = {"evidence": self.evidence}
+        target, theta_start = bound, theta_map
+        if self.evidence == "ep":
+            target, theta_start, extra = self._ep_start(bound, theta_map, extra)
+        C0, how = laplace_scale_at(target, theta_start)
         t_lap = time.perf_counter() - t1
-        target.inner_tol = self.inner_tol
+        bound.inner_tol = self.inner_tol
         engine = self.engine if self.engine is not None else self.default_engine(target.dim)
-        start = init_to_value(theta_map, C0) if C0 is not None else init_to_value(theta_map)
+        start = init_to_value(theta_start, C0) if C0 is not None else init_to_value(theta_start)
         t2 = time.perf_counter()
         fallback = None
         try:
@@ -166,13 +188,32 @@ class FullyBayesianCVI:
             engine = self.fallback_engine()
             q = engine.run(target, init=start)
         t_q = time.perf_counter() - t2
-        map_obj = float(target.log_joint(theta_map))
-        info = {"map_theta": theta_map.tolist(), "map_objective": map_obj, "map_time_s": t_map,
+        map_obj = float(bound.log_joint(theta_map))
+        if self.evidence == "ep":
+            extra["ep_counters"] = dict(target.counters)
+        info = {"map_theta": theta_map.tolist(), "map_objective": map_obj, "map_time_s": t_map, **extra,
                 "laplace": {k: v for k, v in how.items() if k != "hessian"}, "laplace_time_s": t_lap,
                 "engine": type(engine).__name__, "engine_fallback": fallback, "q_time_s": t_q,
                 "q_steps": q.info.get("steps"),
                 "q_converged": q.info.get("converged"),
-                **{k: target.counters[k] for k in ("evaluations", "inner_steps", "failures", "unconverged")}}
+                **{k: bound.counters[k] for k in ("evaluations", "inner_steps", "failures", "unconverged")}}
         post = BayesClassificationPosterior(q, target, num_draws=self.num_draws, seed=self.seed, info=info)
         post.info["time_s"] = time.perf_counter() - t0
         return post
+
+    def _ep_start(self, bound: Any, theta_map: torch.Tensor, extra: dict[str, Any]
+                  ) -> tuple[Any, torch.Tensor, dict[str, Any]]:
+        """The EP target and its MAP point (L-BFGS-B from the CVI MAP-II point; the start of the engine)."""
+        from ..lbfgs import lbfgs_maximise
+        from ...models.ep_evidence import EPEvidenceTarget
+
+        target = EPEvidenceTarget(bound)
+        t0 = time.perf_counter()
+        fit = lbfgs_maximise(target.log_joint, theta_map, bounds=(-25.0, 25.0), gtol=1e-6, ftol=1e-10,
+                             device=target.device)
+        theta = torch.as_tensor(fit.x, dtype=torch.float64, device=target.device)
+        if not bool(torch.isfinite(theta).all()) or not math.isfinite(float(fit.value)):
+            theta = theta_map
+        extra.update(ep_map_theta=theta.tolist(), ep_map_objective=float(target.log_joint(theta)),
+                     ep_map_time_s=time.perf_counter() - t0)
+        return target, theta, extra
