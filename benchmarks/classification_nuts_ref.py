@@ -117,7 +117,7 @@ def compare(ref: dict, bayes: dict | None) -> list[dict]:
     for key, label, src in (("typeii", "type-II", ref),
                             ("bayes", "fully Bayesian (S&K, EP evidence: the default), rerun here", ref),
                             ("bayes_cvi", "fully Bayesian (S&K, CVI bound), rerun here", ref),
-                            ("bayes_dsvi", "fully Bayesian (DSVI, CVI bound), classification_bayes.json", stored),
+                            ("bayes_dsvi", "fully Bayesian (DSVI, EP evidence), classification_bayes.json", stored),
                             ("nuts", "NUTS 4 x (300 + 500), classification_bayes.json", stored)):
         if key not in src or key in done:
             continue
