@@ -114,14 +114,16 @@ class EPEvidenceTarget:
 
     def evidence(self, theta: torch.Tensor) -> Any:
         r"""EP at the rows of ``theta`` ``(S, D)``: the :class:`~gpvi.inference.ep.EPResult` (no prior term)."""
+        with torch.no_grad():
+            return self._run(self.bound._kernel(theta.detach().to(torch.float64)))
+
+    def _run(self, K: torch.Tensor) -> Any:
+        """EP on the batched kernel matrices ``K`` ``(S, N, N)``, counted."""
         from ..inference.ep import expectation_propagation
 
-        th = theta.detach().to(torch.float64)
-        with torch.no_grad():
-            K = self.bound._kernel(th)
         res = expectation_propagation(K, self.model.y, self.model.likelihood, quadrature=self.bound.cvi.quadrature,
                                       damping=self.damping, tol=self.tol, max_sweeps=self.max_sweeps)
-        self.counters["evaluations"] += th.shape[0]
+        self.counters["evaluations"] += K.shape[0]
         self.counters["sweeps"] += int(res.sweeps.sum())
         self.counters["unconverged"] += int((res.ok & ~res.converged).sum())
         self.counters["failures"] += int((~res.ok).sum())
@@ -138,10 +140,11 @@ class EPEvidenceTarget:
         idx = torch.isfinite(th).all(-1).nonzero().flatten()
         if idx.numel() == 0:
             return vals, grads
-        res = self.evidence(th[idx])
-        with torch.enable_grad():
+        with torch.enable_grad():                  # one kernel evaluation: EP on its values, the gradient through it
             tg = th[idx].clone().requires_grad_(True)
-            (g,) = torch.autograd.grad(self.bound._kernel(tg), tg, grad_outputs=res.grad_k)
+            K = self.bound._kernel(tg)
+            res = self._run(K.detach())
+            (g,) = torch.autograd.grad(K, tg, grad_outputs=res.grad_k)
         ok = res.ok & torch.isfinite(g).all(-1)
         vals[idx[ok]], grads[idx[ok]] = res.log_z[ok], g[ok]
         return vals, grads

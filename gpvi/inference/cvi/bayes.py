@@ -169,7 +169,8 @@ class FullyBayesianCVI:
         extra: dict[str, Any] = {"evidence": self.evidence}
         target, theta_start = bound, theta_map
         if self.evidence == "ep":
-            target, theta_start, extra = self._ep_start(bound, theta_map, extra)
+            target, theta_start, ep_info = self._ep_start(bound, theta_map)
+            extra.update(ep_info)
         C0, how = laplace_scale_at(target, theta_start)
         t_lap = time.perf_counter() - t1
         bound.inner_tol = self.inner_tol
@@ -201,9 +202,9 @@ class FullyBayesianCVI:
         post.info["time_s"] = time.perf_counter() - t0
         return post
 
-    def _ep_start(self, bound: Any, theta_map: torch.Tensor, extra: dict[str, Any]
-                  ) -> tuple[Any, torch.Tensor, dict[str, Any]]:
-        """The EP target and its MAP point (L-BFGS-B from the CVI MAP-II point; the start of the engine)."""
+    def _ep_start(self, bound: Any, theta_map: torch.Tensor) -> tuple[Any, torch.Tensor, dict[str, Any]]:
+        """The EP target, its MAP point (L-BFGS-B from the CVI MAP-II point; the start of the engine) and what the
+        search recorded."""
         from ..lbfgs import lbfgs_maximise
         from ...models.ep_evidence import EPEvidenceTarget
 
@@ -214,6 +215,5 @@ class FullyBayesianCVI:
         theta = torch.as_tensor(fit.x, dtype=torch.float64, device=target.device)
         if not bool(torch.isfinite(theta).all()) or not math.isfinite(float(fit.value)):
             theta = theta_map
-        extra.update(ep_map_theta=theta.tolist(), ep_map_objective=float(target.log_joint(theta)),
-                     ep_map_time_s=time.perf_counter() - t0)
-        return target, theta, extra
+        return target, theta, {"ep_map_theta": theta.tolist(), "ep_map_objective": float(target.log_joint(theta)),
+                               "ep_map_time_s": time.perf_counter() - t0}
