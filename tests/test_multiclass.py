@@ -272,6 +272,33 @@ def test_map_ii_inner_rule_and_monotone_inner_runs_keep_the_optimum():
             assert obj <= fine.info["objective"] + 1e-7
 
 
+def test_coarse_first_phase_keeps_the_optimum_with_fewer_inner_steps():
+    """The coarse first phase (loose inner runs far from the optimum) ends at the optimum of the loop without it."""
+    X, y = mc_data(30, seed=13)
+    model = GPMulticlass(X, y)
+    coarse = MulticlassTypeII(engine()).run(model)
+    tight = MulticlassTypeII(engine(), coarse=False).run(model)
+    assert coarse.info["type_ii"]["coarse"]["inner_tol"] == 1e-6 and tight.info["type_ii"]["coarse"] is None
+    assert coarse.info["objective"] == pytest.approx(tight.info["objective"], abs=1e-6)
+    assert torch.allclose(coarse.theta, tight.theta, atol=1e-2)
+    assert coarse.info["inner_steps"] < tight.info["inner_steps"]
+    with pytest.raises(TypeError, match="coarse"):
+        MulticlassTypeII(engine(), coarse="yes")
+
+
+def test_isotropic_start_ignores_constant_columns():
+    """A shared lengthscale starts at lengthscale^2 = the sum of the non-constant columns' variances."""
+    import gpytorch
+
+    X, y = mc_data(30, seed=13)
+    Xc = torch.cat([X, torch.full((30, 3), 5.0, dtype=F64)], 1)
+    k = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel())
+    th = GPMulticlass(Xc, y, kernel=k).initial_theta()
+    assert float(th[0]) == pytest.approx(math.log(float(X.var(0, unbiased=False).sum())), abs=1e-12)
+    ard = GPMulticlass(X, y).initial_theta()              # the ARD start: d var(x_j) per column, unchanged
+    assert torch.allclose(ard[:2], torch.log(2 * X.var(0, unbiased=False)))
+
+
 # -------------------------------------------------------------------------------- Monte Carlo converges
 def test_monte_carlo_run_converges_to_the_quadrature_bound():
     X, y = mc_data(20, seed=5)

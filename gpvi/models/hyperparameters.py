@@ -335,7 +335,11 @@ class KernelParametrisation:
 
         A constant column (variance 0) says nothing about its lengthscale and the data cannot move it, so it starts
         long: 100 times the largest variance of the other columns (1 if all are constant). A short start there would
-        make every prediction at another value of that column fall back to the prior.
+        make every prediction at another value of that column fall back to the prior. A lengthscale shared by all
+        columns (isotropic) starts at the sum of the non-constant columns' variances (``d var`` when none is
+        constant: the mean squared distance between two rows is twice that sum); constant columns add nothing to
+        distances, and before 2026-11-24 they entered this sum at 100 times the largest variance (on standardised
+        digits: lengthscale^2 e^6.75 instead of e^4.11).
         """
         theta = torch.zeros(self.dim, dtype=X.dtype, device=X.device)
         d = X.shape[1]
@@ -343,14 +347,16 @@ class KernelParametrisation:
             var = X.var(dim=0, unbiased=False)
             const = var <= 1e-12 * X.abs().amax(dim=0).clamp_min(1.0) ** 2
             big = float(var[~const].max()) if bool((~const).any()) else 0.01
+            shared = float(var[~const].sum()) if bool((~const).any()) else d * 100.0 * big
             var = torch.where(const, torch.full_like(var, 100.0 * big), var)
         else:
             var = torch.ones(d, dtype=X.dtype, device=X.device)
+            shared = float(d)
         for b in self.blocks:
             if b.log and b.natural_power == 0.5:
                 size = b.stop - b.start
                 if size == d:
                     theta[b.start:b.stop] = torch.log(d * var)
                 else:
-                    theta[b.start:b.stop] = math.log(d * float(var.mean()))
+                    theta[b.start:b.stop] = math.log(shared)
         return theta
