@@ -78,7 +78,9 @@ class MulticlassTypeII:
     :math:`\theta` until the relative change is below ``inner_tol``, then returns the bound plus log prior and its
     gradient with the sites held fixed (:func:`gpvi.inference.cvi.multiclass_sites.theta_objective`; at the CVI
     fixed point this is :math:`dF/d\theta`, envelope theorem). CVI runs and such phases alternate until a phase
-    improves the objective by less than ``tol`` relative, as in :class:`gpvi.inference.cvi.typeii.TypeII`.
+    improves the objective by less than ``tol`` relative, as in :class:`gpvi.inference.cvi.typeii.TypeII`, or a
+    (non-coarse) phase ends by L-BFGS-B's own stop rule at its best point (a further phase from there would
+    start its inner runs, with the same rule, at the same stationary point; it cost 9 evaluations on iris).
 
     Parameters
     ----------
@@ -178,10 +180,11 @@ class MulticlassTypeII:
                                                           else repr(self.prior))}
 
     def phase(self, model: Any, state: MulticlassCVIState, prior: Any, *, coarse: bool = False
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float, float]:
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float, float, bool]:
         """L-BFGS-B on the profiled objective from ``state``; returns (theta, lam1, lam2, objective, objective at
-        the start) (the start when nothing better was found). ``coarse``: :data:`COARSE`'s ``inner_tol`` and
-        ``gtol``."""
+        the start, stationary) (the start when nothing better was found); ``stationary``: L-BFGS-B met its own
+        stop rule (projected gradient below ``gtol`` or relative change below ``ftol``) at the point returned.
+        ``coarse``: :data:`COARSE`'s ``inner_tol`` and ``gtol``."""
         cvi, dev, counters = self._inner_engine(model), state.theta.device, state.counters
         inner_tol = COARSE["inner_tol"] if coarse else self.inner_tol
         gtol = COARSE["gtol"] if coarse else self.gtol
@@ -224,14 +227,16 @@ class MulticlassTypeII:
                              device=dev)
         res_x = res.x.cpu().numpy()
         best = seen.get(res_x.tobytes())
+        stationary = res.converged and best is not None
         if best is None and seen:
             key = max(seen, key=lambda k: seen[k][0])
             best, res_x = seen[key], np.frombuffer(key, dtype=np.float64)
         if best is None or not math.isfinite(best[0]) or start is None or not best[0] > f0:
             if start is None:
-                return state.theta, state.lam1, state.lam2, -math.inf, -math.inf
-            return state.theta, start[1], start[2], f0, f0
-        return torch.as_tensor(np.array(res_x), dtype=torch.float64, device=dev), best[1], best[2], best[0], f0
+                return state.theta, state.lam1, state.lam2, -math.inf, -math.inf, False
+            return state.theta, start[1], start[2], f0, f0, stationary
+        return (torch.as_tensor(np.array(res_x), dtype=torch.float64, device=dev), best[1], best[2], best[0], f0,
+                stationary)
 
     def run(self, model: GPMulticlass, init: Any = None, *, state: Any = None,
             generator: torch.Generator | None = None, callback: Callable[..., None] | None = None
@@ -258,13 +263,13 @@ class MulticlassTypeII:
                 break
             try:
                 new = dataclasses.replace(st, counters=dict(st.counters))
-                theta, lam1, lam2, obj_new, obj_old = self.phase(model, new, prior, coarse=coarse)
+                theta, lam1, lam2, obj_new, obj_old, stationary = self.phase(model, new, prior, coarse=coarse)
             except KeyboardInterrupt:
                 warn_interrupted("MulticlassCVI type-II", st.t, cvi.num_steps)
                 post = post._with_info({"interrupted": True}, converged=False)
                 break
             new.counters["theta_phases"] = new.counters.get("theta_phases", 0) + 1
-            converged = not coarse and obj_new - obj_old <= self.tol * max(1.0, abs(obj_old))
+            converged = not coarse and (stationary or obj_new - obj_old <= self.tol * max(1.0, abs(obj_old)))
             coarse = False
             new.lam1, new.lam2, new.theta, new.converged = lam1, lam2, theta, converged
             new.factor, new.since_refactor = None, 0           # single-site factors belong to the old theta
