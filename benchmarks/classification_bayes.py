@@ -183,15 +183,21 @@ def report(results: list[dict], args: argparse.Namespace) -> str:
     return md
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def problem_args(ap: argparse.ArgumentParser, *, warmup: int, draws: int, pred_draws: int) -> None:
+    """The options that fix the problems (sets, training subsample, seed) and the NUTS run; shared with
+    ``benchmarks.classification_nuts_ref``, which runs the same problems with longer chains."""
     ap.add_argument("--datasets", nargs="+", default=DATASETS, choices=DATASETS)
     ap.add_argument("--n-train", type=int, default=100)
     ap.add_argument("--chains", type=int, default=4)
-    ap.add_argument("--warmup", type=int, default=300)
-    ap.add_argument("--draws", type=int, default=500)
-    ap.add_argument("--pred-draws", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=warmup)
+    ap.add_argument("--draws", type=int, default=draws)
+    ap.add_argument("--pred-draws", type=int, default=pred_draws)
     ap.add_argument("--seed", type=int, default=0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    problem_args(ap, warmup=300, draws=500, pred_draws=200)
     ap.add_argument("--name", default="classification_bayes")
     ap.add_argument("--dsvi-baseline", action=argparse.BooleanOptionalAction, default=True)
     args = ap.parse_args()

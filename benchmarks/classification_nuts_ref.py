@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from benchmarks._common import RESULTS, header, write
-from benchmarks.classification_bayes import DATASETS, scores, subsample
+from benchmarks.classification_bayes import DATASETS, problem_args, scores, subsample
 import gpvi
 from gpvi.models.whitened import WhitenedLatentGP
 
@@ -189,13 +189,7 @@ def load_results(name: str) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--datasets", nargs="+", default=DATASETS, choices=DATASETS)
-    ap.add_argument("--n-train", type=int, default=100)
-    ap.add_argument("--chains", type=int, default=4)
-    ap.add_argument("--warmup", type=int, default=800)
-    ap.add_argument("--draws", type=int, default=1500)
-    ap.add_argument("--pred-draws", type=int, default=400)
-    ap.add_argument("--seed", type=int, default=0)
+    problem_args(ap, warmup=800, draws=1500, pred_draws=400)
     ap.add_argument("--rerender", action="store_true", help="rebuild the report from the stored JSON only")
     ap.add_argument("--methods-only", action="store_true",
                     help="rerun only type-II and the fully Bayesian fits against the stored references and write "
