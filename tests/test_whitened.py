@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import gpvi
+from gpvi.models.multiclass import GPMulticlass
 from gpvi.models.whitened import WhitenedLatentGP
 
 
@@ -79,3 +80,63 @@ def test_fixed_theta_samples_only_v_and_bad_model_is_refused():
     assert t.log_joint(torch.zeros(6, dtype=torch.float64)).shape == ()
     with pytest.raises(TypeError, match="model"):
         WhitenedLatentGP(object())
+
+
+def _three_class(n=6):
+    X = torch.linspace(-1.5, 1.5, n, dtype=torch.float64)[:, None]
+    return GPMulticlass(X, [0, 0, 1, 2, 1, 2][:n])
+
+
+def test_multiclass_log_joint_matches_a_direct_computation_and_finite_differences():
+    """K whitened vectors (class-major): log softmax of f_k = L v_k summed over points, N(0, I) on every v_k."""
+    model = _three_class()
+    t = WhitenedLatentGP(model)
+    assert t.num_classes == 3 and t.dim == 2 + 18 and t.names[2] == "v[0,0]" and t.names[-1] == "v[2,5]"
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(3, t.dim, generator=g, dtype=torch.float64)
+    got = t.log_joint(z)
+    for s in range(3):
+        th, V = z[s, :2], z[s, 2:].reshape(3, 6)
+        K = model.kernel_matrix(th)
+        L = torch.linalg.cholesky(K + 1e-6 * K.diagonal().mean() * torch.eye(6, dtype=torch.float64))
+        F = torch.stack([L @ V[k] for k in range(3)], -1)                       # (N, K)
+        ll = torch.log_softmax(F, -1)[torch.arange(6), model.y].sum()
+        lv = torch.distributions.Normal(0.0, 1.0).log_prob(V).sum()
+        lt = torch.distributions.Normal(0.0, math.sqrt(10.0)).log_prob(th).sum()
+        assert float(got[s]) == pytest.approx(float(ll + lv + lt), rel=1e-8)
+        torch.testing.assert_close(t.latent(z[s]), F, rtol=1e-8, atol=1e-10)
+    zz = z[1].clone().requires_grad_(True)
+    (gr,) = torch.autograd.grad(t.log_joint(zz), zz)
+    h = 1e-6
+    fd = torch.stack([(t.log_joint(z[1] + h * e) - t.log_joint(z[1] - h * e)) / (2 * h)
+                      for e in torch.eye(t.dim, dtype=torch.float64)])
+    torch.testing.assert_close(gr, fd, rtol=1e-6, atol=1e-7)
+
+
+def test_multiclass_nuts_matches_prior_importance_sampling():
+    """Three classes: E[theta | y], E[softmax(f) | y] at the data and p(y* = k | y) at new inputs by NUTS vs
+    self-normalised importance sampling from the prior (tight N(0, 1) prior on theta, as in the binary test)."""
+    model = _three_class()
+    prior = torch.distributions.Independent(torch.distributions.Normal(torch.zeros(2, dtype=torch.float64),
+                                                                       torch.ones(2, dtype=torch.float64)), 1)
+    t = WhitenedLatentGP(model, prior=prior)
+    g = torch.Generator().manual_seed(4)
+    S = 400_000
+    z = torch.randn(S, t.dim, generator=g, dtype=torch.float64)
+    logw = torch.cat([torch.log_softmax(t.latent(c), -1)[:, torch.arange(6), model.y].sum(-1)
+                      for c in z.split(50_000)])
+    w = torch.softmax(logw, 0)
+    assert 1.0 / float((w * w).sum()) > 20_000
+    p_in_is = torch.einsum("s,snk->nk", w, torch.cat([torch.softmax(t.latent(c), -1) for c in z.split(50_000)]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mc = gpvi.NUTS(num_chains=1, num_warmup=300, num_draws=1000, seed=0, progress_bar=False).run(t)
+    d = mc.samples
+    assert bool(((d[:, :2].mean(0) - w @ z[:, :2]).abs() <= 0.15 * d[:, :2].std(0)).all())
+    assert float((torch.softmax(t.latent(d), -1).mean(0) - p_in_is).abs().max()) < 0.03
+    Xs = torch.tensor([[-1.0], [0.2], [2.0]], dtype=torch.float64)
+    idx = torch.multinomial(w, 1000, replacement=True, generator=g)
+    p_is = t.predict_proba(z[idx], Xs)
+    p_mc = t.predict_proba(d[::5], Xs)
+    assert p_mc.shape == (3, 3) and torch.allclose(p_mc.sum(-1), torch.ones(3, dtype=torch.float64))
+    assert float((p_mc - p_is).abs().max()) < 0.03

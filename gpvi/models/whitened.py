@@ -24,6 +24,19 @@ Predictions from draws :math:`z_s = (\theta_s, v_s)`: :math:`K_\theta^{-1} f = L
 
 and :math:`p(y_* = 1 \mid \mathcal D) \approx \frac1S\sum_s \mathbb E[p(y_*=1 \mid f_*) \mid \theta_s, f_s]` (the
 inner expectation by quadrature, or closed form for probit).
+
+Multi-class (:class:`gpvi.models.multiclass.GPMulticlass`: K latent GPs sharing :math:`K_\theta`, softmax or
+robust-max): one whitened vector per class, :math:`\mathbf f_k = L_\theta\mathbf v_k`, so
+:math:`z = (\theta, \mathbf v_1, \dots, \mathbf v_K) \in \mathbb R^{D + KN}` (class-major) and
+
+.. math::
+
+    \log p(y, V, \theta) = \sum_n \log p(y_n \mid \mathbf f_n) + \sum_k \log\mathcal N(\mathbf v_k \mid 0, I)
+      + \log p(\theta),\qquad \mathbf f_n = (f_{n1}, \dots, f_{nK}).
+
+Given a draw, the K latent values at a new input are independent with the per-class mean
+:math:`K_{*X}L^{-\top}\mathbf v_k` and the common variance above; :math:`p(y_* = k\mid\mathcal D)` averages the
+likelihood's :meth:`~gpvi.models.multiclass.Softmax.predict_proba` of those Gaussians over the draws.
 """
 
 from __future__ import annotations
@@ -57,8 +70,10 @@ class WhitenedLatentGP:
     Attributes
     ----------
     names : list of str
-        ``model.names`` (when ``learn_theta``) followed by ``v[0] ... v[N-1]``.
+        ``model.names`` (when ``learn_theta``) followed by ``v[0] ... v[N-1]`` (multi-class: ``v[k,n]``, class-major).
     dim : int
+    num_classes : int
+        K for a multi-class model, 1 for a binary one (one latent vector per class).
 
     Examples
     --------
@@ -83,8 +98,13 @@ class WhitenedLatentGP:
         dev = model.X.device
         self.prior = default_prior(model.dim, device=dev) if prior is None else check_prior(prior, model.dim)
         n = model.num_data
-        self.names = (list(model.names) if learn_theta else []) + [f"v[{i}]" for i in range(n)]
-        self.dim = self.num_theta + n
+        self.num_classes = int(model.num_classes) if getattr(model.likelihood, "multiclass", False) else 1
+        if self.num_classes == 1:
+            vnames = [f"v[{i}]" for i in range(n)]
+        else:
+            vnames = [f"v[{k},{i}]" for k in range(self.num_classes) for i in range(n)]
+        self.names = (list(model.names) if learn_theta else []) + vnames
+        self.dim = self.num_theta + self.num_classes * n
 
     @property
     def device(self) -> torch.device:
@@ -98,8 +118,11 @@ class WhitenedLatentGP:
         return z
 
     def split(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(theta, v)`` of ``z``: ``(..., D)`` and ``(..., N)`` (theta is the model's when not sampled)."""
+        """``(theta, v)`` of ``z``: ``(..., D)`` and ``(..., N)``, multi-class ``(..., K, N)`` (theta is the model's
+        when not sampled)."""
         v = z[..., self.num_theta:]
+        if self.num_classes > 1:
+            v = v.reshape(*v.shape[:-1], self.num_classes, self.model.num_data)
         if self.learn_theta:
             return z[..., :self.num_theta], v
         return self.model.theta.expand(*z.shape[:-1], self.model.dim), v
@@ -117,30 +140,39 @@ class WhitenedLatentGP:
         L, info = torch.linalg.cholesky_ex(K + jit[..., None, None] * eye)
         return L, info == 0
 
+    def _latent(self, L: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """:math:`L v` with ``L`` (..., N, N): ``(..., N)``; multi-class ``v`` (..., K, N) gives ``(..., N, K)``."""
+        if self.num_classes == 1:
+            return (L @ v.unsqueeze(-1)).squeeze(-1)
+        return L @ v.transpose(-1, -2)
+
     def latent(self, z: Any) -> torch.Tensor:
-        """:math:`f = L_\\theta v` at the training inputs, ``(..., N)``."""
+        """:math:`f = L_\\theta v` at the training inputs, ``(..., N)`` (multi-class: ``(..., N, K)``)."""
         z = torch.as_tensor(z, dtype=torch.float64, device=self.device)
         theta, v = self.split(z)
         L, _ = self.factor(theta)
-        return (L @ v.unsqueeze(-1)).squeeze(-1)
+        return self._latent(L, v)
 
     def log_joint(self, z: torch.Tensor) -> torch.Tensor:
-        r""":math:`\log p(y, v, \theta)` for ``z`` of shape ``(D + N,)`` or ``(S, D + N)``; differentiable."""
+        r""":math:`\log p(y, v, \theta)` for ``z`` of shape ``(dim,)`` or ``(S, dim)`` (dim = D + N, multi-class
+        D + KN); differentiable."""
         single = z.dim() == 1
         zb = z.unsqueeze(0) if single else z
         theta, v = self.split(zb)
         L, ok = self.factor(theta)
         L = torch.where(ok[:, None, None], L, torch.eye(L.shape[-1], dtype=L.dtype, device=L.device))
-        f = (L @ v.unsqueeze(-1)).squeeze(-1)
+        f = self._latent(L, v)
         lik = self.model.likelihood.log_prob(self.model.y, f).sum(-1)
-        lp = lik - 0.5 * (v * v).sum(-1) - 0.5 * v.shape[-1] * math.log(2 * math.pi)
+        vv = v.reshape(v.shape[0], -1)
+        lp = lik - 0.5 * (vv * vv).sum(-1) - 0.5 * vv.shape[-1] * math.log(2 * math.pi)
         if self.learn_theta:
             lp = lp + prior_log_prob(self.prior, theta)
         lp = torch.where(ok, lp, torch.full_like(lp, -math.inf))
         return lp[0] if single else lp
 
     def predict_latent(self, draws: Any, X_new: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-draw mean and variance of :math:`f_*` given :math:`(\\theta_s, f_s)`: ``(S, n)`` each."""
+        """Per-draw mean and variance of :math:`f_*` given :math:`(\\theta_s, f_s)`: ``(S, n)`` each (multi-class:
+        ``(S, n, K)`` each, the variance the same in every class)."""
         z = torch.as_tensor(draws, dtype=torch.float64, device=self.device).reshape(-1, self.dim)
         theta, v = self.split(z)
         means, variances = [], []
@@ -150,16 +182,26 @@ class WhitenedLatentGP:
                 raise ValueError(f"draw with theta = {th.tolist()} has a kernel matrix that cannot be factorised")
             Ksx = self.model.cross_covariance(th, X_new)                      # (n, N)
             A = torch.linalg.solve_triangular(L, Ksx.T, upper=False)          # L^{-1} K_{X*}
-            means.append(A.T @ vs)                                            # K_{*X} L^{-T} v
-            variances.append((self.model.prior_variance(th, X_new) - (A * A).sum(0)).clamp_min(0.0))
+            var = (self.model.prior_variance(th, X_new) - (A * A).sum(0)).clamp_min(0.0)
+            if self.num_classes == 1:
+                means.append(A.T @ vs)                                        # K_{*X} L^{-T} v
+            else:
+                means.append(A.T @ vs.T)                                      # (n, K)
+                var = var.unsqueeze(-1).expand(-1, self.num_classes)
+            variances.append(var)
         return torch.stack(means), torch.stack(variances)
 
     def predict_proba(self, draws: Any, X_new: Any) -> torch.Tensor:
-        """:math:`p(y_* = 1\\mid\\mathcal D)` averaged over the draws, shape ``(n,)`` (binary likelihoods)."""
+        """:math:`p(y_* = 1\\mid\\mathcal D)` averaged over the draws, shape ``(n,)`` (binary likelihoods);
+        multi-class: :math:`p(y_* = k\\mid\\mathcal D)`, shape ``(n, K)`` (columns in the order of
+        ``model.classes``)."""
         from .likelihoods import Quadrature, gaussian_expectation
         lik = self.model.likelihood
+        if self.num_classes > 1:
+            m, var = self.predict_latent(draws, X_new)
+            return torch.stack([lik.predict_proba(ms, vs) for ms, vs in zip(m, var)]).mean(0)
         if not getattr(lik, "binary", False):
-            raise TypeError(f"predict_proba needs a binary likelihood; this model's is {lik.name!r}")
+            raise TypeError(f"predict_proba needs a binary or multi-class likelihood; this model's is {lik.name!r}")
         m, var = self.predict_latent(draws, X_new)
         if lik.name == "probit":
             p = torch.special.ndtr(m / torch.sqrt(1.0 + var))
