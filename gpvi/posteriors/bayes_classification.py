@@ -46,7 +46,10 @@ The predictive (:class:`BayesClassificationPosterior`) is the equal-weight mixtu
     \theta_s\sim q(\theta),
 
 each inner expectation by quadrature (closed form for probit), and the latent predictive
-:math:`q(f_*) \approx \frac1S\sum_s \mathcal N(m_{*s}, v_{*s})` reported by its mean and variance.
+:math:`q(f_*) \approx \frac1S\sum_s \mathcal N(m_{*s}, v_{*s})` reported by its mean and variance. Multi-class
+(:class:`gpvi.models.multiclass.GPMulticlass`, on the profiled multi-class bound
+:class:`gpvi.models.multiclass_bound.MulticlassBoundTarget`): the same mixture of the K-column class probabilities
+:math:`\mathbb E_{q^*(\mathbf f_*\mid\theta_s)}[p(y_* = k\mid\mathbf f_*)]`, and per-class latent moments.
 
 Names: ``theta`` (kernel log-hyperparameters), ``q`` (the Gaussian posterior of theta), ``draws`` (:math:`\theta_s`).
 """
@@ -159,7 +162,8 @@ class BayesClassificationPosterior:
             \bar m_* = \frac1S\sum_s m_{*s},\qquad
             \bar v_* = \frac1S\sum_s \big(v_{*s} + m_{*s}^2\big) - \bar m_*^2.
 
-        With ``per_draw=True``, the ``(S', n)`` means and variances of the components instead.
+        With ``per_draw=True``, the ``(S', n)`` means and variances of the components instead (multi-class: one
+        more axis of K classes, ``(n, K)`` and ``(S', n, K)``).
         """
         parts = [lp.predict_latent(X_new) for lp in self.latents]
         m = torch.stack([p[0] for p in parts])
@@ -170,14 +174,24 @@ class BayesClassificationPosterior:
         var = (v + m * m).mean(0) - mean * mean
         return mean, var.clamp_min(0.0)
 
+    @property
+    def multiclass(self) -> bool:
+        """Whether the model is multi-class (K-column probabilities)."""
+        return bool(getattr(self.model.likelihood, "multiclass", False))
+
     @torch.no_grad()
     def predict_proba(self, X_new: Any) -> torch.Tensor:
         r""":math:`p(y_*=1\mid\mathcal D) \approx \frac1S\sum_s \mathbb E_{q^*(f_*\mid\theta_s)}[p(y_*=1\mid f_*)]`,
-        shape ``(n,)``; "1" is the model's positive class."""
-        return torch.stack([lp.predict_proba(X_new) for lp in self.latents]).mean(0).clamp(0.0, 1.0)
+        shape ``(n,)``; "1" is the model's positive class. Multi-class: :math:`p(y_* = k\mid\mathcal D)`, shape
+        ``(n, K)``, columns in ``model.classes`` order, rows summing to 1."""
+        p = torch.stack([lp.predict_proba(X_new) for lp in self.latents]).mean(0).clamp(0.0, 1.0)
+        return p / p.sum(-1, keepdim=True) if self.multiclass else p
 
-    def predict(self, X_new: Any) -> BernoulliPredictive:
-        """The predictive of the labels (:class:`~gpvi.posteriors.latent.BernoulliPredictive`)."""
+    def predict(self, X_new: Any) -> Any:
+        """The predictive of the labels (:class:`~gpvi.posteriors.latent.BernoulliPredictive`); multi-class: the
+        most probable labels, as the model's original labels (numpy array)."""
+        if self.multiclass:
+            return self.model.classes[self.predict_proba(X_new).argmax(-1).cpu().numpy()]
         return BernoulliPredictive(self.predict_proba(X_new))
 
     def __repr__(self) -> str:

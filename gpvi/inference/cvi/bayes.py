@@ -2,8 +2,11 @@ r"""Fully Bayesian GP classification: a Gaussian q over the kernel log-hyperpara
 
 :class:`FullyBayesianCVI` runs MAP-II (:class:`~gpvi.inference.cvi.typeii.TypeII`), a Laplace start, and a Gaussian
 variational engine (Salimans-Knowles Hessian-free by default, or DSVI) on EP's approximate evidence
-(:class:`gpvi.models.ep_evidence.EPEvidenceTarget`, the default) or on the profiled CVI bound
-(:class:`gpvi.models.cvi_bound.CVIBoundTarget`); it returns a
+(:class:`gpvi.models.ep_evidence.EPEvidenceTarget`, the binary default) or on the profiled CVI bound
+(:class:`gpvi.models.cvi_bound.CVIBoundTarget`); for a multi-class model
+(:class:`gpvi.models.multiclass.GPMulticlass`) on the profiled multi-class bound
+(:class:`gpvi.models.multiclass_bound.MulticlassBoundTarget`, after
+:class:`~gpvi.inference.cvi.multiclass_typeii.MulticlassTypeII`). It returns a
 :class:`gpvi.posteriors.bayes_classification.BayesClassificationPosterior` (see that module for the bound that is
 maximised, what :math:`q(\theta)` approximates, and the predictive).
 """
@@ -45,28 +48,32 @@ class FullyBayesianCVI:
         target evaluations against 2,518 / 13,772 / 23,824 / 1,708.
     prior : "default", torch.distributions.Distribution or None
         Prior on the log-hyperparameters (default independent :math:`\mathcal N(0, 10)`).
-    cvi : CVI, optional
-        The engine of the inner CVI runs and of MAP-II. Default ``CVI(beta=0.7, progress_bar=False)``: the
+    cvi : CVI or MulticlassCVI, optional
+        The engine of the inner CVI runs and of MAP-II. Binary default ``CVI(beta=0.7, progress_bar=False)``: the
         inner runs are ELBO-monotone (:func:`~gpvi.inference.cvi.typeii.converge_sites` halves the step where a
         full step would lower the ELBO), and a longer step than CVI's default 0.5 reaches ``inner_tol`` in fewer
         steps (measured per draw of :math:`q` at tolerance 1e-9: Pima 8.2 steps at beta 0.8, 14 at 0.5; a
-        24-point 1-D set 19 at 0.7, 27 at 0.5 and 26 at 1.0, where beta = 1 keeps backtracking).
+        24-point 1-D set 19 at 0.7, 27 at 0.5 and 26 at 1.0, where beta = 1 keeps backtracking). Multi-class
+        default: ``MulticlassCVI(progress_bar=False)`` (its own default step, 0.5).
     inner_tol : float
         Inner CVI tolerance of the DSVI phase (default 1e-9: gradient error about 1e-5 relative, far below the
         Monte Carlo noise of DSVI's gradient). The Laplace scale uses ``min(inner_tol, 1e-12)`` (finite
         differences of the gradient need it accurate).
     num_draws : int
         Draws of :math:`\theta` in the predictive mixture (default 32).
-    evidence : {"ep", "cvi"}
-        What stands in for :math:`\log p(\mathbf y\mid\theta)` in :math:`q(\theta)`'s target. ``"ep"`` (default
-        since 2026-11-24): EP's approximation :math:`\log Z_{EP}(\theta)`
+    evidence : {"auto", "ep", "cvi"}
+        What stands in for :math:`\log p(\mathbf y\mid\theta)` in :math:`q(\theta)`'s target. ``"auto"``
+        (default): ``"ep"`` for a binary model, ``"cvi"`` for a multi-class one (there is no multi-class EP
+        here). ``"ep"`` (the binary default since 2026-11-24): EP's approximation :math:`\log Z_{EP}(\theta)`
         (:class:`~gpvi.models.ep_evidence.EPEvidenceTarget`); the run then moves from the CVI MAP-II point to the
         maximiser of :math:`\log Z_{EP} + \log p(\theta)` (L-BFGS-B) and takes the Laplace scale there.
         ``"cvi"``: the profiled CVI bound (:class:`~gpvi.models.cvi_bound.CVIBoundTarget`; the only choice before),
         a lower bound whose gap grows with the signal variance, so its :math:`q(\theta)` sits at too small signal
         variances where the likelihood saturates (measured against long NUTS runs in
         ``benchmarks/classification_nuts_ref.md``: on Ionosphere 1.5 posterior sds too low). Either way the latent
-        posterior at each draw is CVI's :math:`q^*(\mathbf f\mid\theta)`.
+        posterior at each draw is CVI's :math:`q^*(\mathbf f\mid\theta)`. Multi-class: the profiled bound of
+        the class-factorised family (:class:`~gpvi.models.multiclass_bound.MulticlassBoundTarget`), with the same
+        caveat; ``"ep"`` raises ``ValueError``.
     seed : int
         Seed of DSVI (when ``dsvi`` is not given) and of the predictive draws.
     progress_bar : bool
@@ -91,8 +98,9 @@ class FullyBayesianCVI:
     """
 
     def __init__(self, engine: Any = None, *, prior: Any = "default", cvi: Any = None, inner_tol: float = 1e-9,
-                 num_draws: int = 32, evidence: str = "ep", seed: int = 0, progress_bar: bool = False) -> None:
+                 num_draws: int = 32, evidence: str = "auto", seed: int = 0, progress_bar: bool = False) -> None:
         from .engine import CVI
+        from .multiclass import MulticlassCVI
         from ..dsvi import DSVI
         from ..sk import SKGaussian
 
@@ -100,20 +108,43 @@ class FullyBayesianCVI:
         self.progress_bar = check_bool(progress_bar, "progress_bar")
         if engine is not None and not isinstance(engine, (DSVI, SKGaussian)):
             raise TypeError(f"engine must be a gpvi.SKGaussian or gpvi.DSVI engine; got {type(engine).__name__}")
-        if cvi is not None and not isinstance(cvi, CVI):
-            raise TypeError(f"cvi must be a gpvi.CVI engine; got {type(cvi).__name__}")
+        if cvi is not None and not isinstance(cvi, (CVI, MulticlassCVI)):
+            raise TypeError(f"cvi must be a gpvi.CVI or MulticlassCVI engine; got {type(cvi).__name__}")
         self.engine = engine
-        self.cvi = cvi if cvi is not None else CVI(beta=0.7, progress_bar=False)
+        self.cvi = cvi
         self.prior = prior
         self.inner_tol = float(inner_tol)
         if not self.inner_tol > 0:
             raise ValueError(f"inner_tol must be > 0; got {inner_tol!r}")
         self.num_draws = check_positive_int(num_draws, "num_draws")
-        self.evidence = check_choice(evidence, "evidence", ["ep", "cvi"])
+        self.evidence = check_choice(evidence, "evidence", ["auto", "ep", "cvi"])
 
     def __repr__(self) -> str:
         return (f"FullyBayesianCVI({self.engine!r}, inner_tol={self.inner_tol:g}, num_draws={self.num_draws}, "
                 f"evidence={self.evidence!r})")
+
+    def _setup(self, model: Any) -> tuple[Any, str, Any, Any]:
+        """``(cvi engine, evidence, MAP-II loop class, bound target class)`` for ``model`` (binary or multi-class);
+        ``TypeError`` / ``ValueError`` where the settings do not fit the model."""
+        from .engine import CVI
+        from .multiclass import MulticlassCVI
+        from .multiclass_typeii import MulticlassTypeII
+        from .typeii import TypeII
+        from ...models.cvi_bound import CVIBoundTarget
+        from ...models.multiclass_bound import MulticlassBoundTarget
+
+        if getattr(getattr(model, "likelihood", None), "multiclass", False):
+            if self.cvi is not None and not isinstance(self.cvi, MulticlassCVI):
+                raise TypeError(f"a multi-class model needs cvi=MulticlassCVI(...); got {type(self.cvi).__name__}")
+            if self.evidence == "ep":
+                raise ValueError("evidence='ep' is for binary models (there is no multi-class EP here); use "
+                                 "'cvi' or 'auto' for a multi-class model")
+            cvi = self.cvi if self.cvi is not None else MulticlassCVI(progress_bar=False)
+            return cvi, "cvi", MulticlassTypeII, MulticlassBoundTarget
+        if self.cvi is not None and not isinstance(self.cvi, CVI):
+            raise TypeError(f"a binary model needs cvi=CVI(...); got {type(self.cvi).__name__}")
+        cvi = self.cvi if self.cvi is not None else CVI(beta=0.7, progress_bar=False)
+        return cvi, ("ep" if self.evidence == "auto" else self.evidence), TypeII, CVIBoundTarget
 
     def default_engine(self, dim: int) -> Any:
         """The default engine for D = ``dim`` log-hyperparameters (see the class docstring)."""
@@ -136,10 +167,11 @@ class FullyBayesianCVI:
         Parameters
         ----------
         model : LatentGP
-            E.g. :class:`gpvi.GPClassification`.
-        init : LatentPosterior, optional
-            A MAP-II posterior to start from (a :class:`~gpvi.inference.cvi.typeii.TypeII` result with the same
-            prior); default: one is computed.
+            :class:`gpvi.GPClassification` or :class:`gpvi.models.multiclass.GPMulticlass`.
+        init : LatentPosterior or MulticlassPosterior, optional
+            A MAP-II posterior to start from (a :class:`~gpvi.inference.cvi.typeii.TypeII` or
+            :class:`~gpvi.inference.cvi.multiclass_typeii.MulticlassTypeII` result with the same prior); default:
+            one is computed.
 
         Returns
         -------
@@ -153,22 +185,21 @@ class FullyBayesianCVI:
             :meth:`fallback_engine`), ``q_steps``, ``q_converged`` and the target's counters
             (``evaluations``, ``inner_steps``, ``failures``).
         """
-        from .typeii import TypeII
         from ..init import init_to_value, laplace_scale_at
-        from ...models.cvi_bound import CVIBoundTarget
 
+        cvi, evidence, loop, bound_target = self._setup(model)
         t0 = time.perf_counter()
         if init is None:
-            init = TypeII(self.cvi, prior=self.prior).run(model)
+            init = loop(cvi, prior=self.prior).run(model)
         t_map = time.perf_counter() - t0
         theta_map = init.theta.detach().clone()
-        bound = CVIBoundTarget(model, self.prior, cvi=self.cvi, inner_tol=min(self.inner_tol, 1e-12))
+        bound = bound_target(model, self.prior, cvi=cvi, inner_tol=min(self.inner_tol, 1e-12))
         t1 = time.perf_counter()
         # the anchor: MAP-II's sites re-converged tightly (TypeII's final sites stop at the engine's own tolerance)
         bound.set_anchor(theta_map, init.lam1, init.lam2)
-        extra: dict[str, Any] = {"evidence": self.evidence}
+        extra: dict[str, Any] = {"evidence": evidence}
         target, theta_start = bound, theta_map
-        if self.evidence == "ep":
+        if evidence == "ep":
             target, theta_start, ep_info = self._ep_start(bound, theta_map)
             extra.update(ep_info)
         C0, how = laplace_scale_at(target, theta_start)
@@ -190,7 +221,7 @@ class FullyBayesianCVI:
             q = engine.run(target, init=start)
         t_q = time.perf_counter() - t2
         map_obj = float(bound.log_joint(theta_map))
-        if self.evidence == "ep":
+        if evidence == "ep":
             extra["ep_counters"] = dict(target.counters)
         info = {"map_theta": theta_map.tolist(), "map_objective": map_obj, "map_time_s": t_map, **extra,
                 "laplace": {k: v for k, v in how.items() if k != "hessian"}, "laplace_time_s": t_lap,

@@ -168,6 +168,7 @@ class MulticlassTypeII:
         fast = copy.copy(cvi)
         fast.quadrature = (self.inner_quadrature if isinstance(self.inner_quadrature, Quadrature)
                            else inner_quadrature(model.num_classes))
+        fast.user_quadrature = fast.quadrature          # kept by a later _configure (e.g. from posterior())
         return fast
 
     def settings(self) -> dict[str, Any]:
