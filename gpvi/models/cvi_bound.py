@@ -93,7 +93,150 @@ class _EnvelopeBound(torch.autograd.Function):
         return grad_out.unsqueeze(-1) * grads, None
 
 
-class CVIBoundTarget:
+class AnchoredBoundTarget:
+    """What the profiled bounds over theta share (:class:`CVIBoundTarget`, and
+    :class:`gpvi.models.multiclass_bound.MulticlassBoundTarget`): the prior, the anchor sites every evaluation
+    warm-starts from, the checks of theta and the target protocol (``log_joint`` with the envelope gradient of
+    ``bound_and_grad``). A subclass sets ``cvi`` and gives ``_converge_sites`` (the monotone inner run),
+    ``_site_shape`` and ``bound_and_grad``."""
+
+    model: Any
+    cvi: Any
+
+    def _init_anchor(self, model: Any, prior: Any, anchor: Any, inner_tol: float, inner_num_steps: int) -> None:
+        from ..inference.cvi.state import COUNTERS
+
+        dev = model.device
+        if isinstance(prior, str):
+            if prior != "default":
+                raise ValueError(f"prior must be 'default', None or a distribution with log_prob; got {prior!r}")
+            self.prior = default_prior(model.dim, device=dev)
+        else:
+            self.prior = None if prior is None else check_prior(prior, model.dim, device=dev)
+        self.inner_tol = check_positive(inner_tol, "inner_tol")
+        self.inner_num_steps = check_positive_int(inner_num_steps, "inner_num_steps")
+        self.names = list(model.names)
+        # the inner runs add CVI's site counters (sites_shrunk, ..., inner_backtracks) to the same dict
+        self.counters: dict[str, float] = {**{k: 0 for k in COUNTERS}, "max_drift": 0.0, "evaluations": 0,
+                                           "inner_steps": 0, "failures": 0, "unconverged": 0}
+        self._anchor: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        if anchor is not None and hasattr(anchor, "lam1"):
+            self._anchor_start: tuple[Any, Any, Any] = (anchor.theta, anchor.lam1, anchor.lam2)
+        else:
+            self._anchor_start = (model.theta if anchor is None else anchor, None, None)
+
+    # ------------------------------------------------------------------ basics
+    @property
+    def dim(self) -> int:
+        """D, the number of kernel log-hyperparameters."""
+        return len(self.names)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def _check(self, theta: Any, name: str) -> torch.Tensor:
+        t = check_theta(theta, self.dim, name, device=self.device).detach().to(torch.float64)
+        if t.dim() != 1:
+            raise ValueError(f"{name} must have shape ({self.dim},); got {tuple(t.shape)}")
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError(f"{name} contains non-finite values")
+        return t.clone()
+
+    def initial_theta(self) -> torch.Tensor:
+        """The anchor's theta (an engine's default start)."""
+        th = self._anchor[0] if self._anchor is not None else self._anchor_start[0]
+        return self._check(th, "anchor")
+
+    def _site_shape(self) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def _converge_sites(self, theta: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor) -> Any:
+        """The monotone inner run (``converge_sites`` of the engine's family) at ``inner_tol``."""
+        raise NotImplementedError
+
+    def set_anchor(self, theta: Any, lam1: Any = None, lam2: Any = None) -> None:
+        """Converge the sites at ``theta`` to ``inner_tol`` and make them the warm start of every later evaluation.
+
+        The run starts from the sites ``lam1``, ``lam2`` when given (e.g. a MAP-II posterior's), else from a CVI
+        run at ``theta`` from the prior (the engine's own stop rule).
+        """
+        th = self._check(theta, "theta")
+        if lam1 is None or lam2 is None:
+            post = self.cvi.run(self.model, th)
+            lam1, lam2 = post.lam1, post.lam2
+        l1 = torch.as_tensor(lam1, dtype=torch.float64, device=self.device).detach()
+        l2 = torch.as_tensor(lam2, dtype=torch.float64, device=self.device).detach()
+        shape = self._site_shape()
+        if l1.shape != shape or l2.shape != shape:
+            raise ValueError(f"anchor sites must have shape {shape}; got {tuple(l1.shape)} and {tuple(l2.shape)}")
+        if not bool((l2 < 0).all()):
+            raise ValueError("anchor sites have lam2 >= 0; they are not valid Gaussian sites")
+        inner = self._converge(th, l1, l2)
+        self._anchor = (th, inner.lam1.clone(), inner.lam2.clone())
+
+    @property
+    def anchor(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(theta, lam1, lam2)`` of the anchor (converged at first use)."""
+        if self._anchor is None:
+            self.set_anchor(*self._anchor_start)
+        assert self._anchor is not None
+        return self._anchor
+
+    # ------------------------------------------------------------------ one theta
+    def _converge(self, theta: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor) -> Any:
+        inner = self._converge_sites(theta, lam1, lam2)
+        self.counters["inner_steps"] += inner.t
+        if inner.t >= self.inner_num_steps:
+            self.counters["unconverged"] += 1
+        return inner
+
+    def converged_sites(self, theta: Any) -> Any:
+        """The CVI state of the sites converged at ``theta`` from the anchor.
+
+        Raises :class:`~gpvi.exceptions.NotPSDError` or :class:`~gpvi.inference.cvi.sites.SiteFault` where CVI
+        cannot run at ``theta``.
+        """
+        th = self._check(theta, "theta")
+        _, lam1, lam2 = self.anchor
+        return self._converge(th, lam1, lam2)
+
+    def bound_and_grad(self, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ the target protocol
+    def log_prior(self, theta: torch.Tensor) -> torch.Tensor:
+        r""":math:`\log p(\theta)` (0 without a prior), differentiable."""
+        if self.prior is None:
+            return torch.zeros(theta.shape[:-1], dtype=theta.dtype, device=theta.device)
+        return prior_log_prob(self.prior, theta)
+
+    def log_joint(self, theta: torch.Tensor) -> torch.Tensor:
+        r""":math:`\mathcal L_{CVI}(\theta) + \log p(\theta)`: ``(D,) -> ()``, ``(S, D) -> (S,)``; differentiable
+        once by autograd (envelope-theorem gradient)."""
+        return envelope_log_joint(self, theta)
+
+    def latent_posterior(self, theta: Any) -> Any:
+        r"""The CVI posterior :math:`q^*(\mathbf f\mid\theta)` at ``theta``, from sites converged from the anchor
+        (the engine's posterior class)."""
+        inner = self.converged_sites(theta)
+        inner.converged = True
+        return self.cvi.posterior(self.model, inner, {"anchor_warm_start": True}, warn=False)
+
+
+def envelope_log_joint(target: Any, theta: torch.Tensor) -> torch.Tensor:
+    """``target.bound_and_grad`` plus ``target.log_prior`` as a differentiable ``log_joint``: ``(D,) -> ()``,
+    ``(S, D) -> (S,)``; rows with non-finite entries get ``-inf`` and never reach the prior's checks."""
+    theta = check_theta(theta, target.dim, device=target.device)
+    single = theta.dim() == 1
+    tb = theta.unsqueeze(0) if single else theta
+    finite = torch.isfinite(tb.detach()).all(-1, keepdim=True)
+    safe = torch.where(finite, tb, torch.zeros_like(tb))
+    out = _EnvelopeBound.apply(tb, target) + target.log_prior(safe)
+    return out[0] if single else out
+
+
+class CVIBoundTarget(AnchoredBoundTarget):
     r"""Target over the kernel log-hyperparameters: the profiled CVI bound plus the log prior (module docstring).
 
     ``log_joint(theta)`` maps ``(D,) -> ()`` and ``(S, D) -> (S,)``; its autograd gradient is the envelope-theorem
@@ -144,7 +287,6 @@ class CVIBoundTarget:
     def __init__(self, model: Any, prior: Any = "default", *, cvi: Any = None, anchor: Any = None,
                  inner_tol: float = 1e-12, inner_num_steps: int = 500, batched: bool = True) -> None:
         from ..inference.cvi.engine import CVI
-        from ..inference.cvi.state import COUNTERS
         from .classification import LatentGP
 
         if not isinstance(model, LatentGP):
@@ -153,99 +295,17 @@ class CVIBoundTarget:
             raise TypeError(f"cvi must be a gpvi.CVI engine; got {type(cvi).__name__}")
         self.model = model
         self.cvi = cvi if cvi is not None else CVI(progress_bar=False)
-        dev = model.device
-        if isinstance(prior, str):
-            if prior != "default":
-                raise ValueError(f"prior must be 'default', None or a distribution with log_prob; got {prior!r}")
-            self.prior = default_prior(model.dim, device=dev)
-        elif prior is None:
-            self.prior = None
-        else:
-            self.prior = check_prior(prior, model.dim, device=dev)
-        self.inner_tol = check_positive(inner_tol, "inner_tol")
-        self.inner_num_steps = check_positive_int(inner_num_steps, "inner_num_steps")
         self.batched = check_bool(batched, "batched")
-        self.names = list(model.names)
-        # the inner runs add CVI's site counters (sites_shrunk, ..., inner_backtracks) to the same dict
-        self.counters: dict[str, float] = {**{k: 0 for k in COUNTERS}, "max_drift": 0.0, "evaluations": 0,
-                                           "inner_steps": 0, "failures": 0, "unconverged": 0}
-        self._anchor: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-        if anchor is not None and hasattr(anchor, "lam1"):
-            self._anchor_start: tuple[Any, Any, Any] = (anchor.theta, anchor.lam1, anchor.lam2)
-        else:
-            self._anchor_start = (model.theta if anchor is None else anchor, None, None)
+        self._init_anchor(model, prior, anchor, inner_tol, inner_num_steps)
 
-    # ------------------------------------------------------------------ basics
-    @property
-    def dim(self) -> int:
-        """D, the number of kernel log-hyperparameters."""
-        return len(self.names)
+    def _site_shape(self) -> tuple[int, ...]:
+        return (self.model.num_data,)
 
-    @property
-    def device(self) -> torch.device:
-        return self.model.device
-
-    def _check(self, theta: Any, name: str) -> torch.Tensor:
-        t = check_theta(theta, self.dim, name, device=self.device).detach().to(torch.float64)
-        if t.dim() != 1:
-            raise ValueError(f"{name} must have shape ({self.dim},); got {tuple(t.shape)}")
-        if not bool(torch.isfinite(t).all()):
-            raise ValueError(f"{name} contains non-finite values")
-        return t.clone()
-
-    def initial_theta(self) -> torch.Tensor:
-        """The anchor's theta (an engine's default start)."""
-        th = self._anchor[0] if self._anchor is not None else self._anchor_start[0]
-        return self._check(th, "anchor")
-
-    def set_anchor(self, theta: Any, lam1: Any = None, lam2: Any = None) -> None:
-        """Converge the sites at ``theta`` to ``inner_tol`` and make them the warm start of every later evaluation.
-
-        The run starts from the sites ``lam1``, ``lam2`` when given (e.g. a MAP-II posterior's), else from a CVI
-        run at ``theta`` from the prior (the engine's own stop rule).
-        """
-        th = self._check(theta, "theta")
-        if lam1 is None or lam2 is None:
-            post = self.cvi.run(self.model, th)
-            lam1, lam2 = post.lam1, post.lam2
-        l1 = torch.as_tensor(lam1, dtype=torch.float64, device=self.device).detach()
-        l2 = torch.as_tensor(lam2, dtype=torch.float64, device=self.device).detach()
-        if l1.shape != (self.model.num_data,) or l2.shape != l1.shape:
-            raise ValueError(f"anchor sites must have shape ({self.model.num_data},); got {tuple(l1.shape)} and "
-                             f"{tuple(l2.shape)}")
-        if not bool((l2 < 0).all()):
-            raise ValueError("anchor sites have lam2 >= 0; they are not valid Gaussian sites")
-        inner = self._converge(th, l1, l2)
-        self._anchor = (th, inner.lam1.clone(), inner.lam2.clone())
-
-    @property
-    def anchor(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(theta, lam1, lam2)`` of the anchor (converged at first use)."""
-        if self._anchor is None:
-            self.set_anchor(*self._anchor_start)
-        assert self._anchor is not None
-        return self._anchor
-
-    # ------------------------------------------------------------------ one theta
-    def _converge(self, theta: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor) -> Any:
+    def _converge_sites(self, theta: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor) -> Any:
         from ..inference.cvi.typeii import converge_sites
 
-        inner = converge_sites(self.cvi, self.model, theta, lam1, lam2, self.counters, tol=self.inner_tol,
-                               max_steps=self.inner_num_steps)
-        self.counters["inner_steps"] += inner.t
-        if inner.t >= self.inner_num_steps:
-            self.counters["unconverged"] += 1
-        return inner
-
-    def converged_sites(self, theta: Any) -> Any:
-        """The :class:`~gpvi.inference.cvi.state.CVIState` of the sites converged at ``theta`` from the anchor.
-
-        Raises :class:`~gpvi.exceptions.NotPSDError` or :class:`~gpvi.inference.cvi.sites.SiteFault` where CVI
-        cannot run at ``theta``.
-        """
-        th = self._check(theta, "theta")
-        _, lam1, lam2 = self.anchor
-        return self._converge(th, lam1, lam2)
+        return converge_sites(self.cvi, self.model, theta, lam1, lam2, self.counters, tol=self.inner_tol,
+                              max_steps=self.inner_num_steps)
 
     def bound_and_grad(self, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         r""":math:`\mathcal L_{CVI}` (without the prior) and its envelope gradient at the rows of ``theta``.
@@ -389,31 +449,6 @@ class CVIBoundTarget:
         (grad,) = torch.autograd.grad(Kg, th, grad_outputs=G)
         good = good & torch.isfinite(grad).all(-1)
         return elbo.detach(), grad.detach(), good
-
-    # ------------------------------------------------------------------ the target protocol
-    def log_prior(self, theta: torch.Tensor) -> torch.Tensor:
-        r""":math:`\log p(\theta)` (0 without a prior), differentiable."""
-        if self.prior is None:
-            return torch.zeros(theta.shape[:-1], dtype=theta.dtype, device=theta.device)
-        return prior_log_prob(self.prior, theta)
-
-    def log_joint(self, theta: torch.Tensor) -> torch.Tensor:
-        r""":math:`\mathcal L_{CVI}(\theta) + \log p(\theta)`: ``(D,) -> ()``, ``(S, D) -> (S,)``; differentiable
-        once by autograd (envelope-theorem gradient)."""
-        theta = check_theta(theta, self.dim, device=self.device)
-        single = theta.dim() == 1
-        tb = theta.unsqueeze(0) if single else theta
-        finite = torch.isfinite(tb.detach()).all(-1, keepdim=True)       # rows the bound refuses (-inf) ...
-        safe = torch.where(finite, tb, torch.zeros_like(tb))             # ... never reach the prior's checks
-        out = _EnvelopeBound.apply(tb, self) + self.log_prior(safe)
-        return out[0] if single else out
-
-    def latent_posterior(self, theta: Any) -> Any:
-        r"""The CVI posterior :math:`q^*(\mathbf f\mid\theta)` (a :class:`~gpvi.posteriors.latent.LatentPosterior`)
-        at ``theta``, from sites converged from the anchor."""
-        inner = self.converged_sites(theta)
-        inner.converged = True
-        return self.cvi.posterior(self.model, inner, {"anchor_warm_start": True}, warn=False)
 
     def __repr__(self) -> str:
         return (f"CVIBoundTarget(model={self.model!r}, D={self.dim}, inner_tol={self.inner_tol:g}, "

@@ -40,8 +40,8 @@ from typing import Any
 
 import torch
 
-from ..validation import check_positive, check_positive_int, check_theta
-from .cvi_bound import CVIBoundTarget, _EnvelopeBound
+from ..validation import check_positive, check_positive_int
+from .cvi_bound import CVIBoundTarget, envelope_log_joint
 
 __all__ = ["EPEvidenceTarget"]
 
@@ -155,13 +155,7 @@ class EPEvidenceTarget:
 
     def log_joint(self, theta: torch.Tensor) -> torch.Tensor:
         r""":math:`\log Z_{EP}(\theta) + \log p(\theta)`: ``(D,) -> ()``, ``(S, D) -> (S,)``; differentiable once."""
-        theta = check_theta(theta, self.dim, device=self.device)
-        single = theta.dim() == 1
-        tb = theta.unsqueeze(0) if single else theta
-        finite = torch.isfinite(tb.detach()).all(-1, keepdim=True)
-        safe = torch.where(finite, tb, torch.zeros_like(tb))
-        out = _EnvelopeBound.apply(tb, self) + self.log_prior(safe)
-        return out[0] if single else out
+        return envelope_log_joint(self, theta)
 
     def latent_posterior(self, theta: Any) -> Any:
         r"""CVI's :math:`q^*(\mathbf f\mid\theta)` (:meth:`CVIBoundTarget.latent_posterior`)."""

@@ -36,15 +36,13 @@ from typing import Any
 import torch
 
 from ..exceptions import NotPSDError
-from ..validation import check_positive, check_positive_int, check_theta
-from .cvi_bound import _EnvelopeBound
+from .cvi_bound import AnchoredBoundTarget
 from .multiclass import GPMulticlass
-from .priors import check_prior, default_prior, prior_log_prob
 
 __all__ = ["MulticlassBoundTarget"]
 
 
-class MulticlassBoundTarget:
+class MulticlassBoundTarget(AnchoredBoundTarget):
     r"""Target over the shared kernel log-hyperparameters of multi-class CVI: the profiled bound plus the log prior.
 
     ``log_joint(theta)`` maps ``(D,) -> ()`` and ``(S, D) -> (S,)``; its autograd gradient is the envelope-theorem
@@ -95,7 +93,6 @@ class MulticlassBoundTarget:
                  inner_tol: float = 1e-12, inner_num_steps: int = 500, inner_quadrature: Any = "auto") -> None:
         from ..inference.cvi.multiclass import MulticlassCVI
         from ..inference.cvi.multiclass_typeii import MulticlassTypeII
-        from ..inference.cvi.state import COUNTERS
 
         if not isinstance(model, GPMulticlass):
             raise TypeError(f"model must be a gpvi GPMulticlass; got {type(model).__name__}")
@@ -105,88 +102,16 @@ class MulticlassBoundTarget:
         base = cvi if cvi is not None else MulticlassCVI(progress_bar=False)
         # the engine of the inner runs and of the bound: ``base`` with MulticlassTypeII's choice of rule
         self.cvi = MulticlassTypeII(base, inner_quadrature=inner_quadrature)._inner_engine(model)
-        dev = model.device
-        if isinstance(prior, str):
-            if prior != "default":
-                raise ValueError(f"prior must be 'default', None or a distribution with log_prob; got {prior!r}")
-            self.prior = default_prior(model.dim, device=dev)
-        else:
-            self.prior = None if prior is None else check_prior(prior, model.dim, device=dev)
-        self.inner_tol = check_positive(inner_tol, "inner_tol")
-        self.inner_num_steps = check_positive_int(inner_num_steps, "inner_num_steps")
-        self.names = list(model.names)
-        self.counters: dict[str, float] = {**{k: 0 for k in COUNTERS}, "max_drift": 0.0, "evaluations": 0,
-                                           "inner_steps": 0, "failures": 0, "unconverged": 0}
-        self._anchor: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-        if anchor is not None and hasattr(anchor, "lam1"):
-            self._anchor_start: tuple[Any, Any, Any] = (anchor.theta, anchor.lam1, anchor.lam2)
-        else:
-            self._anchor_start = (model.theta if anchor is None else anchor, None, None)
+        self._init_anchor(model, prior, anchor, inner_tol, inner_num_steps)
 
-    @property
-    def dim(self) -> int:
-        """D, the number of kernel log-hyperparameters."""
-        return len(self.names)
+    def _site_shape(self) -> tuple[int, ...]:
+        return (self.model.num_data, self.model.num_classes)
 
-    @property
-    def device(self) -> torch.device:
-        return self.model.device
-
-    def _check(self, theta: Any, name: str) -> torch.Tensor:
-        t = check_theta(theta, self.dim, name, device=self.device).detach().to(torch.float64)
-        if t.dim() != 1:
-            raise ValueError(f"{name} must have shape ({self.dim},); got {tuple(t.shape)}")
-        if not bool(torch.isfinite(t).all()):
-            raise ValueError(f"{name} contains non-finite values")
-        return t.clone()
-
-    def initial_theta(self) -> torch.Tensor:
-        """The anchor's theta (an engine's default start)."""
-        th = self._anchor[0] if self._anchor is not None else self._anchor_start[0]
-        return self._check(th, "anchor")
-
-    def set_anchor(self, theta: Any, lam1: Any = None, lam2: Any = None) -> None:
-        """Converge the sites at ``theta`` to ``inner_tol`` (from ``lam1``, ``lam2`` when given, else from a CVI
-        run at ``theta``) and make them the warm start of every later evaluation."""
-        th = self._check(theta, "theta")
-        if lam1 is None or lam2 is None:
-            post = self.cvi.run(self.model, th)
-            lam1, lam2 = post.lam1, post.lam2
-        shape = (self.model.num_data, self.model.num_classes)
-        l1 = torch.as_tensor(lam1, dtype=torch.float64, device=self.device).detach()
-        l2 = torch.as_tensor(lam2, dtype=torch.float64, device=self.device).detach()
-        if l1.shape != shape or l2.shape != shape:
-            raise ValueError(f"anchor sites must have shape {shape}; got {tuple(l1.shape)} and {tuple(l2.shape)}")
-        if not bool((l2 < 0).all()):
-            raise ValueError("anchor sites have lam2 >= 0; they are not valid Gaussian sites")
-        inner = self._converge(th, l1, l2)
-        self._anchor = (th, inner.lam1.clone(), inner.lam2.clone())
-
-    @property
-    def anchor(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(theta, lam1, lam2)`` of the anchor (converged at first use)."""
-        if self._anchor is None:
-            self.set_anchor(*self._anchor_start)
-        assert self._anchor is not None
-        return self._anchor
-
-    def _converge(self, theta: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor) -> Any:
+    def _converge_sites(self, theta: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor) -> Any:
         from ..inference.cvi.multiclass_typeii import converge_sites
 
-        inner = converge_sites(self.cvi, self.model, theta, lam1, lam2, self.counters, tol=self.inner_tol,
-                               max_steps=self.inner_num_steps)
-        self.counters["inner_steps"] += inner.t
-        if inner.t >= self.inner_num_steps:
-            self.counters["unconverged"] += 1
-        return inner
-
-    def converged_sites(self, theta: Any) -> Any:
-        """The :class:`~gpvi.inference.cvi.multiclass_sites.MulticlassCVIState` of the sites converged at
-        ``theta`` from the anchor (raises :class:`~gpvi.exceptions.NotPSDError` or
-        :class:`~gpvi.inference.cvi.sites.SiteFault` where CVI cannot run there)."""
-        th = self._check(theta, "theta")
-        _, lam1, lam2 = self.anchor
-        return self._converge(th, lam1, lam2)
+        return converge_sites(self.cvi, self.model, theta, lam1, lam2, self.counters, tol=self.inner_tol,
+                              max_steps=self.inner_num_steps)
 
     def _one(self, theta: torch.Tensor) -> tuple[float, torch.Tensor]:
         from ..inference.cvi import multiclass_sites as ms
@@ -214,31 +139,6 @@ class MulticlassBoundTarget:
                 vals[i], grads[i] = self._one(th[i])
         self.counters["failures"] += int((~torch.isfinite(vals)).sum())
         return vals, grads
-
-    def log_prior(self, theta: torch.Tensor) -> torch.Tensor:
-        r""":math:`\log p(\theta)` (0 without a prior), differentiable."""
-        if self.prior is None:
-            return torch.zeros(theta.shape[:-1], dtype=theta.dtype, device=theta.device)
-        return prior_log_prob(self.prior, theta)
-
-    def log_joint(self, theta: torch.Tensor) -> torch.Tensor:
-        r""":math:`\mathcal L_{CVI}(\theta) + \log p(\theta)`: ``(D,) -> ()``, ``(S, D) -> (S,)``; differentiable
-        once by autograd (envelope-theorem gradient)."""
-        theta = check_theta(theta, self.dim, device=self.device)
-        single = theta.dim() == 1
-        tb = theta.unsqueeze(0) if single else theta
-        finite = torch.isfinite(tb.detach()).all(-1, keepdim=True)
-        safe = torch.where(finite, tb, torch.zeros_like(tb))
-        out = _EnvelopeBound.apply(tb, self) + self.log_prior(safe)
-        return out[0] if single else out
-
-    def latent_posterior(self, theta: Any) -> Any:
-        r"""The multi-class CVI posterior :math:`q^*(F\mid\theta)` (a
-        :class:`~gpvi.posteriors.multiclass.MulticlassPosterior`) at ``theta``, from sites converged from the
-        anchor."""
-        inner = self.converged_sites(theta)
-        inner.converged = True
-        return self.cvi.posterior(self.model, inner, {"anchor_warm_start": True}, warn=False)
 
     def __repr__(self) -> str:
         return (f"MulticlassBoundTarget(model={self.model!r}, D={self.dim}, inner_tol={self.inner_tol:g}, "
