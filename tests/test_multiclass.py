@@ -88,6 +88,33 @@ def test_fixed_sobol_rule_beats_a_pseudo_random_average_of_the_same_size():
     assert ((ex.dm - dm_ref).abs() <= p.std(1) * (1 / math.sqrt(n) + 5e-3) + 1e-12).all()
 
 
+@pytest.mark.parametrize("method", ["fixed", "mc"])
+def test_sample_averages_equal_log_softmax_on_the_same_points(method):
+    """The class-major averages of ``"fixed"`` and ``"mc"`` against ``torch.log_softmax`` on the very same points
+    (the same Sobol' set; the same generator stream for ``"mc"``), with sites far apart in scale (a near-certain
+    class included): equal to rounding."""
+    from gpvi.models.multiclass import fixed_draws
+
+    K, n = 5, 256
+    y, m, v = sites(11, n=7, K=K, scale=6.0)
+    m[0, 0] += 40.0                                                     # p close to 1 at site 0
+    g = torch.Generator().manual_seed(3)
+    ex = Softmax().expected_log_lik(y, m, v, method=method, num_draws=n, generator=g)
+    eps = (fixed_draws(n, K, m).expand(7, n, K) if method == "fixed"
+           else torch.randn(7, n, K, generator=torch.Generator().manual_seed(3), dtype=F64))
+    logp = torch.log_softmax(m[:, None] + v.sqrt()[:, None] * eps, -1)
+    p = logp.exp()
+    h = logp.gather(2, y.view(7, 1, 1).expand(7, n, 1))[..., 0].mean(1)
+    onehot = torch.nn.functional.one_hot(y, K).to(F64)
+    torch.testing.assert_close(ex.value, h, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ex.dm, onehot - p.mean(1), rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(ex.dv, -0.5 * (p * (1 - p)).mean(1), rtol=1e-10, atol=1e-15)
+    assert bool((ex.dv <= 0).all())
+    proba = Softmax().predict_proba(m, v, num_draws=n, max_quadrature_classes=2)
+    ref = torch.softmax(m[:, None] + v.sqrt()[:, None] * fixed_draws(n, K, m), -1).mean(1)
+    torch.testing.assert_close(proba, ref / ref.sum(-1, keepdim=True), rtol=1e-12, atol=1e-14)
+
+
 def test_robustmax_expectation_matches_brute_force_monte_carlo():
     y, m, v = sites(2, n=5, K=4, scale=2.0)
     lik = RobustMax(0.05)

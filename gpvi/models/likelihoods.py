@@ -350,12 +350,12 @@ class Quadrature:
         uhi = torch.asinh((m + half) / c)
         mid, rad = 0.5 * (uhi + ulo), 0.5 * (uhi - ulo)
         u = mid.unsqueeze(-1) + rad.unsqueeze(-1) * xt
-        f = c * torch.sinh(u)
+        f = torch.sinh(u) if c == 1.0 else c * torch.sinh(u)
         # density of N(m, v) at f times the Jacobian df/du = c cosh u
         sd_safe = torch.where(sd > 0, sd, torch.ones_like(sd)).unsqueeze(-1)
         zz = (f - m.unsqueeze(-1)) / sd_safe
         dens = torch.exp(-0.5 * zz * zz - _HALF_LOG_2PI) / sd_safe
-        weights = (rad.unsqueeze(-1) * wt) * (c * torch.cosh(u)) * dens
+        weights = (rad.unsqueeze(-1) * wt) * (torch.cosh(u) if c == 1.0 else c * torch.cosh(u)) * dens
         # a degenerate window (v == 0, or v so small that m +- T sd rounds to m): a point mass at m
         degenerate = (uhi <= ulo).unsqueeze(-1)
         if bool(degenerate.any()):
