@@ -16,7 +16,9 @@ Protocol.
 * **Multi-class sets** (iris, wine, digits subsample of 300 rows): ``benchmarks.multiclass.load`` (stratified 70/30
   split, seed 0, standardised), scores from ``multiclass.log_loss`` and argmax accuracy. Run here: gpvi MAP-II
   (``multiclass.fit_gpvi``, softmax CVI, one shared ScaleKernel(RBF), ARD; isotropic on digits), scikit-learn with a
-  learned kernel (``multiclass.fit_sklearn(learned=True)``, one-vs-rest Laplace) and the GPyTorch VGP.
+  learned kernel (``multiclass.fit_sklearn(learned=True)``, one-vs-rest Laplace) and the GPyTorch VGP. Read from
+  committed results where they exist (iris, wine; ``--rerender`` re-reads them too): gpvi fully Bayesian on the
+  multi-class bound and NUTS over (theta, V), from ``multiclass_bayes_<set>.json``.
 * **GPyTorch VGP** (one recipe, fixed before any test number was seen; after GPyTorch's own classification and
   independent-multitask SVGP examples): float64 ``ApproximateGP``; ``CholeskyVariationalDistribution`` and a
   whitened ``VariationalStrategy`` with the inducing points fixed at all training inputs
@@ -257,6 +259,24 @@ def committed(name: str, args: argparse.Namespace) -> dict[str, Any]:
             "nuts": {k: r["nuts"][k] for k in ("log_loss", "accuracy", "time_s")}}
 
 
+def committed_multi(name: str) -> dict[str, Any] | None:
+    """gpvi fully Bayesian and NUTS rows of the committed ``multiclass_bayes_<name>.json`` (None when that set has
+    no such file: digits was not run under NUTS)."""
+    path = COMMITTED / f"multiclass_bayes_{name}.json"
+    if not path.exists():
+        return None
+    blob = json.loads(path.read_text())
+    a = blob["data"]["args"]
+    r = next(x for x in blob["data"]["results"] if x["set"] == name)
+    commit = subprocess.run(["git", "log", "-1", "--format=%h", "--", f"benchmarks/results/{path.name}"],
+                            capture_output=True, text=True, cwd=COMMITTED.parent.parent).stdout.strip()
+    return {"file": f"benchmarks/results/{path.name}", "date": blob["machine"]["date"], "commit": commit,
+            "nuts_settings": f"{a['chains']} chains x ({a['warmup']} + {a['draws']})",
+            "nuts_rhat_max": r["nuts"]["rhat_max_all"], "map_log_loss": r["map"]["log_loss"],
+            "bayes": {k: r["bayes"][k] for k in ("log_loss", "accuracy", "time_s", "load_1min")},
+            "nuts": {k: r["nuts"][k] for k in ("log_loss", "accuracy", "time_s", "load_1min")}}
+
+
 def _fmt(x: float | None, digits: int) -> str:
     return "failed" if x is None else f"{x:.{digits}f}"
 
@@ -302,8 +322,27 @@ def report(binary: list[dict[str, Any]], multi: list[dict[str, Any]], args: argp
     if multi:
         md += "\n## Multi-class sets (stratified 70/30 split, seed 0; digits: isotropic kernels)\n\n" + head
         for r in multi:
+            s = f"{r['set']} ({r['N_train']} / {r['N_test']}, d={r['d']}, K={r['K']})"
             for label, m in r["methods"].items():
-                md += row(f"{r['set']} ({r['N_train']} / {r['N_test']}, d={r['d']}, K={r['K']})", label, m)
+                md += row(s, label, m)
+            c = r.get("committed")
+            if c is not None:
+                tag = f"read from `{c['file']}` ({c['date']}, commit {c['commit']})"
+                for key, label in (("bayes", "gpvi fully Bayesian (on the bound)"),
+                                   ("nuts", f"NUTS, {c['nuts_settings']}")):
+                    m = c[key]
+                    md += (f"| {s} | {label} | {m['log_loss']:.4f} | {m['accuracy']:.3f} | {m['time_s']:.1f} "
+                           f"[{m['load_1min']:.1f}] | {tag} |\n")
+        read = [r for r in multi if r.get("committed") is not None]
+        if read:
+            md += ("\nRead rows (multi-class): one run each of `benchmarks/multiclass_bayes.py` on the same splits "
+                   "(digits has no NUTS run); wall of the fully Bayesian fit = MAP-II + Laplace + the q(theta) "
+                   "engine on the profiled multi-class CVI bound + the per-draw latent posteriors of its predictive; "
+                   "of NUTS = sampling over (theta, V); 1-minute load after the fit. NUTS R-hat max over "
+                   "(theta, V): " + ", ".join(f"{r['set']} {r['committed']['nuts_rhat_max']:.3f}" for r in read)
+                   + ". Check that the splits are the same: MAP-II log loss here vs in the file: "
+                   + ", ".join(f"{r['set']} {_fmt(r['methods']['gpvi MAP-II']['log_loss'], 4)} vs "
+                               f"{r['committed']['map_log_loss']:.4f}" for r in read) + ".\n")
         ref = json.loads((COMMITTED / "multiclass.json").read_text())["data"]
         old = {x["set"]: x for x in ref}
         md += ("\nCheck against the committed `benchmarks/results/multiclass.json` (same splits): test log loss here "
@@ -341,13 +380,14 @@ def rerender(name: str) -> None:
     data = blob["data"]
     args = argparse.Namespace(**data["args"])
     binary = [b | {"committed": committed(b["set"], args)} for b in data["binary"]]
+    multi = [r | {"committed": committed_multi(r["set"])} for r in data["multiclass"]]
     git = dict(data["git"])
     note = (f" Fits run on {blob['machine']['date']} (load {blob['machine']['load_avg_1_5_15'][0]}); the rows read "
-            f"from classification_bayes.json re-read on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
-            f"(`--rerender`).")
-    md = report(binary, data["multiclass"], args, git, data["total_s"])
-    md = md.replace("Log loss in nats per test point;", note + " Log loss in nats per test point;", 1)
-    data = {**data, "binary": binary, "rerendered": note.strip()}
+            f"from classification_bayes.json and multiclass_bayes_*.json re-read on "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} (`--rerender`).")
+    md = report(binary, multi, args, git, data["total_s"])
+    md = md.replace("Log loss in nats per test point;", note.strip() + " Log loss in nats per test point;", 1)
+    data = {**data, "binary": binary, "multiclass": multi, "rerendered": note.strip()}
     print("wrote", write(name, md, data))
 
 
@@ -364,8 +404,8 @@ def main() -> None:
     ap.add_argument("--name", default="classification_peers")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--rerender", action="store_true",
-                    help="re-read the fully Bayesian and NUTS rows from classification_bayes.json into the last "
-                         "run's results (no fits are rerun)")
+                    help="re-read the fully Bayesian and NUTS rows from classification_bayes.json and "
+                         "multiclass_bayes_*.json into the last run's results (no fits are rerun)")
     args = ap.parse_args()
     torch.set_default_dtype(torch.float64)
     if args.rerender:
@@ -374,7 +414,7 @@ def main() -> None:
     git = git_state()
     t0 = time.perf_counter()
     binary = [run_binary(s, args) | {"committed": committed(s, args)} for s in args.sets if s in BINARY]
-    multi = [run_multi(s, args) for s in args.sets if s in MULTI]
+    multi = [run_multi(s, args) | {"committed": committed_multi(s)} for s in args.sets if s in MULTI]
     total = time.perf_counter() - t0
     git["dirty_at_end"] = git_state()["dirty"]
     md = report(binary, multi, args, git, total)
