@@ -115,6 +115,33 @@ def test_sample_averages_equal_log_softmax_on_the_same_points(method):
     torch.testing.assert_close(proba, ref / ref.sum(-1, keepdim=True), rtol=1e-12, atol=1e-14)
 
 
+def test_scratch_buffer_paths_equal_the_differentiable_paths():
+    """Without autograd the softmax averages run in a reused scratch buffer; with it, out of place. Both give the
+    same numbers, repeated calls do not alias the buffer, and autograd through the fixed rule's average gives
+    Bonnet's dE/dm = e_y - mean_s p(f_s) exactly (the rule's own derivative in m)."""
+    from gpvi.models.likelihoods import Quadrature
+    from gpvi.models.multiclass import fixed_draws
+
+    y, m, v = sites(5, n=9, K=3, scale=5.0)
+    lik, q = Softmax(), Quadrature(20, width=6.0)
+    d, w, _ = lik._reference_moments(y, m, v, q)
+    fast = lik._quadrature_moments(d, w)
+    slow = lik._quadrature_moments(d.clone().requires_grad_(True), w)
+    for a, b in zip(fast, slow):
+        torch.testing.assert_close(a, b.detach(), rtol=1e-13, atol=1e-15)
+    first = lik.expected_log_lik(y, m, v, quadrature=q)
+    lik.expected_log_lik(*sites(6, n=9, K=3, scale=1.0), quadrature=q)      # reuses the buffer
+    assert torch.equal(first.value, lik.expected_log_lik(y, m, v, quadrature=q).value)
+    y, m, v = sites(8, n=5, K=6, scale=3.0)
+    mg = m.clone().requires_grad_(True)
+    value, Ep, Eq = Softmax._sample_moments(y, mg, v, fixed_draws(64, 6, m))
+    (g,) = torch.autograd.grad(value.sum(), mg)
+    ref = Softmax._sample_moments(y, m, v, fixed_draws(64, 6, m))
+    torch.testing.assert_close(g, torch.nn.functional.one_hot(y, 6).to(F64) - ref[1], rtol=1e-12, atol=1e-14)
+    for a, b in zip(ref, (value, Ep, Eq)):
+        torch.testing.assert_close(a, b.detach(), rtol=1e-12, atol=1e-14)
+
+
 def test_robustmax_expectation_matches_brute_force_monte_carlo():
     y, m, v = sites(2, n=5, K=4, scale=2.0)
     lik = RobustMax(0.05)

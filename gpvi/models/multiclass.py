@@ -59,6 +59,7 @@ indices in 0..K-1, ``F`` latent values (..., K).
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any, NamedTuple
 
 import gpytorch
@@ -206,7 +207,12 @@ class Softmax(Likelihood):
         One exponential per node and difference and one logarithm per node: with :math:`\mu = \max(0, \max_j d_j)`,
         :math:`e_0 = e^{-\mu}`, :math:`e_j = e^{d_j - \mu}` and :math:`s = e_0 + \sum_j e_j`, the class probabilities
         are :math:`e_j / s` (:math:`e_0/s` for y), :math:`1 - p_j = (s - e_j)/s` and
-        :math:`\log(1 + \sum_j e^{d_j}) = \mu + \log s`."""
+        :math:`\log(1 + \sum_j e^{d_j}) = \mu + \log s`.
+
+        Without autograd the arrays live in a reused scratch buffer (:func:`_workspace`): the same arithmetic with
+        no fresh (N, P) allocation per call (K = 3, N = 105, 784 nodes: 1,700 page faults per call before)."""
+        if not (torch.is_grad_enabled() and (d.requires_grad or w.requires_grad)):
+            return Softmax._quadrature_moments_inplace(d, w)
         mx = d.amax(0).clamp_min(0.0)                               # d is (K-1, N, P): contiguous per class
         ex = torch.exp(d - mx)
         e0 = torch.exp(-mx)
@@ -220,6 +226,29 @@ class Softmax(Likelihood):
         return value, Ep, Eq
 
     @staticmethod
+    def _quadrature_moments_inplace(d: torch.Tensor, w: torch.Tensor
+                                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`_quadrature_moments` in a scratch buffer (no autograd): (K-1 + 5) arrays of (N, P), one pass each."""
+        D, N, P = d.shape
+        work = _workspace((D + 5) * N * P, d)
+        ex = work[:D * N * P].view(D, N, P)
+        mx, e0, den, t, r = (work[(D + i) * N * P:(D + i + 1) * N * P].view(N, P) for i in range(5))
+        torch.amax(d, 0, out=mx).clamp_min_(0.0)
+        torch.sub(d, mx, out=ex).exp_()                                 # e_j
+        torch.neg(mx, out=e0).exp_()                                    # e_0
+        torch.sum(ex, 0, out=den)                                       # sum_j e_j
+        torch.mul(den, e0, out=t)                                       # e_0 (s - e_0)
+        den.add_(e0)                                                    # s
+        value = -torch.log(den, out=r).add_(mx).mul_(w).sum(-1)
+        torch.div(w, den, out=r)                                        # weight / s
+        Ep, Eq = [torch.mul(e0, r, out=mx).sum(-1)], [t.mul_(r).div_(den).sum(-1)]
+        for j in range(D):
+            torch.mul(ex[j], r, out=e0)                                 # weight p_j
+            Ep.append(e0.sum(-1))
+            Eq.append(torch.sub(den, ex[j], out=mx).mul_(e0).div_(den).sum(-1))
+        return value, torch.stack(Ep, -1), torch.stack(Eq, -1)
+
+    @staticmethod
     def _sample_moments(y: torch.Tensor | None, m: torch.Tensor, v: torch.Tensor, eps: torch.Tensor
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         r"""Averages over the points :math:`\mathbf f_s = \mathbf m + \sqrt{\mathbf v}\odot\boldsymbol\varepsilon_s`:
@@ -231,20 +260,27 @@ class Softmax(Likelihood):
         (``torch.log_softmax`` over a short last dimension ran about 8x slower at N = 210, S = 1,024, K = 10)."""
         N, K = m.shape
         E = eps.T.unsqueeze(1) if eps.dim() == 2 else eps.permute(2, 0, 1)
-        F = torch.addcmul(m.T.unsqueeze(-1), torch.sqrt(v.clamp_min(0.0)).T.unsqueeze(-1), E)  # (K, N, S)
-        if not F.is_contiguous():
-            F = F.contiguous()
-        mx = F.amax(0)
-        value = m.new_zeros(N)
+        sd = torch.sqrt(v.clamp_min(0.0))
+        S = E.shape[-1]
+        if torch.is_grad_enabled() and (m.requires_grad or v.requires_grad):    # differentiable, out of place
+            logp = torch.log_softmax(torch.addcmul(m.T.unsqueeze(-1), sd.T.unsqueeze(-1), E), 0)
+            p = torch.exp(logp)
+            value = (logp.gather(0, y.view(1, N, 1).expand(1, N, S)).squeeze(0).mean(-1) if y is not None
+                     else m.new_zeros(N))
+            return value, p.mean(-1).T, (p * (1.0 - p)).mean(-1).T
+        work = _workspace((K + 3) * N * S, m)
+        F = work[:K * N * S].view(K, N, S)
+        mx, Fy, sm = (work[(K + i) * N * S:(K + i + 1) * N * S].view(N, S) for i in range(3))
+        torch.addcmul(m.T.unsqueeze(-1), sd.T.unsqueeze(-1), E, out=F)                 # f_s, (K, N, S)
+        torch.amax(F, 0, out=mx)
         if y is not None:
-            Fy = F.gather(0, y.view(1, N, 1).expand(1, N, F.shape[-1])).squeeze(0)
+            torch.gather(F, 0, y.view(1, N, 1).expand(1, N, S), out=Fy.unsqueeze(0))
         F.sub_(mx).exp_()
-        s = F.sum(0)
-        if y is not None:
-            value = (Fy - mx - torch.log(s)).mean(-1)
-        F.div_(s)                                                       # probabilities p_k(f_s)
+        torch.sum(F, 0, out=sm)
+        F.div_(sm)                                                      # probabilities p_k(f_s)
+        value = Fy.sub_(mx).sub_(sm.log_()).mean(-1) if y is not None else m.new_zeros(N)
         Ep = F.mean(-1)
-        Eq = (F - F * F).mean(-1)                                       # p - p^2 >= 0 in floating point
+        Eq = F.addcmul_(F, F, value=-1.0).mean(-1)                      # p - p^2 >= 0 in floating point
         return value, Ep.T, Eq.T
 
     def expected_log_lik(self, y: torch.Tensor, m: torch.Tensor, v: torch.Tensor, *, method: str = "quadrature",
@@ -360,6 +396,29 @@ class RobustMax(Likelihood):
         return (wt * torch.exp(logphi)).sum(-1)
 
     @staticmethod
+    def _quadrature_moments_inplace(d: torch.Tensor, w: torch.Tensor
+                                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`_quadrature_moments` in a scratch buffer (no autograd): (K-1 + 5) arrays of (N, P), one pass each."""
+        D, N, P = d.shape
+        work = _workspace((D + 5) * N * P, d)
+        ex = work[:D * N * P].view(D, N, P)
+        mx, e0, den, t, r = (work[(D + i) * N * P:(D + i + 1) * N * P].view(N, P) for i in range(5))
+        torch.amax(d, 0, out=mx).clamp_min_(0.0)
+        torch.sub(d, mx, out=ex).exp_()                                 # e_j
+        torch.neg(mx, out=e0).exp_()                                    # e_0
+        torch.sum(ex, 0, out=den)                                       # sum_j e_j
+        torch.mul(den, e0, out=t)                                       # e_0 (s - e_0)
+        den.add_(e0)                                                    # s
+        value = -torch.log(den, out=r).add_(mx).mul_(w).sum(-1)
+        torch.div(w, den, out=r)                                        # weight / s
+        Ep, Eq = [torch.mul(e0, r, out=mx).sum(-1)], [t.mul_(r).div_(den).sum(-1)]
+        for j in range(D):
+            torch.mul(ex[j], r, out=e0)                                 # weight p_j
+            Ep.append(e0.sum(-1))
+            Eq.append(torch.sub(den, ex[j], out=mx).mul_(e0).div_(den).sum(-1))
+        return value, torch.stack(Ep, -1), torch.stack(Eq, -1)
+
+    @staticmethod
     def _sample_moments(y: torch.Tensor | None, m: torch.Tensor, v: torch.Tensor, eps: torch.Tensor
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         r"""Averages over the points :math:`\mathbf f_s = \mathbf m + \sqrt{\mathbf v}\odot\boldsymbol\varepsilon_s`:
@@ -425,6 +484,26 @@ def default_quadrature(num_classes: int) -> Quadrature:
     per-class marginal variances 1..3, 8e-7 for 3..10, 4e-5 for 10..100, 2e-3 for 100..1000; on iris sites at the
     MAP-II optimum (variances 0.7..10) 2e-9, 8e-8 in the sum over sites."""
     return Quadrature(96) if num_classes <= 2 else Quadrature(40, width=6.5)
+
+
+_WORKSPACE = threading.local()
+_WORKSPACE_MAX_BYTES = 1 << 26
+
+
+def _workspace(numel: int, like: torch.Tensor) -> torch.Tensor:
+    """A flat scratch buffer of ``numel`` elements on ``like``'s device and dtype, reused across calls (one per
+    thread, CPU only, at most 64 MiB kept; a fresh tensor otherwise). The softmax averages fill a (K, N, S) block
+    at every CVI step: allocating it afresh each time cost more in page faults than the arithmetic (N = 210,
+    S = 1,024, K = 10: 16,500 faults and 31 ms of system time per call on this 2-core machine). Callers must not
+    return views of it."""
+    nbytes = numel * like.element_size()
+    if like.device.type != "cpu" or nbytes > _WORKSPACE_MAX_BYTES:
+        return torch.empty(numel, dtype=like.dtype, device=like.device)
+    buf = getattr(_WORKSPACE, "buf", None)
+    if buf is None or buf.dtype != like.dtype or buf.numel() < numel:
+        buf = torch.empty(numel, dtype=like.dtype)
+        _WORKSPACE.buf = buf
+    return buf[:numel]
 
 
 _FIXED_CACHE: dict[tuple[int, int, torch.dtype, torch.device], torch.Tensor] = {}
