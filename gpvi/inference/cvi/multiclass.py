@@ -40,8 +40,9 @@ after (41 -> 21 theta evaluations, 2956 -> 203 inner steps; inputs standardised)
 stop rule then took the benchmark's iris fit from 2.6 s to 1.2 s (21 -> 18 evaluations, 203 -> 114 inner steps),
 wine 3.8 -> 1.7 s, digits (K = 10, with its data-scaled start) 60 -> 23 s (``benchmarks/results/multiclass.md``).
 Computing the softmax averages class-major (:meth:`gpvi.models.multiclass.Softmax._sample_moments`; contiguous
-(K, N, S) blocks instead of ``log_softmax`` over a last dimension of K) then took digits to 10.2 s, wine to 1.3 s
-(iris 1.3 s, within this machine's noise), with the same objectives and counters.
+(K, N, S) blocks instead of ``log_softmax`` over a last dimension of K) and in a reused scratch buffer (page faults
+cost more than the arithmetic here) then took digits to 6.5 s, iris to 0.9 s, wine to 1.3 s, with the same
+objectives and counters.
 """
 
 from __future__ import annotations
