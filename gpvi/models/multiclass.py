@@ -395,57 +395,6 @@ class RobustMax(Likelihood):
         logphi = torch.special.log_ndtr((fy.unsqueeze(-1) - mo.unsqueeze(1)) / so.unsqueeze(1)).sum(-1)
         return (wt * torch.exp(logphi)).sum(-1)
 
-    @staticmethod
-    def _quadrature_moments_inplace(d: torch.Tensor, w: torch.Tensor
-                                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """:meth:`_quadrature_moments` in a scratch buffer (no autograd): (K-1 + 5) arrays of (N, P), one pass each."""
-        D, N, P = d.shape
-        work = _workspace((D + 5) * N * P, d)
-        ex = work[:D * N * P].view(D, N, P)
-        mx, e0, den, t, r = (work[(D + i) * N * P:(D + i + 1) * N * P].view(N, P) for i in range(5))
-        torch.amax(d, 0, out=mx).clamp_min_(0.0)
-        torch.sub(d, mx, out=ex).exp_()                                 # e_j
-        torch.neg(mx, out=e0).exp_()                                    # e_0
-        torch.sum(ex, 0, out=den)                                       # sum_j e_j
-        torch.mul(den, e0, out=t)                                       # e_0 (s - e_0)
-        den.add_(e0)                                                    # s
-        value = -torch.log(den, out=r).add_(mx).mul_(w).sum(-1)
-        torch.div(w, den, out=r)                                        # weight / s
-        Ep, Eq = [torch.mul(e0, r, out=mx).sum(-1)], [t.mul_(r).div_(den).sum(-1)]
-        for j in range(D):
-            torch.mul(ex[j], r, out=e0)                                 # weight p_j
-            Ep.append(e0.sum(-1))
-            Eq.append(torch.sub(den, ex[j], out=mx).mul_(e0).div_(den).sum(-1))
-        return value, torch.stack(Ep, -1), torch.stack(Eq, -1)
-
-    @staticmethod
-    def _sample_moments(y: torch.Tensor | None, m: torch.Tensor, v: torch.Tensor, eps: torch.Tensor
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        r"""Averages over the points :math:`\mathbf f_s = \mathbf m + \sqrt{\mathbf v}\odot\boldsymbol\varepsilon_s`:
-        :math:`\operatorname{mean}_s \log p_y(\mathbf f_s)` (N,; zeros when ``y`` is None), and the means of
-        :math:`\mathbf p(\mathbf f_s)` and of :math:`\mathbf p\odot(1 - \mathbf p)` (N, K).
-
-        ``eps`` is (S, K) (the same points for every site) or (N, S, K). The work runs class-major, on (K, N, S)
-        blocks, so that every softmax reduction over the K classes is an elementwise pass over contiguous memory
-        (``torch.log_softmax`` over a short last dimension ran about 8x slower at N = 210, S = 1,024, K = 10)."""
-        N, K = m.shape
-        E = eps.T.unsqueeze(1) if eps.dim() == 2 else eps.permute(2, 0, 1)
-        F = torch.addcmul(m.T.unsqueeze(-1), torch.sqrt(v.clamp_min(0.0)).T.unsqueeze(-1), E)  # (K, N, S)
-        if not F.is_contiguous():
-            F = F.contiguous()
-        mx = F.amax(0)
-        value = m.new_zeros(N)
-        if y is not None:
-            Fy = F.gather(0, y.view(1, N, 1).expand(1, N, F.shape[-1])).squeeze(0)
-        F.sub_(mx).exp_()
-        s = F.sum(0)
-        if y is not None:
-            value = (Fy - mx - torch.log(s)).mean(-1)
-        F.div_(s)                                                       # probabilities p_k(f_s)
-        Ep = F.mean(-1)
-        Eq = (F - F * F).mean(-1)                                       # p - p^2 >= 0 in floating point
-        return value, Ep.T, Eq.T
-
     def expected_log_lik(self, y: torch.Tensor, m: torch.Tensor, v: torch.Tensor, *, method: str = "quadrature",
                          **_: Any) -> MulticlassExpectations:
         r""":math:`E_n = \log(1-\epsilon)P_n + \log\tfrac{\epsilon}{K-1}(1 - P_n)` and its exact derivatives (1-D rule)."""
