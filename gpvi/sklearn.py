@@ -323,7 +323,7 @@ class GPClassifier:
         names = feature_names_of(X)
         if hp == "bayes" and link not in _BINARY_LINKS:
             # measured (benchmarks/results/multiclass_bayes_*.md): on the multi-class CVI bound q(theta) takes
-            # 4-5 min on iris / wine and predicts no closer to NUTS than MAP-II; there is no multi-class EP
+            # about 3 min on iris / wine and predicts no closer to NUTS than MAP-II; there is no multi-class EP
             raise ValueError(f"hyperparameters='bayes' is for the binary links (logit, probit); the {link!r} "
                              f"likelihood ({len(classes)} classes) takes 'type2' or 'fixed'. For multi-class "
                              f"models, FullyBayesianCVI().run(GPMulticlass(X, y)) fits q(theta) on the CVI bound "

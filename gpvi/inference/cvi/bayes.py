@@ -76,7 +76,7 @@ class FullyBayesianCVI:
         caveat; ``"ep"`` raises ``ValueError``. Measured against NUTS over :math:`(\theta, V)` on iris and wine
         (``benchmarks/results/multiclass_bayes_iris.md``, ``..._wine.md``): length scales within 0.25 NUTS sd,
         the log signal variance 0.97 / 1.66 NUTS sd too low, test probabilities 0.0075 / 0.0120 from NUTS's
-        (MAP-II: 0.0050 / 0.0100), 241 / 274 s against NUTS's 641 / 790 s (about 900 evaluations of 25-32 inner
+        (MAP-II: 0.0050 / 0.0100), 186 / 173 s against NUTS's 595 / 757 s (about 900 evaluations of 25-32 inner
         CVI steps each). So on these sets the multi-class q(theta) does not predict better than MAP-II.
     seed : int
         Seed of DSVI (when ``dsvi`` is not given) and of the predictive draws.
