@@ -82,10 +82,41 @@ def test_fully_bayesian_multiclass_is_seeded_and_predicts_k_columns(map_fit):
     assert m.shape == v.shape == (3, 3) and bool((v > 0).all())
 
 
+def test_fully_bayesian_multiclass_on_ep_evidence_starts_at_the_ep_map_point(map_fit):
+    """evidence='ep' on a 3-class softmax model: q(theta) on multi-class EP's log Z_EP, started at its MAP point
+    (a stationary point of log Z_EP + log prior, not below the CVI MAP-II point there); seeded; EP warm-started from
+    the anchor's sites gives the same value as EP from the prior's sites."""
+    from gpvi.inference.ep_multiclass import multiclass_ep
+    from gpvi.models.ep_evidence import EPEvidenceTarget
+
+    model, post = map_fit
+
+    def fit():
+        sk = SKGaussian(num_steps=8, method="gradient", num_draws=2, num_elbo_draws=10, seed=0, progress_bar=False)
+        return FullyBayesianCVI(sk, num_draws=2, seed=0, evidence="ep").run(model, init=post)
+
+    a, b = fit(), fit()
+    assert a.info["evidence"] == "ep" and a.info["ep_counters"]["failures"] == 0 and torch.equal(a.mean, b.mean)
+    bound = MulticlassBoundTarget(model)
+    bound.set_anchor(post.theta, post.lam1, post.lam2)
+    target = EPEvidenceTarget(bound)
+    theta = torch.tensor(a.info["ep_map_theta"], dtype=F64).requires_grad_(True)
+    (grad,) = torch.autograd.grad(target.log_joint(theta), theta)
+    assert float(grad.abs().max()) < 1e-3
+    assert a.info["ep_map_objective"] >= float(target.log_joint(torch.tensor(a.info["map_theta"], dtype=F64))) - 1e-9
+    cold = multiclass_ep(model.kernel_matrix(theta.detach()), model.y, 3, quadrature=bound.cvi.quadrature,
+                         tol=1e-10, max_sweeps=1000)
+    assert abs(float(target.bound_and_grad(theta.detach()[None])[0][0]) - float(cold.log_z)) < 1e-6
+    assert a.predict_proba(model.X[:4]).shape == (4, 3)
+
+
 def test_fully_bayesian_multiclass_refuses_settings_that_do_not_fit(map_fit):
     model, _ = map_fit
-    with pytest.raises(ValueError, match="multi-class EP"):
-        FullyBayesianCVI(evidence="ep").run(model)
+    X4 = torch.linspace(-2, 2, 16, dtype=F64)[:, None]
+    with pytest.raises(ValueError, match="at most 3 classes"):
+        FullyBayesianCVI(evidence="ep").run(GPMulticlass(X4, torch.arange(16) % 4))
+    with pytest.raises(ValueError, match="at most 3 classes"):
+        FullyBayesianCVI(evidence="ep").run(GPMulticlass(model.X, model.y, likelihood="robustmax"))
     with pytest.raises(TypeError, match="MulticlassCVI"):
         from gpvi.inference.cvi import CVI
         FullyBayesianCVI(cvi=CVI(progress_bar=False)).run(model)

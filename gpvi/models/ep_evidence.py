@@ -30,6 +30,11 @@ differentiable once, as for the CVI bound. Every evaluation runs EP from the pri
 **The latent posterior** at a :math:`\theta` (for predictions) stays CVI's :math:`q^*(\mathbf f\mid\theta)`,
 from the wrapped :class:`~gpvi.models.cvi_bound.CVIBoundTarget`: EP only weighs the hyperparameters.
 
+**Multi-class** (a wrapped :class:`~gpvi.models.multiclass_bound.MulticlassBoundTarget`, softmax, K <= 3): EP with a
+full :math:`K\times K` site per data point (:func:`gpvi.inference.ep_multiclass.multiclass_ep`), with the bound's
+softmax rule for the tilted moments. Every evaluation starts EP from the sites EP converged to at the bound's anchor
+(computed once): a fixed warm start, so ``log_joint`` is still a deterministic function of :math:`\theta`.
+
 Names: ``theta`` (kernel log-hyperparameters), ``bound`` (the wrapped CVI-bound target).
 """
 
@@ -41,7 +46,7 @@ from typing import Any
 import torch
 
 from ..validation import check_positive, check_positive_int
-from .cvi_bound import CVIBoundTarget, envelope_log_joint
+from .cvi_bound import AnchoredBoundTarget, envelope_log_joint
 
 __all__ = ["EPEvidenceTarget"]
 
@@ -54,11 +59,11 @@ class EPEvidenceTarget:
 
     Parameters
     ----------
-    bound : CVIBoundTarget
+    bound : CVIBoundTarget or MulticlassBoundTarget
         Gives the model, the prior, the kernel matrices (the same :math:`K_\theta` as the CVI bound's) and the
         latent posterior at a :math:`\theta` (:meth:`latent_posterior`).
-    damping : float
-        EP's damping (default 0.8).
+    damping : float, optional
+        EP's damping (default 0.8 for binary models, 0.5 for multi-class ones).
     tol : float
         EP's stopping rule on the largest site change (default 1e-8; see
         :func:`~gpvi.inference.ep.expectation_propagation`).
@@ -82,12 +87,22 @@ class EPEvidenceTarget:
     True
     """
 
-    def __init__(self, bound: CVIBoundTarget, *, damping: float = 0.8, tol: float = 1e-8,
+    def __init__(self, bound: AnchoredBoundTarget, *, damping: float | None = None, tol: float = 1e-8,
                  max_sweeps: int = 200) -> None:
-        if not isinstance(bound, CVIBoundTarget):
-            raise TypeError(f"bound must be a gpvi CVIBoundTarget; got {type(bound).__name__}")
+        if not isinstance(bound, AnchoredBoundTarget):
+            raise TypeError(f"bound must be a gpvi CVIBoundTarget or MulticlassBoundTarget; got "
+                            f"{type(bound).__name__}")
         self.bound = bound
-        self.damping = check_positive(damping, "damping")
+        self.multiclass = bool(getattr(bound.model.likelihood, "multiclass", False))
+        if self.multiclass:
+            from .multiclass import Softmax
+
+            if not isinstance(bound.model.likelihood, Softmax) or bound.model.num_classes > 3:
+                raise ValueError("multi-class EP evidence needs the softmax likelihood with at most 3 classes (its "
+                                 f"tilted moments are a {bound.model.num_classes - 1}-dimensional quadrature); "
+                                 "use the CVI bound (evidence='cvi')")
+        self.damping = check_positive(damping if damping is not None else (0.5 if self.multiclass else 0.8),
+                                      "damping")
         if self.damping > 1.0:
             raise ValueError(f"damping must be in (0, 1]; got {damping!r}")
         self.tol = check_positive(tol, "tol")
@@ -115,19 +130,61 @@ class EPEvidenceTarget:
     def evidence(self, theta: torch.Tensor) -> Any:
         r"""EP at the rows of ``theta`` ``(S, D)``: the :class:`~gpvi.inference.ep.EPResult` (no prior term)."""
         with torch.no_grad():
-            return self._run(self.bound._kernel(theta.detach().to(torch.float64)))
+            return self._run(self._kernel(theta.detach().to(torch.float64)))
 
     def _run(self, K: torch.Tensor) -> Any:
         """EP on the batched kernel matrices ``K`` ``(S, N, N)``, counted."""
         from ..inference.ep import expectation_propagation
 
-        res = expectation_propagation(K, self.model.y, self.model.likelihood, quadrature=self.bound.cvi.quadrature,
-                                      damping=self.damping, tol=self.tol, max_sweeps=self.max_sweeps)
+        if self.multiclass:
+            res = self._run_multiclass(K)
+        else:
+            res = expectation_propagation(K, self.model.y, self.model.likelihood,
+                                          quadrature=self.bound.cvi.quadrature, damping=self.damping, tol=self.tol,
+                                          max_sweeps=self.max_sweeps)
         self.counters["evaluations"] += K.shape[0]
         self.counters["sweeps"] += int(res.sweeps.sum())
         self.counters["unconverged"] += int((res.ok & ~res.converged).sum())
         self.counters["failures"] += int((~res.ok).sum())
         return res
+
+    def _kernel(self, theta: torch.Tensor) -> torch.Tensor:
+        """Batched :math:`K_\theta` ``(S, N, N)`` of the bound's model (differentiable in ``theta``)."""
+        if hasattr(self.bound, "_kernel"):
+            return self.bound._kernel(theta)
+        return torch.stack([self.model.kernel_matrix(t) for t in theta])
+
+    def _ep_multiclass(self, K: torch.Tensor, sites: tuple[torch.Tensor, torch.Tensor] | None) -> Any:
+        from ..inference.ep_multiclass import multiclass_ep
+
+        pi, nu = sites if sites is not None else (None, None)
+        return multiclass_ep(K, self.model.y, self.model.num_classes, quadrature=self.bound.cvi.quadrature,
+                             damping=self.damping, tol=self.tol, max_sweeps=self.max_sweeps, pi=pi, nu=nu)
+
+    def warm_sites(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Multi-class: EP's sites at the bound's anchor theta (run once from the prior's sites, then reused as
+        the start of every evaluation); None when that run failed or did not converge."""
+        theta = self.bound.anchor[0]
+        key = theta.detach().cpu().numpy().tobytes()
+        if getattr(self, "_warm_key", None) != key:
+            with torch.no_grad():
+                res = self._ep_multiclass(self._kernel(theta.detach().unsqueeze(0))[0], None)
+            self._warm = (res.pi, res.nu) if res.ok and res.converged else None
+            self._warm_key = key
+        return self._warm
+
+    def _run_multiclass(self, K: torch.Tensor) -> Any:
+        """:func:`~gpvi.inference.ep_multiclass.multiclass_ep` row by row from :meth:`warm_sites`; the fields the
+        binary :class:`~gpvi.inference.ep.EPResult` has for the evidence and its gradient, plus ``rows``."""
+        from types import SimpleNamespace
+
+        warm = self.warm_sites()
+        rows = [self._ep_multiclass(K[i], warm) for i in range(K.shape[0])]
+        dev = K.device
+        return SimpleNamespace(log_z=torch.stack([r.log_z for r in rows]), grad_k=torch.stack([r.grad_k for r in rows]),
+                               sweeps=torch.tensor([r.sweeps for r in rows], device=dev),
+                               converged=torch.tensor([r.converged for r in rows], device=dev),
+                               ok=torch.tensor([r.ok for r in rows], device=dev), rows=rows)
 
     def bound_and_grad(self, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         r""":math:`\log Z_{EP}` (without the prior) and its gradient at the rows of ``theta``: ``(S, D) -> ((S,),
@@ -142,7 +199,7 @@ class EPEvidenceTarget:
             return vals, grads
         with torch.enable_grad():                  # one kernel evaluation: EP on its values, the gradient through it
             tg = th[idx].clone().requires_grad_(True)
-            K = self.bound._kernel(tg)
+            K = self._kernel(tg)
             res = self._run(K.detach())
             (g,) = torch.autograd.grad(K, tg, grad_outputs=res.grad_k)
         ok = res.ok & torch.isfinite(g).all(-1)

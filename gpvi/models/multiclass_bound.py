@@ -13,11 +13,11 @@ bound of the class-factorised family (:mod:`gpvi.inference.cvi.multiclass_sites`
 stands in for the evidence, and ``log_joint`` is :math:`\mathcal L_{CVI}(\theta) + \log p(\theta)`: the objective
 that :class:`gpvi.inference.cvi.multiclass_typeii.MulticlassTypeII` maximises (its maximiser is the MAP-II point).
 A Gaussian engine on it maximises the ELBO of :math:`q(\theta)\,q^*(F\mid\theta)`, a lower bound on
-:math:`\log p(\mathbf y)`; :math:`q(\theta)` approximates the posterior of :math:`\theta` under the bound. There is
-no multi-class EP here, so this bound is the only evidence available for multi-class fully Bayesian classification;
-its gap (the Gaussian, class-factorised :math:`q` against the exact latent posterior) grows where the likelihood
+:math:`\log p(\mathbf y)`; :math:`q(\theta)` approximates the posterior of :math:`\theta` under the bound. Its
+gap (the Gaussian, class-factorised :math:`q` against the exact latent posterior) grows where the likelihood
 saturates, as in the binary case. NUTS over :math:`(\theta, V)` (:class:`gpvi.models.whitened.WhitenedLatentGP`)
-is the reference without it.
+is the reference without it; multi-class EP (:func:`gpvi.inference.ep_multiclass.multiclass_ep`, softmax,
+K <= 3, through :class:`gpvi.models.ep_evidence.EPEvidenceTarget`) is the alternative evidence.
 
 Each evaluation runs ELBO-monotone full-batch multi-class CVI
 (:func:`gpvi.inference.cvi.multiclass_typeii.converge_sites`) at :math:`\theta` from the sites of a fixed

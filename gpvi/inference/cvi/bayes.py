@@ -63,8 +63,8 @@ class FullyBayesianCVI:
         Draws of :math:`\theta` in the predictive mixture (default 32).
     evidence : {"auto", "ep", "cvi"}
         What stands in for :math:`\log p(\mathbf y\mid\theta)` in :math:`q(\theta)`'s target. ``"auto"``
-        (default): ``"ep"`` for a binary model, ``"cvi"`` for a multi-class one (there is no multi-class EP
-        here). ``"ep"`` (the binary default since 2026-11-24): EP's approximation :math:`\log Z_{EP}(\theta)`
+        (default): ``"ep"`` for a binary model, ``"cvi"`` for a multi-class one. ``"ep"`` (the binary default
+        since 2026-11-24): EP's approximation :math:`\log Z_{EP}(\theta)`
         (:class:`~gpvi.models.ep_evidence.EPEvidenceTarget`); the run then moves from the CVI MAP-II point to the
         maximiser of :math:`\log Z_{EP} + \log p(\theta)` (L-BFGS-B) and takes the Laplace scale there.
         ``"cvi"``: the profiled CVI bound (:class:`~gpvi.models.cvi_bound.CVIBoundTarget`; the only choice before),
@@ -73,7 +73,9 @@ class FullyBayesianCVI:
         ``benchmarks/classification_nuts_ref.md``: on Ionosphere 1.5 posterior sds too low). Either way the latent
         posterior at each draw is CVI's :math:`q^*(\mathbf f\mid\theta)`. Multi-class: the profiled bound of
         the class-factorised family (:class:`~gpvi.models.multiclass_bound.MulticlassBoundTarget`), with the same
-        caveat; ``"ep"`` raises ``ValueError``. Measured against NUTS over :math:`(\theta, V)` on iris and wine
+        caveat; ``"ep"`` (softmax, K <= 3, else ``ValueError``): multi-class EP with a full K x K site per point
+        (:func:`gpvi.inference.ep_multiclass.multiclass_ep`), opt-in (see below for why it is not the default).
+        Measured against NUTS over :math:`(\theta, V)` on iris and wine
         (``benchmarks/results/multiclass_bayes_iris.md``, ``..._wine.md``): length scales within 0.25 NUTS sd,
         the log signal variance 0.97 / 1.66 NUTS sd too low, test probabilities 0.0075 / 0.0120 from NUTS's
         (MAP-II: 0.0050 / 0.0100), 186 / 173 s against NUTS's 595 / 757 s (about 900 evaluations of 25-32 inner
@@ -140,11 +142,11 @@ class FullyBayesianCVI:
         if getattr(getattr(model, "likelihood", None), "multiclass", False):
             if self.cvi is not None and not isinstance(self.cvi, MulticlassCVI):
                 raise TypeError(f"a multi-class model needs cvi=MulticlassCVI(...); got {type(self.cvi).__name__}")
-            if self.evidence == "ep":
-                raise ValueError("evidence='ep' is for binary models (there is no multi-class EP here); use "
-                                 "'cvi' or 'auto' for a multi-class model")
+            if self.evidence == "ep" and (type(model.likelihood).__name__ != "Softmax" or model.num_classes > 3):
+                raise ValueError("evidence='ep' on a multi-class model needs the softmax likelihood with at most 3 "
+                                 "classes; use 'cvi' or 'auto'")
             cvi = self.cvi if self.cvi is not None else MulticlassCVI(progress_bar=False)
-            return cvi, "cvi", MulticlassTypeII, MulticlassBoundTarget
+            return cvi, ("cvi" if self.evidence == "auto" else self.evidence), MulticlassTypeII, MulticlassBoundTarget
         if self.cvi is not None and not isinstance(self.cvi, CVI):
             raise TypeError(f"a binary model needs cvi=CVI(...); got {type(self.cvi).__name__}")
         cvi = self.cvi if self.cvi is not None else CVI(beta=0.7, progress_bar=False)
