@@ -7,8 +7,10 @@ standardised with the training rows' mean and sd). Model: ``GPMulticlass`` (soft
 * **MAP-II**: ``MulticlassTypeII(MulticlassCVI())`` defaults.
 * **Fully Bayesian**: ``FullyBayesianCVI()`` defaults on the multi-class model: MAP-II, a Laplace start and S&K's
   Hessian-free Gaussian q(theta) on the profiled multi-class CVI bound
-  (:class:`gpvi.models.multiclass_bound.MulticlassBoundTarget`; there is no multi-class EP), 32 draws of theta in
-  the predictive mixture.
+  (:class:`gpvi.models.multiclass_bound.MulticlassBoundTarget`), 32 draws of theta in the predictive mixture.
+* **Fully Bayesian on EP** (``--evidence`` includes ``ep``; rows from 2026-11-25): ``FullyBayesianCVI(evidence="ep")``,
+  the same with multi-class EP's :math:`\log Z_{EP}(\theta)` (:func:`gpvi.inference.ep_multiclass.multiclass_ep`)
+  as the evidence, started at its MAP point.
 * **NUTS** over (theta, V), the whitened latent values of every class (:class:`gpvi.models.whitened.WhitenedLatentGP`,
   D + K N dimensions), ``--chains`` chains of ``--warmup`` + ``--draws``; predictive from ``--pred-draws`` evenly
   spaced draws. The reference: no Gaussian or class-factorised approximation.
@@ -35,6 +37,8 @@ from benchmarks._common import header, write
 from benchmarks.multiclass import load, log_loss
 
 SETS = ["iris", "wine"]
+BAYES_KEY = {"cvi": "bayes", "ep": "bayes_ep"}
+BAYES_LABEL = {"bayes": "gpvi fully Bayesian (CVI bound)", "bayes_ep": "gpvi fully Bayesian (EP)"}
 
 
 def scores(p: torch.Tensor, y: np.ndarray) -> dict[str, float]:
@@ -63,16 +67,19 @@ def run_set(name: str, args: argparse.Namespace) -> dict[str, Any]:
         p_map = mp.predict_proba(Xt)
         out["map"] = {"time_s": tm, **scores(p_map, yte), "theta": mp.theta.tolist(), "load_1min": os.getloadavg()[0]}
         print(name, "MAP-II", round(tm, 2), out["map"]["log_loss"], flush=True)
-        t0 = time.perf_counter()
-        fb = FullyBayesianCVI(seed=args.seed).run(model)
-        tf = time.perf_counter() - t0
-        p_fb = fb.predict_proba(Xt)
-        out["bayes"] = {"time_s": tf, **scores(p_fb, yte), "mean": fb.mean.tolist(), "std": fb.std.tolist(),
-                        "elbo": fb.elbo, "elbo_se": fb.elbo_se, "load_1min": os.getloadavg()[0],
+        fbs = {}
+        for ev in args.evidence:
+            key = BAYES_KEY[ev]
+            t0 = time.perf_counter()
+            fb = fbs[key] = FullyBayesianCVI(seed=args.seed, evidence=ev).run(model)
+            tf = time.perf_counter() - t0
+            out[key] = {"time_s": tf, **scores(fb.predict_proba(Xt), yte), "mean": fb.mean.tolist(),
+                        "std": fb.std.tolist(), "elbo": fb.elbo, "elbo_se": fb.elbo_se, "load_1min": os.getloadavg()[0],
                         **{k: fb.info.get(k) for k in ("engine", "evidence", "map_time_s", "laplace_time_s", "q_time_s",
                                                        "q_steps", "evaluations", "inner_steps", "failures",
-                                                       "unconverged", "predictive_time_s", "failed_draws")}}
-        print(name, "fully Bayesian", round(tf, 1), out["bayes"]["log_loss"], fb.info["evaluations"], flush=True)
+                                                       "unconverged", "predictive_time_s", "failed_draws",
+                                                       "ep_map_time_s", "ep_counters")}}
+            print(name, "fully Bayesian", ev, round(tf, 1), out[key]["log_loss"], fb.info["evaluations"], flush=True)
         if args.chains > 0:
             target = WhitenedLatentGP(model)
             t0 = time.perf_counter()
@@ -90,9 +97,11 @@ def run_set(name: str, args: argparse.Namespace) -> dict[str, Any]:
         out["nuts"] = {"time_s": tn, **scores(p_n, yte), "mean": nm.tolist(), "std": ns.tolist(),
                        "rhat_max_all": float(rhat.max()), "rhat_max_theta": float(rhat[:D].max()),
                        "ess_bulk_min_all": float(ess.min()), "ess_bulk_min_theta": float(ess[:D].min()),
-                       "divergences": mc.info.get("divergences"), "load_1min": os.getloadavg()[0]}
-        out["bayes"]["theta_diff_sd"] = ((fb.mean - nm) / ns).tolist()
-        out["bayes"]["prob_mad_vs_nuts"] = float((p_fb - p_n).abs().mean())
+                       "divergences": mc.info.get("divergences"), "load_1min": os.getloadavg()[0],
+                       "p_test": p_n.tolist()}
+        for key, fb in fbs.items():
+            out[key]["theta_diff_sd"] = ((fb.mean - nm) / ns).tolist()
+            out[key]["prob_mad_vs_nuts"] = float((fb.predict_proba(Xt) - p_n).abs().mean())
         out["map"]["theta_diff_sd"] = ((mp.theta - nm) / ns).tolist()
         out["map"]["prob_mad_vs_nuts"] = float((p_map - p_n).abs().mean())
         print(name, "NUTS", round(tn, 1), out["nuts"]["log_loss"], "rhat", out["nuts"]["rhat_max_all"], "ess",
@@ -106,13 +115,14 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
            f"`benchmarks/multiclass.py`; "
            f"NUTS {args.chains} chains x ({args.warmup} warmup + {args.draws} draws) over (theta, V), predictive from "
            f"{args.pred_draws} evenly spaced draws; fully Bayesian = `FullyBayesianCVI()` defaults (S&K on the "
-           f"profiled multi-class CVI bound). One run each; log loss in nats per test point; 1-minute load after "
+           f"profiled multi-class CVI bound), and with `evidence=\"ep\"` (multi-class EP). One run each; log loss in "
+           f"nats per test point; 1-minute load after "
            f"each fit in brackets.\n")
     md += ("\n## Test metrics and wall time\n\n| set | method | log loss | accuracy | wall s [load] | mean abs diff of "
            "p vs NUTS | max abs theta diff (NUTS sd) |\n|---|---|---|---|---|---|---|\n")
     for r in results:
         label = f"{r['set']} ({r['N_train']} / {r['N_test']}, d={r['d']}, K={r['K']})"
-        for key, name in (("map", "gpvi MAP-II"), ("bayes", "gpvi fully Bayesian (CVI bound)"), ("nuts", "NUTS")):
+        for key, name in (("map", "gpvi MAP-II"), *BAYES_LABEL.items(), ("nuts", "NUTS")):
             if key not in r:
                 continue
             m = r[key]
@@ -127,23 +137,39 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
             n = r["nuts"]
             md += (f"| {r['set']} | {n['rhat_max_all']:.3f} | {n['rhat_max_theta']:.3f} | {n['ess_bulk_min_all']:.0f} "
                    f"| {n['ess_bulk_min_theta']:.0f} | {n['divergences']} |\n")
-    md += ("\n## Theta marginals: fully Bayesian q vs NUTS\n\n| set | parameter | q mean | q sd | NUTS mean | NUTS sd "
-           "| diff (NUTS sd) | MAP-II |\n|---|---|---|---|---|---|---|---|\n")
+    md += ("\n## Theta marginals: fully Bayesian q vs NUTS\n\n| set | evidence | parameter | q mean | q sd | NUTS mean "
+           "| NUTS sd | diff (NUTS sd) | MAP-II |\n|---|---|---|---|---|---|---|---|---|\n")
     for r in results:
         if "nuts" not in r:
             continue
-        b, n = r["bayes"], r["nuts"]
-        for j, nm in enumerate(r["names"]):
-            md += (f"| {r['set']} | {nm} | {b['mean'][j]:.3f} | {b['std'][j]:.3f} | {n['mean'][j]:.3f} | "
-                   f"{n['std'][j]:.3f} | {b['theta_diff_sd'][j]:+.2f} | {r['map']['theta'][j]:.3f} |\n")
-    md += ("\n## Fully Bayesian run details\n\n| set | MAP-II (s) | Laplace (s) | q (s) | predictive (s) | steps | "
-           "bound | bound se | target evaluations | inner steps / evaluation |\n"
-           "|---|---|---|---|---|---|---|---|---|---|\n")
+        n = r["nuts"]
+        for key in BAYES_LABEL:
+            if key not in r:
+                continue
+            b = r[key]
+            for j, nm in enumerate(r["names"]):
+                md += (f"| {r['set']} | {b['evidence']} | {nm} | {b['mean'][j]:.3f} | {b['std'][j]:.3f} | "
+                       f"{n['mean'][j]:.3f} | {n['std'][j]:.3f} | {b['theta_diff_sd'][j]:+.2f} | "
+                       f"{r['map']['theta'][j]:.3f} |\n")
+    md += ("\n## Fully Bayesian run details\n\nEP: its MAP search (s) and EP sweeps per evaluation; the CVI bound's "
+           "target evaluations and inner steps are counted for both (EP's latent posteriors are CVI's).\n\n"
+           "| set | evidence | MAP-II (s) | EP MAP (s) | Laplace (s) | q (s) | predictive (s) | steps | "
+           "ELBO | ELBO se | target evaluations | inner steps / evaluation | EP evaluations | "
+           "EP sweeps / evaluation |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     for r in results:
-        b = r["bayes"]
-        md += (f"| {r['set']} | {b['map_time_s']:.1f} | {b['laplace_time_s']:.1f} | {b['q_time_s']:.1f} | "
-               f"{b['predictive_time_s']:.1f} | {b['q_steps']} | {b['elbo']:.3f} | {b['elbo_se']:.3f} | "
-               f"{b['evaluations']} | {b['inner_steps'] / max(b['evaluations'], 1):.1f} |\n")
+        for key in BAYES_LABEL:
+            if key not in r:
+                continue
+            b = r[key]
+            epc = b.get("ep_counters") or {}
+            epm = b.get("ep_map_time_s")
+            sweeps = f"{epc['sweeps'] / max(epc['evaluations'], 1):.1f}" if epc else ""
+            md += (f"| {r['set']} | {b['evidence']} | {b['map_time_s']:.1f} | "
+                   f"{'' if epm is None else f'{epm:.1f}'} | {b['laplace_time_s']:.1f} | {b['q_time_s']:.1f} | "
+                   f"{b['predictive_time_s']:.1f} | {b['q_steps']} | {b['elbo']:.3f} | {b['elbo_se']:.3f} | "
+                   f"{b['evaluations']} | {b['inner_steps'] / max(b['evaluations'], 1):.1f} | "
+                   f"{epc.get('evaluations', '')} | {sweeps} |\n")
     return md
 
 
@@ -156,6 +182,7 @@ def main() -> None:
     ap.add_argument("--pred-draws", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--name", default="multiclass_bayes")
+    ap.add_argument("--evidence", nargs="+", default=["cvi", "ep"], choices=["cvi", "ep"])
     args = ap.parse_args()
     results: list[dict[str, Any]] = []
     for name in args.sets:
