@@ -323,11 +323,13 @@ class GPClassifier:
         names = feature_names_of(X)
         if hp == "bayes" and link not in _BINARY_LINKS:
             # measured (benchmarks/results/multiclass_bayes_*.md): on the multi-class CVI bound q(theta) takes
-            # about 3 min on iris / wine and predicts no closer to NUTS than MAP-II; there is no multi-class EP
+            # about 3 min on iris / wine and predicts no closer to NUTS than MAP-II; on multi-class EP it matches
+            # NUTS but takes about as long as NUTS
             raise ValueError(f"hyperparameters='bayes' is for the binary links (logit, probit); the {link!r} "
                              f"likelihood ({len(classes)} classes) takes 'type2' or 'fixed'. For multi-class "
-                             f"models, FullyBayesianCVI().run(GPMulticlass(X, y)) fits q(theta) on the CVI bound "
-                             f"(minutes; biased towards small signal variances) and gpvi.NUTS on "
+                             f"models, FullyBayesianCVI(evidence='ep').run(GPMulticlass(X, y)) fits q(theta) on "
+                             f"multi-class EP (softmax, K <= 3; about as slow as NUTS), FullyBayesianCVI() on the "
+                             f"CVI bound (minutes; biased towards small signal variances), and gpvi.NUTS on "
                              f"gpvi.models.whitened.WhitenedLatentGP(GPMulticlass(X, y)) samples (theta, f) exactly")
         if link in _BINARY_LINKS:
             model: Any = GPClassification(X, idx, kernel=self.kernel, likelihood=link, theta=self.theta,

@@ -85,10 +85,10 @@ def _blocks_to_big(P: torch.Tensor) -> torch.Tensor:
     return torch.einsum("nkj,nm->knjm", P, eye).reshape(C * N, C * N)
 
 
-def _psd_sqrt(P: torch.Tensor, *, clamp: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def _psd_sqrt(P: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric square roots of PSD blocks ``(N, K, K)`` and the blocks with negative eigenvalues set to 0."""
     evals, evecs = torch.linalg.eigh(0.5 * (P + P.mT))
-    evals = evals.clamp_min(0.0) if clamp else evals
+    evals = evals.clamp_min(0.0)
     root = (evecs * evals.sqrt().unsqueeze(-2)) @ evecs.mT
     return root, (evecs * evals.unsqueeze(-2)) @ evecs.mT
 
@@ -105,7 +105,7 @@ def _posterior(K: torch.Tensor, pi: torch.Tensor, nu: torch.Tensor):
     SK = torch.einsum("nkj,nm->knjm", Sn, K).reshape(C * N, C * N)       # S (I_K x K)
     V = torch.linalg.solve_triangular(LB, SK, upper=False)
     nu_f = nu.T.reshape(-1)
-    Knu = (K @ nu.view(N, C)).T.reshape(-1)                                # (I_K x K) nu
+    Knu = (K @ nu).T.reshape(-1)                                           # (I_K x K) nu
     mu = Knu - V.mT @ (V @ nu_f)
     V3 = V.view(C * N, C, N)
     Snn = torch.diag_embed(K.diagonal().unsqueeze(-1).expand(N, C)) - torch.einsum("rkn,rjn->nkj", V3, V3)
