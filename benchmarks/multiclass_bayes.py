@@ -1,4 +1,4 @@
-"""Multi-class GP classification with the hyperparameters integrated out: fully Bayesian CVI and MAP-II vs NUTS.
+r"""Multi-class GP classification with the hyperparameters integrated out: fully Bayesian CVI and MAP-II vs NUTS.
 
 Sets: iris and wine from scikit-learn (the splits of ``benchmarks/multiclass.py``: stratified 70/30, seed 0, inputs
 standardised with the training rows' mean and sd). Model: ``GPMulticlass`` (softmax, K latent GPs sharing one
@@ -8,7 +8,7 @@ standardised with the training rows' mean and sd). Model: ``GPMulticlass`` (soft
 * **Fully Bayesian**: ``FullyBayesianCVI()`` defaults on the multi-class model: MAP-II, a Laplace start and S&K's
   Hessian-free Gaussian q(theta) on the profiled multi-class CVI bound
   (:class:`gpvi.models.multiclass_bound.MulticlassBoundTarget`), 32 draws of theta in the predictive mixture.
-* **Fully Bayesian on EP** (``--evidence`` includes ``ep``; rows from 2026-11-25): ``FullyBayesianCVI(evidence="ep")``,
+* **Fully Bayesian on EP** (``--evidence`` includes ``ep``; added 2026-11-25, not yet run into the results): ``FullyBayesianCVI(evidence="ep")``,
   the same with multi-class EP's :math:`\log Z_{EP}(\theta)` (:func:`gpvi.inference.ep_multiclass.multiclass_ep`)
   as the evidence, started at its MAP point.
 * **NUTS** over (theta, V), the whitened latent values of every class (:class:`gpvi.models.whitened.WhitenedLatentGP`,
