@@ -51,6 +51,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..linalg import logdet_from_cholesky
 from ..models.likelihoods import Quadrature
 from ..models.multiclass import _others, default_quadrature, nested_nodes
 from ..validation import check_positive, check_positive_int
@@ -138,17 +139,41 @@ def _tilted(y: torch.Tensor, mc: torch.Tensor, Cc: torch.Tensor, quad: Quadratur
     return log_z, m_hat, 0.5 * (C_hat + C_hat.mT)
 
 
-def _cavities(mu: torch.Tensor, Snn: torch.Tensor, pi: torch.Tensor, nu: torch.Tensor, N: int, C: int):
-    """Cavities from the marginal blocks: (mu_n, marginal precisions, cavity precision, cavity shift, cavity cov
-    and mean)."""
+class _Sweep(NamedTuple):
+    """Everything one set of sites determines: the posterior, the cavities and the tilted moments."""
+
+    LB: torch.Tensor
+    Sn: torch.Tensor
+    mu: torch.Tensor
+    nu_f: torch.Tensor
+    mun: torch.Tensor
+    Snn: torch.Tensor
+    Pnn: torch.Tensor
+    lam_c: torch.Tensor
+    eta_c: torch.Tensor
+    mc: torch.Tensor
+    logdet_ratio: torch.Tensor
+    r"""``(N,)`` :math:`\log|C_{-n}| - \log|\Sigma_{nn}|`."""
+    log_z_hat: torch.Tensor
+    m_hat: torch.Tensor
+    C_hat: torch.Tensor
+
+
+def _sweep(K: torch.Tensor, y: torch.Tensor, pi: torch.Tensor, nu: torch.Tensor, quad: Quadrature) -> _Sweep:
+    """Posterior, cavities (from the K x K marginal blocks) and tilted moments at the sites ``pi``, ``nu``."""
+    N, C, _ = pi.shape
+    LB, Sn, mu, Snn, nu_f = _posterior(K, pi, nu)
     mun = mu.view(C, N).T
-    Pnn = torch.cholesky_inverse(torch.linalg.cholesky(Snn))
+    Ls = torch.linalg.cholesky(Snn)
+    Pnn = torch.cholesky_inverse(Ls)
     lam_c = Pnn - pi
     eta_c = (Pnn @ mun.unsqueeze(-1)).squeeze(-1) - nu
     Lc = torch.linalg.cholesky(0.5 * (lam_c + lam_c.mT))                    # raises when a cavity is not PD
     Cc = torch.cholesky_inverse(Lc)
     mc = (Cc @ eta_c.unsqueeze(-1)).squeeze(-1)
-    return mun, Pnn, lam_c, eta_c, Cc, mc
+    log_z_hat, m_hat, C_hat = _tilted(y, mc, Cc, quad)
+    logdet_ratio = -logdet_from_cholesky(Lc) - logdet_from_cholesky(Ls)
+    return _Sweep(LB, Sn, mu, nu_f, mun, Snn, Pnn, lam_c, eta_c, mc, logdet_ratio, log_z_hat, m_hat, C_hat)
 
 
 def multiclass_ep(K: torch.Tensor, y: torch.Tensor, num_classes: int, *, quadrature: Quadrature | None = None,
@@ -198,7 +223,8 @@ def multiclass_ep(K: torch.Tensor, y: torch.Tensor, num_classes: int, *, quadrat
     C = check_positive_int(num_classes, "num_classes", minimum=2)
     y = torch.as_tensor(y, device=K.device)
     if y.shape != (N,) or y.dtype.is_floating_point or bool(((y < 0) | (y >= C)).any()):
-        raise ValueError(f"y must hold ({N},) class indices in 0..{C - 1}; got shape {tuple(y.shape)}")
+        raise ValueError(f"y must hold ({N},) integer class indices in 0..{C - 1}; got shape {tuple(y.shape)}, "
+                         f"dtype {y.dtype}")
     y = y.long()
     damping = check_positive(damping, "damping")
     if damping > 1.0:
@@ -218,13 +244,12 @@ def multiclass_ep(K: torch.Tensor, y: torch.Tensor, num_classes: int, *, quadrat
                               nu, torch.zeros_like(nu), torch.zeros_like(pi), 0, False, False)
     try:
         with torch.no_grad():
+            st = None
             for sweeps in range(1, max_sweeps + 1):
-                _, _, mu, Snn, _ = _posterior(K, pi, nu)
-                _, _, lam_c, eta_c, Cc, mc = _cavities(mu, Snn, pi, nu, N, C)
-                _, m_hat, C_hat = _tilted(y, mc, Cc, quad)
-                P_hat = torch.cholesky_inverse(torch.linalg.cholesky(C_hat))
-                pi_new = _psd_sqrt(P_hat - lam_c)[1]
-                nu_new = (P_hat @ m_hat.unsqueeze(-1)).squeeze(-1) - eta_c
+                st = _sweep(K, y, pi, nu, quad)
+                P_hat = torch.cholesky_inverse(torch.linalg.cholesky(st.C_hat))
+                pi_new = _psd_sqrt(P_hat - st.lam_c)[1]
+                nu_new = (P_hat @ st.m_hat.unsqueeze(-1)).squeeze(-1) - st.eta_c
                 if not (bool(torch.isfinite(pi_new).all()) and bool(torch.isfinite(nu_new).all())):
                     return fail._replace(sweeps=sweeps)
                 change = max(float(((pi_new - pi).abs() / (1.0 + pi.abs())).max()),
@@ -234,17 +259,16 @@ def multiclass_ep(K: torch.Tensor, y: torch.Tensor, num_classes: int, *, quadrat
                     break
                 pi = (1.0 - damping) * pi + damping * pi_new
                 nu = (1.0 - damping) * nu + damping * nu_new
-            LB, Sn, mu, Snn, nu_f = _posterior(K, pi, nu)
-            mun, Pnn, lam_c, eta_c, Cc, mc = _cavities(mu, Snn, pi, nu, N, C)
-            lz_hat, _, _ = _tilted(y, mc, Cc, quad)
-            logdet = lambda M: 2.0 * torch.log(torch.linalg.cholesky(M).diagonal(dim1=-2, dim2=-1)).sum(-1)  # noqa
-            log_z = (lz_hat.sum() - torch.log(LB.diagonal()).sum() + 0.5 * (nu_f @ mu)
-                     + 0.5 * (logdet(Cc) - logdet(Snn)).sum()
-                     - 0.5 * (mun.unsqueeze(-2) @ Pnn @ mun.unsqueeze(-1)).sum()
-                     + 0.5 * (mc * eta_c).sum())
-            b = nu_f - _blocks_to_big(pi) @ mu
-            S = _blocks_to_big(Sn)
-            R = S @ torch.cholesky_inverse(LB) @ S
+                st = None                                                  # the sites moved
+            if st is None:                                                 # not converged: the final sites' state
+                st = _sweep(K, y, pi, nu, quad)
+            log_z = (st.log_z_hat.sum() - torch.log(st.LB.diagonal()).sum() + 0.5 * (st.nu_f @ st.mu)
+                     + 0.5 * st.logdet_ratio.sum()
+                     - 0.5 * (st.mun.unsqueeze(-2) @ st.Pnn @ st.mun.unsqueeze(-1)).sum()
+                     + 0.5 * (st.mc * st.eta_c).sum())
+            b = st.nu_f - _blocks_to_big(pi) @ st.mu
+            S = _blocks_to_big(st.Sn)
+            R = S @ torch.cholesky_inverse(st.LB) @ S
             G = 0.5 * (torch.outer(b, b) - R)
             grad_k = torch.einsum("kikj->ij", G.view(C, N, C, N))
     except torch.linalg.LinAlgError:
@@ -252,7 +276,7 @@ def multiclass_ep(K: torch.Tensor, y: torch.Tensor, num_classes: int, *, quadrat
     ok = bool(torch.isfinite(log_z)) and bool(torch.isfinite(grad_k).all())
     if not ok:
         return fail._replace(sweeps=sweeps)
-    return MulticlassEPResult(log_z, grad_k, pi, nu, mun, Snn, sweeps, converged, True)
+    return MulticlassEPResult(log_z, grad_k, pi, nu, st.mun, st.Snn, sweeps, converged, True)
 
 
 def tilted_moments(y: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor, quadrature: Quadrature | None = None
