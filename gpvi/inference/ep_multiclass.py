@@ -43,6 +43,18 @@ K diagonal blocks. Tested against finite differences, the binary EP at K = 2 and
 
 Names: ``pi`` (N, K, K) and ``nu`` (N, K) the sites; ``damping`` :math:`\delta`: a sweep moves every site to
 :math:`(1-\delta)` old + :math:`\delta` new (convex, so the precisions stay positive semidefinite).
+
+**Acceleration.** Damped parallel EP is a fixed-point iteration :math:`x\mapsto G(x) = (1-\delta)x +
+\delta F(x)` on the stacked sites :math:`x = (\tilde\Pi, \tilde{\boldsymbol\nu})`, and it converges linearly
+and slowly (on the iris benchmark split at :math:`\delta = 0.5`, about 0.8 per sweep: 65 sweeps to 1e-8; undamped,
+it oscillates with period 2). ``anderson = m`` applies Anderson acceleration (Walker & Ni 2011, type II) with
+memory m: from the last m + 1 residuals :math:`r_i = G(x_i) - x_i`, :math:`\gamma = \arg\min\|r_k -
+\Delta R\,\gamma\|` and :math:`x_{k+1} = G(x_k) - \Delta G\,\gamma` (site precisions projected onto the
+positive semidefinite matrices). It changes the path, not the fixed point or the stopping rule (the undamped change
+:math:`F(x) - x` at the returned sites): 65 -> 23 sweeps there, about 19 from warm starts. Safeguard: when a
+sweep at an extrapolated point fails (a cavity not positive definite, a value not finite), EP restarts from the
+plain damped step :math:`G(x_k)` with an empty history (counted in ``anderson_restarts``); after 3 restarts it goes on
+unaccelerated.
 """
 
 from __future__ import annotations
@@ -77,6 +89,8 @@ class MulticlassEPResult(NamedTuple):
     sweeps: int
     converged: bool
     ok: bool
+    anderson_restarts: int = 0
+    """Failed Anderson extrapolations, each a restart from the damped step (module docstring)."""
 
 
 def _blocks_to_big(P: torch.Tensor) -> torch.Tensor:
@@ -176,9 +190,56 @@ def _sweep(K: torch.Tensor, y: torch.Tensor, pi: torch.Tensor, nu: torch.Tensor,
     return _Sweep(LB, Sn, mu, nu_f, mun, Snn, Pnn, lam_c, eta_c, mc, logdet_ratio, log_z_hat, m_hat, C_hat)
 
 
+def _new_sites(st: _Sweep) -> tuple[torch.Tensor, torch.Tensor]:
+    """The undamped EP update F(x): sites that match the tilted moments of :func:`_sweep`'s state."""
+    P_hat = torch.cholesky_inverse(torch.linalg.cholesky(st.C_hat))
+    pi_new = _psd_sqrt(P_hat - st.lam_c)[1]
+    nu_new = (P_hat @ st.m_hat.unsqueeze(-1)).squeeze(-1) - st.eta_c
+    if not (bool(torch.isfinite(pi_new).all()) and bool(torch.isfinite(nu_new).all())):
+        raise torch.linalg.LinAlgError("EP: non-finite site update")
+    return pi_new, nu_new
+
+
+class _Anderson:
+    """Anderson acceleration (type II, memory m) of the fixed-point map G on flat vectors (module docstring)."""
+
+    def __init__(self, memory: int) -> None:
+        self.memory = memory
+        self.g: list[torch.Tensor] = []
+        self.r: list[torch.Tensor] = []
+
+    def clear(self) -> None:
+        self.g.clear()
+        self.r.clear()
+
+    def step(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """The next iterate from the current one ``x`` and its map ``g = G(x)``."""
+        self.g.append(g)
+        self.r.append(g - x)
+        if len(self.r) > self.memory + 1:
+            self.g.pop(0)
+            self.r.pop(0)
+        if len(self.r) < 2:
+            return g
+        dR = torch.stack([b - a for a, b in zip(self.r[:-1], self.r[1:])], 1)
+        dG = torch.stack([b - a for a, b in zip(self.g[:-1], self.g[1:])], 1)
+        A = dR.mT @ dR                                                     # normal equations, a relative ridge
+        A.diagonal().add_(1e-12 * float(A.diagonal().max()) + 1e-300)
+        gamma = torch.linalg.solve(A, dR.mT @ self.r[-1])
+        return g - dG @ gamma
+
+
+def _restart(acc: _Anderson, restarts: int) -> tuple[int, _Anderson | None]:
+    """A failed extrapolation: empty the history; after the third, no more acceleration."""
+    if restarts + 1 >= 3:
+        return restarts + 1, None
+    acc.clear()
+    return restarts + 1, acc
+
+
 def multiclass_ep(K: torch.Tensor, y: torch.Tensor, num_classes: int, *, quadrature: Quadrature | None = None,
-                  damping: float = 0.5, tol: float = 1e-8, max_sweeps: int = 200, pi: torch.Tensor | None = None,
-                  nu: torch.Tensor | None = None) -> MulticlassEPResult:
+                  damping: float = 0.5, anderson: int = 5, tol: float = 1e-8, max_sweeps: int = 200,
+                  pi: torch.Tensor | None = None, nu: torch.Tensor | None = None) -> MulticlassEPResult:
     r"""Parallel, damped EP for the softmax likelihood with K latent GPs sharing ``K`` (module docstring).
 
     Parameters
@@ -194,6 +255,9 @@ def multiclass_ep(K: torch.Tensor, y: torch.Tensor, num_classes: int, *, quadrat
         :func:`~gpvi.models.multiclass.default_quadrature`: :math:`40^{K-1}` nodes per point).
     damping : float in (0, 1]
         :math:`\delta` (default 0.5).
+    anderson : int
+        Memory of the Anderson acceleration (default 5; 0: the plain damped iteration). Same fixed point and
+        stopping rule (module docstring).
     tol : float
         EP stops when the largest undamped site change (relative, as in
         :func:`gpvi.inference.ep.expectation_propagation`) falls below ``tol`` (default 1e-8).
@@ -231,6 +295,8 @@ def multiclass_ep(K: torch.Tensor, y: torch.Tensor, num_classes: int, *, quadrat
         raise ValueError(f"damping must be in (0, 1]; got {damping!r}")
     tol = check_positive(tol, "tol")
     max_sweeps = check_positive_int(max_sweeps, "max_sweeps")
+    if isinstance(anderson, bool) or not isinstance(anderson, int) or anderson < 0:
+        raise ValueError(f"anderson must be an int >= 0 (0: no acceleration); got {anderson!r}")
     quad = quadrature if quadrature is not None else default_quadrature(C)
     pi = (torch.zeros(N, C, C, dtype=K.dtype, device=K.device) if pi is None
           else torch.as_tensor(pi, dtype=K.dtype, device=K.device).clone())
@@ -239,27 +305,41 @@ def multiclass_ep(K: torch.Tensor, y: torch.Tensor, num_classes: int, *, quadrat
     if pi.shape != (N, C, C) or nu.shape != (N, C):
         raise ValueError(f"pi and nu must have shapes ({N}, {C}, {C}) and ({N}, {C}); got {tuple(pi.shape)}, "
                          f"{tuple(nu.shape)}")
-    sweeps, converged = 0, False
+    sweeps, converged, anderson_restarts = 0, False, 0
     fail = MulticlassEPResult(torch.tensor(-float("inf"), dtype=K.dtype, device=K.device), torch.zeros_like(K), pi,
                               nu, torch.zeros_like(nu), torch.zeros_like(pi), 0, False, False)
+    acc = _Anderson(anderson) if anderson > 0 else None
+    fallback: tuple[torch.Tensor, torch.Tensor] | None = None             # G(x_k) when x_{k+1} was extrapolated
+    n_pi = pi.numel()
     try:
         with torch.no_grad():
             st = None
             for sweeps in range(1, max_sweeps + 1):
-                st = _sweep(K, y, pi, nu, quad)
-                P_hat = torch.cholesky_inverse(torch.linalg.cholesky(st.C_hat))
-                pi_new = _psd_sqrt(P_hat - st.lam_c)[1]
-                nu_new = (P_hat @ st.m_hat.unsqueeze(-1)).squeeze(-1) - st.eta_c
-                if not (bool(torch.isfinite(pi_new).all()) and bool(torch.isfinite(nu_new).all())):
-                    return fail._replace(sweeps=sweeps)
+                try:
+                    st = _sweep(K, y, pi, nu, quad)
+                    pi_new, nu_new = _new_sites(st)
+                except torch.linalg.LinAlgError:
+                    if fallback is None:                                   # a plain damped point failed: EP fails
+                        raise
+                    (pi, nu), fallback, st = fallback, None, None          # restart from the damped step
+                    anderson_restarts, acc = _restart(acc, anderson_restarts)
+                    continue
                 change = max(float(((pi_new - pi).abs() / (1.0 + pi.abs())).max()),
                              float(((nu_new - nu).abs() / (1.0 + nu.abs())).max()))
                 if change <= tol:
                     converged = True
                     break
-                pi = (1.0 - damping) * pi + damping * pi_new
-                nu = (1.0 - damping) * nu + damping * nu_new
-                st = None                                                  # the sites moved
+                pi_g = (1.0 - damping) * pi + damping * pi_new
+                nu_g = (1.0 - damping) * nu + damping * nu_new
+                st, fallback = None, None                                  # the sites move
+                if acc is not None:
+                    x = acc.step(torch.cat([pi.reshape(-1), nu.reshape(-1)]),
+                                 torch.cat([pi_g.reshape(-1), nu_g.reshape(-1)]))
+                    if bool(torch.isfinite(x).all()):
+                        pi, nu, fallback = _psd_sqrt(x[:n_pi].view_as(pi))[1], x[n_pi:].view_as(nu), (pi_g, nu_g)
+                        continue
+                    anderson_restarts, acc = _restart(acc, anderson_restarts)
+                pi, nu = pi_g, nu_g
             if st is None:                                                 # not converged: the final sites' state
                 st = _sweep(K, y, pi, nu, quad)
             log_z = (st.log_z_hat.sum() - torch.log(st.LB.diagonal()).sum() + 0.5 * (st.nu_f @ st.mu)
@@ -272,11 +352,11 @@ def multiclass_ep(K: torch.Tensor, y: torch.Tensor, num_classes: int, *, quadrat
             G = 0.5 * (torch.outer(b, b) - R)
             grad_k = torch.einsum("kikj->ij", G.view(C, N, C, N))
     except torch.linalg.LinAlgError:
-        return fail._replace(sweeps=sweeps)
+        return fail._replace(sweeps=sweeps, anderson_restarts=anderson_restarts)
     ok = bool(torch.isfinite(log_z)) and bool(torch.isfinite(grad_k).all())
     if not ok:
-        return fail._replace(sweeps=sweeps)
-    return MulticlassEPResult(log_z, grad_k, pi, nu, st.mun, st.Snn, sweeps, converged, True)
+        return fail._replace(sweeps=sweeps, anderson_restarts=anderson_restarts)
+    return MulticlassEPResult(log_z, grad_k, pi, nu, st.mun, st.Snn, sweeps, converged, True, anderson_restarts)
 
 
 def tilted_moments(y: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor, quadrature: Quadrature | None = None

@@ -74,7 +74,8 @@ class EPEvidenceTarget:
     ----------
     counters : dict
         ``evaluations`` (rows), ``sweeps`` (EP sweeps over all rows), ``failures`` (rows that returned ``-inf``),
-        ``unconverged`` (rows that hit ``max_sweeps``).
+        ``unconverged`` (rows that hit ``max_sweeps``); multi-class also ``anderson_restarts`` (failed Anderson
+        extrapolations, :func:`~gpvi.inference.ep_multiclass.multiclass_ep`).
 
     Examples
     --------
@@ -109,6 +110,8 @@ class EPEvidenceTarget:
         self.max_sweeps = check_positive_int(max_sweeps, "max_sweeps")
         self.names = list(bound.names)
         self.counters: dict[str, float] = {"evaluations": 0, "sweeps": 0, "failures": 0, "unconverged": 0}
+        if self.multiclass:
+            self.counters["anderson_restarts"] = 0
 
     @property
     def model(self) -> Any:
@@ -180,6 +183,7 @@ class EPEvidenceTarget:
 
         warm = self.warm_sites()
         rows = [self._ep_multiclass(K[i], warm) for i in range(K.shape[0])]
+        self.counters["anderson_restarts"] += sum(r.anderson_restarts for r in rows)
         dev = K.device
         return SimpleNamespace(log_z=torch.stack([r.log_z for r in rows]), grad_k=torch.stack([r.grad_k for r in rows]),
                                sweeps=torch.tensor([r.sweeps for r in rows], device=dev),

@@ -186,8 +186,8 @@ class FullyBayesianCVI:
         BayesClassificationPosterior
             ``info``: ``map_theta``, ``map_objective`` (MAP-II on the CVI bound), ``evidence``, with
             ``evidence="ep"`` also ``ep_map_theta``, ``ep_map_objective``, ``ep_map_time_s`` (the start of the
-            engine) and ``ep_counters`` (EP's evaluations, sweeps, failures, unconverged rows); ``laplace`` (what
-            the Laplace step did), the times
+            engine) and ``ep_counters`` (EP's evaluations, sweeps, failures, unconverged rows; multi-class also
+            Anderson restarts); ``laplace`` (what the Laplace step did), the times
             ``map_time_s``, ``laplace_time_s``, ``q_time_s`` (the engine's run), ``predictive_time_s``, ``time_s``
             (all), ``engine`` (its name), ``engine_fallback`` (None, or why the default S&K run was replaced by
             :meth:`fallback_engine`), ``q_steps``, ``q_converged`` and the target's counters
