@@ -5,12 +5,14 @@ standardised with the training rows' mean and sd). Model: ``GPMulticlass`` (soft
 ``ScaleKernel(RBFKernel(ard_num_dims=d))``), prior N(0, 10 I) on the log-hyperparameters throughout.
 
 * **MAP-II**: ``MulticlassTypeII(MulticlassCVI())`` defaults.
-* **Fully Bayesian**: ``FullyBayesianCVI()`` defaults on the multi-class model: MAP-II, a Laplace start and S&K's
-  Hessian-free Gaussian q(theta) on the profiled multi-class CVI bound
-  (:class:`gpvi.models.multiclass_bound.MulticlassBoundTarget`), 32 draws of theta in the predictive mixture.
-* **Fully Bayesian on EP** (``--evidence`` includes ``ep``; added 2026-11-25, not yet run into the results): ``FullyBayesianCVI(evidence="ep")``,
-  the same with multi-class EP's :math:`\log Z_{EP}(\theta)` (:func:`gpvi.inference.ep_multiclass.multiclass_ep`)
-  as the evidence, started at its MAP point.
+* **Fully Bayesian on the bound** (``--evidence`` includes ``cvi``): ``FullyBayesianCVI(evidence="cvi")`` (the
+  default for multi-class models before 2026-11-25): MAP-II, a Laplace start and S&K's Hessian-free Gaussian
+  q(theta) on the profiled multi-class CVI bound (:class:`gpvi.models.multiclass_bound.MulticlassBoundTarget`),
+  32 draws of theta in the predictive mixture.
+* **Fully Bayesian on EP** (``--evidence`` includes ``ep``): ``FullyBayesianCVI(evidence="ep")``, what
+  ``FullyBayesianCVI()`` runs on a 3-class softmax model since 2026-11-25: the same with multi-class EP's
+  :math:`\log Z_{EP}(\theta)` (:func:`gpvi.inference.ep_multiclass.multiclass_ep`, Anderson-accelerated) as the
+  evidence, started at its MAP point.
 * **NUTS** over (theta, V), the whitened latent values of every class (:class:`gpvi.models.whitened.WhitenedLatentGP`,
   D + K N dimensions), ``--chains`` chains of ``--warmup`` + ``--draws``; predictive from ``--pred-draws`` evenly
   spaced draws. The reference: no Gaussian or class-factorised approximation.
@@ -114,8 +116,9 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
     md += ("\nProtocol in the docstring of `benchmarks/multiclass_bayes.py`: the splits of "
            f"`benchmarks/multiclass.py`; "
            f"NUTS {args.chains} chains x ({args.warmup} warmup + {args.draws} draws) over (theta, V), predictive from "
-           f"{args.pred_draws} evenly spaced draws; fully Bayesian = `FullyBayesianCVI()` defaults (S&K on the "
-           f"profiled multi-class CVI bound), and with `evidence=\"ep\"` (multi-class EP). One run each; log loss in "
+           f"{args.pred_draws} evenly spaced draws; fully Bayesian = `FullyBayesianCVI(evidence=...)`, S&K on the "
+           f"profiled multi-class CVI bound (`\"cvi\"`) or on multi-class EP (`\"ep\"`, the default for the 3-class "
+           f"softmax since 2026-11-25). One run each; log loss in "
            f"nats per test point; 1-minute load after "
            f"each fit in brackets.\n")
     md += ("\n## Test metrics and wall time\n\n| set | method | log loss | accuracy | wall s [load] | mean abs diff of "
