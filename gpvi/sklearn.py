@@ -78,14 +78,16 @@ class GPClassifier:
         ``"type2"`` (the default when neither this nor ``learn_hyperparameters`` is given): MAP-II on the bound
         (:class:`~gpvi.inference.cvi.typeii.TypeII` / :class:`~gpvi.inference.cvi.multiclass_typeii.MulticlassTypeII`,
         prior :math:`\mathcal N(0, 10 I)` on the log-hyperparameters); ``"fixed"``: keep them at their start;
-        ``"bayes"`` (binary links): integrate over them,
+        ``"bayes"`` (binary links, and the softmax with at most 3 classes): integrate over them,
         :class:`~gpvi.inference.cvi.bayes.FullyBayesianCVI` -- a Gaussian :math:`q(\theta)` (Salimans-Knowles
         Hessian-free) on EP's approximate evidence (same prior; the CVI bound before 2026-11-24, whose gap grows
-        with the signal variance), predictions averaged over ``num_draws`` draws of it (at least 32) with their
-        CVI posteriors. Slower than ``"type2"`` (11-21 s for N = 100 on 2 cores: every step runs EP to convergence
-        at 4 draws of theta); ``mode``, ``beta``, ``estimator`` and ``max_sweeps``
-        do not apply (FullyBayesianCVI's own full-batch engine), and the fit cannot be saved with
-        :func:`gpvi.io.save_fit`.
+        with the signal variance; multi-class EP with full K x K sites since 2026-11-25), predictions averaged
+        over ``num_draws`` draws of it (at least 32) with their CVI posteriors. Slower than ``"type2"`` (every
+        step runs EP to convergence at 4 draws of theta; on 2 cores: 11-21 s for binary N = 100, 245 / 299 s on
+        3-class iris / wine, N = 105 / 124, where NUTS takes 604 / 821 s); ``mode``, ``beta``, ``estimator`` and
+        ``max_sweeps`` do not apply (FullyBayesianCVI's own full-batch engine), and the fit cannot be saved with
+        :func:`gpvi.io.save_fit`. Robust-max and K > 3 raise ``ValueError`` (their q(theta) would sit on the
+        multi-class CVI bound, which predicted no better than MAP-II in the benchmarks).
     beta : float
         CVI step size in (0, 1].
     estimator : {"auto", "quadrature", "mc", "fixed"}
@@ -321,29 +323,27 @@ class GPClassifier:
         idx, classes = _class_labels(y, self._num_rows(X))
         link = self._link(len(classes))
         names = feature_names_of(X)
-        if hp == "bayes" and link not in _BINARY_LINKS:
-            # measured (benchmarks/results/multiclass_bayes_*.md): on the multi-class CVI bound q(theta) takes
-            # about 3 min on iris / wine and predicts no closer to NUTS than MAP-II; on multi-class EP it matches
-            # NUTS but takes about as long as NUTS
-            raise ValueError(f"hyperparameters='bayes' is for the binary links (logit, probit); the {link!r} "
-                             f"likelihood ({len(classes)} classes) takes 'type2' or 'fixed'. For multi-class "
-                             f"models, FullyBayesianCVI(evidence='ep').run(GPMulticlass(X, y)) fits q(theta) on "
-                             f"multi-class EP (softmax, K <= 3; about as slow as NUTS), FullyBayesianCVI() on the "
-                             f"CVI bound (minutes; biased towards small signal variances), and gpvi.NUTS on "
-                             f"gpvi.models.whitened.WhitenedLatentGP(GPMulticlass(X, y)) samples (theta, f) exactly")
+        if hp == "bayes" and link not in _BINARY_LINKS and not (link == "softmax" and len(classes) <= 3):
+            # measured (benchmarks/results/multiclass_bayes_*.md): q(theta) on the multi-class CVI bound (what is
+            # left for robust-max and K > 3) takes about 3 min on iris / wine and predicts no better than MAP-II
+            raise ValueError(f"hyperparameters='bayes' is for the binary links and the softmax with at most 3 "
+                             f"classes (multi-class EP's evidence); the {link!r} likelihood with {len(classes)} "
+                             f"classes takes 'type2' or 'fixed'. FullyBayesianCVI().run(GPMulticlass(X, y)) fits "
+                             f"q(theta) on the multi-class CVI bound (minutes; biased towards small signal "
+                             f"variances), and gpvi.NUTS on gpvi.models.whitened.WhitenedLatentGP(GPMulticlass(X, y)) "
+                             f"samples (theta, f) exactly")
         if link in _BINARY_LINKS:
             model: Any = GPClassification(X, idx, kernel=self.kernel, likelihood=link, theta=self.theta,
                                           feature_names=names, device=self.device)
-            if hp == "bayes":
-                from .inference.cvi.bayes import FullyBayesianCVI
-                fb = FullyBayesianCVI(num_draws=max(int(self.num_draws), 32), seed=0 if seed is None else seed,
-                                      progress_bar=self.progress_bar)
-                return self._set_fitted(model, fb.run(model), names, classes)
+        else:
+            model = GPMulticlass(X, classes[idx], kernel=self.kernel, likelihood=link, theta=self.theta,
+                                 feature_names=names, device=self.device)
+        if hp == "bayes":
+            return self._set_fitted(model, self._fully_bayesian(seed).run(model), names, classes)
+        if link in _BINARY_LINKS:
             engine: Any = self._binary_engine(model.num_data, seed)
             loop: Any = TypeII
         else:
-            model = GPMulticlass(X, classes[idx], kernel=self.kernel, likelihood=link, theta=self.theta, feature_names=names,
-                                 device=self.device)
             engine = self._multiclass_engine(model.num_data, model.num_classes, seed)
             loop = MulticlassTypeII
         if hp == "type2":
@@ -351,6 +351,13 @@ class GPClassifier:
         else:
             post = engine.run(model)
         return self._set_fitted(model, post, names, classes)
+
+    def _fully_bayesian(self, seed: int | None) -> Any:
+        """``hyperparameters="bayes"``: FullyBayesianCVI with its defaults (evidence: EP), this estimator's draws."""
+        from .inference.cvi.bayes import FullyBayesianCVI
+
+        return FullyBayesianCVI(num_draws=max(int(self.num_draws), 32), seed=0 if seed is None else seed,
+                                progress_bar=self.progress_bar)
 
     @staticmethod
     def _num_rows(X: Any) -> int | None:

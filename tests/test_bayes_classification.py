@@ -169,9 +169,12 @@ def test_gpclassifier_bayes_refuses_what_it_cannot_do(bayes_classifier, tmp_path
     X, y, clf = bayes_classifier
     with pytest.raises(ValueError, match="cannot save a GPClassifier\\(hyperparameters='bayes'\\)"):
         gpvi.io.save_fit(tmp_path / "fit.json", clf)
+    y4 = np.array(["a", "b", "c", "d"] * 10)[:30]
+    with pytest.raises(ValueError, match="'bayes' is for the binary links and the softmax with at most 3"):
+        GPClassifier(hyperparameters="bayes", progress_bar=False).fit(X, y4)
     y3 = np.array(["a", "b", "c"] * 10)
-    with pytest.raises(ValueError, match="'bayes' is for the binary links"):
-        GPClassifier(hyperparameters="bayes", progress_bar=False).fit(X, y3)
+    with pytest.raises(ValueError, match="'robustmax' likelihood with 3 classes"):
+        GPClassifier(hyperparameters="bayes", likelihood="robustmax", progress_bar=False).fit(X, y3)
     with pytest.raises(ValueError, match="disagree"):
         GPClassifier(hyperparameters="bayes", learn_hyperparameters=False).fit(X, y)
     fixed = GPClassifier(hyperparameters="fixed", progress_bar=False).fit(X, y)
@@ -196,3 +199,35 @@ def test_a_failed_default_sk_run_falls_back_to_dsvi(monkeypatch):
     assert post.info["engine"] == "DSVI" and "forced" in post.info["engine_fallback"]
     with pytest.raises(NumericalFaultError):             # a user's own engine is not replaced
         FullyBayesianCVI(SKGaussian(num_steps=20, method="gradient", progress_bar=False)).run(model)
+
+
+def test_gpclassifier_bayes_three_classes_is_fully_bayesian_cvi_on_multiclass_ep(monkeypatch):
+    """3 classes (softmax): hyperparameters='bayes' is FullyBayesianCVI's default run (seen through a spy: one fit,
+    about 30 s), on multi-class EP's evidence, with K probability columns in classes_ order that are the
+    posterior's, and (n, K) latent means and sds."""
+    import numpy as np
+    from gpvi.models.multiclass import GPMulticlass
+    from gpvi.sklearn import GPClassifier
+    runs = []
+    real_run = FullyBayesianCVI.run
+
+    def spy(self, model, *args, **kwargs):
+        runs.append((self, model, real_run(self, model, *args, **kwargs)))
+        return runs[-1][2]
+
+    monkeypatch.setattr(FullyBayesianCVI, "run", spy)
+    X = np.linspace(-2, 2, 18)[:, None]
+    y = np.where(X[:, 0] < -0.7, "lo", np.where(X[:, 0] > 0.7, "hi", "mid"))
+    y[[2, 9]] = ["mid", "hi"]
+    clf = GPClassifier(hyperparameters="bayes", random_state=0, progress_bar=False).fit(X, y)
+    (fb, model, post), = runs
+    assert isinstance(model, GPMulticlass) and clf.posterior_ is post
+    assert (fb.evidence, fb.num_draws, fb.seed) == ("auto", 32, 0) and post.info["evidence"] == "ep"
+    assert post.info["ep_counters"]["failures"] == 0 and torch.equal(clf.theta_, post.mean)
+    assert list(clf.classes_) == ["hi", "lo", "mid"] and list(model.classes) == ["hi", "lo", "mid"]
+    p = clf.predict_proba(X[:4])
+    assert p.shape == (4, 3) and np.allclose(p.sum(1), 1.0)
+    assert np.allclose(p, post.predict_proba(torch.as_tensor(X[:4])).numpy(), atol=1e-12)
+    mean, std = clf.predict_latent(X[:4], return_std=True)
+    assert mean.shape == std.shape == (4, 3) and bool((std > 0).all())
+    assert clf.score(X, y) > 0.7

@@ -63,13 +63,13 @@ def test_bound_rows_and_bad_arguments(map_fit):
 
 
 def test_fully_bayesian_multiclass_is_seeded_and_predicts_k_columns(map_fit):
-    """A short S&K run on the multi-class bound: seeded (bit for bit), the evidence is the bound, probabilities
+    """A short S&K run on the multi-class bound (evidence='cvi'): seeded (bit for bit), the evidence is the bound, probabilities
     have K columns summing to 1 and average the per-draw posteriors' probabilities."""
     model, post = map_fit
 
     def fit():
         sk = SKGaussian(num_steps=16, method="gradient", num_draws=2, num_elbo_draws=10, seed=0, progress_bar=False)
-        return FullyBayesianCVI(sk, num_draws=4, seed=0).run(model, init=post)
+        return FullyBayesianCVI(sk, num_draws=4, seed=0, evidence="cvi").run(model, init=post)
 
     a, b = fit(), fit()
     assert a.info["evidence"] == "cvi" and torch.equal(a.mean, b.mean)
@@ -120,3 +120,15 @@ def test_fully_bayesian_multiclass_refuses_settings_that_do_not_fit(map_fit):
     with pytest.raises(TypeError, match="MulticlassCVI"):
         from gpvi.inference.cvi import CVI
         FullyBayesianCVI(cvi=CVI(progress_bar=False)).run(model)
+
+
+def test_auto_evidence_is_ep_where_multiclass_ep_applies(map_fit):
+    """evidence='auto': multi-class EP for the softmax with K <= 3 (since 2026-11-25), the CVI bound for robust-max
+    and for K > 3; an explicit choice is kept."""
+    model, _ = map_fit
+    X4 = torch.linspace(-2, 2, 16, dtype=F64)[:, None]
+    auto = FullyBayesianCVI()
+    assert auto._setup(model)[1] == "ep"
+    assert auto._setup(GPMulticlass(model.X, model.y, likelihood="robustmax"))[1] == "cvi"
+    assert auto._setup(GPMulticlass(X4, torch.arange(16) % 4))[1] == "cvi"
+    assert FullyBayesianCVI(evidence="cvi")._setup(model)[1] == "cvi"

@@ -2,11 +2,11 @@ r"""Fully Bayesian GP classification: a Gaussian q over the kernel log-hyperpara
 
 :class:`FullyBayesianCVI` runs MAP-II (:class:`~gpvi.inference.cvi.typeii.TypeII`), a Laplace start, and a Gaussian
 variational engine (Salimans-Knowles Hessian-free by default, or DSVI) on EP's approximate evidence
-(:class:`gpvi.models.ep_evidence.EPEvidenceTarget`, the binary default) or on the profiled CVI bound
+(:class:`gpvi.models.ep_evidence.EPEvidenceTarget`, the default where EP applies) or on the profiled CVI bound
 (:class:`gpvi.models.cvi_bound.CVIBoundTarget`); for a multi-class model
-(:class:`gpvi.models.multiclass.GPMulticlass`) on the profiled multi-class bound
-(:class:`gpvi.models.multiclass_bound.MulticlassBoundTarget`, after
-:class:`~gpvi.inference.cvi.multiclass_typeii.MulticlassTypeII`). It returns a
+(:class:`gpvi.models.multiclass.GPMulticlass`, after
+:class:`~gpvi.inference.cvi.multiclass_typeii.MulticlassTypeII`) on multi-class EP (softmax, K <= 3, the default)
+or the profiled multi-class bound (:class:`gpvi.models.multiclass_bound.MulticlassBoundTarget`). It returns a
 :class:`gpvi.posteriors.bayes_classification.BayesClassificationPosterior` (see that module for the bound that is
 maximised, what :math:`q(\theta)` approximates, and the predictive).
 """
@@ -26,6 +26,13 @@ from ...rng import check_seed
 from ...validation import check_bool, check_choice, check_positive_int
 
 __all__ = ["FullyBayesianCVI"]
+
+
+def _multiclass_ep_applies(model: Any) -> bool:
+    """Multi-class EP's evidence is available: the softmax likelihood with at most 3 classes."""
+    from ...models.multiclass import Softmax
+
+    return isinstance(model.likelihood, Softmax) and model.num_classes <= 3
 
 
 class FullyBayesianCVI:
@@ -63,25 +70,25 @@ class FullyBayesianCVI:
         Draws of :math:`\theta` in the predictive mixture (default 32).
     evidence : {"auto", "ep", "cvi"}
         What stands in for :math:`\log p(\mathbf y\mid\theta)` in :math:`q(\theta)`'s target. ``"auto"``
-        (default): ``"ep"`` for a binary model, ``"cvi"`` for a multi-class one. ``"ep"`` (the binary default
-        since 2026-11-24): EP's approximation :math:`\log Z_{EP}(\theta)`
+        (default): ``"ep"`` wherever EP applies -- binary models (since 2026-11-24) and multi-class softmax models
+        with at most 3 classes (since 2026-11-25; on the CVI bound before) -- and ``"cvi"`` otherwise
+        (robust-max, K > 3). ``"ep"``: EP's approximation :math:`\log Z_{EP}(\theta)`
         (:class:`~gpvi.models.ep_evidence.EPEvidenceTarget`); the run then moves from the CVI MAP-II point to the
         maximiser of :math:`\log Z_{EP} + \log p(\theta)` (L-BFGS-B) and takes the Laplace scale there.
         ``"cvi"``: the profiled CVI bound (:class:`~gpvi.models.cvi_bound.CVIBoundTarget`; the only choice before),
         a lower bound whose gap grows with the signal variance, so its :math:`q(\theta)` sits at too small signal
         variances where the likelihood saturates (measured against long NUTS runs in
         ``benchmarks/classification_nuts_ref.md``: on Ionosphere 1.5 posterior sds too low). Either way the latent
-        posterior at each draw is CVI's :math:`q^*(\mathbf f\mid\theta)`. Multi-class: the profiled bound of
-        the class-factorised family (:class:`~gpvi.models.multiclass_bound.MulticlassBoundTarget`), with the same
-        caveat; ``"ep"`` (softmax, K <= 3, else ``ValueError``): multi-class EP with a full K x K site per point
-        (:func:`gpvi.inference.ep_multiclass.multiclass_ep`), opt-in: in a trial on the benchmark's iris split
-        (2026-11-25, not yet in ``benchmarks/results``) its q(theta) means were within 0.18 NUTS sd of NUTS's
-        (log signal variance -0.13 sd) and its test log loss 0.0425 (NUTS 0.0456), but it took 648 s, NUTS's
-        time (933 evaluations of about 74 damped parallel EP sweeps each). Measured against NUTS over :math:`(\theta, V)` on iris and wine
-        (``benchmarks/results/multiclass_bayes_iris.md``, ``..._wine.md``): length scales within 0.25 NUTS sd,
-        the log signal variance 0.97 / 1.66 NUTS sd too low, test probabilities 0.0075 / 0.0120 from NUTS's
-        (MAP-II: 0.0050 / 0.0100), 186 / 173 s against NUTS's 595 / 757 s (about 900 evaluations of 25-32 inner
-        CVI steps each). So on these sets the multi-class q(theta) does not predict better than MAP-II.
+        posterior at each draw is CVI's :math:`q^*(\mathbf f\mid\theta)`. Multi-class: ``"ep"`` (softmax,
+        K <= 3, else ``ValueError``) is multi-class EP with a full K x K site per point
+        (:func:`gpvi.inference.ep_multiclass.multiclass_ep`, Anderson-accelerated); ``"cvi"`` the profiled bound
+        of the class-factorised family (:class:`~gpvi.models.multiclass_bound.MulticlassBoundTarget`), with the
+        same caveat. Measured against NUTS over :math:`(\theta, V)` on iris and wine
+        (``benchmarks/results/multiclass_bayes_iris.md``, ``..._wine.md``): on EP, every q(theta) mean within
+        0.18 / 0.14 NUTS sd, test probabilities 0.0034 / 0.0097 from NUTS's (MAP-II: 0.0050 / 0.0100), test log
+        loss 0.0425 / 0.0651 (MAP-II 0.0475 / 0.0750, NUTS 0.0456 / 0.0793), 245 / 299 s against NUTS's
+        604 / 821 s (about 940 evaluations of 25-27 EP sweeps each); on the bound, the log signal variance
+        0.97 / 1.66 NUTS sd too low, test probabilities 0.0075 / 0.0120 from NUTS's, 181 / 168 s.
     seed : int
         Seed of DSVI (when ``dsvi`` is not given) and of the predictive draws.
     progress_bar : bool
@@ -144,11 +151,14 @@ class FullyBayesianCVI:
         if getattr(getattr(model, "likelihood", None), "multiclass", False):
             if self.cvi is not None and not isinstance(self.cvi, MulticlassCVI):
                 raise TypeError(f"a multi-class model needs cvi=MulticlassCVI(...); got {type(self.cvi).__name__}")
-            if self.evidence == "ep" and (type(model.likelihood).__name__ != "Softmax" or model.num_classes > 3):
+            if self.evidence == "ep" and not _multiclass_ep_applies(model):
                 raise ValueError("evidence='ep' on a multi-class model needs the softmax likelihood with at most 3 "
                                  "classes; use 'cvi' or 'auto'")
             cvi = self.cvi if self.cvi is not None else MulticlassCVI(progress_bar=False)
-            return cvi, ("cvi" if self.evidence == "auto" else self.evidence), MulticlassTypeII, MulticlassBoundTarget
+            evidence = self.evidence
+            if evidence == "auto":
+                evidence = "ep" if _multiclass_ep_applies(model) else "cvi"
+            return cvi, evidence, MulticlassTypeII, MulticlassBoundTarget
         if self.cvi is not None and not isinstance(self.cvi, CVI):
             raise TypeError(f"a binary model needs cvi=CVI(...); got {type(self.cvi).__name__}")
         cvi = self.cvi if self.cvi is not None else CVI(beta=0.7, progress_bar=False)
