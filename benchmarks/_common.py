@@ -126,3 +126,19 @@ def write(name: str, markdown: str, data: Any | None = None) -> Path:
 if __name__ == "__main__":  # python -m benchmarks._common: (re)write the CSV tables of every committed report
     for md in sorted(RESULTS.glob("*.md")):
         print(md.name, len(write_csv_tables(md.stem, md.read_text())), "tables")
+
+
+def nuts_latent_summary(mc: Any, target: Any, X_test: torch.Tensor, dim: int, pred_draws: int
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """A NUTS run over (theta, whitened latents) of a classification target: the test probabilities from
+    ``pred_draws`` evenly spaced draws, the theta marginals' means and sds (the first ``dim`` coordinates) and the
+    diagnostics record (R-hat max and bulk ESS min over all coordinates and over theta, divergences)."""
+    d = mc.samples
+    diag = mc.diagnostics()
+    rhat, ess = diag["r_hat"], diag["ess_bulk"]
+    idx = torch.linspace(0, d.shape[0] - 1, min(pred_draws, d.shape[0])).round().long()
+    p = target.predict_proba(d[idx], X_test)
+    record = {"rhat_max_all": float(rhat.max()), "rhat_max_theta": float(rhat[:dim].max()),
+              "ess_bulk_min_all": float(ess.min()), "ess_bulk_min_theta": float(ess[:dim].min()),
+              "divergences": mc.info.get("divergences")}
+    return p, d[:, :dim].mean(0), d[:, :dim].std(0), record

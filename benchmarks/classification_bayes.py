@@ -34,7 +34,7 @@ import warnings
 import numpy as np
 import torch
 
-from benchmarks._common import header, write
+from benchmarks._common import header, nuts_latent_summary, write
 import gpvi
 from gpvi.models.whitened import WhitenedLatentGP
 from gpvi.inference.cvi.bayes import FullyBayesianCVI
@@ -112,17 +112,8 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
             mc = gpvi.NUTS(num_chains=args.chains, num_warmup=args.warmup, num_draws=args.draws, seed=args.seed,
                            progress_bar=False).run(target)
         tn = time.perf_counter() - t0
-        d = mc.samples
-        D = model.dim
-        diag = mc.diagnostics()
-        rhat, ess = diag["r_hat"], diag["ess_bulk"]
-        idx = torch.linspace(0, d.shape[0] - 1, min(args.pred_draws, d.shape[0])).round().long()
-        pn = target.predict_proba(d[idx], Xt)
-        nm, ns = d[:, :D].mean(0), d[:, :D].std(0)
-        out["nuts"] = {"time_s": tn, **scores(pn, yt), "mean": nm.tolist(), "std": ns.tolist(),
-                       "rhat_max_all": float(rhat.max()), "rhat_max_theta": float(rhat[:D].max()),
-                       "ess_bulk_min_all": float(ess.min()), "ess_bulk_min_theta": float(ess[:D].min()),
-                       "divergences": mc.info.get("divergences")}
+        pn, nm, ns, diag = nuts_latent_summary(mc, target, Xt, model.dim, args.pred_draws)
+        out["nuts"] = {"time_s": tn, **scores(pn, yt), "mean": nm.tolist(), "std": ns.tolist(), **diag}
         for key, (post, pfb) in fb_probs.items():
             out[key]["theta_diff_sd"] = ((post.mean - nm) / ns).tolist()
             out[key]["prob_mad_vs_nuts"] = float((pfb - pn).abs().mean())

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks._common import header, write
+from benchmarks._common import header, nuts_latent_summary, write
 from benchmarks.multiclass import load, log_loss
 
 SETS = ["iris", "wine"]
@@ -89,18 +89,9 @@ def run_set(name: str, args: argparse.Namespace) -> dict[str, Any]:
                            progress_bar=False).run(target)
             tn = time.perf_counter() - t0
     if args.chains > 0:
-        d = mc.samples
-        D = model.dim
-        diag = mc.diagnostics()
-        rhat, ess = diag["r_hat"], diag["ess_bulk"]
-        idx = torch.linspace(0, d.shape[0] - 1, min(args.pred_draws, d.shape[0])).round().long()
-        p_n = target.predict_proba(d[idx], Xt)
-        nm, ns = d[:, :D].mean(0), d[:, :D].std(0)
-        out["nuts"] = {"time_s": tn, **scores(p_n, yte), "mean": nm.tolist(), "std": ns.tolist(),
-                       "rhat_max_all": float(rhat.max()), "rhat_max_theta": float(rhat[:D].max()),
-                       "ess_bulk_min_all": float(ess.min()), "ess_bulk_min_theta": float(ess[:D].min()),
-                       "divergences": mc.info.get("divergences"), "load_1min": os.getloadavg()[0],
-                       "p_test": p_n.tolist()}
+        p_n, nm, ns, diag = nuts_latent_summary(mc, target, Xt, model.dim, args.pred_draws)
+        out["nuts"] = {"time_s": tn, **scores(p_n, yte), "mean": nm.tolist(), "std": ns.tolist(), **diag,
+                       "load_1min": os.getloadavg()[0], "p_test": p_n.tolist()}
         for key, fb in fbs.items():
             out[key]["theta_diff_sd"] = ((fb.mean - nm) / ns).tolist()
             out[key]["prob_mad_vs_nuts"] = float((fb.predict_proba(Xt) - p_n).abs().mean())

@@ -105,8 +105,10 @@ def test_bad_arguments_are_named():
         multiclass_ep(K, labels3(), 3, damping=1.5)
     with pytest.raises(ValueError, match="pi and nu"):
         multiclass_ep(K, labels3(), 3, pi=torch.zeros(12, 2, 2, dtype=F64))
-    for bad in (-1, 2.0, True):
-        with pytest.raises(ValueError, match="anderson"):
+    with pytest.raises(ValueError, match="anderson"):
+        multiclass_ep(K, labels3(), 3, anderson=-1)
+    for bad in ("5", True, 1.5):
+        with pytest.raises(TypeError, match="anderson"):
             multiclass_ep(K, labels3(), 3, anderson=bad)
 
 

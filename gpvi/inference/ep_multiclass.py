@@ -66,7 +66,7 @@ import torch
 from ..linalg import logdet_from_cholesky
 from ..models.likelihoods import Quadrature
 from ..models.multiclass import _others, default_quadrature, nested_nodes
-from ..validation import check_positive, check_positive_int
+from ..validation import check_nonnegative_int, check_positive, check_positive_int
 
 __all__ = ["MulticlassEPResult", "multiclass_ep", "tilted_moments"]
 
@@ -295,8 +295,7 @@ def multiclass_ep(K: torch.Tensor, y: torch.Tensor, num_classes: int, *, quadrat
         raise ValueError(f"damping must be in (0, 1]; got {damping!r}")
     tol = check_positive(tol, "tol")
     max_sweeps = check_positive_int(max_sweeps, "max_sweeps")
-    if isinstance(anderson, bool) or not isinstance(anderson, int) or anderson < 0:
-        raise ValueError(f"anderson must be an int >= 0 (0: no acceleration); got {anderson!r}")
+    anderson = check_nonnegative_int(anderson, "anderson")
     quad = quadrature if quadrature is not None else default_quadrature(C)
     pi = (torch.zeros(N, C, C, dtype=K.dtype, device=K.device) if pi is None
           else torch.as_tensor(pi, dtype=K.dtype, device=K.device).clone())

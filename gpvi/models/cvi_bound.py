@@ -204,6 +204,11 @@ class AnchoredBoundTarget:
     def bound_and_grad(self, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
+    def _kernel(self, theta: torch.Tensor) -> torch.Tensor:
+        r"""Batched :math:`K_\theta` ``(S, N, N)`` at the rows of ``theta`` (differentiable): ``model.kernel_matrix``
+        row by row (:class:`CVIBoundTarget` has a batched fast path)."""
+        return torch.stack([self.model.kernel_matrix(t) for t in theta])
+
     # ------------------------------------------------------------------ the target protocol
     def log_prior(self, theta: torch.Tensor) -> torch.Tensor:
         r""":math:`\log p(\theta)` (0 without a prior), differentiable."""

@@ -48,7 +48,15 @@ import torch
 from ..validation import check_positive, check_positive_int
 from .cvi_bound import AnchoredBoundTarget, envelope_log_joint
 
-__all__ = ["EPEvidenceTarget"]
+__all__ = ["EPEvidenceTarget", "multiclass_ep_applies"]
+
+
+def multiclass_ep_applies(model: Any) -> bool:
+    """Whether multi-class EP's evidence is available for ``model``: the softmax likelihood with at most 3 classes
+    (the tilted moments are a (K-1)-dimensional quadrature)."""
+    from .multiclass import Softmax
+
+    return isinstance(model.likelihood, Softmax) and model.num_classes <= 3
 
 
 class EPEvidenceTarget:
@@ -95,13 +103,10 @@ class EPEvidenceTarget:
                             f"{type(bound).__name__}")
         self.bound = bound
         self.multiclass = bool(getattr(bound.model.likelihood, "multiclass", False))
-        if self.multiclass:
-            from .multiclass import Softmax
-
-            if not isinstance(bound.model.likelihood, Softmax) or bound.model.num_classes > 3:
-                raise ValueError("multi-class EP evidence needs the softmax likelihood with at most 3 classes (its "
-                                 f"tilted moments are a {bound.model.num_classes - 1}-dimensional quadrature); "
-                                 "use the CVI bound (evidence='cvi')")
+        if self.multiclass and not multiclass_ep_applies(bound.model):
+            raise ValueError("multi-class EP evidence needs the softmax likelihood with at most 3 classes (its "
+                             f"tilted moments are a {bound.model.num_classes - 1}-dimensional quadrature); "
+                             "use the CVI bound (evidence='cvi')")
         self.damping = check_positive(damping if damping is not None else (0.5 if self.multiclass else 0.8),
                                       "damping")
         if self.damping > 1.0:
@@ -133,7 +138,7 @@ class EPEvidenceTarget:
     def evidence(self, theta: torch.Tensor) -> Any:
         r"""EP at the rows of ``theta`` ``(S, D)``: the :class:`~gpvi.inference.ep.EPResult` (no prior term)."""
         with torch.no_grad():
-            return self._run(self._kernel(theta.detach().to(torch.float64)))
+            return self._run(self.bound._kernel(theta.detach().to(torch.float64)))
 
     def _run(self, K: torch.Tensor) -> Any:
         """EP on the batched kernel matrices ``K`` ``(S, N, N)``, counted."""
@@ -151,12 +156,6 @@ class EPEvidenceTarget:
         self.counters["failures"] += int((~res.ok).sum())
         return res
 
-    def _kernel(self, theta: torch.Tensor) -> torch.Tensor:
-        """Batched :math:`K_\theta` ``(S, N, N)`` of the bound's model (differentiable in ``theta``)."""
-        if hasattr(self.bound, "_kernel"):
-            return self.bound._kernel(theta)
-        return torch.stack([self.model.kernel_matrix(t) for t in theta])
-
     def _ep_multiclass(self, K: torch.Tensor, sites: tuple[torch.Tensor, torch.Tensor] | None) -> Any:
         from ..inference.ep_multiclass import multiclass_ep
 
@@ -171,7 +170,7 @@ class EPEvidenceTarget:
         key = theta.detach().cpu().numpy().tobytes()
         if getattr(self, "_warm_key", None) != key:
             with torch.no_grad():
-                res = self._ep_multiclass(self._kernel(theta.detach().unsqueeze(0))[0], None)
+                res = self._ep_multiclass(self.bound._kernel(theta.detach().unsqueeze(0))[0], None)
             self._warm = (res.pi, res.nu) if res.ok and res.converged else None
             self._warm_key = key
         return self._warm
@@ -203,7 +202,7 @@ class EPEvidenceTarget:
             return vals, grads
         with torch.enable_grad():                  # one kernel evaluation: EP on its values, the gradient through it
             tg = th[idx].clone().requires_grad_(True)
-            K = self._kernel(tg)
+            K = self.bound._kernel(tg)
             res = self._run(K.detach())
             (g,) = torch.autograd.grad(K, tg, grad_outputs=res.grad_k)
         ok = res.ok & torch.isfinite(g).all(-1)

@@ -28,13 +28,6 @@ from ...validation import check_bool, check_choice, check_positive_int
 __all__ = ["FullyBayesianCVI"]
 
 
-def _multiclass_ep_applies(model: Any) -> bool:
-    """Multi-class EP's evidence is available: the softmax likelihood with at most 3 classes."""
-    from ...models.multiclass import Softmax
-
-    return isinstance(model.likelihood, Softmax) and model.num_classes <= 3
-
-
 class FullyBayesianCVI:
     r"""Fit :math:`q(\theta)\,q^*(\mathbf f\mid\theta)` to a latent GP model: MAP-II, Laplace scale, a Gaussian
     variational engine (module docstring).
@@ -146,18 +139,19 @@ class FullyBayesianCVI:
         from .multiclass_typeii import MulticlassTypeII
         from .typeii import TypeII
         from ...models.cvi_bound import CVIBoundTarget
+        from ...models.ep_evidence import multiclass_ep_applies
         from ...models.multiclass_bound import MulticlassBoundTarget
 
         if getattr(getattr(model, "likelihood", None), "multiclass", False):
             if self.cvi is not None and not isinstance(self.cvi, MulticlassCVI):
                 raise TypeError(f"a multi-class model needs cvi=MulticlassCVI(...); got {type(self.cvi).__name__}")
-            if self.evidence == "ep" and not _multiclass_ep_applies(model):
+            if self.evidence == "ep" and not multiclass_ep_applies(model):
                 raise ValueError("evidence='ep' on a multi-class model needs the softmax likelihood with at most 3 "
                                  "classes; use 'cvi' or 'auto'")
             cvi = self.cvi if self.cvi is not None else MulticlassCVI(progress_bar=False)
             evidence = self.evidence
             if evidence == "auto":
-                evidence = "ep" if _multiclass_ep_applies(model) else "cvi"
+                evidence = "ep" if multiclass_ep_applies(model) else "cvi"
             return cvi, evidence, MulticlassTypeII, MulticlassBoundTarget
         if self.cvi is not None and not isinstance(self.cvi, CVI):
             raise TypeError(f"a binary model needs cvi=CVI(...); got {type(self.cvi).__name__}")
