@@ -29,34 +29,24 @@ Names: ``lam1``, ``lam2`` (N, K) sites; ``ytilde``, ``s`` (N, K); ``L`` (K, N, N
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from ...linalg import cholesky_with_jitter, logdet_from_cholesky
 from ...models.likelihoods import mean_parameter_gradients
 from ...models.priors import prior_log_prob
-from ...rng import generator_from_state
-from ...validation import as_float_tensor
 from . import sites
-from .state import COUNTERS, TRACE_KEYS
+from .state import CVIState
 
 __all__ = ["MulticlassCVIState", "pseudo_data", "factors", "marginals", "kl2", "center", "elbo_from_sites", "full_step",
            "theta_objective"]
 
-STATE_VERSION = 1
 
-
-def _counters() -> dict[str, float]:
-    return {**{k: 0 for k in COUNTERS}, "max_drift": 0.0}
-
-
-@dataclass
-class MulticlassCVIState:
-    r"""Everything that evolves during a multi-class CVI run (settings stay in the engine).
+class MulticlassCVIState(CVIState):
+    r"""Everything that evolves during a multi-class CVI run (settings stay in the engine): a
+    :class:`~gpvi.inference.cvi.state.CVIState` whose sites hold K numbers per data point.
 
     Attributes
     ----------
@@ -75,87 +65,18 @@ class MulticlassCVIState:
     counters, trace
         As in :class:`~gpvi.inference.cvi.state.CVIState` (``sites_updated`` counts data points, so
         ``sites_updated / N`` are sweeps).
+
+    Examples
+    --------
+    >>> import torch
+    >>> z = torch.zeros(4, 3, dtype=torch.float64)
+    >>> st = MulticlassCVIState(z, z.clone(), torch.zeros(2, dtype=torch.float64), torch.Generator().manual_seed(0))
+    >>> MulticlassCVIState.from_state_dict(st.state_dict()).lam1.shape
+    torch.Size([4, 3])
     """
 
-    lam1: torch.Tensor
-    lam2: torch.Tensor
-    theta: torch.Tensor
-    generator: torch.Generator
-    t: int = 0
-    sites_updated: int = 0
-    initialised: bool = False
-    factor: torch.Tensor | None = None
-    since_refactor: int = 0
-    order: torch.Tensor | None = None
-    order_pos: int = 0
-    elbo: float = math.nan
-    beta_scale: float = 1.0
-    converged: bool = False
-    consecutive_failures: int = 0
-    wall_time: float = 0.0
-    step_time_s: float = 0.0
-    counters: dict[str, float] = field(default_factory=_counters)
-    trace: dict[str, list] = field(default_factory=lambda: {k: [] for k in TRACE_KEYS})
-
-    @property
-    def num_sites(self) -> int:
-        """N (data points; each holds K sites)."""
-        return self.lam1.shape[0]
-
-    @property
-    def sweeps(self) -> float:
-        return self.sites_updated / max(self.num_sites, 1)
-
-    def copy(self) -> MulticlassCVIState:
-        return MulticlassCVIState.from_state_dict(self.state_dict())
-
-    def state_dict(self) -> dict[str, Any]:
-        """Plain tensors, numbers, lists and dicts (``torch.save``-able); resumes bit for bit."""
-        def c(t):
-            return None if t is None else t.detach().clone()
-        return {"version": STATE_VERSION, "lam1": c(self.lam1), "lam2": c(self.lam2), "theta": c(self.theta),
-                "generator_state": self.generator.get_state(),
-                "generator_device": str(self.generator.device), "t": self.t, "sites_updated": self.sites_updated,
-                "initialised": self.initialised, "factor": c(self.factor), "since_refactor": self.since_refactor,
-                "order": c(self.order), "order_pos": self.order_pos, "elbo": self.elbo, "beta_scale": self.beta_scale,
-                "converged": self.converged, "consecutive_failures": self.consecutive_failures,
-                "wall_time": self.wall_time, "step_time_s": self.step_time_s, "counters": dict(self.counters),
-                "trace": {k: list(v) for k, v in self.trace.items()}}
-
-    def load_state_dict(self, state: dict[str, Any]) -> MulticlassCVIState:
-        new = MulticlassCVIState.from_state_dict(state)
-        for f in dataclasses.fields(self):
-            setattr(self, f.name, getattr(new, f.name))
-        return self
-
-    @classmethod
-    def from_state_dict(cls, state: dict[str, Any]) -> MulticlassCVIState:
-        if not isinstance(state, dict):
-            raise TypeError(f"state must be a MulticlassCVIState or its state_dict(); got {type(state).__name__}")
-        missing = {"lam1", "lam2", "theta", "generator_state"} - set(state)
-        if missing:
-            raise ValueError(f"state is missing {sorted(missing)}")
-        lam1 = as_float_tensor(state["lam1"], "state['lam1']", ndim=2)
-        lam2 = as_float_tensor(state["lam2"], "state['lam2']", ndim=2)
-        if lam1.shape != lam2.shape:
-            raise ValueError(f"state['lam1'] and state['lam2'] differ in shape: {tuple(lam1.shape)} vs "
-                             f"{tuple(lam2.shape)}")
-        theta = as_float_tensor(state["theta"], "state['theta']", ndim=1, allow_empty=True)
-        trace = {k: [] for k in TRACE_KEYS}
-        trace.update({k: list(v) for k, v in dict(state.get("trace", {})).items()})
-        factor, order = state.get("factor"), state.get("order")
-        if factor is not None:                   # keep the layout the in-place updates need (upper storage)
-            factor = torch.as_tensor(factor).to(torch.float64).mT.contiguous().mT
-        return cls(lam1.clone(), lam2.clone(), theta.clone(), generator_from_state(state), t=int(state.get("t", 0)),
-                   sites_updated=int(state.get("sites_updated", 0)), initialised=bool(state.get("initialised", False)),
-                   factor=factor, since_refactor=int(state.get("since_refactor", 0)),
-                   order=None if order is None else torch.as_tensor(order).to(torch.long).clone(),
-                   order_pos=int(state.get("order_pos", 0)),
-                   elbo=float(state.get("elbo", math.nan)), beta_scale=float(state.get("beta_scale", 1.0)),
-                   converged=bool(state.get("converged", False)),
-                   consecutive_failures=int(state.get("consecutive_failures", 0)),
-                   wall_time=float(state.get("wall_time", 0.0)), step_time_s=float(state.get("step_time_s", 0.0)),
-                   counters={**_counters(), **dict(state.get("counters", {}))}, trace=trace)
+    SITE_NDIM: ClassVar[int] = 2
+    VERSION: ClassVar[int] = 1
 
     def __repr__(self) -> str:
         return (f"MulticlassCVIState(t={self.t}, N={self.num_sites}, K={self.lam1.shape[1]}, "

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -89,6 +89,11 @@ class CVIState:
     0
     """
 
+    SITE_NDIM: ClassVar[int] = 1
+    """Dimensions of ``lam1`` and ``lam2`` (1: one site per data point; :class:`MulticlassCVIState`: 2)."""
+    VERSION: ClassVar[int] = STATE_VERSION
+    """The ``version`` that :meth:`state_dict` writes."""
+
     lam1: torch.Tensor
     lam2: torch.Tensor
     theta: torch.Tensor
@@ -121,13 +126,13 @@ class CVIState:
 
     def copy(self) -> CVIState:
         """An independent deep copy (tensors cloned, the factor included, generator state copied)."""
-        return CVIState.from_state_dict(self.state_dict())
+        return type(self).from_state_dict(self.state_dict())
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume bit for bit: plain tensors, numbers, lists and dicts (``torch.save``-able)."""
         def c(t):
             return None if t is None else t.detach().clone()
-        return {"version": STATE_VERSION, "lam1": c(self.lam1), "lam2": c(self.lam2), "theta": c(self.theta),
+        return {"version": self.VERSION, "lam1": c(self.lam1), "lam2": c(self.lam2), "theta": c(self.theta),
                 "generator_state": self.generator.get_state(), "generator_device": str(self.generator.device),
                 "t": self.t, "sites_updated": self.sites_updated, "initialised": self.initialised,
                 "factor": c(self.factor), "since_refactor": self.since_refactor, "order": c(self.order),
@@ -138,7 +143,7 @@ class CVIState:
 
     def load_state_dict(self, state: dict[str, Any]) -> CVIState:
         """Overwrite this state from :meth:`state_dict` output (in place); returns ``self``."""
-        new = CVIState.from_state_dict(state)
+        new = type(self).from_state_dict(state)
         for f in dataclasses.fields(self):
             setattr(self, f.name, getattr(new, f.name))
         return self
@@ -151,12 +156,12 @@ class CVIState:
         ``generator_state``) are read too; without a saved generator state the generator is seeded with 0.
         """
         if not isinstance(state, dict):
-            raise TypeError(f"state must be a CVIState or its state_dict(); got {type(state).__name__}")
+            raise TypeError(f"state must be a {cls.__name__} or its state_dict(); got {type(state).__name__}")
         missing = {"lam1", "lam2", "theta"} - set(state)
         if missing:
             raise ValueError(f"state is missing {sorted(missing)}")
-        lam1 = as_float_tensor(state["lam1"], "state['lam1']", ndim=1)
-        lam2 = as_float_tensor(state["lam2"], "state['lam2']", ndim=1)
+        lam1 = as_float_tensor(state["lam1"], "state['lam1']", ndim=cls.SITE_NDIM)
+        lam2 = as_float_tensor(state["lam2"], "state['lam2']", ndim=cls.SITE_NDIM)
         if lam1.shape != lam2.shape:
             raise ValueError(f"state['lam1'] and state['lam2'] differ in shape: {tuple(lam1.shape)} vs "
                              f"{tuple(lam2.shape)}")
@@ -165,6 +170,10 @@ class CVIState:
         def opt(key: str, dtype: torch.dtype) -> torch.Tensor | None:
             v = state.get(key)
             return None if v is None else torch.as_tensor(v).to(dtype).clone()
+
+        factor = opt("factor", torch.float64)
+        if factor is not None:              # the layout the in-place rank-one updates need: contiguous upper storage
+            factor = factor.mT.contiguous().mT
 
         if state.get("generator_state") is not None:
             gen = generator_from_state(state)
@@ -176,7 +185,7 @@ class CVIState:
         trace.update({k: list(v) for k, v in dict(state.get("trace", {})).items()})
         return cls(lam1.clone(), lam2.clone(), theta.clone(), gen, t=int(state.get("t", state.get("step", 0))),
                    sites_updated=int(state.get("sites_updated", 0)), initialised=bool(state.get("initialised", False)),
-                   factor=opt("factor", torch.float64), since_refactor=int(state.get("since_refactor", 0)),
+                   factor=factor, since_refactor=int(state.get("since_refactor", 0)),
                    order=opt("order", torch.long), order_pos=int(state.get("order_pos", 0)),
                    elbo=float(state.get("elbo", math.nan)), beta_scale=float(state.get("beta_scale", 1.0)),
                    converged=bool(state.get("converged", False)),
