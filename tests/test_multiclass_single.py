@@ -89,6 +89,29 @@ def test_single_site_resume_is_bit_for_bit():
     assert resumed.engine_state.t == whole.engine_state.t == 70
 
 
+@pytest.mark.parametrize("layout", ["row-major", "upper"])
+@pytest.mark.parametrize("kind", ["binary", "multiclass"])
+def test_state_from_dict_owns_its_factor_in_update_layout(kind, layout):
+    """A loaded state's factor is a copy (the in-place rank-one updates must not reach the caller's dict) in
+    contiguous upper storage, whatever the layout it was saved in; the site arrays keep their dimensions."""
+    from gpvi.inference.cvi.state import CVIState
+
+    cls, shape, fshape = ((CVIState, (5,), (5, 5)) if kind == "binary" else (MulticlassCVIState, (5, 3), (3, 5, 5)))
+    lower = torch.tril(torch.ones(fshape, dtype=F64))
+    z = torch.zeros(shape, dtype=F64)
+    st = cls(z, z.clone(), torch.zeros(2, dtype=F64), torch.Generator().manual_seed(0), factor=lower.clone())
+    saved = st.state_dict()
+    # row-major, as a hand-made dict would hold it; or already in the update layout (the loader copied nothing)
+    saved["factor"] = lower.clone() if layout == "row-major" else lower.mT.contiguous().mT
+    back = cls.from_state_dict(saved)
+    assert back.factor.mT.is_contiguous() and torch.equal(back.factor, lower)
+    back.factor.mul_(2.0)
+    assert torch.equal(saved["factor"], lower)
+    assert type(back.copy()) is cls and back.copy().lam1.shape == shape
+    with pytest.raises(ValueError, match="lam1"):
+        cls.from_state_dict({**saved, "lam1": torch.zeros(5 if kind == "multiclass" else (5, 3), dtype=F64)})
+
+
 def test_gpclassifier_stochastic_multiclass_matches_full_mode():
     X, y = data(45, seed=7)
     labels = np.array(["a", "b", "c"])[y.numpy()]
