@@ -15,14 +15,12 @@ Names: ``lam1``, ``lam2`` (:math:`\tilde\lambda^{(1)}, \tilde\lambda^{(2)}`), ``
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
-from ..evaluation.table import Table
-from ..validation import as_float_tensor, check_fraction, check_positive_int
-from .base import Posterior
+from ..validation import as_float_tensor, check_positive_int
+from .sites import SitePosterior
 
 __all__ = ["LatentPosterior", "BernoulliPredictive"]
 
@@ -65,7 +63,7 @@ class BernoulliPredictive:
         return torch.where(y01 == 1.0, torch.log(p), torch.log1p(-p))
 
 
-class LatentPosterior(Posterior):
+class LatentPosterior(SitePosterior):
     r"""The CVI posterior :math:`q(\mathbf f) = \mathcal N(\mathbf m, V)` of a latent GP, in site form.
 
     Parameters
@@ -113,67 +111,36 @@ class LatentPosterior(Posterior):
 
     kind = "latent"
 
-    def __init__(self, model: Any, lam1: torch.Tensor, lam2: torch.Tensor, theta: torch.Tensor,
-                 m: torch.Tensor, var: torch.Tensor, *, L: torch.Tensor, alpha: torch.Tensor, elbo: float,
-                 converged: bool = False, trace: dict[str, list] | None = None, info: dict[str, Any] | None = None,
-                 engine_state: Any = None, quadrature: Any = None) -> None:
+    @staticmethod
+    def _latent_names(shape: tuple[int, ...]) -> list[str]:
+        return [f"f[{i}]" for i in range(shape[0])]
+
+    @staticmethod
+    def _default_quadrature() -> Any:
         from ..models.likelihoods import Quadrature
 
-        n = int(lam1.shape[0])
-        super().__init__([f"f[{i}]" for i in range(n)], model, info, engine_state=engine_state)
-        self.lam1, self.lam2 = lam1.detach().clone(), lam2.detach().clone()
-        self.theta = theta.detach().clone()
-        self.m, self.var = m.detach().clone(), var.detach().clone()
-        self._L, self._alpha = L.detach(), alpha.detach()
-        self.elbo = float(elbo)
-        self.converged = bool(converged)
-        self.trace = {k: list(v) for k, v in (trace or {}).items()}
-        self.quadrature = quadrature if quadrature is not None else Quadrature()
+        return Quadrature()
 
-    # ------------------------------------------------------------------ the model and the sites
-    @property
-    def model(self) -> Any:
-        """The :class:`~gpvi.models.classification.LatentGP` (the same object as ``target``)."""
-        return self.target
+    @staticmethod
+    def _engine_state_class() -> Any:
+        from ..inference.cvi.state import CVIState
 
-    @property
-    def theta_names(self) -> list[str]:
-        """Names of the kernel log-hyperparameters ``theta``."""
-        return list(self.model.names)
+        return CVIState
 
-    @property
-    def link(self) -> str:
-        return self.model.link
+    @classmethod
+    def _refactor(cls, model: Any, theta: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        from ..inference.cvi.sites import pseudo_data, site_factor
 
-    @property
-    def sites(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(lam1, lam2)``."""
-        return self.lam1, self.lam2
+        if lam1.shape[0] != model.num_data:
+            raise ValueError(f"state has {lam1.shape[0]} sites but the model has N = {model.num_data}")
+        K = model.kernel_matrix(theta)
+        ytilde, s = pseudo_data(lam1, lam2)
+        L, _ = site_factor(K, s, theta)
+        return L, torch.cholesky_solve(ytilde.unsqueeze(-1), L).squeeze(-1)
 
-    @property
-    def pseudo_noise(self) -> torch.Tensor:
-        r""":math:`s_n = -1/(2\tilde\lambda^{(2)}_n)`."""
-        return -0.5 / self.lam2
-
-    @property
-    def pseudo_targets(self) -> torch.Tensor:
-        r""":math:`\tilde y_n = -\tilde\lambda^{(1)}_n / (2\tilde\lambda^{(2)}_n)`."""
-        return self.pseudo_noise * self.lam1
-
-    def hyperparameters(self) -> dict[str, float]:
-        """``{natural name: value}`` of the kernel hyperparameters the posterior was computed at."""
-        return self.model.describe(self.theta)
-
-    # ------------------------------------------------------------------ the common surface: latent values
-    @property
-    def mean(self) -> torch.Tensor:
-        """Marginal means :math:`m_n` of the latent values at the training inputs, shape (N,)."""
-        return self.m
-
-    @property
-    def std(self) -> torch.Tensor:
-        r"""Marginal standard deviations :math:`\sqrt{V_{nn}}`, shape (N,)."""
-        return torch.sqrt(self.var.clamp_min(0.0))
+    def _title(self) -> str:
+        return f"LatentPosterior (CVI): latent marginals and sites, link {self.link}"
 
     @torch.no_grad()
     def sample(self, n: int, generator: torch.Generator | None = None, seed: int | None = None) -> torch.Tensor:
@@ -202,33 +169,6 @@ class LatentPosterior(Posterior):
         f0 = Lk @ z
         resid = self.pseudo_targets.unsqueeze(-1) - f0 - torch.sqrt(self.pseudo_noise).unsqueeze(-1) * eps
         return (f0 + K @ torch.cholesky_solve(resid, self._L)).T.contiguous()
-
-    def _quantiles(self, probs: torch.Tensor) -> torch.Tensor:
-        z = torch.special.ndtri(probs.to(self.m)).unsqueeze(-1)
-        return self.m.unsqueeze(0) + z * self.std.unsqueeze(0)
-
-    def _marginal(self, mean: torch.Tensor, sd: torch.Tensor) -> list[dict[str, Any]]:
-        return [{"family": "normal", "loc": m, "scale": s} for m, s in zip(mean.tolist(), sd.tolist())]
-
-    def summary(self, prob: float = 0.9, *, natural: bool = True) -> Table:
-        """Latent marginals and site statistics, one row per training input ``f[n]``.
-
-        Columns: ``mean``, ``sd`` and the central ``prob`` interval (``q5``, ``q50``, ``q95`` by default) of
-        :math:`q(f_n)`, then the site: ``lam1``, ``lam2``, ``pseudo_target`` :math:`\\tilde y_n` and
-        ``pseudo_noise`` :math:`s_n`. The run report is :attr:`info`, the hyperparameters :meth:`hyperparameters`.
-        ``natural`` is accepted for the common signature (latent values have no natural scale).
-        """
-        prob = check_fraction(prob, "prob", high_closed=False)
-        lo = 100 * (1 - prob) / 2
-        probs = torch.tensor([(1 - prob) / 2, 0.5, 1 - (1 - prob) / 2], dtype=torch.float64)
-        q = self._quantiles(probs)
-        cols: dict[str, list[Any]] = {"mean": self.m.tolist(), "sd": self.std.tolist()}
-        for j, name in enumerate((f"q{lo:g}", "q50", f"q{100 - lo:g}")):
-            cols[name] = q[j].tolist()
-        cols.update(lam1=self.lam1.tolist(), lam2=self.lam2.tolist(), pseudo_target=self.pseudo_targets.tolist(),
-                    pseudo_noise=self.pseudo_noise.tolist())
-        return Table(self.names, cols, title=f"LatentPosterior (CVI): latent marginals and sites, link {self.link}, "
-                                             f"ELBO {self.elbo:.6g}")
 
     # ------------------------------------------------------------------ prediction
     @torch.no_grad()
@@ -279,53 +219,8 @@ class LatentPosterior(Posterior):
         return (f"LatentPosterior(link={self.link!r}, N={self.model.num_data}, elbo={self.elbo:.6g}, "
                 f"converged={self.converged}, mode={self.info.get('mode')!r})")
 
-    # ------------------------------------------------------------------ serialisation
-    def _state(self) -> dict[str, Any]:
-        return {"link": self.link, "lam1": self.lam1, "lam2": self.lam2, "theta": self.theta, "m": self.m,
-                "var": self.var, "elbo": self.elbo, "converged": self.converged,
-                "trace": {k: list(v) for k, v in self.trace.items()}, "quadrature": self.quadrature.spec()}
-
     @classmethod
     def from_state_dict(cls, state: dict[str, Any], target: Any = None) -> LatentPosterior:
         """Rebuild from :meth:`state_dict` output for the same model (``target``), recomputing the factor of
         :math:`K + S`; an ``engine_state`` becomes a :class:`~gpvi.inference.cvi.state.CVIState` again."""
         return super().from_state_dict(state, target)    # type: ignore[return-value]
-
-    @classmethod
-    def _from_state(cls, state: dict[str, Any], target: Any, common: dict[str, Any]) -> LatentPosterior:
-        from ..inference.cvi.sites import pseudo_data, site_factor
-        from ..inference.cvi.state import CVIState
-        from ..models.likelihoods import Quadrature
-
-        model = target
-        if model is None:
-            raise TypeError("LatentPosterior.from_state_dict needs the model (target=...) it was computed for")
-        if state.get("link") != model.link:
-            raise ValueError(f"state was made with likelihood {state.get('link')!r} but model uses {model.link!r}")
-        dev = model.device
-        theta = torch.as_tensor(state["theta"], dtype=torch.float64).to(dev)
-        lam1 = torch.as_tensor(state["lam1"], dtype=torch.float64).to(dev)
-        lam2 = torch.as_tensor(state["lam2"], dtype=torch.float64).to(dev)
-        if lam1.shape[0] != model.num_data:
-            raise ValueError(f"state has {lam1.shape[0]} sites but the model has N = {model.num_data}")
-        K = model.kernel_matrix(theta)
-        ytilde, s = pseudo_data(lam1, lam2)
-        L, _ = site_factor(K, s, theta)
-        alpha = torch.cholesky_solve(ytilde.unsqueeze(-1), L).squeeze(-1)
-        q = state.get("quadrature") or (common.get("info") or {}).get("quadrature")
-        quad = Quadrature(int(q["num_points"]), str(q["rule"]), scale=float(q["scale"]), width=float(q["width"])) \
-            if isinstance(q, dict) else None
-        es = common.get("engine_state")
-        return cls(model, lam1, lam2, theta, torch.as_tensor(state["m"]).to(dev), torch.as_tensor(state["var"]).to(dev),
-                   L=L, alpha=alpha, elbo=state.get("elbo", math.nan), converged=state.get("converged", False),
-                   trace=state.get("trace"), info=common.get("info"),
-                   engine_state=CVIState.from_state_dict(es) if isinstance(es, dict) else es, quadrature=quad)
-
-    def _with_info(self, extra: dict[str, Any], *, converged: bool | None = None) -> LatentPosterior:
-        """A copy with ``extra`` merged into ``info`` (the tensors are shared: posteriors never change)."""
-        new = object.__new__(type(self))
-        new.__dict__.update(self.__dict__)
-        new.info = {**self.info, **extra}
-        if converged is not None:
-            new.converged = bool(converged)
-        return new
