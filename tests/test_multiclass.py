@@ -525,3 +525,65 @@ def test_iris_map_ii_accuracy_and_log_loss_are_sane_against_scikit_learn():
     acc, acc_sk, ll, ll_sk = _compare(post, Xte, yte, Xtr, ytr, time.perf_counter() - t0, "MAP-II")
     assert acc >= 0.9 and acc >= acc_sk - 0.05
     assert ll <= 0.3 and ll <= ll_sk + 0.05
+
+
+def _iris_split():
+    """The iris split of benchmarks/multiclass.py (stratified 70/30, seed 0, standardised): at its MAP-II theta the
+    plain damped CVI map with beta >= 0.8 settles on a 2-cycle."""
+    from sklearn.datasets import load_iris
+    from sklearn.model_selection import train_test_split
+
+    X, y = load_iris(return_X_y=True)
+    Xtr, _, ytr, _ = train_test_split(X, y, test_size=0.3, stratify=y, random_state=0)
+    return torch.as_tensor((Xtr - Xtr.mean(0)) / Xtr.std(0)), torch.as_tensor(ytr)
+
+
+CYCLE_THETA = [3.49, 3.09, 0.28, 0.16, 3.0]
+
+
+@pytest.mark.parametrize("beta", [0.8, 1.0])
+def test_full_batch_cvi_stays_elbo_monotone_where_the_damped_map_cycles(beta):
+    """Before 2026-11-25 these runs cycled for 1,000 steps (ELBO -24.6 at beta 0.8, -40,328 at beta 1) and returned
+    that state; now a step that lowers the ELBO is undone and the step halved, and the run reaches the fixed point
+    of the beta = 0.5 run (ELBO -22.88687) with the accepted ELBOs non-decreasing."""
+    model = GPMulticlass(*_iris_split())
+    th = torch.tensor(CYCLE_THETA, dtype=F64)
+    ref = engine(tol=1e-11).run(model, th)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                       # no ConvergenceWarning
+        post = engine(beta=beta, tol=1e-11, num_steps=400).run(model, th)
+    assert post.converged and post.info["backtracks"] > 0
+    assert abs(post.elbo - ref.elbo) <= 1e-7 * abs(ref.elbo)
+    assert float((post.m - ref.m).abs().max()) <= 1e-4
+    trace = np.asarray(post.trace["elbo"])
+    assert (np.diff(trace) >= -1e-11 * np.abs(trace[1:])).all()
+    assert ref.info["backtracks"] == 0                   # the default step never needed it here
+
+
+def test_monotone_run_resumes_bit_for_bit_across_a_backtrack():
+    """The accepted sites, their bound and the redo flag are part of the state: a run split after backtracks
+    resumes to the same sites as the run in one go."""
+    model = GPMulticlass(*_iris_split())
+    th = torch.tensor(CYCLE_THETA, dtype=F64)
+    whole = engine(beta=1.0, tol=0, num_steps=60).run(model, th)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        part = engine(beta=1.0, tol=0, num_steps=31).run(model, th)
+    assert part.info["backtracks"] > 0
+    es = part.engine_state
+    state = type(es).from_state_dict(es.state_dict())
+    assert state.kept_lam1 is not None and math.isfinite(state.kept_elbo)
+    resumed = engine(beta=1.0, tol=0, num_steps=60).run(model, state=state)
+    assert torch.equal(resumed.lam1, whole.lam1) and torch.equal(resumed.lam2, whole.lam2)
+    assert resumed.info["backtracks"] == whole.info["backtracks"]
+
+
+def test_map_ii_with_a_large_step_reaches_the_default_optimum():
+    """MAP-II with beta = 1 returned an objective of -46,188 on the iris split (its CVI run between phases
+    cycled); it now reaches the beta = 0.5 optimum."""
+    model = GPMulticlass(*_iris_split())
+    ref = MulticlassTypeII(engine()).run(model)
+    post = MulticlassTypeII(engine(beta=1.0)).run(model)
+    assert post.converged
+    assert abs(post.info["objective"] - ref.info["objective"]) <= 1e-6 * abs(ref.info["objective"])
+    assert float((post.theta - ref.theta).abs().max()) <= 1e-2

@@ -73,7 +73,7 @@ from .multiclass_sites import MulticlassCVIState
 __all__ = ["MulticlassCVI", "MulticlassCVIState", "MulticlassPosterior"]
 
 _SNAPSHOT = ("lam1", "lam2", "theta", "t", "sites_updated", "initialised", "elbo", "beta_scale", "converged",
-             "factor", "since_refactor", "order", "order_pos")
+             "factor", "since_refactor", "order", "order_pos", "kept_lam1", "kept_lam2", "kept_elbo", "redo")
 
 
 class MulticlassCVI:
@@ -82,7 +82,10 @@ class MulticlassCVI:
     Parameters
     ----------
     beta : float
-        Step size :math:`\beta \in (0, 1]` (default 0.5).
+        Step size :math:`\beta \in (0, 1]` (default 0.5). Full-batch quadrature runs are ELBO-monotone for any
+        ``beta``: a step that lowers the bound is undone and the step halved, growing back by 1.5 per accepted step
+        (``info["backtracks"]`` counts them; the damped map alone can cycle where the signal variance is large and
+        ``beta`` near 1).
     estimator : {"auto", "quadrature", "mc", "fixed"}
         See the module docstring.
     quadrature : Quadrature, optional
@@ -186,6 +189,13 @@ class MulticlassCVI:
                 f"num_steps={self.num_steps}, tol={self.tol:g})")
 
     # ------------------------------------------------------------------ helpers
+    @property
+    def monotone(self) -> bool:
+        """Full-batch steps with quadrature expectations are kept ELBO-monotone
+        (:func:`~gpvi.inference.cvi.multiclass_sites.keep_monotone`, which says why not on the fixed rule); Monte
+        Carlo steps are not (their bound moves with the draws)."""
+        return self.mode == "full" and self.estimator == "quadrature"
+
     def _configure(self, model: Any) -> GPMulticlass:
         if not isinstance(model, GPMulticlass):
             raise TypeError(f"model must be a gpvi GPMulticlass; got {type(model).__name__}")
@@ -249,7 +259,7 @@ class MulticlassCVI:
                              f"({model.num_data}, {model.num_classes})")
         if st.theta.shape[0] != model.dim:
             raise ValueError(f"state theta has length {st.theta.shape[0]} but the model has D = {model.dim}")
-        for k in ("lam1", "lam2", "theta", "factor", "order"):
+        for k in ("lam1", "lam2", "theta", "factor", "order", "kept_lam1", "kept_lam2"):
             if getattr(st, k) is not None:
                 setattr(st, k, getattr(st, k).to(model.device))
         return st
@@ -273,6 +283,8 @@ class MulticlassCVI:
             K = model.kernel_matrix(state.theta)
             if self.mode == "full":
                 info = ms.full_step(self, model, state, K, state.generator)
+                if self.monotone:
+                    ms.keep_monotone(state, info, self.tol)
             else:
                 info = stochastic_step(self, model, state, K, state.generator)
         except (sites.SiteFault, NotPSDError) as exc:
@@ -295,7 +307,12 @@ class MulticlassCVI:
                 state.factor = None
             state.counters = counters
             raise
-        state.beta_scale = 1.0
+        if not self.monotone:
+            state.beta_scale = 1.0
+        elif info.get("backtracked"):
+            state.beta_scale *= 0.5
+        else:
+            state.beta_scale = min(1.0, 1.5 * state.beta_scale)
         state.step_time_s += time.perf_counter() - t0
         if info["checked"]:
             steps.record_check(state, info, self.tol)
@@ -323,7 +340,7 @@ class MulticlassCVI:
         info = {**self.settings(model.num_data), "link": model.link, "num_classes": model.num_classes,
                 "learn_hyperparameters": False, "steps": state.t, "sweeps": state.sweeps,
                 "converged": state.converged, "interrupted": False, "wall_time": state.wall_time,
-                "step_time_s": state.step_time_s, **state.counters, **(extra or {})}
+                "step_time_s": state.step_time_s, "backtracks": 0, **state.counters, **(extra or {})}
         if warn and not state.converged and self.tol > 0:
             warnings.warn(f"MulticlassCVI did not converge within {state.t} steps (tol={self.tol:g})",
                           ConvergenceWarning, stacklevel=5)

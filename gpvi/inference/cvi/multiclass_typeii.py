@@ -274,6 +274,7 @@ class MulticlassTypeII:
             coarse = False
             new.lam1, new.lam2, new.theta, new.converged = lam1, lam2, theta, converged
             new.factor, new.since_refactor = None, 0           # single-site factors belong to the old theta
+            ms.forget_kept(new)                                # and so does the accepted bound
             new.elbo = ms.elbo_from_sites(cvi, model, lam1, lam2, theta)[0]
             if converged or new.t >= cvi.num_steps:
                 post = cvi.posterior(model, new, {"interrupted": False, "stopped_early": converged},
