@@ -1,8 +1,11 @@
 r"""Multi-class GP classification with the hyperparameters integrated out: fully Bayesian CVI and MAP-II vs NUTS.
 
-Sets: iris and wine from scikit-learn (the splits of ``benchmarks/multiclass.py``: stratified 70/30, seed 0, inputs
-standardised with the training rows' mean and sd). Model: ``GPMulticlass`` (softmax, K latent GPs sharing one
-``ScaleKernel(RBFKernel(ard_num_dims=d))``), prior N(0, 10 I) on the log-hyperparameters throughout.
+Sets: iris, wine and digits from scikit-learn (the splits of ``benchmarks/multiclass.py``: stratified 70/30, seed
+0, inputs standardised with the training rows' mean and sd; digits is its stratified subsample of 300 rows). Model:
+``GPMulticlass`` (softmax, K latent GPs sharing one ``ScaleKernel(RBFKernel(ard_num_dims=d))``; on digits one
+isotropic lengthscale started at the model's data-scaled theta, as in ``benchmarks/multiclass.py``), prior
+N(0, 10 I) on the log-hyperparameters throughout. Digits (K = 10) has no EP row: multi-class EP is for the softmax
+with K <= 3 (``FullyBayesianCVI(evidence="auto")`` uses the bound there).
 
 * **MAP-II**: ``MulticlassTypeII(MulticlassCVI())`` defaults.
 * **Fully Bayesian on the bound** (``--evidence`` includes ``cvi``): ``FullyBayesianCVI(evidence="cvi")`` (the
@@ -22,6 +25,10 @@ the mean absolute difference of the test class probabilities from NUTS's. Each s
 (``results/<name>.md``/``.json``), so an interrupted run keeps the sets it has done.
 
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.multiclass_bayes [--sets iris wine] [--name multiclass_bayes]``.
+The fits of one set can run in two processes on the two cores, e.g. ``--sets digits --evidence cvi --chains 0
+--name A`` and ``--sets digits --evidence --name B``, then ``--merge A B --name multiclass_bayes_digits`` joins their
+JSONs (each row keeps its own wall time and load) and recomputes the comparisons with NUTS from the stored
+probabilities.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ import torch
 from benchmarks._common import header, nuts_latent_summary, write
 from benchmarks.multiclass import load, log_loss
 
-SETS = ["iris", "wine"]
+SETS = ["iris", "wine", "digits"]
 BAYES_KEY = {"cvi": "bayes", "ep": "bayes_ep"}
 BAYES_LABEL = {"bayes": "gpvi fully Bayesian (CVI bound)", "bayes_ep": "gpvi fully Bayesian (EP)"}
 
@@ -58,16 +65,23 @@ def run_set(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
     Xtr, Xte, ytr, yte, note = load(name, 300)
     model = GPMulticlass(Xtr, ytr)
+    if name == "digits":                  # one lengthscale, started as the default kernel (benchmarks/multiclass.py)
+        import gpytorch
+
+        kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel())
+        model = GPMulticlass(Xtr, ytr, kernel=kernel, theta=GPMulticlass(Xtr, ytr, kernel=kernel).initial_theta())
     Xt = torch.as_tensor(Xte, dtype=torch.float64)
     out: dict[str, Any] = {"set": name, "N_train": int(Xtr.shape[0]), "N_test": int(Xte.shape[0]),
-                           "d": int(Xtr.shape[1]), "K": model.num_classes, "names": list(model.names)}
+                           "d": int(Xtr.shape[1]), "K": model.num_classes, "names": list(model.names),
+                           "y_test": yte.tolist(), "note": note}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         t0 = time.perf_counter()
         mp = MulticlassTypeII(MulticlassCVI(progress_bar=False)).run(model)
         tm = time.perf_counter() - t0
         p_map = mp.predict_proba(Xt)
-        out["map"] = {"time_s": tm, **scores(p_map, yte), "theta": mp.theta.tolist(), "load_1min": os.getloadavg()[0]}
+        out["map"] = {"time_s": tm, **scores(p_map, yte), "theta": mp.theta.tolist(), "load_1min": os.getloadavg()[0],
+                      "p_test": p_map.tolist()}
         print(name, "MAP-II", round(tm, 2), out["map"]["log_loss"], flush=True)
         fbs = {}
         for ev in args.evidence:
@@ -75,7 +89,8 @@ def run_set(name: str, args: argparse.Namespace) -> dict[str, Any]:
             t0 = time.perf_counter()
             fb = fbs[key] = FullyBayesianCVI(seed=args.seed, evidence=ev).run(model)
             tf = time.perf_counter() - t0
-            out[key] = {"time_s": tf, **scores(fb.predict_proba(Xt), yte), "mean": fb.mean.tolist(),
+            p_fb = fb.predict_proba(Xt)
+            out[key] = {"time_s": tf, **scores(p_fb, yte), "mean": fb.mean.tolist(), "p_test": p_fb.tolist(),
                         "std": fb.std.tolist(), "elbo": fb.elbo, "elbo_se": fb.elbo_se, "load_1min": os.getloadavg()[0],
                         **{k: fb.info.get(k) for k in ("engine", "evidence", "map_time_s", "laplace_time_s", "q_time_s",
                                                        "q_steps", "evaluations", "inner_steps", "failures",
@@ -92,13 +107,56 @@ def run_set(name: str, args: argparse.Namespace) -> dict[str, Any]:
         p_n, nm, ns, diag = nuts_latent_summary(mc, target, Xt, model.dim, args.pred_draws)
         out["nuts"] = {"time_s": tn, **scores(p_n, yte), "mean": nm.tolist(), "std": ns.tolist(), **diag,
                        "load_1min": os.getloadavg()[0], "p_test": p_n.tolist()}
-        for key, fb in fbs.items():
-            out[key]["theta_diff_sd"] = ((fb.mean - nm) / ns).tolist()
-            out[key]["prob_mad_vs_nuts"] = float((fb.predict_proba(Xt) - p_n).abs().mean())
-        out["map"]["theta_diff_sd"] = ((mp.theta - nm) / ns).tolist()
-        out["map"]["prob_mad_vs_nuts"] = float((p_map - p_n).abs().mean())
+        compare(out)
         print(name, "NUTS", round(tn, 1), out["nuts"]["log_loss"], "rhat", out["nuts"]["rhat_max_all"], "ess",
               out["nuts"]["ess_bulk_min_all"], flush=True)
+    return out
+
+
+def compare(out: dict[str, Any]) -> None:
+    """Add to every fitted row of a set its distance from NUTS (theta means in NUTS sds, mean absolute difference of
+    the test probabilities), from the stored values; nothing when the set has no NUTS row."""
+    if "nuts" not in out:
+        return
+    nm, ns = np.asarray(out["nuts"]["mean"]), np.asarray(out["nuts"]["std"])
+    p_n = np.asarray(out["nuts"]["p_test"])
+    for key in ("map", *BAYES_LABEL):
+        if key not in out:
+            continue
+        row = out[key]
+        theta = np.asarray(row["theta"] if key == "map" else row["mean"])
+        row["theta_diff_sd"] = ((theta - nm) / ns).tolist()
+        if "p_test" in row:
+            row["prob_mad_vs_nuts"] = float(np.abs(np.asarray(row["p_test"]) - p_n).mean())
+
+
+def merge(names: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The sets of the committed runs ``names`` (``results/<name>.json``) joined set by set: each fitted row from
+    the first run that has it (MAP-II from the first), comparisons recomputed by :func:`compare`. ``args`` takes
+    the NUTS settings of the run that sampled and the union of the runs' ``evidence``."""
+    import json
+
+    from benchmarks._common import RESULTS
+
+    joined: dict[str, dict[str, Any]] = {}
+    args.evidence = []
+    for nm in names:
+        data = json.loads((RESULTS / f"{nm}.json").read_text())["data"]
+        run_args = data["args"]
+        args.evidence += [e for e in run_args["evidence"] if e not in args.evidence]
+        if run_args["chains"] > 0:
+            for k in ("chains", "warmup", "draws", "pred_draws", "seed"):
+                setattr(args, k, run_args[k])
+        for r in data["results"]:
+            have = joined.setdefault(r["set"], dict(r))
+            for key in ("map", "nuts", *BAYES_LABEL):
+                if key in r and key not in have:
+                    have[key] = r[key]
+            have.setdefault("runs", [])
+            have["runs"].append(nm)
+    out = list(joined.values())
+    for r in out:
+        compare(r)
     return out
 
 
@@ -176,8 +234,18 @@ def main() -> None:
     ap.add_argument("--pred-draws", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--name", default="multiclass_bayes")
-    ap.add_argument("--evidence", nargs="+", default=["cvi", "ep"], choices=["cvi", "ep"])
+    ap.add_argument("--evidence", nargs="*", default=["cvi", "ep"], choices=["cvi", "ep"],
+                    help="fully Bayesian rows (none: MAP-II and NUTS only)")
+    ap.add_argument("--merge", nargs="+", metavar="RUN", help="join the JSONs of these runs (results/RUN.json) "
+                    "into --name; no fits")
     args = ap.parse_args()
+    if args.merge:
+        results = merge(args.merge, args)
+        write(args.name, report(results, args), {"args": vars(args), "results": results})
+        print(report(results, args))
+        return
+    if "digits" in args.sets and "ep" in args.evidence:
+        raise SystemExit("multi-class EP is for K <= 3: run digits with --evidence cvi (or none)")
     results: list[dict[str, Any]] = []
     for name in args.sets:
         results.append(run_set(name, args))
