@@ -73,7 +73,7 @@ from .multiclass_sites import MulticlassCVIState
 __all__ = ["MulticlassCVI", "MulticlassCVIState", "MulticlassPosterior"]
 
 _SNAPSHOT = ("lam1", "lam2", "theta", "t", "sites_updated", "initialised", "elbo", "beta_scale", "converged",
-             "factor", "since_refactor", "order", "order_pos", "kept_lam1", "kept_lam2", "kept_elbo", "redo")
+             "factor", "since_refactor", "order", "order_pos", "kept_lam1", "kept_lam2", "redo")
 
 
 class MulticlassCVI:

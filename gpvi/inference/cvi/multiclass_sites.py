@@ -232,9 +232,9 @@ def keep_monotone(st: MulticlassCVIState, info: dict[str, Any], tol: float) -> N
     r"""Keep a run of full-batch steps ELBO-monotone (after :func:`full_step`, which evaluated the bound of the
     sites ``info["evaluated"]`` and then updated them).
 
-    If that bound is below the last accepted one by more than ``tol * max(1, |bound|)``, the last step made things
-    worse: the sites go back to the accepted ones (``st.kept_lam1``, ``st.kept_lam2``), ``info["backtracked"]``
-    is set (the caller halves the step) and the next step, from those sites, is not compared again
+    If that bound is below the last accepted one (``st.elbo``, the last check) by more than
+    ``tol * max(1, |bound|)``, the last step made things worse: the sites go back to the accepted ones
+    (``st.kept_lam1``, ``st.kept_lam2``), ``info["backtracked"]`` is set (the caller halves the step) and the next step, from those sites, is not compared again
     (``st.redo``: its bound is the kept one). Otherwise the evaluated sites become the accepted ones. Neither the
     undone step nor the redo is a check (``info["checked"] = False``): the stop rule compares accepted bounds only.
 
@@ -256,22 +256,20 @@ def keep_monotone(st: MulticlassCVIState, info: dict[str, Any], tol: float) -> N
         st.redo = False
         info["checked"] = False
         return
-    if st.kept_lam1 is not None and math.isfinite(st.kept_elbo) and elbo < st.kept_elbo - slack:
+    if st.kept_lam1 is not None and math.isfinite(st.elbo) and elbo < st.elbo - slack:
         st.lam1, st.lam2 = st.kept_lam1, st.kept_lam2
         st.redo = True
         st.counters["backtracks"] = st.counters.get("backtracks", 0) + 1
         info["checked"] = False
         info["backtracked"] = True
         return
-    st.kept_lam1, st.kept_lam2 = info["evaluated"]
-    st.kept_elbo = elbo
+    st.kept_lam1, st.kept_lam2 = info["evaluated"]      # their bound becomes st.elbo at this step's check
 
 
 def forget_kept(st: MulticlassCVIState) -> None:
     """Drop the accepted sites of :func:`keep_monotone` (their bound belongs to the theta and sites they were
     accepted at): for a state whose theta or sites were set by hand."""
     st.kept_lam1 = st.kept_lam2 = None
-    st.kept_elbo = math.nan
     st.redo = False
 
 

@@ -76,10 +76,10 @@ class CVIState:
         ``sites_shrunk``, ``sites_rejected``, ``sites_nonfinite``, ``sites_floored``, ``faults``,
         ``refactorisations``, ``factor_faults``, ``jitter_events``, ``max_drift`` (the type-II loop adds
         ``theta_phases``, ``theta_evaluations``, ``inner_steps``).
-    kept_lam1, kept_lam2, kept_elbo, redo
+    kept_lam1, kept_lam2, redo
         The ELBO-monotone full-batch runs of :class:`~gpvi.inference.cvi.multiclass.MulticlassCVI`: the last
-        accepted sites and their ELBO, and whether the next step starts from them again after a step that lowered
-        the ELBO was undone (``None``, nan, False elsewhere).
+        accepted sites (their ELBO is ``elbo``, the last check) and whether the next step starts from them again
+        after a step that lowered the ELBO was undone (``None``, False elsewhere).
     trace : dict of str to list
         Per check: ``step``, ``sweep``, ``elbo``, ``residual`` (:math:`\max_n|\hat g_n - \tilde\lambda_n|`, full
         mode), ``drift`` (stochastic mode), ``time_s``.
@@ -119,7 +119,6 @@ class CVIState:
     trace: dict[str, list] = field(default_factory=lambda: {k: [] for k in TRACE_KEYS})
     kept_lam1: torch.Tensor | None = None
     kept_lam2: torch.Tensor | None = None
-    kept_elbo: float = math.nan
     redo: bool = False
 
     @property
@@ -148,7 +147,7 @@ class CVIState:
                 "converged": self.converged, "consecutive_failures": self.consecutive_failures,
                 "wall_time": self.wall_time, "step_time_s": self.step_time_s, "counters": dict(self.counters),
                 "trace": {k: list(v) for k, v in self.trace.items()}, "kept_lam1": c(self.kept_lam1),
-                "kept_lam2": c(self.kept_lam2), "kept_elbo": self.kept_elbo, "redo": self.redo}
+                "kept_lam2": c(self.kept_lam2), "redo": self.redo}
 
     def load_state_dict(self, state: dict[str, Any]) -> CVIState:
         """Overwrite this state from :meth:`state_dict` output (in place); returns ``self``."""
@@ -202,7 +201,7 @@ class CVIState:
                    wall_time=float(state.get("wall_time", 0.0)), step_time_s=float(state.get("step_time_s", 0.0)),
                    counters={**_counters(), **dict(state.get("counters", {}))}, trace=trace,
                    kept_lam1=opt("kept_lam1", torch.float64), kept_lam2=opt("kept_lam2", torch.float64),
-                   kept_elbo=float(state.get("kept_elbo", math.nan)), redo=bool(state.get("redo", False)))
+                   redo=bool(state.get("redo", False)))
 
     def __repr__(self) -> str:
         return (f"CVIState(t={self.t}, N={self.num_sites}, sweeps={self.sweeps:.3g}, elbo={self.elbo:.6g}, "
