@@ -234,7 +234,8 @@ def keep_monotone(st: MulticlassCVIState, info: dict[str, Any], tol: float) -> N
 
     If that bound is below the last accepted one (``st.elbo``, the last check) by more than
     ``tol * max(1, |bound|)``, the last step made things worse: the sites go back to the accepted ones
-    (``st.kept_lam1``, ``st.kept_lam2``), ``info["backtracked"]`` is set (the caller halves the step) and the next step, from those sites, is not compared again
+    (``st.kept_lam1``, ``st.kept_lam2``), ``info["backtracked"]`` is set (the caller halves the step) and the
+    next step, from those sites, is not compared again
     (``st.redo``: its bound is the kept one). Otherwise the evaluated sites become the accepted ones. Neither the
     undone step nor the redo is a check (``info["checked"] = False``): the stop rule compares accepted bounds only.
 
