@@ -136,7 +136,7 @@ def test_a_failed_extrapolation_restarts_from_the_damped_step(monkeypatch, how):
     import gpvi.inference.ep_multiclass as epm
 
     state = {"bad": False}
-    real_step, real_new_sites = epm._Anderson.step, epm._new_sites
+    real_step, real_new_sites = epm.Anderson.step, epm._new_sites
 
     def step(self, x, g):
         out = real_step(self, x, g)
@@ -153,7 +153,7 @@ def test_a_failed_extrapolation_restarts_from_the_damped_step(monkeypatch, how):
             raise torch.linalg.LinAlgError("forced")
         return real_new_sites(st)
 
-    monkeypatch.setattr(epm._Anderson, "step", step)
+    monkeypatch.setattr(epm.Anderson, "step", step)
     monkeypatch.setattr(epm, "_new_sites", new_sites)
     y = labels3()
     res = multiclass_ep(kern(0.7), y, 3, tol=1e-10, max_sweeps=1000)

@@ -64,6 +64,7 @@ from typing import NamedTuple
 import torch
 
 from ..linalg import logdet_from_cholesky
+from .anderson import Anderson
 from ..models.likelihoods import Quadrature
 from ..models.multiclass import _others, default_quadrature, nested_nodes
 from ..validation import check_nonnegative_int, check_positive, check_positive_int
@@ -200,36 +201,7 @@ def _new_sites(st: _Sweep) -> tuple[torch.Tensor, torch.Tensor]:
     return pi_new, nu_new
 
 
-class _Anderson:
-    """Anderson acceleration (type II, memory m) of the fixed-point map G on flat vectors (module docstring)."""
-
-    def __init__(self, memory: int) -> None:
-        self.memory = memory
-        self.g: list[torch.Tensor] = []
-        self.r: list[torch.Tensor] = []
-
-    def clear(self) -> None:
-        self.g.clear()
-        self.r.clear()
-
-    def step(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-        """The next iterate from the current one ``x`` and its map ``g = G(x)``."""
-        self.g.append(g)
-        self.r.append(g - x)
-        if len(self.r) > self.memory + 1:
-            self.g.pop(0)
-            self.r.pop(0)
-        if len(self.r) < 2:
-            return g
-        dR = torch.stack([b - a for a, b in zip(self.r[:-1], self.r[1:])], 1)
-        dG = torch.stack([b - a for a, b in zip(self.g[:-1], self.g[1:])], 1)
-        A = dR.mT @ dR                                                     # normal equations, a relative ridge
-        A.diagonal().add_(1e-12 * float(A.diagonal().max()) + 1e-300)
-        gamma = torch.linalg.solve(A, dR.mT @ self.r[-1])
-        return g - dG @ gamma
-
-
-def _restart(acc: _Anderson, restarts: int) -> tuple[int, _Anderson | None]:
+def _restart(acc: Anderson, restarts: int) -> tuple[int, Anderson | None]:
     """A failed extrapolation: empty the history; after the third, no more acceleration."""
     if restarts + 1 >= 3:
         return restarts + 1, None
@@ -307,7 +279,7 @@ def multiclass_ep(K: torch.Tensor, y: torch.Tensor, num_classes: int, *, quadrat
     sweeps, converged, anderson_restarts = 0, False, 0
     fail = MulticlassEPResult(torch.tensor(-float("inf"), dtype=K.dtype, device=K.device), torch.zeros_like(K), pi,
                               nu, torch.zeros_like(nu), torch.zeros_like(pi), 0, False, False)
-    acc = _Anderson(anderson) if anderson > 0 else None
+    acc = Anderson(anderson) if anderson > 0 else None
     fallback: tuple[torch.Tensor, torch.Tensor] | None = None             # G(x_k) when x_{k+1} was extrapolated
     n_pi = pi.numel()
     try:

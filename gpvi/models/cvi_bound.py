@@ -67,6 +67,7 @@ from typing import Any
 import torch
 
 from ..exceptions import NotPSDError
+from ..inference.cvi import sites
 from ..inference.cvi.sites import MIN_SITE_PRECISION
 from ..linalg import logdet_from_cholesky
 from ..validation import check_bool, check_positive, check_positive_int, check_theta
@@ -444,12 +445,7 @@ class CVIBoundTarget(AnchoredBoundTarget):
         Kd = Kg.detach()
         L, alpha, m, v, s, elbo, dm, dv, ok = self._site_terms(Kd, lam1, lam2)
         good = good & ok
-        P = torch.cholesky_inverse(L)
-        a = dm - lam1 - 2.0 * lam2 * m
-        bb = dv - lam2
-        G = (P @ (a * s).unsqueeze(-1)) * alpha.unsqueeze(-2)
-        G = G + (P * (bb * s * s).unsqueeze(-2)) @ P + 0.5 * alpha.unsqueeze(-1) * alpha.unsqueeze(-2) - 0.5 * P
-        G = 0.5 * (G + G.mT)
+        G = sites.kernel_gradient(L, lam1, lam2, m, alpha, dm, dv)
         G = torch.where(good[:, None, None], G, torch.zeros_like(G))
         (grad,) = torch.autograd.grad(Kg, th, grad_outputs=G)
         good = good & torch.isfinite(grad).all(-1)

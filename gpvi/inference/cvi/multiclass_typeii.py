@@ -24,7 +24,7 @@ from ...models.likelihoods import Quadrature
 from ...models.multiclass import GPMulticlass, Softmax, default_quadrature
 from ...models.priors import check_prior, prior_log_prob
 from ...posteriors.multiclass import MulticlassPosterior
-from ...validation import check_bool, check_positive, check_positive_int
+from ...validation import check_bool, check_nonnegative_int, check_positive, check_positive_int
 from ..lbfgs import lbfgs_maximise
 from ..progress import warn_interrupted
 from . import multiclass_sites as ms
@@ -35,13 +35,17 @@ from .typeii import _NO_DRAWS, monotone_run
 
 __all__ = ["MulticlassTypeII", "converge_sites", "inner_quadrature", "COARSE"]
 
-COARSE = {"cvi_tol": 1e-6, "inner_tol": 1e-6, "gtol": 1e-2}
+COARSE = {"cvi_tol": 1e-6, "inner_tol": 1e-6, "gtol": 1e-2, "ftol": 1e-6}
 """Settings of :class:`MulticlassTypeII`'s coarse first phase (``coarse=True``): the first CVI run's ``tol``, the
-first L-BFGS-B phase's ``inner_tol`` and ``gtol`` (on the objective divided by the norm of its first gradient)."""
+first L-BFGS-B phase's ``inner_tol``, ``gtol`` (on the objective divided by the norm of its first gradient) and
+``ftol`` (the relative change between L-BFGS-B iterations below which the phase stops: that of the objective's own
+accuracy, ``inner_tol``; at 1e-10 the digits benchmark's coarse phase spent 8 more evaluations of 2 inner steps
+each on changes the inner runs cannot resolve)."""
 
 
 def converge_sites(eng: MulticlassCVI, model: Any, theta: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor,
-                   counters: dict[str, float], *, tol: float, max_steps: int) -> MulticlassCVIState:
+                   counters: dict[str, float], *, tol: float, max_steps: int, anderson: int = 0
+                   ) -> MulticlassCVIState:
     r"""Deterministic full-batch CVI at ``theta`` from the given sites until the relative change of the bound is
     below ``tol``; returns the state after the last step (``t`` = steps taken).
 
@@ -51,13 +55,15 @@ def converge_sites(eng: MulticlassCVI, model: Any, theta: torch.Tensor, lam1: to
     CVI map can settle on a 2-cycle instead of its fixed point (an eigenvalue below -1 of its Jacobian, e.g.
     points on a boundary between two classes with ``beta`` near 1; robust-max sites whose variance gradient is
     positive); an ELBO-monotone sequence converges to the fixed point. Every step (undone ones too) counts towards
-    ``max_steps``; ``counters["inner_backtracks"]`` counts the undone ones.
+    ``max_steps``; ``counters["inner_backtracks"]`` counts the undone ones. ``anderson`` > 0: Anderson
+    acceleration of the damped map with that memory, each extrapolation guarded by the bound
+    (:func:`gpvi.inference.cvi.typeii.monotone_run`).
     """
     K = model.kernel_matrix(theta)
     inner = MulticlassCVIState(lam1, lam2, theta, _NO_DRAWS, initialised=True)
     inner.counters = counters
     return monotone_run(inner, lambda st: ms.full_step(eng, model, st, K, None, method=eng.elbo_method)["elbo"],
-                        tol=tol, max_steps=max_steps)
+                        tol=tol, max_steps=max_steps, anderson=anderson)
 
 
 def inner_quadrature(num_classes: int) -> Quadrature:
@@ -107,12 +113,21 @@ class MulticlassTypeII:
     coarse : bool
         Start with a **coarse phase** (default True): the first CVI run stops at a relative change of
         :data:`COARSE` ``["cvi_tol"]`` and the first L-BFGS-B phase uses ``inner_tol`` = :data:`COARSE`
-        ``["inner_tol"]`` and ``gtol`` = :data:`COARSE` ``["gtol"]``; the phases after it use the settings above,
+        ``["inner_tol"]``, ``gtol`` = :data:`COARSE` ``["gtol"]`` and ``ftol`` = :data:`COARSE` ``["ftol"]``; the
+        phases after it use the settings above,
         and only they can end the loop. Far from the optimum the inner runs need not reach 1e-9: the steps of
         L-BFGS-B there change the objective by far more than a 1e-6 error. The optimum is unchanged (measured on
         the benchmark's iris split: objective -34.779614827 against -34.779614841 without, 1.2 s against 2.0-2.8 s;
         wine -66.016448465 against -66.016448424, 1.8 s against 2.1 s). ``False``: every phase at the settings
         above (the loop before 2026-11-24).
+    anderson : int
+        Memory of the Anderson acceleration of the inner runs (default 5; 0: plain damped steps). The inner runs
+        converge linearly, the bound's gap shrinking by about 0.55 per step on iris (23 steps for the coarse
+        phase's 1e-6 after its largest move in theta); extrapolating from the last ``anderson + 1`` steps
+        (:class:`gpvi.inference.anderson.Anderson`, each extrapolation kept only if the bound does not go down:
+        :func:`gpvi.inference.cvi.typeii.monotone_run`) takes 15 there. Same fixed point and stop rule; measured
+        on the benchmark splits (with the coarse ``ftol``): inner steps 114 -> 100 (iris), 142 -> 103 (wine),
+        176 -> 117 (digits), objectives within 5e-8 relative.
     max_iter, inner_tol, inner_num_steps, theta_bounds
         As for :class:`~gpvi.inference.cvi.typeii.TypeII`.
 
@@ -130,7 +145,7 @@ class MulticlassTypeII:
     def __init__(self, cvi: MulticlassCVI | None = None, *, prior: Any = "default", tol: float = 1e-7,
                  gtol: float = 1e-5, max_iter: int = 100, inner_tol: float = 1e-9, inner_num_steps: int = 500,
                  theta_bounds: tuple[float, float] = (-11.5, 11.5), ftol: float = 1e-10,
-                 inner_quadrature: Quadrature | str | None = "auto", coarse: bool = True) -> None:
+                 inner_quadrature: Quadrature | str | None = "auto", coarse: bool = True, anderson: int = 5) -> None:
         if cvi is not None and not isinstance(cvi, MulticlassCVI):
             raise TypeError(f"cvi must be a MulticlassCVI engine; got {type(cvi).__name__}")
         self.cvi = cvi if cvi is not None else MulticlassCVI()
@@ -151,6 +166,7 @@ class MulticlassTypeII:
             raise ValueError(f"theta_bounds must be (low, high) with low < high; got {theta_bounds!r}")
         self.theta_bounds = (float(theta_bounds[0]), float(theta_bounds[1]))
         self.coarse = check_bool(coarse, "coarse")
+        self.anderson = check_nonnegative_int(anderson, "anderson")
 
     def _prior(self, model: Any) -> Any:
         if self.prior is None:
@@ -177,6 +193,7 @@ class MulticlassTypeII:
                 "inner_quadrature": (self.inner_quadrature.spec() if isinstance(self.inner_quadrature, Quadrature)
                                      else self.inner_quadrature),
                 "theta_bounds": list(self.theta_bounds), "coarse": dict(COARSE) if self.coarse else None,
+                "anderson": self.anderson,
                 "prior": None if self.prior is None else ("N(0, 10 I)" if isinstance(self.prior, str)
                                                           else repr(self.prior))}
 
@@ -187,6 +204,7 @@ class MulticlassTypeII:
         stop rule (projected gradient below ``gtol`` or relative change below ``ftol``) at the point returned.
         ``coarse``: :data:`COARSE`'s ``inner_tol`` and ``gtol``."""
         cvi, dev, counters = self._inner_engine(model), state.theta.device, state.counters
+        ftol = COARSE["ftol"] if coarse else self.ftol
         inner_tol = COARSE["inner_tol"] if coarse else self.inner_tol
         gtol = COARSE["gtol"] if coarse else self.gtol
         cur = {"lam1": state.lam1, "lam2": state.lam2}
@@ -197,7 +215,7 @@ class MulticlassTypeII:
             counters["theta_evaluations"] = counters.get("theta_evaluations", 0) + 1
             try:
                 inner = converge_sites(cvi, model, theta, cur["lam1"], cur["lam2"], counters, tol=inner_tol,
-                                       max_steps=self.inner_num_steps)
+                                       max_steps=self.inner_num_steps, anderson=self.anderson)
             except (sites.SiteFault, NotPSDError):
                 return -math.inf, torch.zeros_like(theta)
             counters["inner_steps"] = counters.get("inner_steps", 0) + inner.t
@@ -224,7 +242,7 @@ class MulticlassTypeII:
             return val / scale, grad / scale
 
         res = lbfgs_maximise(scaled, x0, bounds=self.theta_bounds, max_iter=self.max_iter, gtol=gtol / scale,
-                             ftol=self.ftol, returns_grad=True, catch=(), ignore_warnings=(NumericalWarning,),
+                             ftol=ftol, returns_grad=True, catch=(), ignore_warnings=(NumericalWarning,),
                              device=dev)
         res_x = res.x.cpu().numpy()
         best = seen.get(res_x.tobytes())

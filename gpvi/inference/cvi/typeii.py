@@ -37,7 +37,10 @@ N = 100), and the gradient returned is not that of :math:`F` (the sites are not 
 :func:`converge_sites` accepts a step only if the ELBO does not go down: an ELBO below the last accepted one
 sends the sites back to the last accepted point and halves the step, and each accepted step lets the step grow
 back by 1.5 (up to ``beta``). Any ELBO-monotone sequence of steps converges to the fixed point, which is the
-unique maximiser for log-concave likelihoods, so the answer is the same; the 2-cycle is gone.
+unique maximiser for log-concave likelihoods, so the answer is the same; the 2-cycle is gone. The runs converge
+linearly (the ELBO's gap shrinks by a roughly constant factor per step), so they are Anderson-accelerated
+(``anderson``, :class:`gpvi.inference.anderson.Anderson`): an extrapolation from the last few steps is kept only
+if its ELBO is not below the last accepted one, else the plain step replaces it.
 
 For fixed sites, :math:`\mathbf m = \tilde{\mathbf y} - S P\tilde{\mathbf y}` and
 :math:`\operatorname{diag}V = s - s^2\operatorname{diag}P` with :math:`P = (K+S)^{-1}`, which gives the gradient in
@@ -75,7 +78,8 @@ from ...exceptions import NotPSDError, NumericalWarning
 from ...models.likelihoods import Quadrature, expected_log_lik
 from ...models.priors import check_prior, default_prior, prior_log_prob
 from ...posteriors.latent import LatentPosterior
-from ...validation import check_positive, check_positive_int
+from ...validation import check_nonnegative_int, check_positive, check_positive_int
+from ..anderson import Anderson
 from ..lbfgs import lbfgs_maximise
 from ..progress import warn_interrupted
 from . import sites, steps
@@ -105,18 +109,13 @@ def theta_objective(model: Any, lam1: torch.Tensor, lam2: torch.Tensor, theta: t
     val = sites.site_elbo(ex.value.sum(), lam1, lam2, m, v, L, alpha)
     if not bool(torch.isfinite(val)):
         return -math.inf, None
-    P = torch.cholesky_inverse(L)
-    a = ex.dm - lam1 - 2.0 * lam2 * m
-    b = ex.dv - lam2
-    G = (P @ (a * s)).unsqueeze(-1) * alpha.unsqueeze(0)
-    G = G + (P * (b * s * s)) @ P + 0.5 * alpha.unsqueeze(-1) * alpha.unsqueeze(0) - 0.5 * P
-    G = 0.5 * (G + G.T)
+    G = sites.kernel_gradient(L, lam1, lam2, m, alpha, ex.dm, ex.dv)
     (grad,) = torch.autograd.grad(K, th, grad_outputs=G)
     return float(val), grad.detach()
 
 
 def converge_sites(cvi: CVI, model: Any, theta: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor,
-                   counters: dict[str, float], *, tol: float, max_steps: int) -> CVIState:
+                   counters: dict[str, float], *, tol: float, max_steps: int, anderson: int = 0) -> CVIState:
     r"""Full-batch quadrature CVI at ``theta`` from the given sites until the relative ELBO change is below ``tol``.
 
     The steps are kept **monotone in the ELBO** (see the module docstring): a step whose next ELBO is lower than
@@ -131,10 +130,10 @@ def converge_sites(cvi: CVI, model: Any, theta: torch.Tensor, lam1: torch.Tensor
     inner = CVIState(lam1, lam2, theta, _NO_DRAWS, initialised=True)
     inner.counters = counters
     return monotone_run(inner, lambda st: steps.full_step(cvi, model, st, K, None, method="quadrature")["elbo"],
-                        tol=tol, max_steps=max_steps)
+                        tol=tol, max_steps=max_steps, anderson=anderson)
 
 
-def monotone_run(inner: Any, step: Callable[[Any], float], *, tol: float, max_steps: int) -> Any:
+def monotone_run(inner: Any, step: Callable[[Any], float], *, tol: float, max_steps: int, anderson: int = 0) -> Any:
     r"""The ELBO-monotone loop of :func:`converge_sites` (binary) and
     :func:`gpvi.inference.cvi.multiclass_typeii.converge_sites` (multi-class).
 
@@ -143,11 +142,23 @@ def monotone_run(inner: Any, step: Callable[[Any], float], *, tol: float, max_st
     point, ``inner.beta_scale`` halves, ``inner.counters["inner_backtracks"]`` counts it); each accepted step
     multiplies ``beta_scale`` by 1.5, up to 1. Ends when the relative change is at most ``tol`` or after
     ``max_steps`` steps (undone ones count); returns ``inner``.
+
+    ``anderson`` > 0: Anderson acceleration with that memory (:class:`gpvi.inference.anderson.Anderson`) of the
+    damped CVI map :math:`G`: after an accepted step the next sites are the extrapolation of the last
+    ``anderson + 1`` pairs :math:`(x, G(x))` of accepted sites (flattened :math:`\tilde\lambda_1, \tilde\lambda_2`)
+    instead of :math:`G(x)`, when it keeps every :math:`\tilde\lambda_2 < 0`. The bound still never goes down: an
+    extrapolation whose bound is below the last accepted one is replaced by :math:`G` of the accepted sites (kept
+    from that step; no halving, no step lost beyond the one that evaluated it) and the history starts again; a
+    plain step that goes down is undone as above. The run ends at :math:`G` of its last accepted sites, as without
+    acceleration. ``inner.counters["inner_extrapolations_rejected"]`` counts the replaced extrapolations.
     """
     counters = inner.counters
     prev = math.nan                       # the ELBO of the last accepted sites ...
     keep = (inner.lam1, inner.lam2)       # ... and those sites
+    plain = None                          # G(keep): where a rejected extrapolation goes instead
     redo = False
+    extrapolated = False                  # the current sites are an extrapolation, not G of accepted sites
+    acc = Anderson(anderson) if anderson > 0 else None
     for _ in range(max_steps):
         here = (inner.lam1, inner.lam2)
         elbo = step(inner)
@@ -156,15 +167,34 @@ def monotone_run(inner: Any, step: Callable[[Any], float], *, tol: float, max_st
             continue
         if math.isfinite(prev):
             if abs(elbo - prev) <= tol * max(1.0, abs(elbo)):
+                if extrapolated and elbo < prev:   # end at G of accepted sites, as a plain run does
+                    inner.lam1, inner.lam2 = plain
                 break
-            if elbo < prev:               # the last step went down: undo it, halve the step
-                inner.lam1, inner.lam2 = keep
+            if elbo < prev:
+                if extrapolated:          # the extrapolation went down: take the plain step instead
+                    inner.lam1, inner.lam2 = plain
+                    extrapolated = False
+                    acc.clear()
+                    counters["inner_extrapolations_rejected"] = counters.get("inner_extrapolations_rejected", 0) + 1
+                    continue
+                inner.lam1, inner.lam2 = keep  # the last step went down: undo it, halve the step
                 inner.beta_scale *= 0.5
                 counters["inner_backtracks"] = counters.get("inner_backtracks", 0) + 1
                 redo = True
+                if acc is not None:
+                    acc.clear()
                 continue
         prev, keep = elbo, here
         inner.beta_scale = min(1.0, 1.5 * inner.beta_scale)
+        extrapolated = False
+        if acc is not None:
+            plain = (inner.lam1, inner.lam2)
+            x = torch.cat([here[0].reshape(-1), here[1].reshape(-1)])
+            nxt = acc.step(x, torch.cat([plain[0].reshape(-1), plain[1].reshape(-1)]))
+            n1, n2 = nxt[:here[0].numel()].view_as(here[0]), nxt[here[0].numel():].view_as(here[1])
+            if len(acc.r) > 1 and bool(torch.isfinite(nxt).all()) and bool((n2 < 0).all()):
+                inner.lam1, inner.lam2 = n1, n2
+                extrapolated = True
     return inner
 
 
@@ -190,6 +220,13 @@ class TypeII:
         Convergence tolerance (relative ELBO change) of the inner CVI runs of a phase.
     inner_num_steps : int
         Cap on the steps of one inner CVI run.
+    anderson : int
+        Memory of the Anderson acceleration of the inner runs (default 5; 0: plain damped steps, the runs before
+        2026-11-25): :func:`monotone_run`, each extrapolation kept only if the ELBO does not go down. Same fixed
+        point and stop rule. Measured with ``benchmarks/classifier_speed.py`` (one fit each, idle machine), inner
+        steps and wall time without -> with: iris setosa vs versicolor 619 -> 296 (0.85 -> 0.61 s), versicolor vs
+        virginica 340 -> 192 (0.36 -> 0.25 s), separable40 337 -> 184, pima 129 -> 91, sonar 335 -> 164
+        (0.55 -> 0.32 s); the same test log loss, accuracy and hyperparameters to the printed digits.
     theta_bounds : tuple of float
         Box on every log-hyperparameter during learning (default (-11.5, 11.5), i.e. 1e-5..1e5 on the natural
         scale of variances and squared lengthscales).
@@ -213,7 +250,7 @@ class TypeII:
 
     def __init__(self, cvi: CVI | None = None, *, max_iter: int = 100, inner_tol: float = 1e-9,
                  inner_num_steps: int = 500, theta_bounds: tuple[float, float] = (-11.5, 11.5),
-                 prior: Any = "default") -> None:
+                 prior: Any = "default", anderson: int = 5) -> None:
         if cvi is not None and not isinstance(cvi, CVI):
             raise TypeError(f"cvi must be a gpvi.CVI engine; got {type(cvi).__name__}")
         self.cvi = cvi if cvi is not None else CVI()
@@ -231,6 +268,7 @@ class TypeII:
             raise TypeError(f"prior must have a log_prob method (e.g. a torch.distributions.Distribution); "
                             f"got {type(prior).__name__}")
         self.prior = prior
+        self.anderson = check_nonnegative_int(anderson, "anderson")
 
     def _prior_for(self, model: Any) -> Any:
         """The prior object for ``model``'s theta (``None`` for no prior); a user prior is checked on a (D,) theta."""
@@ -252,7 +290,7 @@ class TypeII:
 
     def settings(self) -> dict[str, Any]:
         return {"max_iter": self.max_iter, "inner_tol": self.inner_tol, "inner_num_steps": self.inner_num_steps,
-                "theta_bounds": list(self.theta_bounds), "prior": self._prior_name()}
+                "theta_bounds": list(self.theta_bounds), "prior": self._prior_name(), "anderson": self.anderson}
 
     # ------------------------------------------------------------------ one hyperparameter phase
     def phase(self, model: Any, state: CVIState
@@ -280,7 +318,7 @@ class TypeII:
             counters["theta_evaluations"] = counters.get("theta_evaluations", 0) + 1
             try:
                 inner = converge_sites(cvi, model, theta, cur["lam1"], cur["lam2"], counters,
-                                       tol=self.inner_tol, max_steps=self.inner_num_steps)
+                                       tol=self.inner_tol, max_steps=self.inner_num_steps, anderson=self.anderson)
             except (sites.SiteFault, NotPSDError):
                 return -math.inf, torch.zeros_like(theta)
             counters["inner_steps"] = counters.get("inner_steps", 0) + inner.t
