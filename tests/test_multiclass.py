@@ -649,6 +649,13 @@ def test_accelerated_inner_runs_reach_the_plain_runs_fixed_point_in_fewer_steps(
     assert float((p5["m"] - p0["m"]).abs().max()) <= 1e-4
     assert fast.t < 0.7 * plain.t, (fast.t, plain.t)
     assert cf.get("inner_backtracks", 0) == 0
+    from gpvi.inference.cvi import TypeII
+
+    for cls in (MulticlassTypeII, TypeII):
+        with pytest.raises(ValueError, match="anderson"):
+            cls(anderson=-1)
+        with pytest.raises(TypeError, match="anderson"):
+            cls(anderson=2.5)
 
 
 def test_a_rejected_extrapolation_falls_back_to_the_plain_step(monkeypatch):

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from ..exceptions import NotPSDError
+from ..validation import check_nonnegative_int
 from .cvi_bound import AnchoredBoundTarget
 from .multiclass import GPMulticlass
 
@@ -70,6 +71,12 @@ class MulticlassBoundTarget(AnchoredBoundTarget):
         order in the sites' error, and Laplace scales take finite differences of it).
     inner_num_steps : int
         Cap on the steps of one inner run (default 500).
+    anderson : int
+        Memory of the Anderson acceleration of the inner runs (default 5; 0: plain damped steps, the runs before
+        2026-11-25), as for :class:`~gpvi.inference.cvi.multiclass_typeii.MulticlassTypeII`. Measured on 8 rows
+        0.7 sd around the MAP-II point: iris 345 -> 203 inner steps (1.58 -> 0.95 s), wine 298 -> 186
+        (1.72 -> 1.07 s); values within 2e-7 (1e-8 relative) of the plain runs', gradients within 1e-6, and
+        central differences of ``log_joint`` at h = 1e-3 .. 1e-5 as consistent with its gradient as before.
 
     Attributes
     ----------
@@ -90,7 +97,8 @@ class MulticlassBoundTarget(AnchoredBoundTarget):
     """
 
     def __init__(self, model: GPMulticlass, prior: Any = "default", *, cvi: Any = None, anchor: Any = None,
-                 inner_tol: float = 1e-12, inner_num_steps: int = 500, inner_quadrature: Any = "auto") -> None:
+                 inner_tol: float = 1e-12, inner_num_steps: int = 500, inner_quadrature: Any = "auto",
+                 anderson: int = 5) -> None:
         from ..inference.cvi.multiclass import MulticlassCVI
         from ..inference.cvi.multiclass_typeii import MulticlassTypeII
 
@@ -102,6 +110,7 @@ class MulticlassBoundTarget(AnchoredBoundTarget):
         base = cvi if cvi is not None else MulticlassCVI(progress_bar=False)
         # the engine of the inner runs and of the bound: ``base`` with MulticlassTypeII's choice of rule
         self.cvi = MulticlassTypeII(base, inner_quadrature=inner_quadrature)._inner_engine(model)
+        self.anderson = check_nonnegative_int(anderson, "anderson")
         self._init_anchor(model, prior, anchor, inner_tol, inner_num_steps)
 
     def _site_shape(self) -> tuple[int, ...]:
@@ -111,7 +120,7 @@ class MulticlassBoundTarget(AnchoredBoundTarget):
         from ..inference.cvi.multiclass_typeii import converge_sites
 
         return converge_sites(self.cvi, self.model, theta, lam1, lam2, self.counters, tol=self.inner_tol,
-                              max_steps=self.inner_num_steps)
+                              max_steps=self.inner_num_steps, anderson=self.anderson)
 
     def _one(self, theta: torch.Tensor) -> tuple[float, torch.Tensor]:
         from ..inference.cvi import multiclass_sites as ms
