@@ -282,15 +282,7 @@ class CVI:
         The ELBO is evaluated by quadrature (deterministic, O(N) memory per quadrature node), also for a partial
         run. For a run that ended on a fault, ``None`` when even the last good sites cannot be factorised.
         """
-        extra = {"interrupted": report.interrupted, "faulted": report.faulted,
-                 "stopped_early": report.stopped_early, "time_s": report.time_s,
-                 "steps_this_run": report.steps_this_run}
-        try:
-            return self.posterior(target, state, extra, warn=not report.partial)
-        except NotPSDError:
-            if report.faulted:
-                return None
-            raise
+        return steps.run_result(self, target, state, report)
 
     def posterior(self, model: LatentGP, state: CVIState, extra: dict[str, Any] | None = None, *,
                   warn: bool = True) -> LatentPosterior:

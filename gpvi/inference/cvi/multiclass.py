@@ -322,14 +322,8 @@ class MulticlassCVI:
         return state, info
 
     def result(self, target: Any, state: MulticlassCVIState, report: RunReport) -> MulticlassPosterior | None:
-        extra = {"interrupted": report.interrupted, "faulted": report.faulted, "stopped_early": report.stopped_early,
-                 "time_s": report.time_s, "steps_this_run": report.steps_this_run}
-        try:
-            return self.posterior(target, state, extra, warn=not report.partial)
-        except NotPSDError:
-            if report.faulted:
-                return None
-            raise
+        """The :class:`~gpvi.posteriors.multiclass.MulticlassPosterior` of ``state`` (as :meth:`gpvi.CVI.result`)."""
+        return steps.run_result(self, target, state, report)
 
     def posterior(self, model: GPMulticlass, state: MulticlassCVIState, extra: dict[str, Any] | None = None, *,
                   warn: bool = True) -> MulticlassPosterior:

@@ -252,3 +252,17 @@ def stochastic_step(cvi: Any, model: Any, st: Any, K: torch.Tensor, gen: torch.G
         st.factor = None                       # possibly half updated: the engine rolls the step back
         raise
     return info
+
+
+def run_result(eng: Any, target: Any, state: Any, report: Any) -> Any:
+    """The engine contract's ``result`` of both CVI engines: ``eng.posterior`` of ``state`` with the run report's
+    flags and times in ``info`` (no convergence warning for a partial run); ``None`` for a run that ended on a
+    fault when even the last good sites cannot be factorised."""
+    extra = {"interrupted": report.interrupted, "faulted": report.faulted, "stopped_early": report.stopped_early,
+             "time_s": report.time_s, "steps_this_run": report.steps_this_run}
+    try:
+        return eng.posterior(target, state, extra, warn=not report.partial)
+    except NotPSDError:
+        if report.faulted:
+            return None
+        raise
