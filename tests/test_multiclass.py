@@ -608,6 +608,8 @@ def test_anderson_solves_a_linear_fixed_point_that_plain_iteration_crawls_on():
     assert float((plain - star).abs().max()) > 1e-2 * float(star.abs().max())
     acc.clear()
     assert torch.equal(acc.step(x, A @ x + b), A @ x + b)          # an empty history: the plain step
+    with pytest.raises(ValueError, match="memory"):
+        Anderson(-1)
 
 
 def _inner_start():

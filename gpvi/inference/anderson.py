@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from ..validation import check_nonnegative_int
+
 __all__ = ["Anderson"]
 
 
@@ -39,7 +41,7 @@ class Anderson:
     """
 
     def __init__(self, memory: int) -> None:
-        self.memory = memory
+        self.memory = check_nonnegative_int(memory, "memory")
         self.g: list[torch.Tensor] = []
         self.r: list[torch.Tensor] = []
 

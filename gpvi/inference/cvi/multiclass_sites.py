@@ -304,10 +304,10 @@ def theta_objective(eng: Any, model: Any, lam1: torch.Tensor, lam2: torch.Tensor
     with torch.enable_grad():
         out = (Kg * G).sum()
         if prior is not None:
-            out = out + prior_log_prob(prior, th)
+            lp = prior_log_prob(prior, th)
+            out = out + lp
+            val = val + lp.detach()
         (grad,) = torch.autograd.grad(out, th)
-    if prior is not None:
-        val = val + prior_log_prob(prior, theta.detach())
     value = float(val)
     if not math.isfinite(value) or not bool(torch.isfinite(grad).all()):
         return -math.inf, None
