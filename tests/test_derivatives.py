@@ -27,7 +27,8 @@ def test_value_and_gradient_match_closed_form_and_chunking_changes_nothing():
     th = torch.randn(7, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     v, g = log_joint_and_grad(target, th)
     v2, g2 = log_joint_and_grad(target, th, chunk=2)
-    assert torch.equal(v, v2) and torch.equal(g, g2)
+    # chunks change the shapes of the matrix products, hence at most the last bits (BLAS kernels differ by CPU)
+    torch.testing.assert_close((v2, g2), (v, g), rtol=1e-14, atol=1e-15)
     assert torch.allclose(g, -th @ A - th ** 3 / 3, atol=1e-14)
     assert not v.requires_grad and not g.requires_grad
 

@@ -159,19 +159,37 @@ def test_ml2_and_the_logistic_reference_use_the_shared_wrapper(monkeypatch):
 
 
 # ------------------------------------------------------------------------ issue 16, item 4: the choice of restart
-def test_tied_restarts_prefer_a_converged_one_and_do_not_warn():
-    """The issue's repro: 30 points, 5 restarts reach one optimum, 4 converge; the ABNORMAL one is not chosen."""
+def test_tied_restarts_prefer_a_converged_one_and_do_not_warn(monkeypatch):
+    """The issue's repro: 30 points, 5 restarts reach one optimum; the one with the highest value ended ABNORMAL on
+    the line search and is not chosen. Whether a restart ends ABNORMAL there depends on the last bits of the
+    arithmetic (on one machine one of the five did, on another none), so the test makes the best one ABNORMAL."""
+    import dataclasses
     import warnings
+
+    from gpvi.inference import ml2 as ml2_mod
 
     X, y = make_gp_data(30, 3, seed=3)
     model = gpvi.GPRegression(X, y)
+    plain = [r["value"] for r in gpvi.ML2(num_restarts=5, seed=0).run(model).info["records"]]
+    top = int(np.argmax(plain))
+    real, count = ml2_mod.lbfgs_maximise, {"n": 0}
+
+    def abnormal_at_top(*args, **kwargs):
+        res = real(*args, **kwargs)
+        count["n"] += 1
+        if count["n"] - 1 == top:
+            res = dataclasses.replace(res, converged=False, message="ABNORMAL: (made so by the test)")
+        return res
+
+    monkeypatch.setattr(ml2_mod, "lbfgs_maximise", abnormal_at_top)
     with warnings.catch_warnings():
         warnings.simplefilter("error", gpvi.ConvergenceWarning)
         fit = gpvi.ML2(num_restarts=5, seed=0).run(model)
     recs = fit.info["records"]
     values = [r["value"] for r in recs]
+    assert values == plain
     assert max(values) - min(values) < 1e-6 * abs(max(values))          # one optimum, reached by every restart
-    assert [r["converged"] for r in recs].count(False) >= 1             # ... one of them ended ABNORMAL
+    assert not recs[top]["converged"] and fit.info["best_restart"] != top
     assert recs[fit.info["best_restart"]]["converged"] and fit.info["converged"] is True
     assert fit.value >= max(values) - 1e-6 * abs(max(values))
 

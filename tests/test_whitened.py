@@ -67,10 +67,11 @@ def test_nuts_on_the_whitened_target_matches_prior_importance_sampling():
     assert bool(((d[:, :2].mean(0) - w @ z[:, :2]).abs() <= 0.15 * d[:, :2].std(0)).all())
     assert float((torch.sigmoid(t.latent(d)).mean(0) - p_in_is).abs().max()) < 0.03
     Xs = torch.tensor([[-1.0], [0.2], [2.0]], dtype=torch.float64)
-    # IS predictive: average over 3,000 draws resampled in proportion to the weights (unbiased)
-    idx = torch.multinomial(w, 3000, replacement=True, generator=g)
+    # IS predictive: average over 4,000 draws resampled in proportion to the weights (unbiased); NUTS's from every
+    # draw (thinned to 200, its Monte Carlo error alone reached 0.039 on one machine's random stream)
+    idx = torch.multinomial(w, 4000, replacement=True, generator=g)
     p_is = t.predict_proba(z[idx], Xs)
-    assert float((t.predict_proba(d[::5], Xs) - p_is).abs().max()) < 0.03
+    assert float((t.predict_proba(d, Xs) - p_is).abs().max()) < 0.03
 
 
 def test_fixed_theta_samples_only_v_and_bad_model_is_refused():
@@ -135,8 +136,10 @@ def test_multiclass_nuts_matches_prior_importance_sampling():
     assert bool(((d[:, :2].mean(0) - w @ z[:, :2]).abs() <= 0.15 * d[:, :2].std(0)).all())
     assert float((torch.softmax(t.latent(d), -1).mean(0) - p_in_is).abs().max()) < 0.03
     Xs = torch.tensor([[-1.0], [0.2], [2.0]], dtype=torch.float64)
-    idx = torch.multinomial(w, 1000, replacement=True, generator=g)
+    # Monte Carlo error budget: the reference from 1,000 resampled prior draws was 0.01 off one from 20,000, and
+    # NUTS's 1,000 draws thinned to 200 another 0.02 (measured 2026-11-25): 4,000 resamples, every NUTS draw
+    idx = torch.multinomial(w, 4000, replacement=True, generator=g)
     p_is = t.predict_proba(z[idx], Xs)
-    p_mc = t.predict_proba(d[::5], Xs)
+    p_mc = t.predict_proba(d, Xs)
     assert p_mc.shape == (3, 3) and torch.allclose(p_mc.sum(-1), torch.ones(3, dtype=torch.float64))
     assert float((p_mc - p_is).abs().max()) < 0.03
