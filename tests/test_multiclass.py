@@ -696,3 +696,53 @@ def test_theta_gradient_closed_form_matches_central_differences_at_any_sites():
                        for e in torch.eye(model.dim, dtype=F64)], dtype=F64)
     torch.testing.assert_close(grad, fd, rtol=1e-6, atol=1e-6)
     assert float(grad.abs().max()) > 1.0                             # far from stationary: a real check
+
+
+def test_profiled_objective_reuses_the_best_evaluated_step_exactly():
+    """profiled_objective returns the value and gradient of the best sites its run evaluated, from that step's own
+    factors and expectations: the same numbers as theta_objective recomputing them from those sites (centred, as
+    evaluated) to 1e-12, one factorisation and one set of expectations fewer per evaluation; within the run's tol of
+    the value at the sites it ended at, and its gradient that of the profiled bound (central differences of the
+    tightly converged objective)."""
+    from gpvi.inference.cvi import multiclass_sites as ms
+    from gpvi.inference.cvi.multiclass_typeii import converge_sites, profiled_objective
+    from gpvi.models.multiclass import Softmax
+    from gpvi.models.priors import check_prior
+
+    model, eng, st, th = _inner_start()
+    prior = check_prior(None, model.dim)
+    calls = {"n": 0}
+    orig = Softmax.expected_log_lik
+
+    def counted(self, *a, **k):
+        calls["n"] += 1
+        return orig(self, *a, **k)
+
+    best: dict = {}
+    c = _counters()
+    inner = converge_sites(eng, model, th, st.lam1, st.lam2, c, tol=1e-10, max_steps=500, anderson=5, best=best)
+    Softmax.expected_log_lik = counted
+    try:
+        c2 = _counters()
+        inner2, val, grad = profiled_objective(eng, model, th, st.lam1, st.lam2, c2, tol=1e-10, max_steps=500,
+                                               anderson=5, prior=prior)
+    finally:
+        Softmax.expected_log_lik = orig
+    assert calls["n"] == inner2.t                                   # one set of expectations per step, none after
+    assert torch.equal(inner2.lam1, inner.lam1) and torch.equal(inner2.lam2, inner.lam2)
+    ref_val, ref_grad = ms.theta_objective(eng, model, best["lam1"], best["lam2"], th, prior)
+    assert val == pytest.approx(ref_val, rel=1e-12)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-10, atol=1e-10)
+    end_val, end_grad = ms.theta_objective(eng, model, inner.lam1, inner.lam2, th, prior)
+    assert abs(val - end_val) <= 1e-9 * abs(end_val)
+    torch.testing.assert_close(grad, end_grad, rtol=1e-4, atol=1e-4)
+    h = 1e-4
+
+    def f(t):
+        return profiled_objective(eng, model, t, inner.lam1, inner.lam2, _counters(), tol=1e-13, max_steps=500,
+                                  anderson=5, prior=prior)[1]
+
+    fd = torch.tensor([(f(th + h * e) - f(th - h * e)) / (2 * h) for e in torch.eye(model.dim, dtype=F64)],
+                      dtype=F64)
+    torch.testing.assert_close(grad, fd, rtol=1e-3, atol=1e-3)       # 4e-4 off: the inner rule's own error
+    assert float(grad.abs().max()) > 0.5

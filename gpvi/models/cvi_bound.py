@@ -186,7 +186,10 @@ class AnchoredBoundTarget:
 
     # ------------------------------------------------------------------ one theta
     def _converge(self, theta: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor) -> Any:
-        inner = self._converge_sites(theta, lam1, lam2)
+        return self._count(self._converge_sites(theta, lam1, lam2))
+
+    def _count(self, inner: Any) -> Any:
+        """Add an inner run's steps to the counters (and an unconverged run); returns ``inner``."""
         self.counters["inner_steps"] += inner.t
         if inner.t >= self.inner_num_steps:
             self.counters["unconverged"] += 1

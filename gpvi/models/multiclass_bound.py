@@ -22,8 +22,8 @@ K <= 3, through :class:`gpvi.models.ep_evidence.EPEvidenceTarget`) is the altern
 Each evaluation runs ELBO-monotone full-batch multi-class CVI
 (:func:`gpvi.inference.cvi.multiclass_typeii.converge_sites`) at :math:`\theta` from the sites of a fixed
 **anchor** (deterministic in :math:`\theta`, independent of earlier calls), then returns the bound and its
-envelope-theorem gradient with the sites held fixed
-(:func:`gpvi.inference.cvi.multiclass_sites.theta_objective`). Rows of an ``(S, D)`` call run one after the other.
+envelope-theorem gradient with the sites held fixed, at the best sites the run evaluated
+(:func:`gpvi.inference.cvi.multiclass_typeii.profiled_objective`). Rows of an ``(S, D)`` call run one after the other.
 
 Names: ``theta``, ``lam1``, ``lam2`` (sites, (N, K)), ``anchor``.
 """
@@ -123,13 +123,15 @@ class MulticlassBoundTarget(AnchoredBoundTarget):
                               max_steps=self.inner_num_steps, anderson=self.anderson)
 
     def _one(self, theta: torch.Tensor) -> tuple[float, torch.Tensor]:
-        from ..inference.cvi import multiclass_sites as ms
+        from ..inference.cvi.multiclass_typeii import profiled_objective
         from ..inference.cvi.sites import SiteFault
 
         _, lam1, lam2 = self.anchor
         try:
-            inner = self._converge(theta, lam1, lam2)
-            val, grad = ms.theta_objective(self.cvi, self.model, inner.lam1, inner.lam2, theta)
+            inner, val, grad = profiled_objective(self.cvi, self.model, theta, lam1, lam2, self.counters,
+                                                  tol=self.inner_tol, max_steps=self.inner_num_steps,
+                                                  anderson=self.anderson)
+            self._count(inner)
         except (SiteFault, NotPSDError, ValueError):
             val, grad = -math.inf, None
         if grad is None or not math.isfinite(val) or not bool(torch.isfinite(grad).all()):
