@@ -746,3 +746,29 @@ def test_profiled_objective_reuses_the_best_evaluated_step_exactly():
                       dtype=F64)
     torch.testing.assert_close(grad, fd, rtol=1e-3, atol=1e-3)       # 4e-4 off: the inner rule's own error
     assert float(grad.abs().max()) > 0.5
+
+
+def test_secant_step_is_the_newton_step_on_a_quadratic():
+    """secant_step from the two best points of a concave quadratic: with Hessian -a I the step theta + gamma g
+    lands on the maximum (gamma = 1/a); with a general Hessian it is s'As / s'A^2 s; None without curvature of a
+    maximum or with fewer than two finite points."""
+    from gpvi.inference.cvi.multiclass_typeii import secant_step
+
+    A = torch.tensor([[2.0, 0.3], [0.3, 0.5]], dtype=F64)
+    opt = torch.tensor([0.4, -1.0], dtype=F64)
+
+    def point(th, H):
+        th = torch.as_tensor(th, dtype=F64)
+        return float(-0.5 * (th - opt) @ H @ (th - opt)), th, -H @ (th - opt)
+
+    iso = 3.0 * torch.eye(2, dtype=F64)
+    pts = [point([1.0, 1.0], iso), point([0.5, -0.5], iso), point([3.0, 4.0], iso)]
+    gamma = secant_step(pts)
+    assert gamma == pytest.approx(1.0 / 3.0, rel=1e-12)
+    _, th, g = pts[1]
+    torch.testing.assert_close(th + gamma * g, opt)
+    pts = [point([1.0, 1.0], A), point([0.5, -0.5], A)]
+    s = pts[0][1] - pts[1][1]
+    assert secant_step(pts) == pytest.approx(float(s @ A @ s) / float(s @ A @ A @ s), rel=1e-12)
+    assert secant_step([point([1.0, 1.0], -A), point([0.5, -0.5], -A)]) is None        # a minimum
+    assert secant_step([pts[0], (-math.inf, pts[1][1], pts[1][2])]) is None
