@@ -340,29 +340,41 @@ class Quadrature:
         m, v : torch.Tensor of shape (B,)
             Means and variances of the site marginals (``v`` is clamped at 0).
         """
+        f, w = self.nodes_by_node(m, v)
+        return f.T.contiguous(), w.T.contiguous()
+
+    def nodes_by_node(self, m: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r""":meth:`nodes` laid out node-major, ``(num_points, B)``: every elementwise pass then runs along the
+        sites (contiguous, vectorised) instead of along the few nodes of one site (broadcasting a per-site number
+        over a last dimension of 28 ran 3x slower than a contiguous pass here); sums over the nodes are
+        ``sum(0)``."""
         sd = torch.sqrt(v.clamp_min(0.0))
         xt, wt = self._table(m)
+        xt, wt = xt.unsqueeze(-1), wt.unsqueeze(-1)
         if self.rule == "gauss-hermite":
-            return m.unsqueeze(-1) + sd.unsqueeze(-1) * xt, wt.expand(m.shape[0], -1)
+            return m + sd * xt, wt.expand(-1, m.shape[0])
         c = self.scale
         half = self.width * sd
         ulo = torch.asinh((m - half) / c)
         uhi = torch.asinh((m + half) / c)
         mid, rad = 0.5 * (uhi + ulo), 0.5 * (uhi - ulo)
-        u = mid.unsqueeze(-1) + rad.unsqueeze(-1) * xt
-        f = torch.sinh(u) if c == 1.0 else c * torch.sinh(u)
+        # sinh u and cosh u from one exponential (torch's sinh and cosh each cost 7x an exp here; the nodes' error
+        # stays ~1e-16 c cosh u, the weights' ~1e-16 relative)
+        eu = torch.exp(mid + rad * xt)
+        inv = torch.reciprocal(eu)
+        f = torch.sub(eu, inv).mul_(0.5 * c)
         # density of N(m, v) at f times the Jacobian df/du = c cosh u
-        sd_safe = torch.where(sd > 0, sd, torch.ones_like(sd)).unsqueeze(-1)
-        zz = (f - m.unsqueeze(-1)) / sd_safe
-        dens = torch.exp(-0.5 * zz * zz - _HALF_LOG_2PI) / sd_safe
-        weights = (rad.unsqueeze(-1) * wt) * (torch.cosh(u) if c == 1.0 else c * torch.cosh(u)) * dens
+        sd_safe = torch.where(sd > 0, sd, torch.ones_like(sd))
+        zz = (f - m) / sd_safe
+        dens = torch.exp(-0.5 * zz * zz - _HALF_LOG_2PI)
+        weights = (rad * (0.5 * c) / sd_safe) * wt * (eu + inv) * dens
         # a degenerate window (v == 0, or v so small that m +- T sd rounds to m): a point mass at m
-        degenerate = (uhi <= ulo).unsqueeze(-1)
+        degenerate = uhi <= ulo
         if bool(degenerate.any()):
             point = torch.zeros_like(weights)
-            point[..., 0] = 1.0
+            point[0] = 1.0
             weights = torch.where(degenerate, point, weights)
-            f = torch.where(degenerate, m.unsqueeze(-1).expand_as(f), f)
+            f = torch.where(degenerate, m.expand_as(f), f)
         return f, weights
 
     def spec(self) -> dict[str, Any]:
