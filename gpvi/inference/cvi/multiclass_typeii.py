@@ -256,8 +256,8 @@ class MulticlassTypeII:
 
         L-BFGS-B's first trial point is :math:`\theta_0 + g_0/c` for an objective divided by :math:`c`. Without
         ``step``, :math:`c = \max(1, \lVert g_0\rVert)` (a first move of length at most 1). With ``step``
-        :math:`\gamma` (the returned one of an earlier phase), :math:`c = 1/\gamma`: the first move is
-        :math:`\gamma g_0`, L-BFGS's own initial inverse-Hessian scale
+        :math:`\gamma` (the returned one of an earlier phase), :math:`c = \max(1/\gamma, \lVert g_0\rVert)`: the
+        first move is :math:`\gamma g_0` (at most 1 long), L-BFGS's own initial inverse-Hessian scale
         :math:`\gamma = -s^\top y / y^\top y` from the secant pair :math:`(s, y)` of the phase's two best points
         (differences of theta and of the gradient). A phase that starts near the optimum with a small gradient
         otherwise tried a move of :math:`\lVert g_0\rVert` (0.04 on digits, where the phase then moved 0.001):
@@ -296,7 +296,7 @@ class MulticlassTypeII:
         # objective by |g0| makes that step 1 in theta; gtol is divided too, so the stop rule is unchanged.
         scale = max(1.0, float(g0.norm())) if math.isfinite(f0) else 1.0
         if step is not None and math.isfinite(f0):
-            scale = 1.0 / step
+            scale = max(1.0 / step, float(g0.norm()))              # a first move of gamma |g0|, at most 1
 
         def scaled(theta: torch.Tensor) -> tuple[float, torch.Tensor]:
             key = theta.detach().cpu().numpy().tobytes()
