@@ -31,7 +31,7 @@ from .inference.cvi.multiclass_typeii import MulticlassTypeII
 from .inference.cvi.options import MonteCarlo, SingleSite, num_steps_for_sweeps
 from .inference.cvi.typeii import TypeII
 from .models.classification import GPClassification
-from .models.likelihoods import Quadrature
+from .models.quadrature import Quadrature
 from .models.multiclass import GPMulticlass, default_quadrature
 from .rng import check_seed
 from .validation import check_bool, check_choice, check_positive_int, check_X, feature_names_of

@@ -232,3 +232,23 @@ def test_bad_arguments_name_the_argument():
         expected_log_lik(BernoulliLogit(), _t([1.0]), _t([0.0]), _t([1.0]), method="exact")
     with pytest.raises(ValueError, match="num_mc must be >= 1"):
         expected_log_lik(BernoulliLogit(), _t([1.0]), _t([0.0]), _t([1.0]), method="mc", num_mc=0)
+
+
+@pytest.mark.parametrize("rule", ["gl-asinh", "gauss-hermite"])
+def test_nodes_into_fills_the_same_nodes_and_weights_as_nodes_by_node(rule):
+    """The in-place fill (no allocation of node-sized arrays) is the same rule: nodes and weights equal
+    nodes_by_node's to 1e-14 relative (weights 1e-12), means from -300 to 300 and variances from 1e-6 to 1e4; a degenerate window
+    (a zero variance) is refused (False), nodes_by_node handles it."""
+    g = torch.Generator().manual_seed(3)
+    m = torch.cat([torch.randn(50, generator=g, dtype=torch.float64) * 3, torch.tensor([-300.0, 300.0, 0.0],
+                                                                                        dtype=torch.float64)])
+    v = torch.exp(torch.empty(53, dtype=torch.float64).uniform_(math.log(1e-6), math.log(1e4), generator=g))
+    q = Quadrature(28, rule, width=6.5) if rule == "gl-asinh" else Quadrature(28, rule)
+    f, w = q.nodes_by_node(m, v)
+    fi, wi, scratch = (torch.full((28, 53), math.nan, dtype=torch.float64) for _ in range(3))
+    assert q.nodes_into(m, v, fi, wi, scratch)
+    torch.testing.assert_close(fi, f, rtol=1e-14, atol=0.0)
+    # the weights' rounding grows with z^2 (42 at the window's edge) and with |m| / sd through f - m
+    torch.testing.assert_close(wi, w, rtol=1e-12, atol=1e-300)
+    v[0] = 0.0
+    assert q.nodes_into(m, v, fi, wi, scratch) is (rule == "gauss-hermite")

@@ -805,3 +805,30 @@ def test_two_level_moments_equal_the_nested_grid_of_the_same_rule():
         (g,) = torch.autograd.grad(fn(mu, Lc)[0].sum(), mg)
         grads.append(g)
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-10, atol=1e-12)
+
+
+def test_two_level_moments_in_place_path_equals_the_differentiable_one():
+    """Without autograd, K = 3 sums the second level in the reused scratch buffer (nodes_into, logistic parts from
+    one exponential); with autograd it takes the out-of-place path. Both are the same rule: equal to 1e-13 on
+    ordinary sites, saturated ones (means in the hundreds) and tiny variances, and to the nested grid to 1e-12;
+    a zero variance (degenerate window) falls back to the out-of-place path with the same result."""
+    from gpvi.models.likelihoods import Quadrature
+    from gpvi.models.multiclass import nested_nodes, two_level_moments
+
+    lik = Softmax()
+    q = Quadrature(28, width=6.5)
+    for mscale, vscale in [(1.0, 10.0), (80.0, 3.0), (1.0, 1e-6)]:
+        y, m, v = sites(21, n=60, K=3, scale=vscale)
+        mu, Lc, _ = lik._differences(y, m * mscale, v)
+        fast = two_level_moments(mu, Lc, q)
+        slow = two_level_moments(mu.clone().requires_grad_(True), Lc, q)
+        grid = lik._quadrature_moments(*nested_nodes(mu, Lc, q))
+        for a, b, c in zip(fast, slow, grid):
+            scale = max(1.0, float(c.abs().max()))
+            torch.testing.assert_close(a, b.detach(), rtol=1e-13, atol=1e-14 * scale)
+            torch.testing.assert_close(a, c, rtol=1e-12, atol=1e-13 * scale)
+    Lc = Lc.clone()
+    Lc[0] = 0.0
+    torch.testing.assert_close(two_level_moments(mu, Lc, q)[1],
+                               two_level_moments(mu.clone().requires_grad_(True), Lc, q)[1].detach(),
+                               rtol=1e-13, atol=1e-15)

@@ -65,7 +65,7 @@ import torch
 
 from ..linalg import logdet_from_cholesky
 from .anderson import Anderson
-from ..models.likelihoods import Quadrature
+from ..models.quadrature import Quadrature
 from ..models.softmax_rules import _others, default_quadrature, nested_nodes
 from ..validation import check_nonnegative_int, check_positive, check_positive_int
 

@@ -17,7 +17,7 @@ import threading
 import torch
 
 from ..validation import check_positive_int
-from .likelihoods import Quadrature
+from .quadrature import Quadrature
 
 __all__ = ["nested_nodes", "two_level_moments", "default_quadrature", "fixed_draws", "FIXED_DRAWS_SEED"]
 
@@ -109,26 +109,75 @@ def two_level_moments(mu: torch.Tensor, Lc: torch.Tensor, quadrature: Quadrature
     so the inner sums over the second level's nodes are six weighted sums of functions of :math:`t` alone
     (:math:`1, \log(1+e^t), \sigma_2, a_2, a_2^2, \sigma_2 a_2`), combined with the first level's
     :math:`\sigma_1, a_1, c`. Every term is a sum of positive parts (no cancellation). Node-major layout
-    (:meth:`~gpvi.models.likelihoods.Quadrature.nodes_by_node`). Against :func:`nested_nodes` and
+    (:meth:`~gpvi.models.quadrature.Quadrature.nodes_by_node`). Against :func:`nested_nodes` and
     :meth:`gpvi.models.multiclass.Softmax._quadrature_moments` on the same rule: the same numbers to 3e-14
     relative; on 105 sites with 28 nodes per level (the iris inner rule) 2.9 ms against 4.6 ms per call
-    (1 thread, 2026-11-25).
+    (1 thread, 2026-11-25). Without autograd, K = 3 sums the second level in the reused scratch buffer
+    (:func:`_second_level_sums_inplace`, same numbers to 1e-13): inside the iris MAP-II fit 3.6 -> 2.0 ms per call,
+    the fit 0.54 -> 0.36 s (2026-11-25).
     """
     B, D = mu.shape
     f1, w1 = quadrature.nodes_by_node(mu[:, 0], Lc[:, 0, 0] ** 2)          # (P, B): d_1, its rule centred at 0
     s1, a1, c = _logistic_parts(f1)
+    if D == 2 and not (torch.is_grad_enabled() and (mu.requires_grad or Lc.requires_grad)):
+        sums = _second_level_sums_inplace(mu, Lc, quadrature, f1, c)
+        if sums is not None:
+            return _combine_levels(w1, s1, a1, c, *sums)
     if D == 1:
         q = (w1 * s1 * a1).sum(0)
         return -(w1 * c).sum(0), torch.stack([(w1 * a1).sum(0), (w1 * s1).sum(0)], -1), torch.stack([q, q], -1)
-    sd0 = Lc[:, 0, 0]
-    z1 = (f1 - mu[:, 0]) / torch.where(sd0 > 0, sd0, torch.ones_like(sd0))
     P = f1.shape[0]
-    centre = (mu[:, 1] + Lc[:, 1, 0] * z1) - c                            # (P, B): the mean of t given d_1
-    t, w2 = quadrature.nodes_by_node(centre.reshape(-1), (Lc[:, 1, 1] ** 2).expand(P, B).reshape(-1))
+    t, w2 = quadrature.nodes_by_node(*_second_level(mu, Lc, f1, c))
     s2, a2, sp2 = _logistic_parts(t)                                       # (Q, P B)
     wa = w2 * a2
     sums = [w2.sum(0), (w2 * sp2).sum(0), (w2 * s2).sum(0), wa.sum(0), (wa * a2).sum(0), (wa * s2).sum(0)]
-    W, Sp, S, A, AA, SA = (x.view(P, B) for x in sums)
+    return _combine_levels(w1, s1, a1, c, *(x.view(P, B) for x in sums))
+
+
+def _second_level(mu: torch.Tensor, Lc: torch.Tensor, f1: torch.Tensor, c: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean (P B,) and variance (P B,) of the second level's variable t = d_2 - c given each first-level node."""
+    P, B = f1.shape
+    sd0 = Lc[:, 0, 0]
+    z1 = (f1 - mu[:, 0]) / torch.where(sd0 > 0, sd0, torch.ones_like(sd0))
+    return ((mu[:, 1] + Lc[:, 1, 0] * z1) - c).reshape(-1), (Lc[:, 1, 1] ** 2).expand(P, B).reshape(-1)
+
+
+def _second_level_sums_inplace(mu: torch.Tensor, Lc: torch.Tensor, quadrature: Quadrature, f1: torch.Tensor,
+                               c: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+    r"""The six second-level sums of :func:`two_level_moments`, each (P, B), with every node-sized array in the
+    reused scratch buffer (no autograd): :meth:`~gpvi.models.quadrature.Quadrature.nodes_into`, then the logistic
+    parts of t from one exponential :math:`e = e^{-|t|}`: the larger of :math:`\sigma(t), 1 - \sigma(t)` is
+    :math:`1/(1 + e)`, the smaller :math:`e/(1 + e)` (both exact in the tails), and
+    :math:`\log(1 + e^t) = \log(1 + e) + \max(t, 0)`. None when a window is degenerate (the caller then takes the
+    out-of-place path, which handles it)."""
+    P, B = f1.shape
+    m2, v2 = _second_level(mu, Lc, f1, c)
+    n = quadrature.num_points * P * B
+    work = _workspace(6 * n, mu)
+    t, w2, x, y, z, u = (work[i * n:(i + 1) * n].view(-1, P * B) for i in range(6))
+    if not quadrature.nodes_into(m2, v2, t, w2, x):
+        return None
+    torch.abs(t, out=x).neg_().exp_()                                   # e = exp(-|t|)
+    torch.add(x, 1.0, out=y)                                            # 1 + e
+    torch.log(y, out=z).add_(torch.clamp_min(t, 0.0, out=u))            # log(1 + e^t)
+    W, Sp = w2.sum(0), z.mul_(w2).sum(0)
+    y.reciprocal_()                                                     # the larger logistic part
+    x.mul_(y)                                                           # the smaller one
+    pos = t >= 0.0
+    torch.where(pos, y, x, out=z)                                       # sigma(t)
+    torch.where(pos, x, y, out=t)                                       # 1 - sigma(t)
+    torch.mul(t, w2, out=x)                                             # w (1 - sigma)
+    A, SA = x.sum(0), torch.mul(x, z, out=y).sum(0)
+    AA, S = x.mul_(t).sum(0), z.mul_(w2).sum(0)
+    return tuple(a.view(P, B) for a in (W, Sp, S, A, AA, SA))
+
+
+def _combine_levels(w1: torch.Tensor, s1: torch.Tensor, a1: torch.Tensor, c: torch.Tensor, W: torch.Tensor,
+                    Sp: torch.Tensor, S: torch.Tensor, A: torch.Tensor, AA: torch.Tensor, SA: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The moments of :func:`two_level_moments` from the first level's weights and logistic parts and the six
+    second-level sums (each (P, B))."""
     value = -(w1 * (c * W + Sp)).sum(0)
     Ep = torch.stack([(w1 * a1 * A).sum(0), (w1 * s1 * A).sum(0), (w1 * S).sum(0)], -1)
     Eq = torch.stack([(w1 * a1 * (s1 * AA + SA)).sum(0), (w1 * s1 * (a1 * AA + SA)).sum(0), (w1 * SA).sum(0)], -1)

@@ -117,7 +117,7 @@ class LatentPosterior(SitePosterior):
 
     @staticmethod
     def _default_quadrature() -> Any:
-        from ..models.likelihoods import Quadrature
+        from ..models.quadrature import Quadrature
 
         return Quadrature()
 

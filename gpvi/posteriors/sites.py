@@ -170,7 +170,7 @@ class SitePosterior(Posterior):
 
     @classmethod
     def _from_state(cls, state: dict[str, Any], target: Any, common: dict[str, Any]) -> SitePosterior:
-        from ..models.likelihoods import Quadrature
+        from ..models.quadrature import Quadrature
 
         model = target
         if model is None:

@@ -30,7 +30,7 @@ import torch
 
 from ...exceptions import ConvergenceWarning, NotPSDError, NumericalWarning
 from ...models.classification import LatentGP
-from ...models.likelihoods import Quadrature
+from ...models.quadrature import Quadrature
 from ...posteriors.latent import BernoulliPredictive, LatentPosterior
 from ...rng import check_seed, resolve_generator
 from ...validation import check_bool, check_choice, check_fraction, check_positive, check_positive_int

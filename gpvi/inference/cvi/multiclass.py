@@ -63,7 +63,7 @@ from typing import Any
 import torch
 
 from ...exceptions import ConvergenceWarning, NotPSDError, NumericalWarning
-from ...models.likelihoods import Quadrature
+from ...models.quadrature import Quadrature
 from ...models.multiclass import GPMulticlass, Softmax, default_quadrature
 from ...posteriors.multiclass import MulticlassPosterior
 from ...rng import check_seed, resolve_generator

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ...exceptions import NotPSDError, NumericalWarning
-from ...models.likelihoods import Quadrature
+from ...models.quadrature import Quadrature
 from ...models.multiclass import GPMulticlass, Softmax, default_quadrature
 from ...models.priors import check_prior, prior_log_prob
 from ...posteriors.multiclass import MulticlassPosterior

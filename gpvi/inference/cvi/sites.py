@@ -53,7 +53,8 @@ import torch
 
 from ...exceptions import NumericalWarning
 from ...linalg import cholesky_with_jitter, logdet_from_cholesky
-from ...models.likelihoods import Quadrature, expected_log_lik
+from ...models.likelihoods import expected_log_lik
+from ...models.quadrature import Quadrature
 
 __all__ = ["pseudo_data", "site_factor", "marginals", "site_elbo", "expected_value_sum", "lam2_cap",
            "finite_or_fault", "update_sites", "SiteFault", "MIN_SITE_PRECISION"]

@@ -75,7 +75,8 @@ import numpy as np
 import torch
 
 from ...exceptions import NotPSDError, NumericalWarning
-from ...models.likelihoods import Quadrature, expected_log_lik
+from ...models.likelihoods import expected_log_lik
+from ...models.quadrature import Quadrature
 from ...models.priors import check_prior, default_prior, prior_log_prob
 from ...posteriors.latent import LatentPosterior
 from ...validation import check_nonnegative_int, check_positive, check_positive_int
