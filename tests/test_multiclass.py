@@ -16,7 +16,7 @@ from gpvi.exceptions import InterruptedRunWarning
 from gpvi.inference.cvi.multiclass import MulticlassCVI
 from gpvi.inference.cvi.multiclass_typeii import MulticlassTypeII
 from gpvi.models.likelihoods import BernoulliLogit, expected_log_lik
-from gpvi.models.multiclass import GPMulticlass, RobustMax, Softmax
+from gpvi.models.multiclass import GPMulticlass, RobustMax, Softmax, fixed_draws
 from gpvi.posteriors.base import Posterior
 
 F64 = torch.float64
@@ -140,6 +140,30 @@ def test_scratch_buffer_paths_equal_the_differentiable_paths():
     torch.testing.assert_close(g, torch.nn.functional.one_hot(y, 6).to(F64) - ref[1], rtol=1e-12, atol=1e-14)
     for a, b in zip(ref, (value, Ep, Eq)):
         torch.testing.assert_close(a, b.detach(), rtol=1e-12, atol=1e-14)
+
+
+def test_sample_moments_in_blocks_equal_the_differentiable_path():
+    """Without autograd the softmax averages run a few sites at a time, shifted by each site's largest mean (or by
+    each point's maximum when a standard deviation exceeds _SHIFT_SAFE_SD): equal to the out-of-place log_softmax
+    path to 1e-12 for shared (S, K) points and per-site (N, S, K) draws, many blocks, means hundreds apart
+    (saturated probabilities), a standard deviation of 40, and y=None."""
+    from gpvi.models import multiclass as mcm
+
+    y, m, v = sites(30, n=53, K=10, scale=3.0)
+    m[:5] *= 200.0
+    eps2 = fixed_draws(1024, 10, m)
+    eps3 = torch.randn(53, 64, 10, generator=torch.Generator().manual_seed(1), dtype=F64)
+    assert 53 > mcm._SAMPLE_BLOCK_BYTES // (10 * 1024 * 8) > 1                      # several blocks, a partial one
+    for vv in (v, torch.cat([v[:1] * 0 + 1600.0, v[1:]])):
+        assert (float(vv.max()) > mcm._SHIFT_SAFE_SD ** 2) is (vv is not v)
+        for eps in (eps2, eps3):
+            for yy in (y, None):
+                fast = Softmax._sample_moments(yy, m, vv, eps)
+                slow = Softmax._sample_moments(y if yy is None else yy, m.clone().requires_grad_(True), vv, eps)
+                for a, b in list(zip(fast, slow))[0 if yy is not None else 1:]:
+                    torch.testing.assert_close(a, b.detach(), rtol=1e-12, atol=1e-14 * max(1.0, float(b.abs().max())))
+                if yy is None:
+                    assert torch.equal(fast[0], torch.zeros(53, dtype=F64))
 
 
 def test_robustmax_expectation_matches_brute_force_monte_carlo():

@@ -76,6 +76,18 @@ from .softmax_rules import (FIXED_DRAWS_SEED, _others, _workspace, default_quadr
 __all__ = ["Softmax", "RobustMax", "MulticlassExpectations", "GPMulticlass", "make_multiclass_likelihood",
            "check_class_labels", "FIXED_DRAWS_SEED"]
 
+_SAMPLE_BLOCK_BYTES = 5 << 18
+"""Bytes of one (K, n, S) block of the no-autograd softmax averages: 1.25 MiB stays in this machine's 2 MiB L2
+cache. K = 10, S = 1,024, 210 sites: 8.6 ms per call in one (K, N, S) pass, 5.6 ms in blocks of 16 sites (1 thread,
+2026-11-25; blocks of 8 / 32 / 64: 5.7 / 6.5 / 6.6 ms)."""
+
+_SHIFT_SAFE_SD = 15.0
+"""Largest marginal standard deviation for which the softmax averages shift by each site's largest mean instead of
+each point's maximum: the fixed points have :math:`|\varepsilon| \le 8.2` (the normal quantile of the clamped
+Sobol' points) and standard normal draws exceed 40 with probability below 1e-300, so
+:math:`|f - c| \le 15 \cdot 40 = 600 < 709` and no exponential overflows or underflows to zero for the largest class."""
+
+
 class MulticlassExpectations(NamedTuple):
     r"""Per site :math:`E_n` (N,), and :math:`\partial E_n/\partial m_{nk}`, :math:`\partial E_n/\partial v_{nk}` (N, K)."""
 
@@ -233,20 +245,44 @@ class Softmax(Likelihood):
             value = (logp.gather(0, y.view(1, N, 1).expand(1, N, S)).squeeze(0).mean(-1) if y is not None
                      else m.new_zeros(N))
             return value, p.mean(-1).T, (p * (1.0 - p)).mean(-1).T
-        work = _workspace((K + 3) * N * S, m)
-        F = work[:K * N * S].view(K, N, S)
-        mx, Fy, sm = (work[(K + i) * N * S:(K + i + 1) * N * S].view(N, S) for i in range(3))
-        torch.addcmul(m.T.unsqueeze(-1), sd.T.unsqueeze(-1), E, out=F)                 # f_s, (K, N, S)
-        torch.amax(F, 0, out=mx)
-        if y is not None:
-            torch.gather(F, 0, y.view(1, N, 1).expand(1, N, S), out=Fy.unsqueeze(0))
-        F.sub_(mx).exp_()
-        torch.sum(F, 0, out=sm)
-        F.div_(sm)                                                      # probabilities p_k(f_s)
-        value = Fy.sub_(mx).sub_(sm.log_()).mean(-1) if y is not None else m.new_zeros(N)
-        Ep = F.mean(-1)
-        Eq = F.addcmul_(F, F, value=-1.0).mean(-1)                      # p - p^2 >= 0 in floating point
+        # no autograd: in the reused scratch buffer, a few sites at a time (each block of K x n x S stays in cache)
+        n = max(1, min(N, _SAMPLE_BLOCK_BYTES // (K * S * m.element_size())))
+        work = _workspace((K + 2) * n * S, m)
+        value, Ep, Eq = m.new_zeros(N), m.new_empty(K, N), m.new_empty(K, N)
+        per_point_max = bool(sd.amax() > _SHIFT_SAFE_SD) if N else False
+        for i in range(0, N, n):
+            j = min(N, i + n)
+            Softmax._sample_block(None if y is None else y[i:j], m[i:j], sd[i:j], E[:, i:j] if E.shape[1] > 1 else E,
+                                  work, per_point_max, value[i:j], Ep[:, i:j], Eq[:, i:j])
         return value, Ep.T, Eq.T
+
+    @staticmethod
+    def _sample_block(y: torch.Tensor | None, m: torch.Tensor, sd: torch.Tensor, E: torch.Tensor,
+                      work: torch.Tensor, per_point_max: bool, value: torch.Tensor, Ep: torch.Tensor,
+                      Eq: torch.Tensor) -> None:
+        r""":meth:`_sample_moments` for one block of n sites, in place in ``work``, into ``value`` (n,), ``Ep`` and
+        ``Eq`` (K, n). The softmax is shifted by each site's largest mean :math:`c_n = \max_k m_{nk}` (one
+        number per site: no pass over the points for a maximum), safe while
+        :math:`|f_{snk} - c_n| \le \sqrt{v_{nk}}\,|\varepsilon| < 700`; with a standard deviation above
+        ``_SHIFT_SAFE_SD`` the caller asks for the per-point maximum instead."""
+        K, n = Ep.shape
+        S = E.shape[-1]
+        F = work[:K * n * S].view(K, n, S)
+        Fy, sm = (work[(K + i) * n * S:(K + i + 1) * n * S].view(n, S) for i in range(2))
+        if per_point_max:
+            torch.addcmul(m.T.unsqueeze(-1), sd.T.unsqueeze(-1), E, out=F)             # f_s, (K, n, S)
+            F.sub_(torch.amax(F, 0, out=sm))
+        else:
+            torch.addcmul((m - m.amax(1, keepdim=True)).T.unsqueeze(-1), sd.T.unsqueeze(-1), E, out=F)
+        if y is not None:
+            torch.gather(F, 0, y.view(1, n, 1).expand(1, n, S), out=Fy.unsqueeze(0))   # f_y - shift
+        F.exp_()
+        torch.sum(F, 0, out=sm)
+        if y is not None:
+            torch.mean(Fy.sub_(torch.log(sm)), -1, out=value)                          # log p_y
+        F.mul_(sm.reciprocal_())                                                        # probabilities p_k(f_s)
+        torch.mean(F, -1, out=Ep)
+        torch.mean(F.addcmul_(F, F, value=-1.0), -1, out=Eq)                           # p - p^2 >= 0 in floating point
 
     def expected_log_lik(self, y: torch.Tensor, m: torch.Tensor, v: torch.Tensor, *, method: str = "quadrature",
                          quadrature: Quadrature | None = None, num_draws: int = 10,
