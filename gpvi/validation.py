@@ -24,6 +24,7 @@ __all__ = [
     "check_theta",
     "check_binary_labels",
     "check_real",
+    "check_interval",
     "check_positive",
     "check_positive_int",
     "check_nonnegative_int",
@@ -407,6 +408,17 @@ def check_real(value: Any, name: str, *, allow_inf: bool = True) -> float:
     if math.isnan(v) or (math.isinf(v) and not allow_inf):
         raise ValueError(f"{name} must be {'a number' if allow_inf else 'finite'}; got {v}")
     return v
+
+
+def check_interval(value: Any, name: str) -> tuple[float, float]:
+    """Check a pair ``(low, high)`` of real numbers with ``low < high`` (a box for every coordinate) and return it
+    as floats."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
+        raise TypeError(f"{name} must be a pair (low, high) of numbers; got {value!r}")
+    lo, hi = (check_real(b, name) for b in value)
+    if not lo < hi:
+        raise ValueError(f"{name} must be (low, high) with low < high; got {value!r}")
+    return lo, hi
 
 
 def check_positive(value: Any, name: str, *, allow_zero: bool = False, allow_inf: bool = False) -> float:

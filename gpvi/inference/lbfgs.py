@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..exceptions import NotPSDError
-from ..validation import check_positive, check_positive_int
+from ..validation import check_interval, check_positive, check_positive_int
 
 __all__ = ["lbfgs_maximise", "LBFGSResult"]
 
@@ -120,10 +120,9 @@ def lbfgs_maximise(fn: Callable[[torch.Tensor], Any], x0: Any, *, bounds: tuple[
         raise ValueError(f"x0 must be a finite 1-D vector; got shape {start.shape}")
     box = None
     if bounds is not None:
-        if len(bounds) != 2 or not float(bounds[0]) < float(bounds[1]):
-            raise ValueError(f"bounds must be (low, high) with low < high; got {bounds!r}")
-        start = np.clip(start, float(bounds[0]), float(bounds[1]))
-        box = [(float(bounds[0]), float(bounds[1]))] * start.shape[0]
+        lo, hi = check_interval(bounds, "bounds")
+        start = np.clip(start, lo, hi)
+        box = [(lo, hi)] * start.shape[0]
 
     def fun(x: np.ndarray) -> tuple[float, np.ndarray]:
         xt = torch.tensor(x, dtype=torch.float64, device=device, requires_grad=not returns_grad)

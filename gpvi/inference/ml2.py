@@ -33,7 +33,7 @@ from .progress import Progress, warn_interrupted
 from ..rng import check_seed, resolve_generator
 from ..evaluation.table import Table
 from ..models.target import as_target
-from ..validation import as_float_tensor, check_bool, check_positive, check_positive_int, check_real
+from ..validation import as_float_tensor, check_bool, check_interval, check_positive, check_positive_int
 
 __all__ = ["ML2"]
 
@@ -96,14 +96,7 @@ class ML2:
         self.max_iter = check_positive_int(max_iter, "max_iter")
         self.gtol = check_positive(gtol, "gtol")
         self.ftol = check_positive(ftol, "ftol")
-        if bounds is not None:
-            if isinstance(bounds, (str, bytes)) or not hasattr(bounds, "__len__") or len(bounds) != 2:
-                raise TypeError(f"bounds must be a pair (low, high) of numbers or None; got {bounds!r}")
-            lo, hi = (check_real(b, "bounds") for b in bounds)
-            if not lo < hi:
-                raise ValueError(f"bounds must be (low, high) with low < high; got {bounds}")
-            bounds = (lo, hi)
-        self.bounds = bounds
+        self.bounds = None if bounds is None else check_interval(bounds, "bounds")
         self.init_scale = _check_scales(init_scale)
         self.seed = check_seed(seed)
         self.progress_bar = check_bool(progress_bar, "progress_bar")

@@ -24,7 +24,7 @@ from ...models.quadrature import Quadrature
 from ...models.multiclass import GPMulticlass, Softmax, default_quadrature
 from ...models.priors import check_prior, prior_log_prob
 from ...posteriors.multiclass import MulticlassPosterior
-from ...validation import check_bool, check_nonnegative_int, check_positive, check_positive_int
+from ...validation import check_bool, check_interval, check_nonnegative_int, check_positive, check_positive_int
 from ..lbfgs import lbfgs_maximise
 from ..progress import warn_interrupted
 from . import multiclass_sites as ms
@@ -214,10 +214,7 @@ class MulticlassTypeII:
         self.max_iter = check_positive_int(max_iter, "max_iter")
         self.inner_tol = check_positive(inner_tol, "inner_tol")
         self.inner_num_steps = check_positive_int(inner_num_steps, "inner_num_steps")
-        if (not isinstance(theta_bounds, (tuple, list)) or len(theta_bounds) != 2
-                or not float(theta_bounds[0]) < float(theta_bounds[1])):
-            raise ValueError(f"theta_bounds must be (low, high) with low < high; got {theta_bounds!r}")
-        self.theta_bounds = (float(theta_bounds[0]), float(theta_bounds[1]))
+        self.theta_bounds = check_interval(theta_bounds, "theta_bounds")
         self.coarse = check_bool(coarse, "coarse")
         self.anderson = check_nonnegative_int(anderson, "anderson")
 

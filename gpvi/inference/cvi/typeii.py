@@ -79,7 +79,7 @@ from ...models.likelihoods import expected_log_lik
 from ...models.quadrature import Quadrature
 from ...models.priors import check_prior, default_prior, prior_log_prob
 from ...posteriors.latent import LatentPosterior
-from ...validation import check_nonnegative_int, check_positive, check_positive_int
+from ...validation import check_interval, check_nonnegative_int, check_positive, check_positive_int
 from ..anderson import Anderson
 from ..lbfgs import lbfgs_maximise
 from ..progress import warn_interrupted
@@ -258,10 +258,7 @@ class TypeII:
         self.max_iter = check_positive_int(max_iter, "max_iter")
         self.inner_tol = check_positive(inner_tol, "inner_tol")
         self.inner_num_steps = check_positive_int(inner_num_steps, "inner_num_steps")
-        if (not isinstance(theta_bounds, (tuple, list)) or len(theta_bounds) != 2
-                or not float(theta_bounds[0]) < float(theta_bounds[1])):
-            raise ValueError(f"theta_bounds must be (low, high) with low < high; got {theta_bounds!r}")
-        self.theta_bounds = (float(theta_bounds[0]), float(theta_bounds[1]))
+        self.theta_bounds = check_interval(theta_bounds, "theta_bounds")
         if isinstance(prior, str):
             if prior != "default":
                 raise ValueError(f"prior must be 'default', None or a distribution with log_prob; got {prior!r}")
