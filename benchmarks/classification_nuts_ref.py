@@ -140,8 +140,8 @@ def report(refs: list[dict], bayes: dict[str, dict]) -> str:
            "1.01 and bulk ESS >= 400 for every theta coordinate.\n")
     notes = sorted({r["note"] for r in refs if r.get("note")})
     md += "".join(f"\nNote: {n}\n" for n in notes)
-    md += ("\n## References\n\n| set | D | chains x (warmup + draws), target accept | wall s | R-hat max theta / all | bulk ESS min "
-           "theta / all | tail ESS min theta | divergences | meets the bar (theta) | test log loss | accuracy |\n"
+    md += ("\n## References\n\n| set | D | chains x (warmup + draws), target accept | wall s | R-hat max theta / all "
+           "| bulk ESS min theta / all | tail ESS min theta | divergences | meets the bar (theta) | test log loss | accuracy |\n"
            "|---|---|---|---|---|---|---|---|---|---|---|\n")
     for r in refs:
         ok = r["rhat_max_theta"] <= 1.01 and r["ess_bulk_min_theta"] >= 400
