@@ -136,8 +136,8 @@ def compare(ref: dict, bayes: dict | None) -> list[dict]:
 def report(refs: list[dict], bayes: dict[str, dict]) -> str:
     md = header("Long NUTS references for GP classification, and the fully Bayesian answers against them")
     md += ("\nSame problems as `classification_bayes.md` (training subsample of 100, stratified, seed 0; full test "
-           "sets; NUTS over (theta, v) on `WhitenedLatentGP`, default adaptation). The bar for a reference: R-hat <= "
-           "1.01 and bulk ESS >= 400 for every theta coordinate.\n")
+           "sets; NUTS over (theta, v) on `WhitenedLatentGP`, default adaptation at the target acceptance in the "
+           "table). The bar for a reference: R-hat <= 1.01 and bulk ESS >= 400 for every theta coordinate.\n")
     notes = sorted({r["note"] for r in refs if r.get("note")})
     md += "".join(f"\nNote: {n}\n" for n in notes)
     md += ("\n## References\n\n| set | D | chains x (warmup + draws), target accept | wall s | R-hat max theta / all "
