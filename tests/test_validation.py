@@ -287,3 +287,26 @@ def test_feature_names_from_dataframe_or_argument():
         gpvi.GPRegression(X, y, feature_names=["a", 1, "b"])
     with pytest.raises(TypeError, match="X must be an array of numbers"):
         gpvi.GPRegression(pd.DataFrame({"a": [1.0, 2.0], "b": ["x", "y"]}), [0.0, 1.0])
+
+
+def test_interval_settings_are_checked_and_name_the_argument():
+    """check_interval (used by ML2, lbfgs_maximise, TypeII and MulticlassTypeII) and TypeII's new ftol: tried with
+    a scalar, a string, a triple, reversed and equal ends and NaN."""
+    from gpvi.inference.cvi.multiclass_typeii import MulticlassTypeII
+    from gpvi.inference.cvi.typeii import TypeII
+    from gpvi.inference.lbfgs import lbfgs_maximise
+    from gpvi.validation import check_interval
+
+    assert check_interval((-1, 2), "b") == (-1.0, 2.0) and check_interval([0.5, 1], "b") == (0.5, 1.0)
+    for bad, err in [(3.0, TypeError), ("ab", TypeError), ((1, 2, 3), TypeError), (("a", 1.0), TypeError),
+                     ((2.0, 1.0), ValueError), ((1.0, 1.0), ValueError), ((math.nan, 1.0), ValueError)]:
+        with pytest.raises(err, match="theta_bounds"):
+            TypeII(theta_bounds=bad)
+        with pytest.raises(err, match="theta_bounds"):
+            MulticlassTypeII(theta_bounds=bad)
+        with pytest.raises(err, match="bounds"):
+            lbfgs_maximise(lambda x: (0.0, x), np.zeros(2), bounds=bad, returns_grad=True)
+    for bad, err in [(-1e-8, ValueError), (0.0, ValueError), ("1e-8", TypeError), (math.inf, ValueError)]:
+        with pytest.raises(err, match="ftol"):
+            TypeII(ftol=bad)
+    assert TypeII().settings()["ftol"] == 1e-8 and "ftol=1e-08" in repr(TypeII())
