@@ -10,13 +10,15 @@ Protocol.
   ``gpvi.sklearn.GPClassifier(progress_bar=False)`` (type-II, logit link, ARD RBF, N(0, 10 I) prior on the
   log-hyperparameters), scikit-learn ``GaussianProcessClassifier(kernel=ConstantKernel(1.0) * RBF(np.ones(d)),
   random_state=0)`` (Laplace, ARD hyperparameters learned by its L-BFGS-B, one start) and the GPyTorch VGP below.
-  Read from committed results, not rerun (minutes each): gpvi fully Bayesian (``FullyBayesianCVI()``) and NUTS over
-  (theta, v), from ``classification_bayes.json`` (all four sets; ``--rerender`` re-reads them into the last run);
-  the report names the file, its date and commit, its NUTS settings and R-hat.
+  ``GPClassifier(prior=None, progress_bar=False)`` (ML-II: the same loop without the prior, added 2026-11-25) is
+  run too. Read from committed results, not rerun (minutes each): gpvi fully Bayesian (``FullyBayesianCVI()``) and
+  NUTS over (theta, v), from ``classification_bayes.json`` (all four sets; ``--rerender`` re-reads them into the
+  last run); the report names the file, its date and commit, its NUTS settings and R-hat.
 * **Multi-class sets** (iris, wine, digits subsample of 300 rows): ``benchmarks.multiclass.load`` (stratified 70/30
   split, seed 0, standardised), scores from ``multiclass.log_loss`` and argmax accuracy. Run here: gpvi MAP-II
-  (``multiclass.fit_gpvi``, softmax CVI, one shared ScaleKernel(RBF), ARD; isotropic on digits), scikit-learn with a
-  learned kernel (``multiclass.fit_sklearn(learned=True)``, one-vs-rest Laplace) and the GPyTorch VGP. Read from
+  (``multiclass.fit_gpvi``, softmax CVI, one shared ScaleKernel(RBF), ARD; isotropic on digits), gpvi ML-II
+  (``multiclass.fit_gpvi(..., prior=None)``, since 2026-11-25), scikit-learn with a learned kernel
+  (``multiclass.fit_sklearn(learned=True)``, one-vs-rest Laplace) and the GPyTorch VGP. Read from
   committed results where they exist (iris, wine; ``--rerender`` re-reads them too): gpvi fully Bayesian on
   multi-class EP (the default) and on the multi-class bound, and NUTS over (theta, V), from
   ``multiclass_bayes_<set>.json``.
@@ -166,10 +168,12 @@ def run_binary(name: str, args: argparse.Namespace) -> dict[str, Any]:
     Xt, yt = torch.as_tensor(ds.X_test, dtype=torch.float64), torch.as_tensor(ds.y_test, dtype=torch.float64)
     d = X.shape[1]
 
-    def gpvi_fit() -> tuple[Callable[[], Any], float, dict[str, Any]]:
-        t0 = time.perf_counter()
-        clf = GPClassifier(progress_bar=False).fit(X, y)
-        return lambda: clf.predict_proba(Xt)[:, 1], time.perf_counter() - t0, {"theta": clf.theta_.tolist()}
+    def gpvi(prior: Any) -> Fit:
+        def fit() -> tuple[Callable[[], Any], float, dict[str, Any]]:
+            t0 = time.perf_counter()
+            clf = GPClassifier(prior=prior, progress_bar=False).fit(X, y)
+            return lambda: clf.predict_proba(Xt)[:, 1], time.perf_counter() - t0, {"theta": clf.theta_.tolist()}
+        return fit
 
     def sk_fit() -> tuple[Callable[[], Any], float, dict[str, Any]]:
         t0 = time.perf_counter()
@@ -187,7 +191,8 @@ def run_binary(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
     out: dict[str, Any] = {"set": name, "N_train": int(X.shape[0]), "N_test": int(Xt.shape[0]), "d": d,
                            "methods": {}}
-    fits: list[tuple[str, Fit]] = [("gpvi type-II", gpvi_fit), ("scikit-learn GPC, learned ARD", sk_fit)]
+    fits: list[tuple[str, Fit]] = [("gpvi type-II", gpvi("default")), ("gpvi ML-II (prior=None)", gpvi(None)),
+                                   ("scikit-learn GPC, learned ARD", sk_fit)]
     fits += [(f"GPyTorch VGP, {it} Adam steps", vgp(it)) for it in args.vgp_iters]
     for label, fit in fits:
         r = timed(fit, args.repeats, f"{name} {label}")
@@ -207,10 +212,12 @@ def run_multi(name: str, args: argparse.Namespace) -> dict[str, Any]:
     K = int(np.unique(ytr).shape[0])
     Xtr_t, ytr_t, Xte_t = torch.as_tensor(Xtr), torch.as_tensor(ytr, dtype=torch.long), torch.as_tensor(Xte)
 
-    def gpvi_fit() -> tuple[Callable[[], Any], float, dict[str, Any]]:
-        post, dt = fit_gpvi(Xtr, ytr, iso)
-        return lambda: post.predict_proba(Xte).cpu().numpy(), dt, {
-            k: post.info.get(k) for k in ("objective", "theta_evaluations", "inner_steps")}
+    def gpvi(prior: Any) -> Fit:
+        def fit() -> tuple[Callable[[], Any], float, dict[str, Any]]:
+            post, dt = fit_gpvi(Xtr, ytr, iso, prior)
+            return lambda: post.predict_proba(Xte).cpu().numpy(), dt, {
+                k: post.info.get(k) for k in ("objective", "theta_evaluations", "inner_steps")}
+        return fit
 
     def sk_fit() -> tuple[Callable[[], Any], float, dict[str, Any]]:
         sk, dt = fit_sklearn(Xtr, ytr, learned=True, iso=iso)
@@ -226,7 +233,8 @@ def run_multi(name: str, args: argparse.Namespace) -> dict[str, Any]:
                            "d": int(Xtr.shape[1]), "K": K, "kernel": "isotropic RBF" if iso else "ARD RBF",
                            "methods": {}}
     fits: list[tuple[str, Fit, int]] = [
-        ("gpvi MAP-II", gpvi_fit, args.digits_gpvi_repeats if name == "digits" else args.repeats),
+        ("gpvi MAP-II", gpvi("default"), args.digits_gpvi_repeats if name == "digits" else args.repeats),
+        ("gpvi ML-II (prior=None)", gpvi(None), args.digits_gpvi_repeats if name == "digits" else args.repeats),
         ("scikit-learn GPC, learned kernel", sk_fit, args.repeats)]
     fits += [(f"GPyTorch VGP, {it} Adam steps", vgp(it), args.repeats) for it in args.vgp_iters]
     for label, fit, reps in fits:
@@ -291,7 +299,10 @@ def report(binary: list[dict[str, Any]], multi: list[dict[str, Any]], args: argp
            f"Whole run {total_s:.0f} s. Log loss in nats per test point; wall = fit only, median of "
            f"{args.repeats} fits (gpvi on digits: {args.digits_gpvi_repeats}), 1-minute load after each fit in "
            f"brackets. GPyTorch VGP: Adam lr {args.vgp_lr}, {' or '.join(map(str, args.vgp_iters))} steps, seed "
-           f"{args.seed}; probit link on binary sets (gpvi, scikit-learn, the fully Bayesian and NUTS rows: logit).\n")
+           f"{args.seed}; probit link on binary sets (gpvi, scikit-learn, the fully Bayesian and NUTS rows: logit). "
+           "gpvi type-II / MAP-II: the bound plus the log of GPClassifier's default prior N(0, 10 I) on the "
+           "log-hyperparameters; gpvi ML-II: `prior=None`, the bound alone (scikit-learn maximises its Laplace "
+           "evidence, also without a prior); the fully Bayesian and NUTS rows use the default prior.\n")
     head = "| set | method | test log loss | accuracy | wall s [load] | source |\n|---|---|---|---|---|---|\n"
 
     def row(s: str, label: str, m: dict[str, Any]) -> str:

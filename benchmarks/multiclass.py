@@ -61,7 +61,8 @@ def log_loss(p: np.ndarray, y: np.ndarray) -> float:
     return float(-np.mean(np.log(np.clip(p[np.arange(y.shape[0]), y], 1e-300, None))))
 
 
-def fit_gpvi(Xtr: np.ndarray, ytr: np.ndarray, iso: bool) -> tuple[Any, float]:
+def fit_gpvi(Xtr: np.ndarray, ytr: np.ndarray, iso: bool, prior: Any = "default") -> tuple[Any, float]:
+    """gpvi MAP-II (``prior="default"``; ``None``: ML-II), the fitted posterior and the wall time of the fit."""
     import gpytorch
 
     from gpvi.inference.cvi.multiclass import MulticlassCVI
@@ -75,7 +76,7 @@ def fit_gpvi(Xtr: np.ndarray, ytr: np.ndarray, iso: bool) -> tuple[Any, float]:
         model = GPMulticlass(Xtr, ytr, kernel=kernel)
         if iso:         # a given kernel starts at its own values (GPyTorch's 0.69): start it as the default kernel
             model = GPMulticlass(Xtr, ytr, kernel=kernel, theta=model.initial_theta())
-        post = MulticlassTypeII(MulticlassCVI(progress_bar=False)).run(model)
+        post = MulticlassTypeII(MulticlassCVI(progress_bar=False), prior=prior).run(model)
     return post, time.perf_counter() - t0
 
 

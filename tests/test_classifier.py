@@ -43,8 +43,8 @@ def test_init_only_stores_and_clone_get_set_params_work():
     params = clf.get_params()
     assert params["beta"] == 7.0 and params["kernel"] is kern and params["mode"] == "stochastic"
     assert set(params) == {"kernel", "likelihood", "method", "mode", "learn_hyperparameters", "hyperparameters",
-                           "beta", "estimator", "num_quadrature", "num_draws", "batch_size", "max_sweeps", "tol",
-                           "theta", "random_state", "progress_bar", "device"}
+                           "prior", "beta", "estimator", "num_quadrature", "num_draws", "batch_size", "max_sweeps",
+                           "tol", "theta", "random_state", "progress_bar", "device"}
     c = clone(clf)
     assert c is not clf and c.get_params()["beta"] == 7.0 and c.get_params()["kernel"] is not kern
     assert clf.set_params(beta=0.3, mode="full") is clf and clf.beta == 0.3

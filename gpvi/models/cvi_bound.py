@@ -73,7 +73,7 @@ from ..linalg import logdet_from_cholesky
 from ..validation import check_bool, check_positive, check_positive_int, check_theta
 from .fastpaths import scaled_rbf_covariance
 from .likelihoods import expected_log_lik, mean_parameter_gradients
-from .priors import check_prior, default_prior, prior_log_prob
+from .priors import prior_log_prob, resolve_prior
 
 __all__ = ["CVIBoundTarget"]
 
@@ -108,12 +108,7 @@ class AnchoredBoundTarget:
         from ..inference.cvi.state import COUNTERS
 
         dev = model.device
-        if isinstance(prior, str):
-            if prior != "default":
-                raise ValueError(f"prior must be 'default', None or a distribution with log_prob; got {prior!r}")
-            self.prior = default_prior(model.dim, device=dev)
-        else:
-            self.prior = None if prior is None else check_prior(prior, model.dim, device=dev)
+        self.prior = resolve_prior(prior, model.dim, device=dev)
         self.inner_tol = check_positive(inner_tol, "inner_tol")
         self.inner_num_steps = check_positive_int(inner_num_steps, "inner_num_steps")
         self.names = list(model.names)

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["default_prior", "prior_log_prob", "check_prior"]
+__all__ = ["default_prior", "prior_log_prob", "check_prior", "check_prior_choice", "resolve_prior"]
 
 DEFAULT_PRIOR_VARIANCE = 10.0
 
@@ -54,3 +54,27 @@ def check_prior(prior: Any, dim: int, *, dtype: torch.dtype = torch.float64,
     if lp.dim() != 0:
         raise ValueError(f"prior.log_prob must give one value per theta of length {dim}; got shape {tuple(lp.shape)}")
     return prior
+
+
+def check_prior_choice(prior: Any, name: str = "prior") -> Any:
+    """Check the ``prior`` setting of the type-II loops and bounds: ``"default"``, ``None`` (no prior) or an object
+    with a ``log_prob`` method; returns it unchanged. Its shape is checked later, by :func:`resolve_prior`, once the
+    model's theta length is known."""
+    if isinstance(prior, str):
+        if prior != "default":
+            raise ValueError(f"{name} must be 'default', None or a distribution with log_prob; got {prior!r}")
+    elif prior is not None and not callable(getattr(prior, "log_prob", None)):
+        raise TypeError(f"{name} must have a log_prob method (e.g. a torch.distributions.Distribution), or be "
+                        f"'default' or None; got {type(prior).__name__}")
+    return prior
+
+
+def resolve_prior(prior: Any, dim: int, *, device: torch.device | str | None = None) -> Any:
+    """The prior object for a theta of length ``dim``: ``"default"`` gives :func:`default_prior`, ``None`` stays
+    ``None`` (no prior), a user prior is checked by :func:`check_prior`."""
+    check_prior_choice(prior)
+    if prior is None:
+        return None
+    if isinstance(prior, str):
+        return default_prior(dim, device=device)
+    return check_prior(prior, dim, device=device)

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ...exceptions import NumericalFaultError, NumericalWarning
+from ...models.priors import check_prior_choice
 from ...posteriors.bayes_classification import BayesClassificationPosterior
 from ...rng import check_seed
 from ...validation import check_bool, check_choice, check_positive_int
@@ -46,8 +47,10 @@ class FullyBayesianCVI:
         -67.94 +- 0.26; Ionosphere -65.39 +- 0.19 vs -65.50 +- 0.44; Sonar -69.72 +- 0.04 vs -69.63 +- 0.45;
         Ripley -45.61 +- 0.04 vs -45.50 +- 0.09) and the same q (means within 0.15 of DSVI's sds) with 901
         target evaluations against 2,518 / 13,772 / 23,824 / 1,708.
-    prior : "default", torch.distributions.Distribution or None
-        Prior on the log-hyperparameters (default independent :math:`\mathcal N(0, 10)`).
+    prior : "default" or torch.distributions.Distribution
+        Prior on the log-hyperparameters (default independent :math:`\mathcal N(0, 10)`). ``None`` is refused: a
+        flat prior on the log-hyperparameters is improper here (the bound tends to a constant as a lengthscale grows
+        without limit), so :math:`q(\theta)` would have nothing to settle on.
     cvi : CVI or MulticlassCVI, optional
         The engine of the inner CVI runs and of MAP-II. Binary default ``CVI(beta=0.7, progress_bar=False)``: the
         inner runs are ELBO-monotone (:func:`~gpvi.inference.cvi.typeii.converge_sites` halves the step where a
@@ -120,6 +123,9 @@ class FullyBayesianCVI:
             raise TypeError(f"cvi must be a gpvi.CVI or MulticlassCVI engine; got {type(cvi).__name__}")
         self.engine = engine
         self.cvi = cvi
+        if check_prior_choice(prior) is None:
+            raise ValueError("prior=None is an improper (flat) prior on the log-hyperparameters, and q(theta) has "
+                             "no proper posterior to approximate; give 'default' or a distribution with log_prob")
         self.prior = prior
         self.inner_tol = float(inner_tol)
         if not self.inner_tol > 0:

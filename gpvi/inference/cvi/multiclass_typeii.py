@@ -22,7 +22,7 @@ import torch
 from ...exceptions import NotPSDError, NumericalWarning
 from ...models.quadrature import Quadrature
 from ...models.multiclass import GPMulticlass, Softmax, default_quadrature
-from ...models.priors import check_prior, prior_log_prob
+from ...models.priors import check_prior_choice, prior_log_prob, resolve_prior
 from ...posteriors.multiclass import MulticlassPosterior
 from ...validation import check_bool, check_interval, check_nonnegative_int, check_positive, check_positive_int
 from ..lbfgs import lbfgs_maximise
@@ -202,9 +202,7 @@ class MulticlassTypeII:
         if cvi is not None and not isinstance(cvi, MulticlassCVI):
             raise TypeError(f"cvi must be a MulticlassCVI engine; got {type(cvi).__name__}")
         self.cvi = cvi if cvi is not None else MulticlassCVI()
-        if isinstance(prior, str) and prior != "default":
-            raise ValueError(f"prior must be 'default', None or a distribution with log_prob; got {prior!r}")
-        self.prior = prior
+        self.prior = check_prior_choice(prior)
         self.tol = check_positive(tol, "tol")
         self.gtol = check_positive(gtol, "gtol")
         self.ftol = check_positive(ftol, "ftol")
@@ -219,9 +217,7 @@ class MulticlassTypeII:
         self.anderson = check_nonnegative_int(anderson, "anderson")
 
     def _prior(self, model: Any) -> Any:
-        if self.prior is None:
-            return None
-        return check_prior(None if isinstance(self.prior, str) else self.prior, model.dim, device=model.device)
+        return resolve_prior(self.prior, model.dim, device=model.device)
 
     def _inner_engine(self, model: Any) -> MulticlassCVI:
         """The engine of the phases' inner runs and gradients: ``self.cvi`` with ``inner_quadrature``'s rule."""

@@ -77,7 +77,7 @@ import torch
 from ...exceptions import NotPSDError, NumericalWarning
 from ...models.likelihoods import expected_log_lik
 from ...models.quadrature import Quadrature
-from ...models.priors import check_prior, default_prior, prior_log_prob
+from ...models.priors import check_prior_choice, prior_log_prob, resolve_prior
 from ...posteriors.latent import LatentPosterior
 from ...validation import check_interval, check_nonnegative_int, check_positive, check_positive_int
 from ..anderson import Anderson
@@ -269,22 +269,12 @@ class TypeII:
         self.inner_num_steps = check_positive_int(inner_num_steps, "inner_num_steps")
         self.theta_bounds = check_interval(theta_bounds, "theta_bounds")
         self.ftol = check_positive(ftol, "ftol")
-        if isinstance(prior, str):
-            if prior != "default":
-                raise ValueError(f"prior must be 'default', None or a distribution with log_prob; got {prior!r}")
-        elif prior is not None and not callable(getattr(prior, "log_prob", None)):
-            raise TypeError(f"prior must have a log_prob method (e.g. a torch.distributions.Distribution); "
-                            f"got {type(prior).__name__}")
-        self.prior = prior
+        self.prior = check_prior_choice(prior)
         self.anderson = check_nonnegative_int(anderson, "anderson")
 
     def _prior_for(self, model: Any) -> Any:
         """The prior object for ``model``'s theta (``None`` for no prior); a user prior is checked on a (D,) theta."""
-        if self.prior is None:
-            return None
-        if isinstance(self.prior, str):
-            return default_prior(model.dim, device=model.device)
-        return check_prior(self.prior, model.dim, device=model.device)
+        return resolve_prior(self.prior, model.dim, device=model.device)
 
     def _prior_name(self) -> str | None:
         if self.prior is None or isinstance(self.prior, str):
