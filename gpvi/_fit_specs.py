@@ -98,9 +98,9 @@ def _classifier_spec(clf: Any) -> dict[str, Any]:
     if params.get("kernel") is not None:
         raise ValueError(f"cannot save a GPClassifier with a custom kernel ({params['kernel']!r}): a fit file holds "
                          "only plain data, and only the default kernel (kernel=None) can be rebuilt from it")
-    if params.get("prior", "default") not in ("default", None):
+    if params.get("prior", "default") not in ("default", "scaled", None):
         raise ValueError(f"cannot save a GPClassifier with a prior object ({type(params['prior']).__name__}): a fit "
-                         "file holds only plain data, and only prior='default' or None can be written to it")
+                         "file holds only plain data, and only prior='default', 'scaled' or None can be written to it")
     if getattr(clf, "hyperparameter_posterior_", None) is not None:
         raise ValueError("cannot save a GPClassifier(hyperparameters='bayes') fit: its predictive holds a CVI "
                          "posterior per draw of q(theta); save clf.hyperparameter_posterior_.state_dict() with "
@@ -150,8 +150,8 @@ def _classifier_from(spec: dict[str, Any]) -> Any:
     unknown = set(params) - valid
     if unknown:
         raise _Invalid(f"unknown GPClassifier parameters {sorted(unknown)}")
-    if params.get("prior", "default") not in ("default", None):
-        raise _Invalid(f"a saved classifier's prior must be 'default' or null; got {params['prior']!r}")
+    if params.get("prior", "default") not in ("default", "scaled", None):
+        raise _Invalid(f"a saved classifier's prior must be 'default', 'scaled' or null; got {params['prior']!r}")
     params["device"] = None                                 # a fit loads on the CPU, wherever it was fitted
     clf = GPClassifier(**params)
     classes = np.asarray(spec["classes"])

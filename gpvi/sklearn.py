@@ -90,18 +90,26 @@ class GPClassifier:
         ``max_sweeps`` do not apply (FullyBayesianCVI's own full-batch engine), and the fit cannot be saved with
         :func:`gpvi.io.save_fit`. Robust-max and K > 3 raise ``ValueError`` (their q(theta) would sit on the
         multi-class CVI bound, which predicted no better than MAP-II in the benchmarks).
-    prior : "default", None or torch.distributions.Distribution
+    prior : "default", "scaled", None or torch.distributions.Distribution
         Prior :math:`p(\theta)` on the kernel log-hyperparameters (theta's order: ``model_.names``) for ``"type2"``
-        and ``"bayes"``. ``"default"``: independent :math:`\mathcal N(0, 10)` on each
-        (:func:`gpvi.models.priors.default_prior`), centred at signal variance 1 and lengthscale 1 on every input.
-        ``None`` (``"type2"`` only; ``"bayes"`` raises ``ValueError``, as
-        a flat prior is improper): maximise the ELBO alone (ML-II, as scikit-learn's GPC does with its marginal
-        likelihood); irrelevant inputs may then run to the box bound (lengthscale^2 = 1e5). Any object with
-        ``log_prob`` on a ``(D,)`` vector. Ignored by ``"fixed"``. With d standardised inputs two points are
-        about 2d apart in squared distance, so at the default prior's centre the kernel between them is about
-        :math:`e^{-d}`: with many inputs and few points the prior can outweigh the data. Measured on the 100-point
-        ``classification_peers`` subsamples (standardised), test log loss default / ``None``: pima (d = 7) 0.506 /
-        0.480, ionosphere (34) 0.367 / 0.301, sonar (60) 0.692 / 0.579, ripley (2) 0.282 / 0.276. On sonar the
+        and ``"bayes"``; ignored by ``"fixed"``.
+
+        * ``"default"``: independent :math:`\mathcal N(0, 10)` on each (:func:`gpvi.models.priors.default_prior`),
+          centred at signal variance 1 and lengthscale 1 on every input.
+        * ``"scaled"``: the same variance, centred at the data-scaled start ``model_.initial_theta()``:
+          lengthscale^2 = d var(x_j) on input j (d inputs), signal variance 1
+          (:func:`gpvi.models.priors.resolve_prior`). It depends on ``X`` only, not on ``y``.
+        * ``None`` (``"type2"`` only; ``"bayes"`` raises ``ValueError``, as a flat prior is improper): maximise the
+          ELBO alone (ML-II, as scikit-learn's GPC does with its Laplace evidence); irrelevant inputs may then run to
+          the box bound (lengthscale^2 = 1e5).
+        * Any object with ``log_prob`` on a ``(D,)`` vector.
+
+        With d standardised inputs two points are about 2d apart in squared distance, so at the default prior's
+        centre the kernel between them is about :math:`e^{-d}`, and with many inputs and few points that prior
+        can outweigh the data; ``"scaled"`` is centred where the kernel between typical points is about
+        :math:`e^{-1}`. Measured on the 100-point ``classification_peers`` subsamples (standardised), type-II test
+        log loss ``"default"`` / ``None`` / ``"scaled"``: pima (d = 7) 0.506 / 0.480 / 0.490, ionosphere (34)
+        0.367 / 0.301 / 0.257, sonar (60) 0.692 / 0.579 / 0.372, ripley (2) 0.282 / 0.276 / 0.281. On sonar the
         default's MAP-II puts all 60 lengthscales near 1 and every prediction near 1/2; NUTS under the same prior
         does the same (``benchmarks/results/classification_bayes.md``), so that is the model's answer, not a
         failed optimisation.
@@ -345,7 +353,7 @@ class GPClassifier:
         prior = check_prior_choice(self.prior)
         if hp == "bayes" and prior is None:
             raise ValueError("prior=None (ML-II) is for hyperparameters='type2': with 'bayes' a flat prior on the "
-                             "log-hyperparameters is improper; give prior='default' or a distribution")
+                             "log-hyperparameters is improper; give prior='default', 'scaled' or a distribution")
         if hp == "bayes" and link not in _BINARY_LINKS and not (link == "softmax" and len(classes) <= 3):
             # measured (benchmarks/results/multiclass_bayes_*.md): q(theta) on the multi-class CVI bound (what is
             # left for robust-max and K > 3) takes about 3 min on iris / wine and predicts no better than MAP-II

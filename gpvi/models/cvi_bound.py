@@ -107,8 +107,7 @@ class AnchoredBoundTarget:
     def _init_anchor(self, model: Any, prior: Any, anchor: Any, inner_tol: float, inner_num_steps: int) -> None:
         from ..inference.cvi.state import COUNTERS
 
-        dev = model.device
-        self.prior = resolve_prior(prior, model.dim, device=dev)
+        self.prior = resolve_prior(prior, model)
         self.inner_tol = check_positive(inner_tol, "inner_tol")
         self.inner_num_steps = check_positive_int(inner_num_steps, "inner_num_steps")
         self.names = list(model.names)

@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["default_prior", "prior_log_prob", "check_prior", "check_prior_choice", "resolve_prior"]
+__all__ = ["default_prior", "scaled_prior", "prior_log_prob", "check_prior", "check_prior_choice", "resolve_prior",
+           "prior_name"]
 
 DEFAULT_PRIOR_VARIANCE = 10.0
 
@@ -22,6 +23,14 @@ def default_prior(dim: int, *, variance: float = DEFAULT_PRIOR_VARIANCE, dtype: 
     r"""Independent :math:`\mathcal N(0, \text{variance})` on each of ``dim`` components (event shape ``(dim,)``)."""
     loc = torch.zeros(dim, dtype=dtype, device=device)
     scale = torch.full((dim,), math.sqrt(variance), dtype=dtype, device=device)
+    return torch.distributions.Independent(torch.distributions.Normal(loc, scale), 1)
+
+
+def scaled_prior(center: torch.Tensor, *, variance: float = DEFAULT_PRIOR_VARIANCE) -> torch.distributions.Distribution:
+    r"""Independent :math:`\mathcal N(\theta_0, \text{variance})` on each component, centred at ``center``
+    (:math:`\theta_0`, e.g. a model's data-scaled ``initial_theta()``); dtype and device follow ``center``."""
+    loc = center.detach().clone()
+    scale = torch.full_like(loc, math.sqrt(variance))
     return torch.distributions.Independent(torch.distributions.Normal(loc, scale), 1)
 
 
@@ -57,24 +66,38 @@ def check_prior(prior: Any, dim: int, *, dtype: torch.dtype = torch.float64,
 
 
 def check_prior_choice(prior: Any, name: str = "prior") -> Any:
-    """Check the ``prior`` setting of the type-II loops and bounds: ``"default"``, ``None`` (no prior) or an object
-    with a ``log_prob`` method; returns it unchanged. Its shape is checked later, by :func:`resolve_prior`, once the
-    model's theta length is known."""
+    """Check the ``prior`` setting of the type-II loops and bounds: ``"default"``, ``"scaled"``, ``None`` (no prior)
+    or an object with a ``log_prob`` method; returns it unchanged. Its shape is checked later, by
+    :func:`resolve_prior`, once the model's theta length is known."""
     if isinstance(prior, str):
-        if prior != "default":
-            raise ValueError(f"{name} must be 'default', None or a distribution with log_prob; got {prior!r}")
+        if prior not in ("default", "scaled"):
+            raise ValueError(f"{name} must be 'default', 'scaled', None or a distribution with log_prob; got "
+                             f"{prior!r}")
     elif prior is not None and not callable(getattr(prior, "log_prob", None)):
         raise TypeError(f"{name} must have a log_prob method (e.g. a torch.distributions.Distribution), or be "
                         f"'default' or None; got {type(prior).__name__}")
     return prior
 
 
-def resolve_prior(prior: Any, dim: int, *, device: torch.device | str | None = None) -> Any:
-    """The prior object for a theta of length ``dim``: ``"default"`` gives :func:`default_prior`, ``None`` stays
-    ``None`` (no prior), a user prior is checked by :func:`check_prior`."""
+def resolve_prior(prior: Any, model: Any) -> Any:
+    r"""The prior object for ``model``'s theta (length ``model.dim``, on ``model.device``).
+
+    ``"default"``: :func:`default_prior`, :math:`\mathcal N(0, 10 I)`. ``"scaled"``: :func:`scaled_prior` centred at
+    ``model.initial_theta()`` (for the GP classifiers: lengthscale^2 = d var(x_j) on every input, signal variance
+    1), the same variance 10. ``None`` stays ``None`` (no prior). A user prior is checked by :func:`check_prior`.
+    """
     check_prior_choice(prior)
     if prior is None:
         return None
+    if prior == "scaled":
+        return scaled_prior(model.initial_theta().to(device=model.device, dtype=torch.float64))
     if isinstance(prior, str):
-        return default_prior(dim, device=device)
-    return check_prior(prior, dim, device=device)
+        return default_prior(model.dim, device=model.device)
+    return check_prior(prior, model.dim, device=model.device)
+
+
+def prior_name(prior: Any) -> str | None:
+    """What a run records of its ``prior`` setting: ``None``, ``"default"``, ``"scaled"`` or the object's type."""
+    if prior is None or isinstance(prior, str):
+        return prior
+    return type(prior).__name__

@@ -47,8 +47,10 @@ class FullyBayesianCVI:
         -67.94 +- 0.26; Ionosphere -65.39 +- 0.19 vs -65.50 +- 0.44; Sonar -69.72 +- 0.04 vs -69.63 +- 0.45;
         Ripley -45.61 +- 0.04 vs -45.50 +- 0.09) and the same q (means within 0.15 of DSVI's sds) with 901
         target evaluations against 2,518 / 13,772 / 23,824 / 1,708.
-    prior : "default" or torch.distributions.Distribution
-        Prior on the log-hyperparameters (default independent :math:`\mathcal N(0, 10)`). ``None`` is refused: a
+    prior : "default", "scaled" or torch.distributions.Distribution
+        Prior on the log-hyperparameters (default independent :math:`\mathcal N(0, 10)`; ``"scaled"``: the same
+        variance centred at the model's data-scaled start, :func:`gpvi.models.priors.resolve_prior`). ``None`` is
+        refused: a
         flat prior on the log-hyperparameters is improper here (the bound tends to a constant as a lengthscale grows
         without limit), so :math:`q(\theta)` would have nothing to settle on.
     cvi : CVI or MulticlassCVI, optional
@@ -125,7 +127,8 @@ class FullyBayesianCVI:
         self.cvi = cvi
         if check_prior_choice(prior) is None:
             raise ValueError("prior=None is an improper (flat) prior on the log-hyperparameters, and q(theta) has "
-                             "no proper posterior to approximate; give 'default' or a distribution with log_prob")
+                             "no proper posterior to approximate; give 'default', 'scaled' or a distribution with "
+                             "log_prob")
         self.prior = prior
         self.inner_tol = float(inner_tol)
         if not self.inner_tol > 0:

@@ -22,7 +22,7 @@ import torch
 from ...exceptions import NotPSDError, NumericalWarning
 from ...models.quadrature import Quadrature
 from ...models.multiclass import GPMulticlass, Softmax, default_quadrature
-from ...models.priors import check_prior_choice, prior_log_prob, resolve_prior
+from ...models.priors import check_prior_choice, prior_log_prob, prior_name, resolve_prior
 from ...posteriors.multiclass import MulticlassPosterior
 from ...validation import check_bool, check_interval, check_nonnegative_int, check_positive, check_positive_int
 from ..lbfgs import lbfgs_maximise
@@ -139,9 +139,11 @@ class MulticlassTypeII:
     Parameters
     ----------
     cvi : MulticlassCVI, optional
-    prior : "default", None or distribution
+    prior : "default", "scaled", None or distribution
         ``"default"``: :func:`gpvi.models.priors.default_prior` (:math:`\mathcal N(0, 10 I)` on the
-        log-hyperparameters); ``None``: no prior (type-II maximum of the bound); or any object with ``log_prob``.
+        log-hyperparameters); ``"scaled"``: the same variance centred at ``model.initial_theta()``
+        (:func:`gpvi.models.priors.resolve_prior`); ``None``: no prior (type-II maximum of the bound); or any object
+        with ``log_prob``.
     tol : float
         The loop ends when a phase improves the objective by at most ``tol`` relative (default 1e-7).
     gtol : float
@@ -217,7 +219,7 @@ class MulticlassTypeII:
         self.anderson = check_nonnegative_int(anderson, "anderson")
 
     def _prior(self, model: Any) -> Any:
-        return resolve_prior(self.prior, model.dim, device=model.device)
+        return resolve_prior(self.prior, model)
 
     def _inner_engine(self, model: Any) -> MulticlassCVI:
         """The engine of the phases' inner runs and gradients: ``self.cvi`` with ``inner_quadrature``'s rule."""
@@ -240,8 +242,7 @@ class MulticlassTypeII:
                                      else self.inner_quadrature),
                 "theta_bounds": list(self.theta_bounds), "coarse": dict(COARSE) if self.coarse else None,
                 "anderson": self.anderson,
-                "prior": None if self.prior is None else ("N(0, 10 I)" if isinstance(self.prior, str)
-                                                          else repr(self.prior))}
+                "prior": prior_name(self.prior)}
 
     def phase(self, model: Any, state: MulticlassCVIState, prior: Any, *, coarse: bool = False,
               step: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float, float, bool,

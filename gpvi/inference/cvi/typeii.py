@@ -77,7 +77,7 @@ import torch
 from ...exceptions import NotPSDError, NumericalWarning
 from ...models.likelihoods import expected_log_lik
 from ...models.quadrature import Quadrature
-from ...models.priors import check_prior_choice, prior_log_prob, resolve_prior
+from ...models.priors import check_prior_choice, prior_log_prob, prior_name, resolve_prior
 from ...posteriors.latent import LatentPosterior
 from ...validation import check_interval, check_nonnegative_int, check_positive, check_positive_int
 from ..anderson import Anderson
@@ -240,10 +240,13 @@ class TypeII:
     theta_bounds : tuple of float
         Box on every log-hyperparameter during learning (default (-11.5, 11.5), i.e. 1e-5..1e5 on the natural
         scale of variances and squared lengthscales).
-    prior : "default", torch.distributions.Distribution or None
+    prior : "default", "scaled", torch.distributions.Distribution or None
         Prior :math:`p(\theta)` on the kernel log-hyperparameters, added to the objective. ``"default"``:
         independent :math:`\mathcal N(0, 10)` on each (:func:`gpvi.models.priors.default_prior`, the regression
-        engines' default); any object with ``log_prob`` on a ``(D,)`` vector; ``None``: no prior (maximise the ELBO).
+        engines' default); ``"scaled"``: the same variance, centred at the model's data-scaled start
+        ``model.initial_theta()`` (lengthscale^2 = d var(x_j), signal variance 1;
+        :func:`gpvi.models.priors.resolve_prior`); any object with ``log_prob`` on a ``(D,)`` vector; ``None``: no
+        prior (maximise the ELBO).
 
     Examples
     --------
@@ -274,21 +277,16 @@ class TypeII:
 
     def _prior_for(self, model: Any) -> Any:
         """The prior object for ``model``'s theta (``None`` for no prior); a user prior is checked on a (D,) theta."""
-        return resolve_prior(self.prior, model.dim, device=model.device)
-
-    def _prior_name(self) -> str | None:
-        if self.prior is None or isinstance(self.prior, str):
-            return self.prior
-        return type(self.prior).__name__
+        return resolve_prior(self.prior, model)
 
     def __repr__(self) -> str:
         return (f"TypeII({self.cvi!r}, max_iter={self.max_iter}, inner_tol={self.inner_tol:g}, "
                 f"inner_num_steps={self.inner_num_steps}, theta_bounds={self.theta_bounds}, "
-                f"prior={self._prior_name()!r}, ftol={self.ftol:g})")
+                f"prior={prior_name(self.prior)!r}, ftol={self.ftol:g})")
 
     def settings(self) -> dict[str, Any]:
         return {"max_iter": self.max_iter, "inner_tol": self.inner_tol, "inner_num_steps": self.inner_num_steps,
-                "theta_bounds": list(self.theta_bounds), "prior": self._prior_name(), "anderson": self.anderson,
+                "theta_bounds": list(self.theta_bounds), "prior": prior_name(self.prior), "anderson": self.anderson,
                 "ftol": self.ftol}
 
     # ------------------------------------------------------------------ one hyperparameter phase
