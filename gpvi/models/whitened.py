@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from .fastpaths import scaled_rbf_covariance
-from .priors import check_prior, default_prior, prior_log_prob
+from .priors import check_prior, default_prior, prior_log_prob, resolve_prior
 
 __all__ = ["WhitenedLatentGP", "WHITENING_JITTER"]
 
@@ -62,8 +62,9 @@ class WhitenedLatentGP:
     ----------
     model : LatentGP
         E.g. :class:`gpvi.GPClassification` (its data, kernel and likelihood).
-    prior : torch.distributions.Distribution, optional
-        Prior over the kernel's log-hyperparameters (default N(0, 10 I), as for regression).
+    prior : torch.distributions.Distribution, "default" or "scaled", optional
+        Prior over the kernel's log-hyperparameters (default N(0, 10 I), as for regression; ``"scaled"``: centred at
+        ``model.initial_theta()``, :func:`gpvi.models.priors.resolve_prior`).
     learn_theta : bool
         Sample :math:`\theta` too (default); ``False`` keeps ``model.theta`` fixed and samples only :math:`v`.
 
@@ -96,7 +97,12 @@ class WhitenedLatentGP:
         self.learn_theta = learn_theta
         self.num_theta = model.dim if learn_theta else 0
         dev = model.X.device
-        self.prior = default_prior(model.dim, device=dev) if prior is None else check_prior(prior, model.dim)
+        if prior is None:
+            self.prior = default_prior(model.dim, device=dev)
+        elif isinstance(prior, str):
+            self.prior = resolve_prior(prior, model)
+        else:
+            self.prior = check_prior(prior, model.dim)
         n = model.num_data
         self.num_classes = int(model.num_classes) if getattr(model.likelihood, "multiclass", False) else 1
         if self.num_classes == 1:
