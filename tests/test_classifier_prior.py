@@ -148,3 +148,19 @@ def test_save_and_load_keep_the_prior_setting(tmp_path, prior):
     back = gpvi.io.load_fit(path).classifier
     assert back.prior == prior and f"prior={prior!r}" in repr(back)
     np.testing.assert_array_equal(back.predict_proba(X), clf.predict_proba(X))
+
+
+def test_the_mcmc_baseline_takes_the_same_prior_settings():
+    from gpvi.models.whitened import WhitenedLatentGP
+
+    X, y = relevant_and_irrelevant(20)
+    model = gpvi.GPClassification(X * 3.0, y)
+    assert torch.equal(WhitenedLatentGP(model, prior="scaled").prior.mean, model.initial_theta())
+    assert torch.equal(WhitenedLatentGP(model, prior="default").prior.mean, torch.zeros(3, dtype=F64))
+    theta = torch.tensor([0.3, 1.2, -0.4], dtype=F64)
+    v = torch.zeros(20, dtype=F64)
+    a = WhitenedLatentGP(model, prior="scaled").log_joint(torch.cat([theta, v]))
+    b = WhitenedLatentGP(model, prior=scaled_prior(model.initial_theta())).log_joint(torch.cat([theta, v]))
+    assert float(a) == pytest.approx(float(b), rel=1e-14)
+    with pytest.raises(ValueError, match="prior must be"):
+        WhitenedLatentGP(model, prior="flat")
