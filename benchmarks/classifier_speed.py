@@ -21,8 +21,10 @@ negative log predictive probability, nats) and accuracy come from the first of t
 Variants (``--variants``):
 
 * ``default`` -- the code as it is (type-II with the default N(0, 10 I) prior on theta, ELBO-monotone inner runs);
-* ``noprior`` -- ``GPClassifier(prior=None)`` (``TypeII(prior=None)``): plain type-II maximisation of the ELBO, same inner runs; shows where the
-  lengthscales of irrelevant inputs go without the prior;
+* ``noprior`` -- ``GPClassifier(prior=None)`` (``TypeII(prior=None)``): plain type-II maximisation of the ELBO,
+  same inner runs; shows where the lengthscales of irrelevant inputs go without the prior;
+* ``scaled`` -- ``GPClassifier(prior="scaled")``: the prior N(theta_0, 10 I) centred at the data-scaled start
+  (lengthscale^2 = d var(x_j), signal variance 1), since 2026-11-25;
 * ``baseline`` -- the ``TypeII`` of the file given by ``--baseline`` (e.g. the committed version before this change,
   ``git show <rev>:gpvi/inference/cvi/typeii.py > /tmp/typeii_before.py``), loaded as a sibling module of
   :mod:`gpvi.inference.cvi.typeii` and patched into :mod:`gpvi.sklearn` for the run.
@@ -151,8 +153,8 @@ def load_baseline(path: str) -> type:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--variants", nargs="+", default=["default", "noprior"],
-                    choices=["default", "noprior", "baseline"])
+    ap.add_argument("--variants", nargs="+", default=["default", "noprior", "scaled"],
+                    choices=["default", "noprior", "scaled", "baseline"])
     ap.add_argument("--baseline", default=None, help="a typeii.py to measure as the 'baseline' variant")
     ap.add_argument("--baseline-repeats", type=int, default=1)
     ap.add_argument("--only", nargs="*", default=None, help="problem names to run (default all)")
@@ -165,8 +167,8 @@ def main() -> None:
     original = gsk.TypeII
     results: dict[str, dict[str, Any]] = {}
     for variant in args.variants:
-        prior = None if variant == "noprior" else "default"
-        if variant in ("default", "noprior"):
+        prior = {"noprior": None, "scaled": "scaled"}.get(variant, "default")
+        if variant in ("default", "noprior", "scaled"):
             gsk.TypeII, reps = original, args.repeats
         else:
             gsk.TypeII, reps = load_baseline(args.baseline), args.baseline_repeats
