@@ -17,6 +17,9 @@ and short NUTS rows of ``classification_bayes.json`` are compared on theta too (
 Wall times of the reference are on this shared 2-core machine and are not a comparison (see
 ``classification_bayes.md`` for the timed comparison).
 
+``--prior scaled`` (since 2026-11-25) gives NUTS and every method compared the prior ``"scaled"`` and writes
+``classification_nuts_ref_scaled`` (compared with ``classification_bayes_scaled``).
+
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.classification_nuts_ref --datasets pima``
 (``--rerender`` rebuilds the report from the stored JSON files).
 """
@@ -46,7 +49,7 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
                      args.n_train, args.seed)
     Xt, yt = torch.as_tensor(ds.X_test, dtype=torch.float64), torch.as_tensor(ds.y_test, dtype=torch.float64)
     model = gpvi.GPClassification(X, y)
-    target = WhitenedLatentGP(model)
+    target = WhitenedLatentGP(model, prior=args.prior)
     D = model.dim
     t0 = time.perf_counter()
     with warnings.catch_warnings():
@@ -62,6 +65,7 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
     th = d[:, :D]
     out = {"dataset": name, "N": int(X.shape[0]), "D": D, "names": list(model.names), "time_s": tn,
            "chains": args.chains, "warmup": args.warmup, "draws": args.draws, "target_accept": args.target_accept,
+           "prior": args.prior,
            **scores(p, yt),
            "mean": th.mean(0).tolist(), "std": th.std(0).tolist(),
            "q05": th.quantile(0.05, dim=0).tolist(), "q95": th.quantile(0.95, dim=0).tolist(),
@@ -87,7 +91,7 @@ def methods(out: dict, model, X, y, Xt, yt, p: torch.Tensor | None, args: argpar
         return {} if p is None else {"prob_mad_vs_ref": float((prob - p).abs().mean())}
 
     t0 = time.perf_counter()
-    clf = GPClassifier(progress_bar=False).fit(X, y)
+    clf = GPClassifier(prior=args.prior, progress_bar=False).fit(X, y)
     t2 = time.perf_counter() - t0
     p2 = torch.as_tensor(clf.predict_proba(Xt)[:, 1], dtype=torch.float64)
     out["typeii"] = {"time_s": t2, **scores(p2, yt), "theta": clf.theta_.tolist(), **against_ref(p2)}
@@ -96,7 +100,7 @@ def methods(out: dict, model, X, y, Xt, yt, p: torch.Tensor | None, args: argpar
         t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            post = FullyBayesianCVI(seed=args.seed, evidence=evidence).run(model)
+            post = FullyBayesianCVI(seed=args.seed, evidence=evidence, prior=args.prior).run(model)
         tfb = time.perf_counter() - t0
         pfb = post.predict_proba(Xt)
         out[key] = {"time_s": tfb, **scores(pfb, yt), "mean": post.mean.tolist(), "std": post.std.tolist(),
@@ -135,6 +139,8 @@ def compare(ref: dict, bayes: dict | None) -> list[dict]:
 
 def report(refs: list[dict], bayes: dict[str, dict]) -> str:
     md = header("Long NUTS references for GP classification, and the fully Bayesian answers against them")
+    priors = sorted({r.get("prior", "default") for r in refs})
+    md += f"\nPrior on the log-hyperparameters (every method): {', '.join(f'`{p}`' for p in priors)}.\n"
     md += ("\nSame problems as `classification_bayes.md` (training subsample of 100, stratified, seed 0; full test "
            "sets; NUTS over (theta, v) on `WhitenedLatentGP`, default adaptation at the target acceptance in the "
            "table). The bar for a reference: R-hat <= 1.01 and bulk ESS >= 400 for every theta coordinate.\n")
@@ -196,6 +202,10 @@ def main() -> None:
     ap.add_argument("--target-accept", type=float, default=0.8,
                     help="NUTS's target acceptance statistic (dual averaging); raise it where divergences show a "
                          "funnel (pima: 217 divergences at 0.8 in 4 x (1500 + 4000))")
+    ap.add_argument("--prior", default="default", choices=["default", "scaled"],
+                    help="the prior on theta of NUTS and of the methods compared (scaled: centred at the model's "
+                         "initial_theta(); written to classification_nuts_ref_scaled and compared with "
+                         "classification_bayes_scaled)")
     ap.add_argument("--rerender", action="store_true", help="rebuild the report from the stored JSON only")
     ap.add_argument("--methods-only", action="store_true",
                     help="rerun only type-II and the fully Bayesian fits against the stored references and write "
@@ -203,26 +213,28 @@ def main() -> None:
                          "its probabilities)")
     args = ap.parse_args()
     torch.set_default_dtype(torch.float64)
-    stored = {r["dataset"]: r for r in load_results(NAME)}
-    bayes = {r["dataset"]: r for r in load_results("classification_bayes")}
+    suffix = "" if args.prior == "default" else f"_{args.prior}"
+    name = NAME + suffix
+    stored = {r["dataset"]: r for r in load_results(name)}
+    bayes = {r["dataset"]: r for r in load_results("classification_bayes" + suffix)}
     if args.rerender and not stored:
-        raise SystemExit(f"--rerender: no stored references in {RESULTS / (NAME + '.json')}")
+        raise SystemExit(f"--rerender: no stored references in {RESULTS / (name + '.json')}")
     if args.methods_only:
         refs = [methods_only(stored[k], args) for k in DATASETS if k in stored and k in args.datasets]
         md = report(refs, {}).replace("Long NUTS references for GP classification, and the fully Bayesian answers "
                                          "against them", "Fully Bayesian GP classification against the stored long "
                                          "NUTS references (methods rerun)")
-        write(NAME + "_methods", md, {"args": vars(args), "results": refs})
+        write(name + "_methods", md, {"args": vars(args), "results": refs})
         print(md)
         return
     if not args.rerender:
-        for name in args.datasets:
-            stored[name] = run_one(name, args)
+        for ds_name in args.datasets:
+            stored[ds_name] = run_one(ds_name, args)
             refs = [stored[k] for k in DATASETS if k in stored]
-            write(NAME, report(refs, bayes), {"args": vars(args), "results": refs})
+            write(name, report(refs, bayes), {"args": vars(args), "results": refs})
     refs = [stored[k] for k in DATASETS if k in stored]
     md = report(refs, bayes)
-    write(NAME, md, {"args": vars(args), "results": refs})
+    write(name, md, {"args": vars(args), "results": refs})
     print(md)
 
 
