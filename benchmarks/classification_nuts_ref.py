@@ -116,11 +116,13 @@ def compare(ref: dict, bayes: dict | None) -> list[dict]:
     rows = list(ref.get("compared", [])) if bayes is not None else []
     stored = bayes or {}
     done = {r["key"] for r in rows}
+    prior = ref.get("prior", "default")
+    short = "classification_bayes.json" if prior == "default" else f"classification_bayes_{prior}.json"
     for key, label, src in (("typeii", "type-II", ref),
                             ("bayes", "fully Bayesian (S&K, EP evidence: the default), rerun here", ref),
                             ("bayes_cvi", "fully Bayesian (S&K, CVI bound), rerun here", ref),
-                            ("bayes_dsvi", "fully Bayesian (DSVI, EP evidence), classification_bayes.json", stored),
-                            ("nuts", "NUTS 4 x (300 + 500), classification_bayes.json", stored)):
+                            ("bayes_dsvi", f"fully Bayesian (DSVI, EP evidence), {short}", stored),
+                            ("nuts", f"NUTS 4 x (300 + 500), {short}", stored)):
         if key not in src or key in done:
             continue
         m = src[key]
