@@ -75,7 +75,7 @@ def check_prior_choice(prior: Any, name: str = "prior") -> Any:
                              f"{prior!r}")
     elif prior is not None and not callable(getattr(prior, "log_prob", None)):
         raise TypeError(f"{name} must have a log_prob method (e.g. a torch.distributions.Distribution), or be "
-                        f"'default' or None; got {type(prior).__name__}")
+                        f"'default', 'scaled' or None; got {type(prior).__name__}")
     return prior
 
 

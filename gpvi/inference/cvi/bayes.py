@@ -50,9 +50,8 @@ class FullyBayesianCVI:
     prior : "default", "scaled" or torch.distributions.Distribution
         Prior on the log-hyperparameters (default independent :math:`\mathcal N(0, 10)`; ``"scaled"``: the same
         variance centred at the model's data-scaled start, :func:`gpvi.models.priors.resolve_prior`). ``None`` is
-        refused: a
-        flat prior on the log-hyperparameters is improper here (the bound tends to a constant as a lengthscale grows
-        without limit), so :math:`q(\theta)` would have nothing to settle on.
+        refused: a flat prior on the log-hyperparameters is improper here (the bound tends to a constant as a
+        lengthscale grows without limit), so :math:`q(\theta)` would have nothing to settle on.
     cvi : CVI or MulticlassCVI, optional
         The engine of the inner CVI runs and of MAP-II. Binary default ``CVI(beta=0.7, progress_bar=False)``: the
         inner runs are ELBO-monotone (:func:`~gpvi.inference.cvi.typeii.converge_sites` halves the step where a
