@@ -298,7 +298,7 @@ def _cmd_fit_classifier(args: argparse.Namespace) -> int:
     labels = y.astype(np.int64)
     Xs, _, (mu, sd, _, _) = _standardise(X, None, names, path=args.csv)
     clf = gpvi.GPClassifier(likelihood=args.likelihood, mode=args.mode, random_state=args.seed,
-                            progress_bar=not args.no_progress)
+                            prior=None if args.prior == "none" else args.prior, progress_bar=not args.no_progress)
     t0 = time.perf_counter()
     clf.fit(Xs, labels)
     elapsed = time.perf_counter() - t0
@@ -474,14 +474,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("fit-classifier", help="GP classification with CVI on a CSV file",
                        description="Fit a GPClassifier (CVI, type-II hyperparameters) to a CSV file with a header "
-                       "row, numeric inputs and a binary label column ({0, 1} or {-1, +1}). Inputs are "
+                       "row, numeric inputs and an integer label column (two or more classes). Inputs are "
                        "standardised.")
     p.add_argument("csv", help="CSV file with a header row, numeric columns")
-    p.add_argument("--target", required=True, help="name of the label column ({0,1} or {-1,+1})")
+    p.add_argument("--target", required=True, help="name of the integer label column (e.g. {0,1}, {-1,+1}, 0..K-1)")
     p.add_argument("--likelihood", choices=["auto", "logit", "probit", "softmax", "robustmax"], default="auto",
                    help="auto (default): logit for two classes, softmax for more")
     p.add_argument("--mode", choices=["full", "stochastic"], default="full",
                    help="full-batch CVI (default) or doubly stochastic single-site steps")
+    p.add_argument("--prior", choices=["default", "scaled", "none"], default="default", help="prior on the "
+                   "log-hyperparameters: N(0, 10 I) (default), scaled (centred at lengthscale^2 = d var), none (ML-II)")
     p.add_argument("--save", metavar="FILE", help="save the fitted classifier to FILE (checked before fitting; "
                    "read back with gpvi.io.load_fit or 'gpvi predict')")
     common(p)

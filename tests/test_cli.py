@@ -257,6 +257,18 @@ def test_fit_classifier_save_round_trip(cls_csv, tmp_path, capsys):
     assert printed_err < 0.3
 
 
+@pytest.mark.parametrize("flag, prior", [("none", None), ("scaled", "scaled"), ("default", "default")])
+def test_fit_classifier_prior_option_reaches_the_classifier(cls_csv, tmp_path, capsys, flag, prior):
+    p, X, lab = cls_csv
+    out = tmp_path / "cls.pt"
+    assert main(["fit-classifier", str(p), "--target", "label", "--no-progress", "--prior", flag,
+                 "--save", str(out)]) == 0
+    clf = load_fit(out).classifier
+    assert clf.prior == prior and clf.posterior_.info["type_ii"]["prior"] == prior
+    assert main(["fit-classifier", str(p), "--target", "label", "--prior", "flat"]) == 2
+    assert "invalid choice: 'flat'" in capsys.readouterr().err
+
+
 def test_load_fit_rejects_other_files(tmp_path):
     p = tmp_path / "other.pt"
     torch.save({"a": torch.zeros(2)}, p)
