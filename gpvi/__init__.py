@@ -31,6 +31,7 @@ from .models.minibatch import MinibatchTarget
 from .exceptions import (
     BoundWarning,
     ConvergenceWarning,
+    InputScaleWarning,
     PSISWarning,
     InterruptedRunWarning,
     NotPSDError,
@@ -71,6 +72,7 @@ __all__ = [
     "MinibatchTarget",
     "BoundWarning",
     "ConvergenceWarning",
+    "InputScaleWarning",
     "PSISWarning",
     "Factorised",
     "GPRegression",

@@ -14,6 +14,7 @@ __all__ = [
     "ConvergenceWarning",
     "InterruptedRunWarning",
     "BoundWarning",
+    "InputScaleWarning",
     "NotPSDError",
     "NumericalFaultError",
 ]
@@ -34,6 +35,12 @@ class InterruptedRunWarning(UserWarning):
 class BoundWarning(UserWarning):
     """A point estimate of theta ends on the box it was searched in (e.g. an ML-II lengthscale at its upper bound:
     the input is irrelevant to the fit; the value is the box's, not an estimate)."""
+
+
+class InputScaleWarning(UserWarning):
+    """Inputs far from unit scale (a column's standard deviation outside [0.1, 10]) meet the default prior
+    N(0, 10 I) on the log-hyperparameters, which is centred at lengthscale 1 on every input: standardise the inputs or
+    use the prior ``"scaled"`` (centred at the data's own scale)."""
 
 
 class PSISWarning(UserWarning):

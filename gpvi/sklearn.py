@@ -95,13 +95,15 @@ class GPClassifier:
         and ``"bayes"``; ignored by ``"fixed"``.
 
         * ``"default"``: independent :math:`\mathcal N(0, 10)` on each (:func:`gpvi.models.priors.default_prior`),
-          centred at signal variance 1 and lengthscale 1 on every input.
+          centred at signal variance 1 and lengthscale 1 on every input (an input whose standard deviation is
+          outside [0.1, 10] gets a :class:`gpvi.InputScaleWarning`: standardise the inputs).
         * ``"scaled"``: the same variance, centred at the data-scaled start ``model_.initial_theta()``:
           lengthscale^2 = d var(x_j) on input j (d inputs), signal variance 1
           (:func:`gpvi.models.priors.resolve_prior`). It depends on ``X`` only, not on ``y``.
         * ``None`` (``"type2"`` only; ``"bayes"`` raises ``ValueError``, as a flat prior is improper): maximise the
           ELBO alone (ML-II, as scikit-learn's GPC does with its Laplace evidence); irrelevant inputs may then run to
-          the box bound (lengthscale^2 = 1e5).
+          the box bound (lengthscale^2 = 1e5 var(x_j)). ``None`` and ``"scaled"`` give the same predictions in any
+          units of the inputs (the type-II box moves with each input's scale).
         * Any object with ``log_prob`` on a ``(D,)`` vector.
 
         With d standardised inputs two points are about 2d apart in squared distance, so at the default prior's

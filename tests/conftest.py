@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -55,3 +56,14 @@ class TwoBasins:
 
     def initial_theta(self) -> torch.Tensor:
         return torch.tensor([-0.8, 0.0], dtype=torch.float64)
+
+
+def iris_rows(n: int, columns: int = 2):
+    """Iris standardised, integer labels: the first ``n`` rows of a seeded permutation, the first ``columns``
+    inputs; and all 150 rows of those inputs."""
+    from sklearn.datasets import load_iris
+
+    d = load_iris()
+    X = ((d.data - d.data.mean(0)) / d.data.std(0))[:, :columns]
+    sub = np.random.default_rng(0).permutation(150)[:n]
+    return X[sub], d.target[sub], X

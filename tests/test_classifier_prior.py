@@ -13,6 +13,7 @@ from gpvi.models.multiclass import GPMulticlass
 from gpvi.models.priors import check_prior_choice, default_prior, resolve_prior, scaled_prior
 from gpvi.models.quadrature import Quadrature
 from gpvi.sklearn import GPClassifier
+from conftest import iris_rows
 
 F64 = torch.float64
 
@@ -54,12 +55,7 @@ def test_a_given_prior_reaches_the_loop():
 
 
 def test_multiclass_prior_none_is_the_multiclass_loop_without_prior():
-    from sklearn.datasets import load_iris
-
-    d = load_iris()
-    X = (d.data - d.data.mean(0)) / d.data.std(0)
-    sub = np.random.default_rng(0).permutation(150)[:24]
-    X2, y2 = X[sub, :2], d.target[sub]
+    X2, y2, _ = iris_rows(24)
     clf = GPClassifier(prior=None, num_quadrature=20, progress_bar=False).fit(X2, y2)
     assert clf.posterior_.info["log_prior"] == 0.0
     eng = MulticlassCVI(quadrature=Quadrature(20, width=6.5), num_steps=500, progress_bar=False)

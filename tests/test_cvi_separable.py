@@ -96,7 +96,10 @@ def test_without_the_prior_the_irrelevant_lengthscale_runs_to_the_box():
     with_prior = TypeII(eng()).run(model)
     assert plain.info["type_ii"]["prior"] is None and plain.info["log_prior"] == 0.0
     assert plain.info["objective"] == plain.elbo
-    assert float(plain.theta[1]) > 11.4                  # x1 is irrelevant: lengthscale^2 -> the bound e^11.5
+    # x1 is irrelevant: lengthscale^2 -> the box's top, var(x1) e^11.5 (the box moves with the input's scale)
+    top = float(model.theta_box((-11.5, 11.5))[1][1])
+    assert top == pytest.approx(11.5 + math.log(float(np.var(np.asarray(X)[:, 1]))), abs=1e-12)
+    assert float(plain.theta[1]) > top - 0.1
     assert float(with_prior.theta[1]) < 5.0
     assert plain.elbo > with_prior.elbo                   # the prior trades bound for a finite theta
 

@@ -55,7 +55,7 @@ class LBFGSResult:
     message: str
 
 
-def lbfgs_maximise(fn: Callable[[torch.Tensor], Any], x0: Any, *, bounds: tuple[float, float] | None = None,
+def lbfgs_maximise(fn: Callable[[torch.Tensor], Any], x0: Any, *, bounds: tuple[Any, Any] | None = None,
                    max_iter: int = 1000, gtol: float = 1e-7, ftol: float = 1e-12, history: int = 10,
                    returns_grad: bool = False, catch: tuple[type[BaseException], ...] = (NotPSDError,),
                    ignore_warnings: tuple[type[Warning], ...] = (), device: torch.device | str | None = None
@@ -74,8 +74,9 @@ def lbfgs_maximise(fn: Callable[[torch.Tensor], Any], x0: Any, *, bounds: tuple[
         returns ``(value, gradient)`` (a float or scalar tensor, and a ``(D,)`` tensor).
     x0 : array-like of shape (D,)
         The start (clipped into ``bounds``).
-    bounds : tuple of float, optional
-        ``(low, high)`` for every component; ``None``: unconstrained.
+    bounds : tuple, optional
+        ``(low, high)``: two numbers, the same box for every component, or two ``(D,)`` vectors, one box per
+        component (e.g. :meth:`gpvi.models.classification.LatentGP.theta_box`); ``None``: unconstrained.
     max_iter : int
         L-BFGS-B iterations (SciPy's ``maxiter``).
     gtol, ftol : float
@@ -98,7 +99,8 @@ def lbfgs_maximise(fn: Callable[[torch.Tensor], Any], x0: Any, *, bounds: tuple[
     Raises
     ------
     ValueError
-        ``bounds`` is not ``(low, high)`` with ``low < high``, or ``x0`` is not a finite vector.
+        ``bounds`` is not ``(low, high)`` with ``low < high`` (componentwise for vectors of ``x0``'s length), or
+        ``x0`` is not a finite vector.
 
     Examples
     --------
@@ -120,9 +122,9 @@ def lbfgs_maximise(fn: Callable[[torch.Tensor], Any], x0: Any, *, bounds: tuple[
         raise ValueError(f"x0 must be a finite 1-D vector; got shape {start.shape}")
     box = None
     if bounds is not None:
-        lo, hi = check_interval(bounds, "bounds")
+        lo, hi = _box(bounds, start.shape[0])
         start = np.clip(start, lo, hi)
-        box = [(lo, hi)] * start.shape[0]
+        box = list(zip(lo.tolist(), hi.tolist()))
 
     def fun(x: np.ndarray) -> tuple[float, np.ndarray]:
         xt = torch.tensor(x, dtype=torch.float64, device=device, requires_grad=not returns_grad)
@@ -151,3 +153,19 @@ def lbfgs_maximise(fn: Callable[[torch.Tensor], Any], x0: Any, *, bounds: tuple[
     value = -float(res.fun) if np.isfinite(res.fun) else -math.inf
     return LBFGSResult(torch.tensor(res.x, dtype=torch.float64, device=device), value, int(res.nit),
                        int(res.nfev), bool(res.success) and math.isfinite(value), str(res.message))
+
+
+def _box(bounds: Any, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """``bounds`` as two ``(dim,)`` float64 arrays: a pair of numbers (checked by ``check_interval``) or a pair of
+    vectors of length ``dim`` with finite ``low < high`` componentwise."""
+    if isinstance(bounds, (str, bytes)) or not hasattr(bounds, "__len__") or len(bounds) != 2:
+        raise TypeError(f"bounds must be a pair (low, high); got {bounds!r}")
+    if all(np.ndim(b) == 0 for b in bounds):
+        lo, hi = check_interval(bounds, "bounds")
+        return np.full(dim, lo), np.full(dim, hi)
+    lo, hi = (np.asarray(b.detach().cpu() if isinstance(b, torch.Tensor) else b, dtype=np.float64) for b in bounds)
+    if lo.shape != (dim,) or hi.shape != (dim,):
+        raise ValueError(f"bounds vectors must have shape ({dim},) like x0; got {lo.shape} and {hi.shape}")
+    if not (np.isfinite(lo).all() and np.isfinite(hi).all() and (lo < hi).all()):
+        raise ValueError("bounds must be finite with low < high in every component")
+    return lo, hi

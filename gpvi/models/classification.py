@@ -218,6 +218,20 @@ class LatentGP:
         """Data-scaled start: ``lengthscale^2 = d var(x_j)``, signal variance 1 (log 0), others 0."""
         return self.kernel_params.initial_theta(self._Xc).to(torch.float64)
 
+    def log_input_scale(self) -> torch.Tensor:
+        """:meth:`~gpvi.models.hyperparameters.KernelParams.log_input_scale` at this model's inputs, shape (D,)."""
+        return self.kernel_params.log_input_scale(self._Xc).to(torch.float64)
+
+    def theta_box(self, bounds: tuple[float, float]) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""The learning box of every log-hyperparameter, ``(low, high)`` vectors of shape (D,): ``bounds`` shifted
+        by :meth:`log_input_scale`, so a lengthscale^2 is kept within
+        :math:`\operatorname{var}(x_j)\,[e^{low}, e^{high}]` and variances within :math:`[e^{low}, e^{high}]`.
+        For standardised inputs that is ``bounds`` itself; scaling an input moves its lengthscale's box with it.
+        """
+        lo, hi = bounds
+        shift = self.log_input_scale().cpu()
+        return shift + float(lo), shift + float(hi)
+
     def natural(self, theta: Any = None) -> torch.Tensor:
         """Natural-scale values (lengthscales ``exp(theta/2)``, variances ``exp(theta)``)."""
         return self.kernel_params.natural(self.check_theta(theta).detach())

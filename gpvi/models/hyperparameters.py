@@ -330,6 +330,23 @@ class KernelParametrisation:
                 out[..., b.start:b.stop] = torch.exp(b.natural_power * theta_k[..., b.start:b.stop])
         return out
 
+    def log_input_scale(self, X: torch.Tensor) -> torch.Tensor:
+        r"""Per theta coordinate, the log of the squared input scale it is measured against: :math:`\log
+        \operatorname{var}(x_j)` for the lengthscale of input j (a constant column: 100 times the largest variance,
+        as in :meth:`initial_theta`), the log of the mean column variance for a lengthscale shared by all columns,
+        0 for variances and every other parameter. Standardised inputs give 0 everywhere; scaling input j by s adds
+        :math:`2 \log s` to its coordinate, as it does to the lengthscale^2 that fits the same function."""
+        out = torch.zeros(self.dim, dtype=X.dtype, device=X.device)
+        d = X.shape[1]
+        var, shared = _column_scales(X)
+        for b in self.blocks:
+            if b.log and b.natural_power == 0.5:
+                if b.stop - b.start == d:
+                    out[b.start:b.stop] = torch.log(var)
+                else:
+                    out[b.start:b.stop] = math.log(shared / d)
+        return out
+
     def initial_theta(self, X: torch.Tensor) -> torch.Tensor:
         """A data-scaled starting point: lengthscale^2 = d * var(x_j), others 1.
 
@@ -343,15 +360,7 @@ class KernelParametrisation:
         """
         theta = torch.zeros(self.dim, dtype=X.dtype, device=X.device)
         d = X.shape[1]
-        if X.shape[0] > 1:
-            var = X.var(dim=0, unbiased=False)
-            const = var <= 1e-12 * X.abs().amax(dim=0).clamp_min(1.0) ** 2
-            big = float(var[~const].max()) if bool((~const).any()) else 0.01
-            shared = float(var[~const].sum()) if bool((~const).any()) else d * 100.0 * big
-            var = torch.where(const, torch.full_like(var, 100.0 * big), var)
-        else:
-            var = torch.ones(d, dtype=X.dtype, device=X.device)
-            shared = float(d)
+        var, shared = _column_scales(X)
         for b in self.blocks:
             if b.log and b.natural_power == 0.5:
                 size = b.stop - b.start
@@ -360,3 +369,18 @@ class KernelParametrisation:
                 else:
                     theta[b.start:b.stop] = math.log(shared)
         return theta
+
+
+def _column_scales(X: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """The columns' variances (a constant column, whose variance says nothing about its lengthscale: 100 times the
+    largest variance of the others, 1 if all are constant) and their sum over the non-constant columns (``d * 100 *
+    that`` when all are constant); ones and ``d`` for a single row."""
+    d = X.shape[1]
+    if X.shape[0] <= 1:
+        return torch.ones(d, dtype=X.dtype, device=X.device), float(d)
+    var = X.var(dim=0, unbiased=False)
+    const = var <= 1e-12 * X.abs().amax(dim=0).clamp_min(1.0) ** 2
+    big = float(var[~const].max()) if bool((~const).any()) else 0.01
+    shared = float(var[~const].sum()) if bool((~const).any()) else d * 100.0 * big
+    var = torch.where(const, torch.full_like(var, 100.0 * big), var)
+    return var, shared

@@ -8,6 +8,7 @@ Any object with a ``log_prob`` method (a ``torch.distributions.Distribution``) c
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import torch
@@ -92,8 +93,31 @@ def resolve_prior(prior: Any, model: Any) -> Any:
     if prior == "scaled":
         return scaled_prior(model.initial_theta().to(device=model.device, dtype=torch.float64))
     if isinstance(prior, str):
+        _warn_if_not_unit_scale(model)
         return default_prior(model.dim, device=model.device)
     return check_prior(prior, model.dim, device=model.device)
+
+
+_UNIT_SCALE_LOG_VAR = math.log(100.0)
+"""The default prior is centred at lengthscale 1 on every input: an input whose variance is outside [1e-2, 1e2]
+(standard deviation outside [0.1, 10]) gets an :class:`~gpvi.exceptions.InputScaleWarning`."""
+
+
+def _warn_if_not_unit_scale(model: Any) -> None:
+    scale = getattr(model, "log_input_scale", None)
+    if scale is None:
+        return
+    shift = scale()
+    worst = int(shift.abs().argmax()) if shift.numel() else 0
+    if shift.numel() and float(shift[worst].abs()) > _UNIT_SCALE_LOG_VAR:
+        from ..exceptions import InputScaleWarning
+
+        names = list(getattr(model, "names", []))
+        what = names[worst] if worst < len(names) else f"theta[{worst}]"
+        warnings.warn(f"the default prior N(0, 10 I) on the log-hyperparameters is centred at lengthscale 1, but the "
+                      f"input of {what} has variance {math.exp(float(shift[worst])):.3g}: standardise the inputs, or "
+                      f"use prior='scaled' (centred at the inputs' own scale) or another prior",
+                      InputScaleWarning, stacklevel=3)
 
 
 def prior_name(prior: Any) -> str | None:

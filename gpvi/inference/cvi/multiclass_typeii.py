@@ -184,7 +184,7 @@ class MulticlassTypeII:
         on the benchmark splits (with the coarse ``ftol``): inner steps 114 -> 100 (iris), 142 -> 103 (wine),
         176 -> 117 (digits), objectives within 5e-8 relative.
     max_iter, inner_tol, inner_num_steps, theta_bounds
-        As for :class:`~gpvi.inference.cvi.typeii.TypeII`.
+        As for :class:`~gpvi.inference.cvi.typeii.TypeII` (the box moves with each input's scale).
 
     Examples
     --------
@@ -286,7 +286,8 @@ class MulticlassTypeII:
             pairs.append((val, theta, grad))
             return val, grad
 
-        x0 = np.clip(state.theta.detach().cpu().numpy(), *self.theta_bounds)
+        box = tuple(b.numpy() for b in model.theta_box(self.theta_bounds))
+        x0 = np.clip(state.theta.detach().cpu().numpy(), *box)
         f0, g0 = fn(torch.as_tensor(x0, dtype=torch.float64, device=dev))
         start = seen.get(x0.tobytes())
         # L-BFGS-B's first trial point on a box is a full gradient step (x0 + g0): with |g0| ~ 30 on iris it
@@ -303,7 +304,7 @@ class MulticlassTypeII:
             val, grad = fn(theta)
             return val / scale, grad / scale
 
-        res = lbfgs_maximise(scaled, x0, bounds=self.theta_bounds, max_iter=self.max_iter, gtol=gtol / scale,
+        res = lbfgs_maximise(scaled, x0, bounds=box, max_iter=self.max_iter, gtol=gtol / scale,
                              ftol=ftol, returns_grad=True, catch=(), ignore_warnings=(NumericalWarning,),
                              device=dev)
         res_x = res.x.cpu().numpy()
