@@ -92,3 +92,17 @@ def test_lbfgs_takes_a_box_per_component():
         lbfgs_maximise(quad, torch.zeros(2, dtype=F64), bounds=(np.zeros(2), np.array([1.0, 0.0])))
     with pytest.raises(ValueError, match="finite"):
         lbfgs_maximise(quad, torch.zeros(2, dtype=F64), bounds=(np.zeros(2), np.array([1.0, np.inf])))
+
+
+def test_a_constant_column_has_no_scale_and_no_warning():
+    """A constant input (ionosphere's second column) has no scale: its coordinate is 0, and the default prior does
+    not warn about it (it did, with variance 145, the constant column's start rule, before this was fixed)."""
+    X, y = two_inputs(30)
+    Xc = torch.cat([X, torch.full((30, 1), 5.0, dtype=F64)], dim=1)
+    model = gpvi.GPClassification(Xc, y)
+    shift = model.log_input_scale()
+    assert float(shift[2]) == 0.0
+    torch.testing.assert_close(shift[:2], torch.log(X.var(0, unbiased=False)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        GPClassifier(progress_bar=False).fit(Xc, y)

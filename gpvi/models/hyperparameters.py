@@ -332,19 +332,21 @@ class KernelParametrisation:
 
     def log_input_scale(self, X: torch.Tensor) -> torch.Tensor:
         r"""Per theta coordinate, the log of the squared input scale it is measured against: :math:`\log
-        \operatorname{var}(x_j)` for the lengthscale of input j (a constant column: 100 times the largest variance,
-        as in :meth:`initial_theta`), the log of the mean column variance for a lengthscale shared by all columns,
-        0 for variances and every other parameter. Standardised inputs give 0 everywhere; scaling input j by s adds
+        \operatorname{var}(x_j)` for the lengthscale of input j (0 for a constant column, which has no scale and
+        whose lengthscale the data cannot move), the log of the mean variance of the non-constant columns for a
+        lengthscale shared by all columns, 0 for variances and every other parameter. Standardised inputs give 0 everywhere; scaling input j by s adds
         :math:`2 \log s` to its coordinate, as it does to the lengthscale^2 that fits the same function."""
         out = torch.zeros(self.dim, dtype=X.dtype, device=X.device)
         d = X.shape[1]
-        var, shared = _column_scales(X)
+        var, shared, const = _column_scales(X)
+        log_var = torch.where(const, torch.zeros_like(var), torch.log(var))
+        n_scaled = max(int((~const).sum()), 1)
         for b in self.blocks:
             if b.log and b.natural_power == 0.5:
                 if b.stop - b.start == d:
-                    out[b.start:b.stop] = torch.log(var)
-                else:
-                    out[b.start:b.stop] = math.log(shared / d)
+                    out[b.start:b.stop] = log_var
+                elif bool((~const).any()):
+                    out[b.start:b.stop] = math.log(shared / n_scaled)
         return out
 
     def initial_theta(self, X: torch.Tensor) -> torch.Tensor:
@@ -360,7 +362,7 @@ class KernelParametrisation:
         """
         theta = torch.zeros(self.dim, dtype=X.dtype, device=X.device)
         d = X.shape[1]
-        var, shared = _column_scales(X)
+        var, shared, _ = _column_scales(X)
         for b in self.blocks:
             if b.log and b.natural_power == 0.5:
                 size = b.stop - b.start
@@ -371,16 +373,18 @@ class KernelParametrisation:
         return theta
 
 
-def _column_scales(X: torch.Tensor) -> tuple[torch.Tensor, float]:
+def _column_scales(X: torch.Tensor) -> tuple[torch.Tensor, float, torch.Tensor]:
     """The columns' variances (a constant column, whose variance says nothing about its lengthscale: 100 times the
-    largest variance of the others, 1 if all are constant) and their sum over the non-constant columns (``d * 100 *
-    that`` when all are constant); ones and ``d`` for a single row."""
+    largest variance of the others, 1 if all are constant), their sum over the non-constant columns (``d * 100 *
+    that`` when all are constant) and the mask of constant columns; ones, ``d`` and no constant column for a single
+    row."""
     d = X.shape[1]
     if X.shape[0] <= 1:
-        return torch.ones(d, dtype=X.dtype, device=X.device), float(d)
+        return (torch.ones(d, dtype=X.dtype, device=X.device), float(d),
+                torch.zeros(d, dtype=torch.bool, device=X.device))
     var = X.var(dim=0, unbiased=False)
     const = var <= 1e-12 * X.abs().amax(dim=0).clamp_min(1.0) ** 2
     big = float(var[~const].max()) if bool((~const).any()) else 0.01
     shared = float(var[~const].sum()) if bool((~const).any()) else d * 100.0 * big
     var = torch.where(const, torch.full_like(var, 100.0 * big), var)
-    return var, shared
+    return var, shared, const
