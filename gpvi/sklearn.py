@@ -111,7 +111,7 @@ class GPClassifier:
         can outweigh the data; ``"scaled"`` is centred where the kernel between typical points is about
         :math:`e^{-1}`. Measured on the 100-point ``classification_peers`` subsamples (standardised), type-II test
         log loss ``"default"`` / ``None`` / ``"scaled"``: pima (d = 7) 0.506 / 0.480 / 0.490, ionosphere (34)
-        0.367 / 0.301 / 0.257, sonar (60) 0.692 / 0.579 / 0.372, ripley (2) 0.282 / 0.276 / 0.281. On sonar the
+        0.367 / 0.307 / 0.257, sonar (60) 0.692 / 0.579 / 0.372, ripley (2) 0.282 / 0.276 / 0.281. On sonar the
         default's MAP-II puts all 60 lengthscales near 1 and every prediction near 1/2; NUTS under the same prior
         does the same (``benchmarks/results/classification_bayes.md``), so that is the model's answer, not a
         failed optimisation.
