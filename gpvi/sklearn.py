@@ -114,7 +114,10 @@ class GPClassifier:
         0.367 / 0.307 / 0.257, sonar (60) 0.692 / 0.579 / 0.372, ripley (2) 0.282 / 0.276 / 0.281. On sonar the
         default's MAP-II puts all 60 lengthscales near 1 and every prediction near 1/2; NUTS under the same prior
         does the same (``benchmarks/results/classification_bayes.md``), so that is the model's answer, not a
-        failed optimisation.
+        failed optimisation. With ``"bayes"``, ``"scaled"`` is not yet as trustworthy: on sonar q(theta)'s log
+        signal variance is 0.47 NUTS sd low and its test probabilities 0.071 from a long NUTS run's
+        (``benchmarks/results/classification_nuts_ref_scaled.md``; pima, ionosphere, ripley within 0.22 sd and
+        0.018 of short NUTS runs).
     beta : float
         CVI step size in (0, 1].
     estimator : {"auto", "quadrature", "mc", "fixed"}
