@@ -46,7 +46,11 @@ class FullyBayesianCVI:
         with 200 steps reached a bound at least as high within its standard error (Pima -67.51 +- 0.07 vs
         -67.94 +- 0.26; Ionosphere -65.39 +- 0.19 vs -65.50 +- 0.44; Sonar -69.72 +- 0.04 vs -69.63 +- 0.45;
         Ripley -45.61 +- 0.04 vs -45.50 +- 0.09) and the same q (means within 0.15 of DSVI's sds) with 901
-        target evaluations against 2,518 / 13,772 / 23,824 / 1,708.
+        target evaluations against 2,518 / 13,772 / 23,824 / 1,708. Where the posterior is informative in many
+        dimensions the default can stop short: on the Sonar subsample under ``prior="scaled"`` (D = 61) its
+        244 steps (15.6 s) ended at a bound of -66.91 with the log signal variance 0.47 long-NUTS sd low and test
+        probabilities 0.071 from NUTS's; 1,000 steps (45.5 s): -66.68, 0.37 sd, 0.060; DSVI (299 s): 0.27 sd,
+        0.043 (``benchmarks/results/classification_nuts_ref_scaled.md``; ad-hoc runs, 2026-11-25).
     prior : "default", "scaled" or torch.distributions.Distribution
         Prior on the log-hyperparameters (default independent :math:`\mathcal N(0, 10)`; ``"scaled"``: the same
         variance centred at the model's data-scaled start, :func:`gpvi.models.priors.resolve_prior`). ``None`` is
