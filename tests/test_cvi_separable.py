@@ -8,11 +8,13 @@ stationarity of the MAP objective by the closed-form ELBO gradient plus the Gaus
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
 import torch
 
+import gpvi
 from gpvi.inference.cvi import CVI, TypeII, theta_objective
 from gpvi.inference.cvi.typeii import converge_sites
 from gpvi.models.classification import GPClassification
@@ -92,8 +94,14 @@ def test_the_objective_is_the_elbo_plus_the_log_prior_and_is_stationary_at_the_r
 def test_without_the_prior_the_irrelevant_lengthscale_runs_to_the_box():
     X, y = separable(40, 0)
     model = GPClassification(X, y)
-    plain = TypeII(eng(), prior=None).run(model)
-    with_prior = TypeII(eng()).run(model)
+    with pytest.warns(gpvi.BoundWarning, match=r"ML-II: 1 lengthscale\(s\) at the upper bound 11.5 \(lengthscale "
+                      r"314 sd\(x_j\)\): the fit does not depend on input\(s\) 1 .*widen theta_bounds="):
+        plain = TypeII(eng(), prior=None).run(model)
+    assert plain.info["at_bound"] == {"log_lengthscale_sq[1]": "upper"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", gpvi.BoundWarning)
+        with_prior = TypeII(eng()).run(model)
+    assert with_prior.info["at_bound"] == {}
     assert plain.info["type_ii"]["prior"] is None and plain.info["log_prior"] == 0.0
     assert plain.info["objective"] == plain.elbo
     # x1 is irrelevant: lengthscale^2 -> the box's top, var(x1) e^11.5 (the box moves with the input's scale)

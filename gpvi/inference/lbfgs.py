@@ -169,3 +169,40 @@ def _box(bounds: Any, dim: int) -> tuple[np.ndarray, np.ndarray]:
     if not (np.isfinite(lo).all() and np.isfinite(hi).all() and (lo < hi).all()):
         raise ValueError("bounds must be finite with low < high in every component")
     return lo, hi
+
+
+def ends_on_box(theta: Any, low: Any, high: Any, names: list[str], *, tol: float = 1e-6) -> dict[str, str]:
+    """``{name: "lower" | "upper"}`` for the components of ``theta`` within ``tol`` of the box ``[low, high]``
+    (numbers, or one bound per component)."""
+    th = np.asarray(theta.detach().cpu() if isinstance(theta, torch.Tensor) else theta, dtype=np.float64)
+    lo, hi = (np.broadcast_to(np.asarray(b.detach().cpu() if isinstance(b, torch.Tensor) else b, dtype=np.float64),
+                              th.shape) for b in (low, high))
+    out = {}
+    for name, v, a, b in zip(names, th.tolist(), lo.tolist(), hi.tolist()):
+        if v <= a + tol:
+            out[name] = "lower"
+        elif v >= b - tol:
+            out[name] = "upper"
+    return out
+
+
+def box_message(at_bound: dict[str, str], bounds: tuple[float, float], what: str, *, setting: str = "bounds",
+                relative: bool = False) -> str:
+    """The text of the :class:`~gpvi.exceptions.BoundWarning` for the components in ``at_bound`` (from
+    :func:`ends_on_box`) of a point estimate ``what`` ("ML-II", "MAP", ...) searched in ``bounds`` (the argument
+    ``setting``); ``relative``: the lengthscales' box is in units of var(x_j) (the classifiers' type-II loops)."""
+    unit = " sd(x_j)" if relative else ""
+    parts = []
+    irrelevant = [n for n, side in at_bound.items() if side == "upper" and "lengthscale" in n]
+    if irrelevant:
+        cols = [n[n.index("[") + 1:-1] if n.endswith("]") and "[" in n else n for n in irrelevant]
+        parts.append(f"{len(cols)} lengthscale(s) at the upper bound {bounds[1]:g} (lengthscale "
+                     f"{math.exp(bounds[1] / 2):.3g}{unit}): the fit does not depend on input(s) {', '.join(cols)} "
+                     "(irrelevant inputs)")
+    for name, side in at_bound.items():
+        if name not in irrelevant:
+            value = bounds[0] if side == "lower" else bounds[1]
+            shift = " + log var(x_j)" if relative and "lengthscale" in name else ""
+            parts.append(f"{name} sits at the {side} bound {value:g}{shift} of the search box (the objective still "
+                         f"improves beyond it)")
+    return f"{what}: " + "; ".join(parts) + f"; see info['at_bound'] (widen {setting}= to search further)"

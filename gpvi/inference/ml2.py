@@ -28,7 +28,7 @@ import torch
 
 from ..exceptions import BoundWarning, ConvergenceWarning, NotPSDError
 from ..posteriors.base import PointPosterior
-from .lbfgs import lbfgs_maximise
+from .lbfgs import box_message, ends_on_box, lbfgs_maximise
 from .progress import Progress, warn_interrupted
 from ..rng import check_seed, resolve_generator
 from ..evaluation.table import Table
@@ -206,7 +206,8 @@ class ML2:
                               ConvergenceWarning, stacklevel=2)
         at_bound = self._at_bound(best["theta"], list(target.names))
         if at_bound:
-            warnings.warn(_bound_message(at_bound, self.bounds, self.prior), BoundWarning, stacklevel=2)
+            warnings.warn(box_message(at_bound, self.bounds, "MAP" if self.prior else "ML-II"), BoundWarning,
+                          stacklevel=2)
         table = Table([str(rec["restart"]) for rec in records],
                       {"value": [rec["value"] for rec in records],
                        "iterations": [rec["iterations"] for rec in records],
@@ -232,14 +233,7 @@ class ML2:
         """``{name: "lower" | "upper"}`` for the components of ``theta`` within 1e-6 of the box."""
         if self.bounds is None:
             return {}
-        lo, hi = self.bounds
-        out = {}
-        for name, v in zip(names, theta.tolist()):
-            if v <= lo + 1e-6:
-                out[name] = "lower"
-            elif v >= hi - 1e-6:
-                out[name] = "upper"
-        return out
+        return ends_on_box(theta, *self.bounds, names)
 
 
 def _projected_gradient_max(objective: Callable[[torch.Tensor], torch.Tensor], theta: torch.Tensor,
@@ -257,20 +251,3 @@ def _projected_gradient_max(objective: Callable[[torch.Tensor], torch.Tensor], t
         g = torch.where((x.detach() >= hi - 1e-6) & (g > 0), torch.zeros_like(g), g)
     val = float(g.abs().max()) if g.numel() else 0.0
     return val if math.isfinite(val) else math.inf
-
-
-def _bound_message(at_bound: dict[str, str], bounds: tuple[float, float], prior: bool) -> str:
-    what = "MAP" if prior else "ML-II"
-    parts = []
-    irrelevant = [n for n, side in at_bound.items() if side == "upper" and "lengthscale" in n]
-    if irrelevant:
-        cols = [n[n.index("[") + 1:-1] if n.endswith("]") and "[" in n else n for n in irrelevant]
-        parts.append(f"{len(cols)} lengthscale(s) at the upper bound {bounds[1]:g} (lengthscale "
-                     f"{math.exp(bounds[1] / 2):.3g}): the fit does not depend on input(s) {', '.join(cols)} "
-                     "(irrelevant inputs)")
-    for name, side in at_bound.items():
-        if name not in irrelevant:
-            value = bounds[0] if side == "lower" else bounds[1]
-            parts.append(f"{name} sits at the {side} bound {value:g} of the search box (the objective still "
-                         f"improves beyond it)")
-    return f"{what}: " + "; ".join(parts) + "; see info['at_bound'] (widen bounds= to search further)"

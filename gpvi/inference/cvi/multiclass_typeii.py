@@ -31,7 +31,7 @@ from . import multiclass_sites as ms
 from . import sites
 from .multiclass import MulticlassCVI
 from .multiclass_sites import MulticlassCVIState
-from .typeii import _NO_DRAWS, monotone_run
+from .typeii import _NO_DRAWS, monotone_run, report_box
 
 __all__ = ["MulticlassTypeII", "converge_sites", "profiled_objective", "secant_step", "inner_quadrature",
            "COARSE"]
@@ -328,7 +328,8 @@ class MulticlassTypeII:
 
         ``info`` adds ``learn_hyperparameters`` (True), ``type_ii`` (settings), ``theta_phases``,
         ``theta_evaluations``, ``inner_steps``, ``log_prior`` (at the final theta; 0 without a prior),
-        ``objective`` (bound + log prior) and ``time_s``.
+        ``objective`` (bound + log prior), ``time_s`` and ``at_bound`` (components on the box, each named in one
+        :class:`~gpvi.exceptions.BoundWarning`: :func:`~gpvi.inference.cvi.typeii.report_box`).
         """
         cvi = self.cvi
         cvi._configure(model)
@@ -367,7 +368,8 @@ class MulticlassTypeII:
             post = cvi.run(model, state=new, callback=callback)
         lp = float(prior_log_prob(prior, post.theta)) if prior is not None else 0.0
         extra = {"learn_hyperparameters": True, "type_ii": self.settings(), "time_s": time.perf_counter() - t0,
-                 "log_prior": lp, "objective": post.elbo + lp}
+                 "log_prior": lp, "objective": post.elbo + lp,
+                 "at_bound": report_box(model, post.theta, self.theta_bounds, self.prior)}
         for k in ("theta_phases", "theta_evaluations", "inner_steps"):
             extra[k] = post.engine_state.counters.get(k, 0) if post.engine_state is not None else 0
         return post._with_info(extra)

@@ -68,20 +68,21 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
-from ...exceptions import NotPSDError, NumericalWarning
+from ...exceptions import BoundWarning, NotPSDError, NumericalWarning
 from ...models.likelihoods import expected_log_lik
 from ...models.quadrature import Quadrature
 from ...models.priors import check_prior_choice, prior_log_prob, prior_name, resolve_prior
 from ...posteriors.latent import LatentPosterior
 from ...validation import check_interval, check_nonnegative_int, check_positive, check_positive_int
 from ..anderson import Anderson
-from ..lbfgs import lbfgs_maximise
+from ..lbfgs import box_message, ends_on_box, lbfgs_maximise
 from ..progress import warn_interrupted
 from . import sites, steps
 from .engine import CVI
@@ -113,6 +114,19 @@ def theta_objective(model: Any, lam1: torch.Tensor, lam2: torch.Tensor, theta: t
     G = sites.kernel_gradient(L, lam1, lam2, m, alpha, ex.dm, ex.dv)
     (grad,) = torch.autograd.grad(K, th, grad_outputs=G)
     return float(val), grad.detach()
+
+
+def report_box(model: Any, theta: torch.Tensor, theta_bounds: tuple[float, float], prior: Any) -> dict[str, str]:
+    """The components of a type-II ``theta`` that ended on ``model``'s box (:meth:`LatentGP.theta_box`), as
+    ``info["at_bound"]`` records them, with one :class:`~gpvi.exceptions.BoundWarning` naming them (as
+    :class:`gpvi.ML2` does): an irrelevant input's lengthscale at the top under ML-II, or a prior too weak to
+    keep theta inside the box."""
+    lo, hi = model.theta_box(theta_bounds)
+    at_bound = ends_on_box(theta, lo, hi, list(model.names))
+    if at_bound:
+        warnings.warn(box_message(at_bound, theta_bounds, "ML-II" if prior is None else "MAP-II",
+                                  setting="theta_bounds", relative=True), BoundWarning, stacklevel=3)
+    return at_bound
 
 
 def converge_sites(cvi: CVI, model: Any, theta: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor,
@@ -390,8 +404,9 @@ class TypeII:
         LatentPosterior
             At the learned ``theta``; ``info`` adds ``learn_hyperparameters`` (True), ``type_ii`` (the settings),
             ``log_prior`` (:math:`\log p(\theta)`, 0 without a prior), ``objective`` (ELBO + ``log_prior``, what
-            was maximised), ``theta_phases``, ``theta_evaluations``, ``inner_steps``, ``inner_backtracks`` and
-            ``time_s`` (the whole loop).
+            was maximised), ``theta_phases``, ``theta_evaluations``, ``inner_steps``, ``inner_backtracks``,
+            ``time_s`` (the whole loop) and ``at_bound`` (``{name: "lower" | "upper"}`` for the components that ended
+            on the box, each named in one :class:`~gpvi.exceptions.BoundWarning`; :func:`report_box`).
         """
         cvi = self.cvi
         model = cvi._check_model(model)
@@ -414,7 +429,8 @@ class TypeII:
             post = cvi.run(model, state=new, callback=callback)
         log_prior = self.log_prior(model, post.theta)
         extra = {"learn_hyperparameters": True, "type_ii": self.settings(), "time_s": time.perf_counter() - t0,
-                 "log_prior": log_prior, "objective": post.elbo + log_prior}
+                 "log_prior": log_prior, "objective": post.elbo + log_prior,
+                 "at_bound": report_box(model, post.theta, self.theta_bounds, self.prior)}
         for k in ("theta_phases", "theta_evaluations", "inner_steps", "inner_backtracks"):
             extra[k] = post.engine_state.counters.get(k, 0) if post.engine_state is not None else 0
         return post._with_info(extra)
