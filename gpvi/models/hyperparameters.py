@@ -334,8 +334,9 @@ class KernelParametrisation:
         r"""Per theta coordinate, the log of the squared input scale it is measured against: :math:`\log
         \operatorname{var}(x_j)` for the lengthscale of input j (0 for a constant column, which has no scale and
         whose lengthscale the data cannot move), the log of the mean variance of the non-constant columns for a
-        lengthscale shared by all columns, 0 for variances and every other parameter. Standardised inputs give 0 everywhere; scaling input j by s adds
-        :math:`2 \log s` to its coordinate, as it does to the lengthscale^2 that fits the same function."""
+        lengthscale shared by all columns, 0 for variances and every other parameter. Standardised inputs give 0
+        everywhere; scaling input j by s adds :math:`2 \log s` to its coordinate, as it does to the lengthscale^2
+        that fits the same function."""
         out = torch.zeros(self.dim, dtype=X.dtype, device=X.device)
         d = X.shape[1]
         var, shared, const = _column_scales(X)
