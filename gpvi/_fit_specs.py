@@ -89,6 +89,10 @@ def _posterior_from(state: dict[str, Any], model: Any) -> Any:
     raise _Invalid(f"unknown posterior kind {kind!r}")
 
 
+_PLAIN_PRIORS = ("default", "scaled", None)
+"""The ``GPClassifier(prior=...)`` settings a fit file can hold (a prior object is not plain data)."""
+
+
 def _classifier_spec(clf: Any) -> dict[str, Any]:
     if not hasattr(clf, "posterior_"):
         raise ValueError("cannot save a GPClassifier that is not fitted; call fit(X, y) first")
@@ -98,7 +102,7 @@ def _classifier_spec(clf: Any) -> dict[str, Any]:
     if params.get("kernel") is not None:
         raise ValueError(f"cannot save a GPClassifier with a custom kernel ({params['kernel']!r}): a fit file holds "
                          "only plain data, and only the default kernel (kernel=None) can be rebuilt from it")
-    if params.get("prior", "default") not in ("default", "scaled", None):
+    if params.get("prior", "default") not in _PLAIN_PRIORS:
         raise ValueError(f"cannot save a GPClassifier with a prior object ({type(params['prior']).__name__}): a fit "
                          "file holds only plain data, and only prior='default', 'scaled' or None can be written to it")
     if getattr(clf, "hyperparameter_posterior_", None) is not None:
@@ -150,7 +154,7 @@ def _classifier_from(spec: dict[str, Any]) -> Any:
     unknown = set(params) - valid
     if unknown:
         raise _Invalid(f"unknown GPClassifier parameters {sorted(unknown)}")
-    if params.get("prior", "default") not in ("default", "scaled", None):
+    if params.get("prior", "default") not in _PLAIN_PRIORS:
         raise _Invalid(f"a saved classifier's prior must be 'default', 'scaled' or null; got {params['prior']!r}")
     params["device"] = None                                 # a fit loads on the CPU, wherever it was fitted
     clf = GPClassifier(**params)

@@ -155,6 +155,11 @@ def lbfgs_maximise(fn: Callable[[torch.Tensor], Any], x0: Any, *, bounds: tuple[
                        int(res.nfev), bool(res.success) and math.isfinite(value), str(res.message))
 
 
+def _float64(x: Any) -> np.ndarray:
+    """A number, array or tensor (any device) as a float64 numpy array."""
+    return np.asarray(x.detach().cpu() if isinstance(x, torch.Tensor) else x, dtype=np.float64)
+
+
 def _box(bounds: Any, dim: int) -> tuple[np.ndarray, np.ndarray]:
     """``bounds`` as two ``(dim,)`` float64 arrays: a pair of numbers (checked by ``check_interval``) or a pair of
     vectors of length ``dim`` with finite ``low < high`` componentwise."""
@@ -163,7 +168,7 @@ def _box(bounds: Any, dim: int) -> tuple[np.ndarray, np.ndarray]:
     if all(np.ndim(b) == 0 for b in bounds):
         lo, hi = check_interval(bounds, "bounds")
         return np.full(dim, lo), np.full(dim, hi)
-    lo, hi = (np.asarray(b.detach().cpu() if isinstance(b, torch.Tensor) else b, dtype=np.float64) for b in bounds)
+    lo, hi = (_float64(b) for b in bounds)
     if lo.shape != (dim,) or hi.shape != (dim,):
         raise ValueError(f"bounds vectors must have shape ({dim},) like x0; got {lo.shape} and {hi.shape}")
     if not (np.isfinite(lo).all() and np.isfinite(hi).all() and (lo < hi).all()):
@@ -174,9 +179,8 @@ def _box(bounds: Any, dim: int) -> tuple[np.ndarray, np.ndarray]:
 def ends_on_box(theta: Any, low: Any, high: Any, names: list[str], *, tol: float = 1e-6) -> dict[str, str]:
     """``{name: "lower" | "upper"}`` for the components of ``theta`` within ``tol`` of the box ``[low, high]``
     (numbers, or one bound per component)."""
-    th = np.asarray(theta.detach().cpu() if isinstance(theta, torch.Tensor) else theta, dtype=np.float64)
-    lo, hi = (np.broadcast_to(np.asarray(b.detach().cpu() if isinstance(b, torch.Tensor) else b, dtype=np.float64),
-                              th.shape) for b in (low, high))
+    th = _float64(theta)
+    lo, hi = (np.broadcast_to(_float64(b), th.shape) for b in (low, high))
     out = {}
     for name, v, a, b in zip(names, th.tolist(), lo.tolist(), hi.tolist()):
         if v <= a + tol:

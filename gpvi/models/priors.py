@@ -22,9 +22,7 @@ DEFAULT_PRIOR_VARIANCE = 10.0
 def default_prior(dim: int, *, variance: float = DEFAULT_PRIOR_VARIANCE, dtype: torch.dtype = torch.float64,
                   device: torch.device | str | None = None) -> torch.distributions.Distribution:
     r"""Independent :math:`\mathcal N(0, \text{variance})` on each of ``dim`` components (event shape ``(dim,)``)."""
-    loc = torch.zeros(dim, dtype=dtype, device=device)
-    scale = torch.full((dim,), math.sqrt(variance), dtype=dtype, device=device)
-    return torch.distributions.Independent(torch.distributions.Normal(loc, scale), 1)
+    return scaled_prior(torch.zeros(dim, dtype=dtype, device=device), variance=variance)
 
 
 def scaled_prior(center: torch.Tensor, *, variance: float = DEFAULT_PRIOR_VARIANCE) -> torch.distributions.Distribution:
