@@ -14,6 +14,7 @@ import torch
 
 import gpvi
 from gpvi.inference.lbfgs import lbfgs_maximise
+from gpvi.models.whitened import WhitenedLatentGP
 from gpvi.sklearn import GPClassifier
 from conftest import iris_rows
 
@@ -77,6 +78,21 @@ def test_the_default_prior_warns_on_inputs_far_from_unit_scale():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         GPClassifier(progress_bar=False).fit(X * 3.0, y)      # sd 3: inside [0.1, 10], no warning
+
+
+def test_the_nuts_baseline_warns_as_the_fits_do_under_the_default_prior():
+    """WhitenedLatentGP (the NUTS baseline) resolves its prior as type-II and the fully Bayesian fit do: the default
+    (``None`` or ``"default"``) warns on inputs far from unit scale; ``"scaled"`` does not."""
+    X, y = two_inputs(30)
+    far = gpvi.GPClassification(X * torch.tensor([1e3, 1.0], dtype=F64), y)
+    for prior in (None, "default"):
+        with pytest.warns(gpvi.InputScaleWarning, match=r"log_lengthscale_sq\[0\] has variance 7.79e\+05"):
+            target = WhitenedLatentGP(far, prior)
+        torch.testing.assert_close(target.prior.mean, torch.zeros(far.dim, dtype=F64))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        WhitenedLatentGP(far, "scaled")
+        WhitenedLatentGP(gpvi.GPClassification(X * 3.0, y))
 
 
 def test_lbfgs_takes_a_box_per_component():

@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from .fastpaths import scaled_rbf_covariance
-from .priors import check_prior, default_prior, prior_log_prob, resolve_prior
+from .priors import check_prior, prior_log_prob, resolve_prior
 
 __all__ = ["WhitenedLatentGP", "WHITENING_JITTER"]
 
@@ -63,8 +63,9 @@ class WhitenedLatentGP:
     model : LatentGP
         E.g. :class:`gpvi.GPClassification` (its data, kernel and likelihood).
     prior : torch.distributions.Distribution, "default" or "scaled", optional
-        Prior over the kernel's log-hyperparameters (default N(0, 10 I), as for regression; ``"scaled"``: centred at
-        ``model.initial_theta()``, :func:`gpvi.models.priors.resolve_prior`).
+        Prior over the kernel's log-hyperparameters (default N(0, 10 I), as for regression, with the
+        :class:`gpvi.InputScaleWarning` of :func:`gpvi.models.priors.resolve_prior` for inputs far from unit scale
+        (since 2026-11-25; ``None`` means the default); ``"scaled"``: centred at ``model.initial_theta()``).
     learn_theta : bool
         Sample :math:`\theta` too (default); ``False`` keeps ``model.theta`` fixed and samples only :math:`v`.
 
@@ -96,11 +97,8 @@ class WhitenedLatentGP:
         self.model = model
         self.learn_theta = learn_theta
         self.num_theta = model.dim if learn_theta else 0
-        dev = model.X.device
-        if prior is None:
-            self.prior = default_prior(model.dim, device=dev)
-        elif isinstance(prior, str):
-            self.prior = resolve_prior(prior, model)
+        if prior is None or isinstance(prior, str):      # None: the default (this target needs a proper prior)
+            self.prior = resolve_prior("default" if prior is None else prior, model)
         else:
             self.prior = check_prior(prior, model.dim)
         n = model.num_data
