@@ -360,8 +360,8 @@ def report(binary: list[dict[str, Any]], multi: list[dict[str, Any]], args: argp
             md += ("\nRead rows (multi-class): one run each of `benchmarks/multiclass_bayes.py` on the same splits "
                    "(digits: no fully Bayesian fit on EP, which needs K <= 3); wall of the fully Bayesian fit = "
                    "MAP-II + Laplace + the q(theta) engine on multi-class EP's evidence (`FullyBayesianCVI()`'s "
-                   "default for the 3-class softmax since 2026-11-25) or on the profiled multi-class CVI bound (`evidence=\"cvi\"`) + the per-draw latent "
-                   "posteriors of its predictive; "
+                   "default for the 3-class softmax since 2026-11-25) or on the profiled multi-class CVI bound "
+                   "(`evidence=\"cvi\"`) + the per-draw latent posteriors of its predictive; "
                    "of NUTS = sampling over (theta, V); 1-minute load after the fit. NUTS R-hat max over "
                    "(theta, V): " + ", ".join(f"{r['set']} {r['committed']['nuts_rhat_max']:.3f}" for r in read)
                    + ". Check that the splits are the same: MAP-II log loss here vs in the file: "
