@@ -118,7 +118,8 @@ def _classifier_spec(clf: Any) -> dict[str, Any]:
     names = getattr(clf, "feature_names_in_", None)
     multiclass = _is_multiclass(model)
     return {"params": params, "classes": [_label(c) for c in np.asarray(clf.classes_).tolist()], "X": model.X,
-            "y_index": model.y.detach().cpu().long(), "model": "multiclass" if multiclass else "binary",
+            "y_index": model.y.detach().cpu().long(), "weights": model.weights,
+            "model": "multiclass" if multiclass else "binary",
             "link": model.link, "likelihood": model.likelihood.spec() if multiclass else model.link,
             "posterior": post, "feature_names": _names(model),
             "feature_names_in": None if names is None else [str(n) for n in names]}
@@ -176,10 +177,11 @@ def _classifier_from(spec: dict[str, Any]) -> Any:
             if len(classes) != 2:
                 raise _Invalid(f"a binary classifier needs two classes; got {len(classes)}")
             model = GPClassification(spec["X"], idx.numpy(), likelihood=spec["link"], theta=params.get("theta"),
-                                     feature_names=spec.get("feature_names"))
+                                     feature_names=spec.get("feature_names"), weights=spec.get("weights"))
         elif kind == "multiclass":
             model = GPMulticlass(spec["X"], classes[idx.numpy()], likelihood=spec["likelihood"],
-                                 theta=params.get("theta"), feature_names=spec.get("feature_names"))
+                                 theta=params.get("theta"), feature_names=spec.get("feature_names"),
+                                 weights=spec.get("weights"))
             if model.num_classes != len(classes):
                 raise _Invalid(f"the class indices use {model.num_classes} of the {len(classes)} classes")
         else:

@@ -35,7 +35,8 @@ from .models.quadrature import Quadrature
 from .models.multiclass import GPMulticlass, default_quadrature
 from .models.priors import check_prior_choice
 from .rng import check_seed
-from .validation import check_bool, check_choice, check_positive_int, check_X, feature_names_of
+from .validation import (check_bool, check_choice, check_positive_int, check_sample_weight, check_X,
+                         feature_names_of)
 from ._sklearn_checks import _check_feature_names, _class_labels, _label_array, _not_fitted_error, _precheck_X
 
 __all__ = ["GPClassifier"]
@@ -185,7 +186,8 @@ class GPClassifier:
     on probability; but its *ranking* of points differs from ``predict_proba``'s, which also depends on the latent
     variance (:math:`\mathbb E_q[\sigma(f)]` is moderated towards 1/2 where :math:`q(f)` is wide). scikit-learn's
     ROC-AUC scorer uses ``decision_function`` when an estimator has one; pass ``response_method="predict_proba"``
-    to rank by the probabilities. ``fit`` takes no ``sample_weight`` (the CVI engines have no weighted sites).
+    to rank by the probabilities. ``fit(X, y, sample_weight)`` weights the likelihood terms (an integer weight is a
+    repeated row; since 2026-11-25, before which ``fit`` took no weights); ``score`` takes them too.
 
     Examples
     --------
@@ -326,8 +328,8 @@ class GPClassifier:
                              single_site=SingleSite(batch_size=batch_size))
 
     # ------------------------------------------------------------------ fitting
-    def fit(self, X: Any, y: Any) -> GPClassifier:
-        """Fit the CVI posterior (and, with ``hyperparameters="type2"``, the kernel hyperparameters).
+    def fit(self, X: Any, y: Any, sample_weight: Any = None) -> GPClassifier:
+        r"""Fit the CVI posterior (and, with ``hyperparameters="type2"``, the kernel hyperparameters).
 
         Parameters
         ----------
@@ -335,6 +337,12 @@ class GPClassifier:
             numpy array, pandas DataFrame or torch tensor.
         y : array-like of shape (n_samples,)
             Class labels of any sortable type (at least two classes).
+        sample_weight : array-like of shape (n_samples,), optional
+            Non-negative weights :math:`w_n` of the likelihood terms: the model is
+            :math:`\prod_n p(y_n \mid \mathbf f_n)^{w_n}\,p(\mathbf f)`, so an integer weight is the same
+            as repeating the row and 0 as removing it (its CVI site stays empty); the data-scaled start and the
+            type-II box use the weighted input variances. ``"type2"`` and ``"fixed"`` only (``"bayes"``: its EP
+            evidence has no weighted sites).
 
         Returns
         -------
@@ -345,7 +353,8 @@ class GPClassifier:
         ------
         ValueError
             NaN/inf in ``X`` or ``y``, a single class in ``y``, real-valued (continuous) ``y``, mismatched lengths,
-            a binary link with more than two classes, bad settings.
+            a binary link with more than two classes, a negative, non-finite or all-zero ``sample_weight`` (or one
+            with ``hyperparameters="bayes"``), bad settings.
         TypeError
             Non-numeric or sparse ``X``, labels that cannot be sorted, settings of the wrong type.
         """
@@ -353,9 +362,13 @@ class GPClassifier:
         hp = self._hyperparameters()
         _precheck_X(X)
         idx, classes = _class_labels(y, self._num_rows(X))
+        weights = check_sample_weight(sample_weight, int(idx.shape[0]))
         link = self._link(len(classes))
         names = feature_names_of(X)
         prior = check_prior_choice(self.prior)
+        if hp == "bayes" and weights is not None:
+            raise ValueError("sample_weight is for hyperparameters='type2' or 'fixed': the fully Bayesian fit's "
+                             "evidence (EP) has no weighted sites")
         if hp == "bayes" and prior is None:
             raise ValueError("prior=None (ML-II) is for hyperparameters='type2': with 'bayes' a flat prior on the "
                              "log-hyperparameters is improper; give prior='default', 'scaled' or a distribution")
@@ -370,10 +383,10 @@ class GPClassifier:
                              f"samples (theta, f) exactly")
         if link in _BINARY_LINKS:
             model: Any = GPClassification(X, idx, kernel=self.kernel, likelihood=link, theta=self.theta,
-                                          feature_names=names, device=self.device)
+                                          feature_names=names, device=self.device, weights=weights)
         else:
             model = GPMulticlass(X, classes[idx], kernel=self.kernel, likelihood=link, theta=self.theta,
-                                 feature_names=names, device=self.device)
+                                 feature_names=names, device=self.device, weights=weights)
         if hp == "bayes":
             return self._set_fitted(model, self._fully_bayesian(seed, prior).run(model), names, classes)
         if link in _BINARY_LINKS:
@@ -500,8 +513,6 @@ class GPClassifier:
 
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
         """Mean accuracy on ``(X, y)`` (labels as at ``fit``), optionally weighted by ``sample_weight``."""
-        from .validation import as_float_tensor
-
         pred = self.predict(X)
         yt = _label_array(y, "y")
         if yt.shape[0] != pred.shape[0]:
@@ -517,10 +528,5 @@ class GPClassifier:
         correct = (pred == yt).astype(float)
         if sample_weight is None:
             return float(correct.mean())
-        w = as_float_tensor(sample_weight, "sample_weight", ndim=1).cpu().numpy()
-        if w.shape[0] != correct.shape[0]:
-            raise ValueError(f"sample_weight has {w.shape[0]} values but y has {correct.shape[0]}")
-        if bool((w < 0).any()) or not w.sum() > 0:
-            raise ValueError("sample_weight must be non-negative with a positive sum; got "
-                             f"min {float(w.min()):g}, sum {float(w.sum()):g}")
+        w = check_sample_weight(sample_weight, correct.shape[0]).cpu().numpy()
         return float((w * correct).sum() / w.sum())

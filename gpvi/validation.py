@@ -23,6 +23,7 @@ __all__ = [
     "check_X_y",
     "check_theta",
     "check_binary_labels",
+    "check_sample_weight",
     "check_real",
     "check_interval",
     "check_positive",
@@ -351,6 +352,30 @@ def check_theta(theta: Any, dim: int, name: str = "theta", *, device: torch.devi
     if t.dim() == 2 and t.shape[0] == 0:
         raise ValueError(f"{name} is an empty batch (shape {tuple(t.shape)})")
     return t
+
+
+def check_sample_weight(sample_weight: Any, n: int, name: str = "sample_weight", *,
+                        device: torch.device | str | None = None) -> torch.Tensor | None:
+    """``None``, or ``sample_weight`` as a float64 tensor of shape ``(n,)``: finite, non-negative, positive sum.
+
+    Raises
+    ------
+    ValueError
+        Wrong length or shape, a NaN/inf, a negative weight, or weights that sum to zero (the message names
+        ``name``).
+    TypeError
+        Non-numeric values.
+    """
+    if sample_weight is None:
+        return None
+    w = as_float_tensor(sample_weight, name, ndim=1, allow_empty=True, device=device)
+    if w.shape[0] != n:
+        raise ValueError(f"{name} has {w.shape[0]} values but there are {n} rows")
+    if w.numel() and bool((w < 0).any()):
+        raise ValueError(f"{name} must be non-negative; got min {float(w.min()):g}")
+    if not float(w.sum()) > 0:
+        raise ValueError(f"{name} weights are all zero: at least one weight must be positive")
+    return w
 
 
 def check_binary_labels(y: Any, name: str = "y", *, device: torch.device | str | None = None

@@ -24,9 +24,12 @@ Checks not passed, and why:
 * ``check_array_api_input`` -- skipped by scikit-learn itself unless ``SCIPY_ARRAY_API=1`` is set (gpvi takes numpy
   arrays and torch tensors; it does not declare array-API support).
 
-No other check is skipped: the sample-weight, class-weight, multi-output, multi-label and sparse-support checks are
-not yielded because ``fit`` takes no ``sample_weight``, there is no ``class_weight`` and the tags say single-output,
-no multi-label, no sparse input (sparse ``X`` is refused with a message that says so, which a check verifies).
+No other check is skipped. The eight sample-weight checks run and pass since ``fit`` takes ``sample_weight``
+(2026-11-25), among them ``check_sample_weight_equivalence_on_dense_data`` (integer weights against repeated rows,
+zero weights against removed rows, to scikit-learn's default ``rtol=1e-7``; ``tests/test_sample_weight.py`` checks
+the same for type-II and multi-class fits). The class-weight, multi-output, multi-label and sparse-support checks are
+not yielded: there is no ``class_weight`` and the tags say single-output, no multi-label, no sparse input (sparse
+``X`` is refused with a message that says so, which a check verifies).
 """
 
 from __future__ import annotations

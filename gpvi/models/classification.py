@@ -25,7 +25,8 @@ from .likelihoods import Likelihood, make_likelihood
 from .fastpaths import centre_inputs, input_centre, scaled_rbf_covariance
 from .hyperparameters import KernelParametrisation
 from ..validation import (as_float_tensor, check_binary_labels, check_column_spread, check_feature_names,
-                          check_finite_prediction, check_memory, check_theta, check_X, feature_names_of)
+                          check_finite_prediction, check_memory, check_sample_weight, check_theta, check_X,
+                          feature_names_of)
 
 __all__ = ["LatentGP", "GPClassification"]
 
@@ -52,6 +53,11 @@ class LatentGP:
     feature_names : sequence of str, optional
         One name per column of ``X`` (default: a pandas DataFrame's string column names); per-column
         lengthscales are then named by column (``log_lengthscale_sq[nox]``).
+    weights : array-like of shape (n_samples,), optional
+        Non-negative weights :math:`w_n` of the likelihood terms, :math:`\prod_n p(y_n \mid f_n)^{w_n}`
+        (``GPClassifier.fit``'s ``sample_weight``): an integer weight is the same as repeating the row, 0 as
+        removing it (its site stays empty). They also weight the input variances of :meth:`initial_theta` and
+        :meth:`log_input_scale`. Used by CVI and type-II; the fully Bayesian fit (EP's evidence) refuses them.
 
     Raises
     ------
@@ -90,12 +96,13 @@ class LatentGP:
 
     def __init__(self, X: Any, y: Any, kernel: gpytorch.kernels.Kernel | None = None,
                  likelihood: str | Likelihood = "logit", theta: Any = None, *,
-                 device: torch.device | str | None = None, feature_names: Any = None) -> None:
+                 device: torch.device | str | None = None, feature_names: Any = None, weights: Any = None) -> None:
         self.likelihood = make_likelihood(likelihood)
         names_in = feature_names_of(X) if feature_names is None else feature_names
         Xt = check_X(X, "X", device=device)
         self._set_targets(y, Xt)
         n, d = Xt.shape
+        self.weights = check_sample_weight(weights, n, "weights", device=Xt.device)
         self.feature_names = check_feature_names(names_in, d)
         check_column_spread(Xt, "X", self.feature_names)
         check_memory(n, copies=4, device=Xt.device, what="exact latent-GP inference (CVI)")
@@ -215,12 +222,25 @@ class LatentGP:
 
     # ------------------------------------------------------------------ helpers
     def initial_theta(self) -> torch.Tensor:
-        """Data-scaled start: ``lengthscale^2 = d var(x_j)``, signal variance 1 (log 0), others 0."""
-        return self.kernel_params.initial_theta(self._Xc).to(torch.float64)
+        """Data-scaled start: ``lengthscale^2 = d var(x_j)``, signal variance 1 (log 0), others 0 (with ``weights``,
+        the weighted variances: weights act as repeated rows)."""
+        return self.kernel_params.initial_theta(self._Xc, self.weights).to(torch.float64)
 
     def log_input_scale(self) -> torch.Tensor:
-        """:meth:`~gpvi.models.hyperparameters.KernelParams.log_input_scale` at this model's inputs, shape (D,)."""
-        return self.kernel_params.log_input_scale(self._Xc).to(torch.float64)
+        """:meth:`~gpvi.models.hyperparameters.KernelParams.log_input_scale` at this model's inputs (weighted as
+        :meth:`initial_theta`), shape (D,)."""
+        return self.kernel_params.log_input_scale(self._Xc, self.weights).to(torch.float64)
+
+    def weigh(self, ex: Any, idx: torch.Tensor | None = None) -> Any:
+        r"""Site expectations ``(value, dm, dv)`` of the sites ``idx`` (all when None) times their ``weights``:
+        the weighted likelihood :math:`\prod_n p(y_n \mid \mathbf f_n)^{w_n}` has
+        :math:`w_n\,\mathbb E_q[\log p(y_n \mid \mathbf f_n)]` in the bound, and CVI's site gradients
+        (Khan & Lin 2017, eq. 13) scale with it. ``ex`` itself without weights."""
+        if self.weights is None:
+            return ex
+        w = self.weights if idx is None else self.weights[idx]
+        wk = w if ex.dm.dim() == 1 else w.unsqueeze(-1)
+        return type(ex)(ex.value * w, ex.dm * wk, ex.dv * wk)
 
     def theta_box(self, bounds: tuple[float, float]) -> tuple[torch.Tensor, torch.Tensor]:
         r"""The learning box of every log-hyperparameter, ``(low, high)`` vectors of shape (D,): ``bounds`` shifted
@@ -282,6 +302,8 @@ class GPClassification(LatentGP):
     device : torch.device or str, optional
     feature_names : sequence of str, optional
         See :class:`LatentGP`.
+    weights : array-like of shape (n_samples,), optional
+        Likelihood weights; see :class:`LatentGP`.
 
     Attributes
     ----------
@@ -300,10 +322,10 @@ class GPClassification(LatentGP):
 
     def __init__(self, X: Any, y: Any, kernel: gpytorch.kernels.Kernel | None = None,
                  likelihood: str | Likelihood = "logit", theta: Any = None, *,
-                 device: torch.device | str | None = None, feature_names: Any = None) -> None:
+                 device: torch.device | str | None = None, feature_names: Any = None, weights: Any = None) -> None:
         lik = make_likelihood(likelihood)
         if not getattr(lik, "binary", False):
             raise ValueError(f"likelihood must be a binary likelihood ('logit' or 'probit'); got {lik.name!r} "
                              f"(use gpvi.models.classification.LatentGP for other likelihoods)")
-        super().__init__(X, y, kernel, lik, theta, device=device, feature_names=feature_names)
+        super().__init__(X, y, kernel, lik, theta, device=device, feature_names=feature_names, weights=weights)
         self.classes: np.ndarray

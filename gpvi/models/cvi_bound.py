@@ -78,6 +78,14 @@ from .priors import prior_log_prob, resolve_prior
 __all__ = ["CVIBoundTarget"]
 
 
+def refuse_weights(model: Any, what: str) -> None:
+    """``ValueError`` for a model with likelihood ``weights``: the profiled bound over theta and EP's evidence built
+    on it (the fully Bayesian fit's targets) have no weighted sites."""
+    if getattr(model, "weights", None) is not None:
+        raise ValueError(f"{what} does not take a model with likelihood weights (sample_weight): its evidence has no "
+                         f"weighted sites; use type-II (CVI and TypeII / MulticlassTypeII weight the sites)")
+
+
 class _EnvelopeBound(torch.autograd.Function):
     """``(S, D) -> (S,)`` values of the profiled bound, with the envelope-theorem gradient as the backward."""
 
@@ -296,6 +304,7 @@ class CVIBoundTarget(AnchoredBoundTarget):
             raise TypeError(f"model must be a gpvi GPClassification / LatentGP; got {type(model).__name__}")
         if cvi is not None and not isinstance(cvi, CVI):
             raise TypeError(f"cvi must be a gpvi.CVI engine; got {type(cvi).__name__}")
+        refuse_weights(model, type(self).__name__)
         self.model = model
         self.cvi = cvi if cvi is not None else CVI(progress_bar=False)
         self.batched = check_bool(batched, "batched")

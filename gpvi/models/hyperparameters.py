@@ -330,16 +330,17 @@ class KernelParametrisation:
                 out[..., b.start:b.stop] = torch.exp(b.natural_power * theta_k[..., b.start:b.stop])
         return out
 
-    def log_input_scale(self, X: torch.Tensor) -> torch.Tensor:
+    def log_input_scale(self, X: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
         r"""Per theta coordinate, the log of the squared input scale it is measured against: :math:`\log
         \operatorname{var}(x_j)` for the lengthscale of input j (0 for a constant column, which has no scale and
         whose lengthscale the data cannot move), the log of the mean variance of the non-constant columns for a
         lengthscale shared by all columns, 0 for variances and every other parameter. Standardised inputs give 0
         everywhere; scaling input j by s adds :math:`2 \log s` to its coordinate, as it does to the lengthscale^2
-        that fits the same function."""
+        that fits the same function. ``weights`` (one per row, non-negative): weighted variances, as if each row
+        were repeated ``weights`` times."""
         out = torch.zeros(self.dim, dtype=X.dtype, device=X.device)
         d = X.shape[1]
-        var, shared, const = _column_scales(X)
+        var, shared, const = _column_scales(X, weights)
         log_var = torch.where(const, torch.zeros_like(var), torch.log(var))
         n_scaled = max(int((~const).sum()), 1)
         for b in self.blocks:
@@ -350,8 +351,9 @@ class KernelParametrisation:
                     out[b.start:b.stop] = math.log(shared / n_scaled)
         return out
 
-    def initial_theta(self, X: torch.Tensor) -> torch.Tensor:
-        """A data-scaled starting point: lengthscale^2 = d * var(x_j), others 1.
+    def initial_theta(self, X: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+        """A data-scaled starting point: lengthscale^2 = d * var(x_j), others 1 (``weights``: as in
+        :meth:`log_input_scale`).
 
         A constant column (variance 0) says nothing about its lengthscale and the data cannot move it, so it starts
         long: 100 times the largest variance of the other columns (1 if all are constant). A short start there would
@@ -363,7 +365,7 @@ class KernelParametrisation:
         """
         theta = torch.zeros(self.dim, dtype=X.dtype, device=X.device)
         d = X.shape[1]
-        var, shared, _ = _column_scales(X)
+        var, shared, _ = _column_scales(X, weights)
         for b in self.blocks:
             if b.log and b.natural_power == 0.5:
                 size = b.stop - b.start
@@ -374,16 +376,25 @@ class KernelParametrisation:
         return theta
 
 
-def _column_scales(X: torch.Tensor) -> tuple[torch.Tensor, float, torch.Tensor]:
+def _column_scales(X: torch.Tensor, weights: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, float, torch.Tensor]:
     """The columns' variances (a constant column, whose variance says nothing about its lengthscale: 100 times the
     largest variance of the others, 1 if all are constant), their sum over the non-constant columns (``d * 100 *
     that`` when all are constant) and the mask of constant columns; ones, ``d`` and no constant column for a single
-    row."""
+    row. With ``weights``, the weighted variances over the rows of positive weight (a row repeated k times and a
+    row of weight k give the same numbers)."""
     d = X.shape[1]
+    if weights is not None:
+        keep = weights > 0
+        X, weights = X[keep], weights[keep]
     if X.shape[0] <= 1:
         return (torch.ones(d, dtype=X.dtype, device=X.device), float(d),
                 torch.zeros(d, dtype=torch.bool, device=X.device))
-    var = X.var(dim=0, unbiased=False)
+    if weights is None:
+        var = X.var(dim=0, unbiased=False)
+    else:
+        w = (weights / weights.sum()).to(X.dtype).unsqueeze(-1)
+        var = (w * (X - (w * X).sum(0)) ** 2).sum(0)
     const = var <= 1e-12 * X.abs().amax(dim=0).clamp_min(1.0) ** 2
     big = float(var[~const].max()) if bool((~const).any()) else 0.01
     shared = float(var[~const].sum()) if bool((~const).any()) else d * 100.0 * big

@@ -82,7 +82,7 @@ cache. K = 10, S = 1,024, 210 sites: 8.6 ms per call in one (K, N, S) pass, 5.6 
 2026-11-25; blocks of 8 / 32 / 64: 5.7 / 6.5 / 6.6 ms)."""
 
 _SHIFT_SAFE_SD = 15.0
-"""Largest marginal standard deviation for which the softmax averages shift by each site's largest mean instead of
+r"""Largest marginal standard deviation for which the softmax averages shift by each site's largest mean instead of
 each point's maximum: the fixed points have :math:`|\varepsilon| \le 8.2` (the normal quantile of the clamped
 Sobol' points) and standard normal draws exceed 40 with probability below 1e-300, so
 :math:`|f - c| \le 15 \cdot 40 = 600 < 709` and no exponential overflows or underflows to zero for the largest class."""
@@ -483,6 +483,8 @@ class GPMulticlass(LatentGP):
         Kernel log-hyperparameters (see :class:`~gpvi.models.classification.LatentGP`).
     device : torch.device or str, optional
     feature_names : sequence of str, optional
+    weights : array-like of shape (n_samples,), optional
+        Likelihood weights (:class:`~gpvi.models.classification.LatentGP`); every class of a point shares them.
 
     Attributes
     ----------
@@ -504,9 +506,9 @@ class GPMulticlass(LatentGP):
 
     def __init__(self, X: Any, y: Any, kernel: gpytorch.kernels.Kernel | None = None,
                  likelihood: str | Likelihood = "softmax", theta: Any = None, *,
-                 device: torch.device | str | None = None, feature_names: Any = None) -> None:
+                 device: torch.device | str | None = None, feature_names: Any = None, weights: Any = None) -> None:
         super().__init__(X, y, kernel, make_multiclass_likelihood(likelihood), theta, device=device,
-                         feature_names=feature_names)
+                         feature_names=feature_names, weights=weights)
 
     def _set_targets(self, y: Any, X: torch.Tensor) -> None:
         idx, classes = check_class_labels(y, "y", device=X.device)

@@ -37,7 +37,7 @@ import torch
 
 from ..exceptions import NotPSDError
 from ..validation import check_nonnegative_int
-from .cvi_bound import AnchoredBoundTarget
+from .cvi_bound import AnchoredBoundTarget, refuse_weights
 from .multiclass import GPMulticlass
 
 __all__ = ["MulticlassBoundTarget"]
@@ -106,6 +106,7 @@ class MulticlassBoundTarget(AnchoredBoundTarget):
             raise TypeError(f"model must be a gpvi GPMulticlass; got {type(model).__name__}")
         if cvi is not None and not isinstance(cvi, MulticlassCVI):
             raise TypeError(f"cvi must be a MulticlassCVI engine; got {type(cvi).__name__}")
+        refuse_weights(model, type(self).__name__)
         self.model = model
         base = cvi if cvi is not None else MulticlassCVI(progress_bar=False)
         # the engine of the inner runs and of the bound: ``base`` with MulticlassTypeII's choice of rule

@@ -159,14 +159,17 @@ class WhitenedLatentGP:
 
     def log_joint(self, z: torch.Tensor) -> torch.Tensor:
         r""":math:`\log p(y, v, \theta)` for ``z`` of shape ``(dim,)`` or ``(S, dim)`` (dim = D + N, multi-class
-        D + KN); differentiable."""
+        D + KN); differentiable. A model with ``weights`` has the weighted likelihood
+        :math:`\sum_n w_n \log p(y_n \mid \mathbf f_n)`."""
         single = z.dim() == 1
         zb = z.unsqueeze(0) if single else z
         theta, v = self.split(zb)
         L, ok = self.factor(theta)
         L = torch.where(ok[:, None, None], L, torch.eye(L.shape[-1], dtype=L.dtype, device=L.device))
         f = self._latent(L, v)
-        lik = self.model.likelihood.log_prob(self.model.y, f).sum(-1)
+        per_point = self.model.likelihood.log_prob(self.model.y, f)              # (S, N)
+        w = getattr(self.model, "weights", None)                                   # likelihood weights, if any
+        lik = (per_point if w is None else per_point * w).sum(-1)
         vv = v.reshape(v.shape[0], -1)
         lp = lik - 0.5 * (vv * vv).sum(-1) - 0.5 * vv.shape[-1] * math.log(2 * math.pi)
         if self.learn_theta:

@@ -211,6 +211,9 @@ class FullyBayesianCVI:
         """
         from ..init import init_to_value, laplace_scale_at
 
+        from ...models.cvi_bound import refuse_weights
+
+        refuse_weights(model, "FullyBayesianCVI")
         cvi, evidence, loop, bound_target = self._setup(model)
         t0 = time.perf_counter()
         if init is None:

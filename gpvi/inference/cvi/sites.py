@@ -163,7 +163,7 @@ def kernel_gradient(L: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor, m: 
 
 def expected_value_sum(model: Any, m: torch.Tensor, v: torch.Tensor, quadrature: Quadrature) -> torch.Tensor:
     r""":math:`\sum_n \mathbb E_q[\log p(y_n \mid f_n)]` by quadrature (the ELBO's data term, whatever the estimator)."""
-    return expected_log_lik(model.likelihood, model.y, m, v, quadrature=quadrature).value.sum()
+    return model.weigh(expected_log_lik(model.likelihood, model.y, m, v, quadrature=quadrature)).value.sum()
 
 
 def lam2_cap(K: torch.Tensor) -> float:
@@ -198,7 +198,9 @@ def update_sites(lam1: torch.Tensor, lam2: torch.Tensor, g1: torch.Tensor, g2: t
     if bool(bad.any()):
         if invalid == "shrink":
             # half-way to the boundary lam2 = 0 along the segment from lam2 to g2
-            crossing = lam2 / (lam2 - g2)
+            # an empty site with a zero gradient (a point of weight 0: lam2 = g2 = 0) has no crossing; it moves to
+            # 0 and is floored below
+            crossing = torch.where(lam2 != g2, lam2 / (lam2 - g2), b)
             b = torch.where(bad, 0.5 * torch.minimum(crossing, b), b)
             counters["sites_shrunk"] += int(bad.sum())
         else:

@@ -73,8 +73,9 @@ def expectations(cvi: Any, model: Any, idx: torch.Tensor | None, m: torch.Tensor
     """Site expectations and their derivatives for the sites ``idx`` (all when None) by the engine's estimator."""
     y = model.y if idx is None else model.y[idx]
     mc = cvi.monte_carlo
-    return expected_log_lik(model.likelihood, y, m, v, method=method or cvi.estimator, quadrature=cvi.quadrature,
-                            num_mc=mc.num_draws, mc_variance_grad=mc.variance_grad, generator=gen)
+    ex = expected_log_lik(model.likelihood, y, m, v, method=method or cvi.estimator, quadrature=cvi.quadrature,
+                          num_mc=mc.num_draws, mc_variance_grad=mc.variance_grad, generator=gen)
+    return model.weigh(ex, idx)
 
 
 def full_step(cvi: Any, model: Any, st: Any, K: torch.Tensor, gen: torch.Generator | None,
@@ -96,7 +97,7 @@ def full_step(cvi: Any, model: Any, st: Any, K: torch.Tensor, gen: torch.Generat
         m, v, alpha = sites.marginals(K, L, ytilde)
     # the ELBO's data term is by quadrature whatever the estimator; with quadrature gradients the same call
     # gives them (one pass over the nodes instead of two; the values are the same tensors)
-    exq = expected_log_lik(model.likelihood, model.y, m, v, quadrature=cvi.quadrature)
+    exq = model.weigh(expected_log_lik(model.likelihood, model.y, m, v, quadrature=cvi.quadrature))
     value = exq.value.sum()
     if not st.initialised:
         elbo = value                                                        # KL(prior || prior) = 0

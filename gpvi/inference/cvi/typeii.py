@@ -107,7 +107,7 @@ def theta_objective(model: Any, lam1: torch.Tensor, lam2: torch.Tensor, theta: t
     except NotPSDError:
         return -math.inf, None
     m, v, alpha = sites.marginals(Kd, L, ytilde)
-    ex = expected_log_lik(model.likelihood, model.y, m, v, quadrature=quadrature)
+    ex = model.weigh(expected_log_lik(model.likelihood, model.y, m, v, quadrature=quadrature))
     val = sites.site_elbo(ex.value.sum(), lam1, lam2, m, v, L, alpha)
     if not bool(torch.isfinite(val)):
         return -math.inf, None
