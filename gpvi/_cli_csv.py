@@ -133,10 +133,11 @@ def load_features(path: str | os.PathLike, features: list[str]) -> Any:
     return _read_columns(path, choose, min_rows=1)[0]
 
 
-def standardise(X, y=None, names=None, target=None, path=None):
+def standardise(X, y=None, names=None, target=None, path=None, weights=None):
     """``(X_std, y_std or None, (x_mean, x_sd, y_mean, y_sd))``: columns centred and scaled by their mean and sd
     (a constant input keeps sd 1; a constant target is refused); a column whose sd overflows is a
-    :class:`CLIError` naming ``path`` and the column (``names``, ``target``)."""
+    :class:`CLIError` naming ``path`` and the column (``names``, ``target``). ``weights`` (inputs only): the weighted
+    mean and sd, as of the rows repeated."""
     from .validation import check_column_spread
 
     try:        # a cell such as 1e308 makes a column's sd overflow: it would silently become all zeros
@@ -145,7 +146,12 @@ def standardise(X, y=None, names=None, target=None, path=None):
             check_column_spread(y[:, None], "target", [target])
     except ValueError as exc:
         raise CLIError(f"{path}: {exc}" if path else str(exc)) from None
-    mu, sd = X.mean(0), X.std(0)
+    if weights is None:
+        mu, sd = X.mean(0), X.std(0)
+    else:
+        p = weights / weights.sum()
+        mu = p @ X
+        sd = (p @ (X - mu) ** 2) ** 0.5
     sd[sd == 0] = 1.0
     Xs = (X - mu) / sd
     if y is None:

@@ -5,7 +5,8 @@ Subcommands
 ``demo``            the README's main job: ML-II and DSVI on Bodyfat, a CVI classifier on Pima (``--quick``: smoke run)
 ``fit-regression``  GP regression on a user's CSV (``--target COLUMN``): ML-II, DSVI (``--num-steps``) or NUTS
                     (``--num-draws``, ``--chains``, ``--warmup``); summary; ``--save FILE``
-``fit-classifier``  GP classification with CVI on a user's CSV; summary; ``--save FILE``
+``fit-classifier``  GP classification with CVI on a user's CSV (``--hyperparameters type2|bayes|fixed``,
+                    ``--prior``, ``--weight COLUMN``); summary; ``--save FILE``
 ``predict``         ``gpvi predict FIT NEW.csv [--out OUT.csv]``: predictions of a saved fit at the rows of a CSV
                     that holds the fit's feature columns (by name; other columns ignored). Regression: columns
                     ``mean``, ``sd`` in the CSV's units (a mixture over ``--num-draws`` hyperparameter draws for
@@ -141,13 +142,46 @@ def _label(c: float) -> str:
     return str(int(c)) if float(c) == round(float(c)) else repr(float(c))
 
 
+def _check_classifier_flags(args: argparse.Namespace) -> None:
+    """The flags that do not apply to ``--hyperparameters bayes`` (before any fitting)."""
+    if args.hyperparameters != "bayes":
+        return
+    if args.save:
+        raise CLIError("--save does not apply to --hyperparameters bayes: the fully Bayesian predictive holds a CVI "
+                       "posterior per draw of q(theta) and is not saved; use --hyperparameters type2 to save a fit")
+    if args.prior == "none":
+        raise CLIError("--prior none (ML-II) applies to --hyperparameters type2: a flat prior is improper for the "
+                       "fully Bayesian fit; use --prior default or scaled")
+    if args.mode != "full":
+        raise CLIError("--mode applies to --hyperparameters type2 and fixed: the fully Bayesian fit runs its own "
+                       "full-batch CVI")
+    if args.weight is not None:
+        raise CLIError("--weight applies to --hyperparameters type2 and fixed: the fully Bayesian fit's evidence (EP) "
+                       "has no weighted sites")
+
+
 def _cmd_fit_classifier(args: argparse.Namespace) -> int:
+    _check_classifier_flags(args)
     if args.save:
         _check_output(args.save, "--save")
     X, y, names = load_csv(args.csv, args.target)
     import gpvi
 
     import numpy as np
+
+    weights = None
+    if args.weight is not None:
+        if args.weight == args.target:
+            raise CLIError(f"--weight {args.weight!r} is the label column")
+        if args.weight not in names:
+            raise CLIError(f"{args.csv}: no column {args.weight!r} for --weight; columns are "
+                           f"{', '.join([args.target] + names)}")
+        j = names.index(args.weight)
+        weights, X, names = X[:, j], np.delete(X, j, axis=1), names[:j] + names[j + 1:]
+        if not names:
+            raise CLIError(f"{args.csv}: no input column besides {args.target!r} and the weights {args.weight!r}")
+        if bool(np.any(weights < 0)) or not weights.sum() > 0:
+            raise CLIError(f"{args.csv}: the weights in column {args.weight!r} must be non-negative and not all zero")
 
     classes = np.unique(y)
     if classes.size < 2:
@@ -157,21 +191,26 @@ def _cmd_fit_classifier(args: argparse.Namespace) -> int:
         bad = [float(c) for c in classes if c != round(c)][:3]
         raise CLIError(f"{args.csv}: column {args.target!r} must hold integer class labels; got {bad}")
     labels = y.astype(np.int64)
-    Xs, _, (mu, sd, _, _) = standardise(X, None, names, path=args.csv)
+    Xs, _, (mu, sd, _, _) = standardise(X, None, names, path=args.csv, weights=weights)
     clf = gpvi.GPClassifier(likelihood=args.likelihood, mode=args.mode, random_state=args.seed,
-                            prior=None if args.prior == "none" else args.prior, progress_bar=not args.no_progress)
+                            hyperparameters=args.hyperparameters, prior=None if args.prior == "none" else args.prior,
+                            progress_bar=not args.no_progress)
     t0 = time.perf_counter()
-    clf.fit(Xs, labels)
+    clf.fit(Xs, labels, sample_weight=weights)
     elapsed = time.perf_counter() - t0
     proba = clf.predict_proba(Xs)
     idx = np.searchsorted(clf.classes_, labels)
     err = float(np.mean(proba.argmax(1) != idx))
     bits = float(-np.mean(np.log2(np.clip(proba[np.arange(len(idx)), idx], 1e-15, 1.0))))
     pos = f" (positive: {clf.classes_[1]})" if len(clf.classes_) == 2 else ""
+    how = {"type2": f"type-II hyperparameters, CVI mode {args.mode}", "fixed": f"fixed hyperparameters, CVI mode "
+           f"{args.mode}", "bayes": "hyperparameters integrated out (q(theta) on EP's evidence)"}[args.hyperparameters]
+    weighted = f", weights from column {args.weight!r}" if args.weight is not None else ""
     print(f"GP classification on {args.csv}: N = {len(y)}, d = {X.shape[1]} ({', '.join(names)}), classes "
-          f"{clf.classes_.tolist()}{pos}, likelihood {getattr(clf, 'link_', args.likelihood)}, CVI mode {args.mode}, "
+          f"{clf.classes_.tolist()}{pos}, likelihood {getattr(clf, 'link_', args.likelihood)}, {how}{weighted}, "
           f"{elapsed:.1f} s. Inputs standardised.")
-    print(f"ELBO {clf.elbo_:.4f}   training error {err:.4f}   training log-loss {bits:.4f} bits")
+    bound = "q(theta)'s ELBO" if args.hyperparameters == "bayes" else "ELBO"
+    print(f"{bound} {clf.elbo_:.4f}   training error {err:.4f}   training log-loss {bits:.4f} bits")
     print(clf.posterior_.summary())
     if args.save:
         _save(SavedFit(kind="classification", method=f"cvi-{args.mode}", features=names, target=args.target,
@@ -334,7 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_fit_regression)
 
     p = sub.add_parser("fit-classifier", help="GP classification with CVI on a CSV file",
-                       description="Fit a GPClassifier (CVI, type-II hyperparameters) to a CSV file with a header "
+                       description="Fit a GPClassifier (CVI; type-II, integrated-out or fixed hyperparameters) to a "
+                       "CSV file with a header "
                        "row, numeric inputs and an integer label column (two or more classes). Inputs are "
                        "standardised.")
     p.add_argument("csv", help="CSV file with a header row, numeric columns")
@@ -343,8 +383,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto (default): logit for two classes, softmax for more")
     p.add_argument("--mode", choices=["full", "stochastic"], default="full",
                    help="full-batch CVI (default) or doubly stochastic single-site steps")
+    p.add_argument("--hyperparameters", choices=["type2", "bayes", "fixed"], default="type2",
+                   help="type2 (default): MAP-II (ML-II with --prior none); bayes: integrate over them (a Gaussian "
+                   "q(theta) on EP's evidence; binary, or softmax with at most 3 classes; not saved); fixed: keep the "
+                   "data-scaled start")
     p.add_argument("--prior", choices=["default", "scaled", "none"], default="default", help="prior on the "
                    "log-hyperparameters: N(0, 10 I) (default), scaled (centred at lengthscale^2 = d var), none (ML-II)")
+    p.add_argument("--weight", metavar="COLUMN", help="a column of non-negative likelihood weights (an integer weight "
+                   "is a repeated row); not an input")
     p.add_argument("--save", metavar="FILE", help="save the fitted classifier to FILE (checked before fitting; "
                    "read back with gpvi.io.load_fit or 'gpvi predict')")
     common(p)

@@ -269,6 +269,52 @@ def test_fit_classifier_prior_option_reaches_the_classifier(cls_csv, tmp_path, c
     assert "invalid choice: 'flat'" in capsys.readouterr().err
 
 
+def test_fit_classifier_integrates_hyperparameters_out_and_refuses_the_flags_that_do_not_apply(cls_csv, tmp_path,
+                                                                                                capsys):
+    p, X, lab = cls_csv
+    assert main(["fit-classifier", str(p), "--target", "label", "--no-progress", "--hyperparameters", "bayes"]) == 0
+    text = capsys.readouterr().out
+    assert "hyperparameters integrated out (q(theta) on EP's evidence)" in text and "q(theta)'s ELBO" in text
+    assert "GaussianPosterior summary" in text and "log_signal_var" in text
+    for extra, what in ((["--save", str(tmp_path / "c.pt")], "--save does not apply"),
+                        (["--prior", "none"], "--prior none (ML-II) applies"), (["--mode", "stochastic"], "--mode"),
+                        (["--weight", "b"], "--weight applies")):
+        assert main(["fit-classifier", str(p), "--target", "label", "--hyperparameters", "bayes", *extra]) == 2
+        assert what in capsys.readouterr().err
+    assert not (tmp_path / "c.pt").exists()
+
+
+def test_fit_classifier_weight_column_equals_repeated_rows(tmp_path, capsys):
+    """``--weight COLUMN``: an integer weight is the row repeated (same standardisation, same fit), the column is
+    not an input, and a saved weighted fit predicts like the fit on the repeated rows."""
+    rng = np.random.default_rng(2)
+    X = rng.uniform(-2, 2, (40, 2))
+    lab = (X[:, 0] + 0.5 * rng.standard_normal(40) > 0).astype(int)
+    w = rng.integers(0, 4, 40)
+    pw, pr = tmp_path / "w.csv", tmp_path / "r.csv"
+    np.savetxt(pw, np.c_[X, w, lab], delimiter=",", header="a,b,w,label", comments="", fmt="%.6f")
+    np.savetxt(pr, np.c_[np.repeat(X, w, 0), np.repeat(lab, w)], delimiter=",", header="a,b,label", comments="",
+               fmt="%.6f")
+    fw, fr = tmp_path / "w.pt", tmp_path / "r.pt"
+    assert main(["fit-classifier", str(pw), "--target", "label", "--weight", "w", "--hyperparameters", "fixed",
+                 "--no-progress", "--save", str(fw)]) == 0
+    assert "weights from column 'w'" in capsys.readouterr().out
+    assert main(["fit-classifier", str(pr), "--target", "label", "--hyperparameters", "fixed", "--no-progress",
+                 "--save", str(fr)]) == 0
+    a, b = load_fit(fw), load_fit(fr)
+    assert a.features == ["a", "b"]
+    np.testing.assert_allclose(a.x_mean, b.x_mean, atol=1e-12)
+    np.testing.assert_allclose(a.x_std, b.x_std, atol=1e-12)
+    np.testing.assert_allclose(a.predict(X), b.predict(X), atol=1e-8)
+    for bad, what in ((["--weight", "label"], "is the label column"), (["--weight", "q"], "no column 'q'")):
+        assert main(["fit-classifier", str(pw), "--target", "label", "--no-progress", *bad]) == 2
+        assert what in capsys.readouterr().err
+    neg = tmp_path / "neg.csv"
+    np.savetxt(neg, np.c_[X, -np.ones(40), lab], delimiter=",", header="a,b,w,label", comments="", fmt="%.6f")
+    assert main(["fit-classifier", str(neg), "--target", "label", "--weight", "w", "--no-progress"]) == 2
+    assert "must be non-negative" in capsys.readouterr().err
+
+
 def test_load_fit_rejects_other_files(tmp_path):
     p = tmp_path / "other.pt"
     torch.save({"a": torch.zeros(2)}, p)
