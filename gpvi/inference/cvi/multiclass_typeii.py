@@ -167,7 +167,10 @@ class MulticlassTypeII:
         log loss within 1e-5.
     coarse : bool
         Start with a **coarse phase** (default True): the first CVI run stops at a relative change of
-        :data:`COARSE` ``["cvi_tol"]`` and the first L-BFGS-B phase uses ``inner_tol`` = :data:`COARSE`
+        :data:`COARSE` ``["cvi_tol"]`` (with the inner runs' rule, ``inner_quadrature``, since 2026-11-25: its sites
+        only start the coarse phase, whose inner runs use that rule; before, the engine's rule: same objectives to
+        1e-13 on the benchmark splits, iris 0.343 -> 0.321 s, wine 0.425 -> 0.400 s, medians of 7, 1 thread) and the
+        first L-BFGS-B phase uses ``inner_tol`` = :data:`COARSE`
         ``["inner_tol"]``, ``gtol`` = :data:`COARSE` ``["gtol"]`` and ``ftol`` = :data:`COARSE` ``["ftol"]``; the
         phases after it use the settings above,
         and only they can end the loop. Far from the optimum the inner runs need not reach 1e-9: the steps of
@@ -339,7 +342,7 @@ class MulticlassTypeII:
         step = None
         first = cvi
         if coarse:
-            first = copy.copy(cvi)
+            first = copy.copy(self._inner_engine(model))
             first.tol = max(cvi.tol, COARSE["cvi_tol"])
         post = first.run(model, init, state=state, generator=generator, callback=callback)
         while True:
