@@ -211,11 +211,25 @@ def _cmd_fit_classifier(args: argparse.Namespace) -> int:
           f"{elapsed:.1f} s. Inputs standardised.")
     bound = "q(theta)'s ELBO" if args.hyperparameters == "bayes" else "ELBO"
     print(f"{bound} {clf.elbo_:.4f}   training error {err:.4f}   training log-loss {bits:.4f} bits")
+    if args.hyperparameters != "bayes":
+        _print_hyperparameters(clf, names, args.hyperparameters)
     print(clf.posterior_.summary())
     if args.save:
         _save(SavedFit(kind="classification", method=f"cvi-{args.mode}", features=names, target=args.target,
                        x_mean=mu, x_std=sd, classifier=clf), args.save, args)
     return 0
+
+
+def _print_hyperparameters(clf: Any, names: list[str], how: str) -> None:
+    """The kernel hyperparameters of a type-II or fixed fit, per input named by its CSV column, in the standardised
+    inputs' units; those that ended on the type-II box marked."""
+    at_bound = clf.posterior_.info.get("at_bound") or {}
+    print("Kernel hyperparameters (" + ("type-II" if how == "type2" else "fixed") + "; lengthscales in units of each "
+          "input's standard deviation):")
+    for name, natural in zip(clf.model_.names, clf.model_.natural_names):
+        shown = re.sub(r"\[(\d+)\]", lambda m: f"[{names[int(m.group(1))]}]", natural)
+        mark = f"   (at the {at_bound[name]} bound)" if name in at_bound else ""
+        print(f"  {shown:<32} {clf.hyperparameters_[natural]:.4g}{mark}")
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:

@@ -284,6 +284,20 @@ def test_fit_classifier_integrates_hyperparameters_out_and_refuses_the_flags_tha
     assert not (tmp_path / "c.pt").exists()
 
 
+def test_fit_classifier_prints_the_hyperparameters_by_column_and_marks_the_box(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(80, 2))
+    p = tmp_path / "sep.csv"
+    np.savetxt(p, np.c_[X, (X[:, 0] > 0).astype(int)], delimiter=",", header="signal,noise,label", comments="",
+               fmt=["%.6f", "%.6f", "%d"])
+    assert main(["fit-classifier", str(p), "--target", "label", "--no-progress", "--prior", "none"]) == 0
+    out = capsys.readouterr().out
+    ls = {m.group(1): float(m.group(2)) for m in re.finditer(r"lengthscale\[(\w+)\]\s+(\S+)", out)}
+    assert set(ls) == {"signal", "noise"} and ls["signal"] < 10 < ls["noise"]
+    assert re.search(r"lengthscale\[noise\]\s+\S+\s+\(at the upper bound\)", out)
+    assert "(at the" not in out.split("lengthscale[signal]")[1].split("\n")[0]
+
+
 def test_fit_classifier_weight_column_equals_repeated_rows(tmp_path, capsys):
     """``--weight COLUMN``: an integer weight is the row repeated (same standardisation, same fit), the column is
     not an input, and a saved weighted fit predicts like the fit on the repeated rows."""
