@@ -169,6 +169,8 @@ def _cmd_fit_classifier(args: argparse.Namespace) -> int:
 
     import numpy as np
 
+    from .validation import check_sample_weight
+
     weights = None
     if args.weight is not None:
         if args.weight == args.target:
@@ -180,8 +182,10 @@ def _cmd_fit_classifier(args: argparse.Namespace) -> int:
         weights, X, names = X[:, j], np.delete(X, j, axis=1), names[:j] + names[j + 1:]
         if not names:
             raise CLIError(f"{args.csv}: no input column besides {args.target!r} and the weights {args.weight!r}")
-        if bool(np.any(weights < 0)) or not weights.sum() > 0:
-            raise CLIError(f"{args.csv}: the weights in column {args.weight!r} must be non-negative and not all zero")
+        try:
+            check_sample_weight(weights, len(weights), f"the weights in column {args.weight!r}")
+        except ValueError as exc:
+            raise CLIError(f"{args.csv}: {exc}") from None
 
     classes = np.unique(y)
     if classes.size < 2:

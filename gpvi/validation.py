@@ -374,7 +374,7 @@ def check_sample_weight(sample_weight: Any, n: int, name: str = "sample_weight",
     if w.numel() and bool((w < 0).any()):
         raise ValueError(f"{name} must be non-negative; got min {float(w.min()):g}")
     if not float(w.sum()) > 0:
-        raise ValueError(f"{name} weights are all zero: at least one weight must be positive")
+        raise ValueError(f"{name}: the weights are all zero; at least one must be positive")
     return w
 
 

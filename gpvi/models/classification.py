@@ -21,7 +21,7 @@ import gpytorch
 import numpy as np
 import torch
 
-from .likelihoods import Likelihood, make_likelihood
+from .likelihoods import Likelihood, expected_log_lik, make_likelihood
 from .fastpaths import centre_inputs, input_centre, scaled_rbf_covariance
 from .hyperparameters import KernelParametrisation
 from ..validation import (as_float_tensor, check_binary_labels, check_column_spread, check_feature_names,
@@ -231,16 +231,24 @@ class LatentGP:
         :meth:`initial_theta`), shape (D,)."""
         return self.kernel_params.log_input_scale(self._Xc, self.weights).to(torch.float64)
 
-    def weigh(self, ex: Any, idx: torch.Tensor | None = None) -> Any:
-        r"""Site expectations ``(value, dm, dv)`` of the sites ``idx`` (all when None) times their ``weights``:
-        the weighted likelihood :math:`\prod_n p(y_n \mid \mathbf f_n)^{w_n}` has
-        :math:`w_n\,\mathbb E_q[\log p(y_n \mid \mathbf f_n)]` in the bound, and CVI's site gradients
-        (Khan & Lin 2017, eq. 13) scale with it. ``ex`` itself without weights."""
+    def site_expectations(self, m: torch.Tensor, v: torch.Tensor, idx: torch.Tensor | None = None, **rule: Any
+                          ) -> Any:
+        r"""The likelihood terms of the sites ``idx`` (all when None) under their marginals ``m``, ``v``:
+        :math:`w_n\,\mathbb E_q[\log p(y_n \mid \mathbf f_n)]` and its derivatives in :math:`m_n, v_n`
+        (``(value, dm, dv)``), by the likelihood's rule (``rule``: the keyword arguments of
+        :func:`gpvi.models.likelihoods.expected_log_lik`). :math:`w_n` = ``weights`` (1 without): the weighted
+        likelihood :math:`\prod_n p(y_n \mid \mathbf f_n)^{w_n}` has these terms in the bound, and CVI's site
+        gradients (Khan & Lin 2017, eq. 13) scale with them. Every CVI engine evaluates the model's likelihood
+        here."""
+        ex = self._expectations(self.y if idx is None else self.y[idx], m, v, **rule)
         if self.weights is None:
             return ex
         w = self.weights if idx is None else self.weights[idx]
         wk = w if ex.dm.dim() == 1 else w.unsqueeze(-1)
         return type(ex)(ex.value * w, ex.dm * wk, ex.dv * wk)
+
+    def _expectations(self, y: torch.Tensor, m: torch.Tensor, v: torch.Tensor, **rule: Any) -> Any:
+        return expected_log_lik(self.likelihood, y, m, v, **rule)
 
     def theta_box(self, bounds: tuple[float, float]) -> tuple[torch.Tensor, torch.Tensor]:
         r"""The learning box of every log-hyperparameter, ``(low, high)`` vectors of shape (D,): ``bounds`` shifted

@@ -521,6 +521,9 @@ class GPMulticlass(LatentGP):
         """K."""
         return int(self.classes.shape[0])
 
+    def _expectations(self, y: torch.Tensor, m: torch.Tensor, v: torch.Tensor, **rule: Any) -> Any:
+        return self.likelihood.expected_log_lik(y, m, v, **rule)            # (N, K) marginals: Softmax / RobustMax
+
     def __repr__(self) -> str:
         return (f"GPMulticlass(N={self.num_data}, d={self.X.shape[1]}, K={self.num_classes}, D={self.dim}, "
                 f"likelihood={self.link!r})")

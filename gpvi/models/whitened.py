@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from .fastpaths import scaled_rbf_covariance
-from .priors import check_prior, prior_log_prob, resolve_prior
+from .priors import prior_log_prob, resolve_prior
 
 __all__ = ["WhitenedLatentGP", "WHITENING_JITTER"]
 
@@ -97,10 +97,8 @@ class WhitenedLatentGP:
         self.model = model
         self.learn_theta = learn_theta
         self.num_theta = model.dim if learn_theta else 0
-        if prior is None or isinstance(prior, str):      # None: the default (this target needs a proper prior)
-            self.prior = resolve_prior("default" if prior is None else prior, model)
-        else:
-            self.prior = check_prior(prior, model.dim)
+        # None means the default: this target needs a proper prior
+        self.prior = resolve_prior("default" if prior is None else prior, model)
         n = model.num_data
         self.num_classes = int(model.num_classes) if getattr(model.likelihood, "multiclass", False) else 1
         if self.num_classes == 1:

@@ -101,9 +101,8 @@ def stochastic_step(eng: Any, model: Any, st: ms.MulticlassCVIState, K: torch.Te
     m_b = (Vb * w.unsqueeze(-1)).sum(1).T                                     # (B, C)
     v_b = K.diagonal()[idx].unsqueeze(-1) - (Vb * Vb).sum(1).T
     n_draws = eng.num_draws if eng.estimator == "mc" else eng.num_fixed_draws
-    ex = model.weigh(model.likelihood.expected_log_lik(model.y[idx], m_b, v_b, method=eng.estimator,
-                                                       quadrature=eng.quadrature, num_draws=n_draws, generator=gen),
-                     idx)
+    ex = model.site_expectations(m_b, v_b, idx, method=eng.estimator, quadrature=eng.quadrature, num_draws=n_draws,
+                                 generator=gen)
     g1, g2 = mean_parameter_gradients(ex.dm, ex.dv, m_b)
     beta = ms.beta_at(eng, st)
     new1, new2 = sites.update_sites(st.lam1[idx].reshape(-1), st.lam2[idx].reshape(-1), g1.reshape(-1),

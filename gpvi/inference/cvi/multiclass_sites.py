@@ -155,11 +155,9 @@ def center(lam1: torch.Tensor, lam2: torch.Tensor, m: torch.Tensor, alpha: torch
 def expectations(eng: Any, model: Any, m: torch.Tensor, v: torch.Tensor, gen: torch.Generator | None,
                  method: str | None = None):
     """The likelihood's expectations by ``method`` (default: the engine's estimator), times the model's weights."""
-    ex = model.likelihood.expected_log_lik(model.y, m, v, method=method or eng.estimator,
-                                           quadrature=eng.quadrature, num_draws=eng.num_draws if
-                                           (method or eng.estimator) == "mc" else eng.num_fixed_draws,
-                                           generator=gen)
-    return model.weigh(ex)
+    use = method or eng.estimator
+    return model.site_expectations(m, v, method=use, quadrature=eng.quadrature,
+                                   num_draws=eng.num_draws if use == "mc" else eng.num_fixed_draws, generator=gen)
 
 
 def elbo_from_sites(eng: Any, model: Any, lam1: torch.Tensor, lam2: torch.Tensor, theta: torch.Tensor,

@@ -53,7 +53,6 @@ import torch
 
 from ...exceptions import NumericalWarning
 from ...linalg import cholesky_with_jitter, logdet_from_cholesky
-from ...models.likelihoods import expected_log_lik
 from ...models.quadrature import Quadrature
 
 __all__ = ["pseudo_data", "site_factor", "marginals", "site_elbo", "expected_value_sum", "lam2_cap",
@@ -163,7 +162,7 @@ def kernel_gradient(L: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor, m: 
 
 def expected_value_sum(model: Any, m: torch.Tensor, v: torch.Tensor, quadrature: Quadrature) -> torch.Tensor:
     r""":math:`\sum_n \mathbb E_q[\log p(y_n \mid f_n)]` by quadrature (the ELBO's data term, whatever the estimator)."""
-    return model.weigh(expected_log_lik(model.likelihood, model.y, m, v, quadrature=quadrature)).value.sum()
+    return model.site_expectations(m, v, quadrature=quadrature).value.sum()
 
 
 def lam2_cap(K: torch.Tensor) -> float:

@@ -47,7 +47,7 @@ import torch
 
 from ...exceptions import NotPSDError, NumericalWarning
 from ...linalg import cholesky_site_update_, cholesky_update
-from ...models.likelihoods import expected_log_lik, mean_parameter_gradients
+from ...models.likelihoods import mean_parameter_gradients
 from . import sites
 from .options import flat_elbo_window
 
@@ -71,11 +71,9 @@ def beta_at(cvi: Any, state: Any) -> float:
 def expectations(cvi: Any, model: Any, idx: torch.Tensor | None, m: torch.Tensor, v: torch.Tensor,
                  gen: torch.Generator | None, method: str | None = None):
     """Site expectations and their derivatives for the sites ``idx`` (all when None) by the engine's estimator."""
-    y = model.y if idx is None else model.y[idx]
     mc = cvi.monte_carlo
-    ex = expected_log_lik(model.likelihood, y, m, v, method=method or cvi.estimator, quadrature=cvi.quadrature,
-                          num_mc=mc.num_draws, mc_variance_grad=mc.variance_grad, generator=gen)
-    return model.weigh(ex, idx)
+    return model.site_expectations(m, v, idx, method=method or cvi.estimator, quadrature=cvi.quadrature,
+                                   num_mc=mc.num_draws, mc_variance_grad=mc.variance_grad, generator=gen)
 
 
 def full_step(cvi: Any, model: Any, st: Any, K: torch.Tensor, gen: torch.Generator | None,
@@ -97,7 +95,7 @@ def full_step(cvi: Any, model: Any, st: Any, K: torch.Tensor, gen: torch.Generat
         m, v, alpha = sites.marginals(K, L, ytilde)
     # the ELBO's data term is by quadrature whatever the estimator; with quadrature gradients the same call
     # gives them (one pass over the nodes instead of two; the values are the same tensors)
-    exq = model.weigh(expected_log_lik(model.likelihood, model.y, m, v, quadrature=cvi.quadrature))
+    exq = model.site_expectations(m, v, quadrature=cvi.quadrature)
     value = exq.value.sum()
     if not st.initialised:
         elbo = value                                                        # KL(prior || prior) = 0

@@ -76,7 +76,6 @@ import numpy as np
 import torch
 
 from ...exceptions import BoundWarning, NotPSDError, NumericalWarning
-from ...models.likelihoods import expected_log_lik
 from ...models.quadrature import Quadrature
 from ...models.priors import check_prior_choice, prior_log_prob, prior_name, resolve_prior
 from ...posteriors.latent import LatentPosterior
@@ -107,7 +106,7 @@ def theta_objective(model: Any, lam1: torch.Tensor, lam2: torch.Tensor, theta: t
     except NotPSDError:
         return -math.inf, None
     m, v, alpha = sites.marginals(Kd, L, ytilde)
-    ex = model.weigh(expected_log_lik(model.likelihood, model.y, m, v, quadrature=quadrature))
+    ex = model.site_expectations(m, v, quadrature=quadrature)
     val = sites.site_elbo(ex.value.sum(), lam1, lam2, m, v, L, alpha)
     if not bool(torch.isfinite(val)):
         return -math.inf, None
