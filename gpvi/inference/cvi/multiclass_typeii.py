@@ -73,7 +73,7 @@ def converge_sites(eng: MulticlassCVI, model: Any, theta: torch.Tensor, lam1: to
             best.update(info["pieces"])
         return info["elbo"]
 
-    return monotone_run(inner, step, tol=tol, max_steps=max_steps, anderson=anderson)
+    return monotone_run(inner, step, tol=tol, max_steps=max_steps, anderson=anderson, weights=model.weights)
 
 
 def profiled_objective(eng: MulticlassCVI, model: Any, theta: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor,
@@ -355,7 +355,8 @@ class MulticlassTypeII:
                                                                                    coarse=coarse, step=step)
             except KeyboardInterrupt:
                 warn_interrupted("MulticlassCVI type-II", st.t, cvi.num_steps)
-                post = post._with_info({"interrupted": True}, converged=False)
+                post = post._with_info({"interrupted": True, "converged": False, "stopped_early": False},
+                                    converged=False)
                 break
             new.counters["theta_phases"] = new.counters.get("theta_phases", 0) + 1
             converged = not coarse and (stationary or obj_new - obj_old <= self.tol * max(1.0, abs(obj_old)))

@@ -144,10 +144,11 @@ def converge_sites(cvi: CVI, model: Any, theta: torch.Tensor, lam1: torch.Tensor
     inner = CVIState(lam1, lam2, theta, _NO_DRAWS, initialised=True)
     inner.counters = counters
     return monotone_run(inner, lambda st: steps.full_step(cvi, model, st, K, None, method="quadrature")["elbo"],
-                        tol=tol, max_steps=max_steps, anderson=anderson)
+                        tol=tol, max_steps=max_steps, anderson=anderson, weights=model.weights)
 
 
-def monotone_run(inner: Any, step: Callable[[Any], float], *, tol: float, max_steps: int, anderson: int = 0) -> Any:
+def monotone_run(inner: Any, step: Callable[[Any], float], *, tol: float, max_steps: int, anderson: int = 0,
+                 weights: torch.Tensor | None = None) -> Any:
     r"""The ELBO-monotone loop of :func:`converge_sites` (binary) and
     :func:`gpvi.inference.cvi.multiclass_typeii.converge_sites` (multi-class).
 
@@ -165,6 +166,12 @@ def monotone_run(inner: Any, step: Callable[[Any], float], *, tol: float, max_st
     from that step; no halving, no step lost beyond the one that evaluated it) and the history starts again; a
     plain step that goes down is undone as above. The run ends at :math:`G` of its last accepted sites, as without
     acceleration. ``inner.counters["inner_extrapolations_rejected"]`` counts the replaced extrapolations.
+
+    ``weights`` (the model's likelihood weights :math:`w_n`, shape ``(N,)``): Anderson's least squares measure the
+    sites of row :math:`n` scaled by :math:`w_n^{-1/2}`, so that a row of weight :math:`w_n` (site
+    :math:`w_n\tilde\lambda`) counts as :math:`w_n` repeated rows (sites :math:`\tilde\lambda` each) do; rows of
+    weight 0 (empty sites) take the plain step. An integer weight then gives the extrapolations, and so the run, of
+    the repeated rows.
     """
     counters = inner.counters
     prev = math.nan                       # the ELBO of the last accepted sites ...
@@ -173,6 +180,11 @@ def monotone_run(inner: Any, step: Callable[[Any], float], *, tol: float, max_st
     redo = False
     extrapolated = False                  # the current sites are an extrapolation, not G of accepted sites
     acc = Anderson(anderson) if anderson > 0 else None
+    scale = None                          # per flattened site: w_n^(-1/2), 0 for weight 0
+    if acc is not None and weights is not None:
+        w = weights.to(inner.lam1).reshape(-1, *([1] * (inner.lam1.dim() - 1)))
+        d = torch.where(w > 0, w.rsqrt(), torch.zeros_like(w))
+        scale = torch.cat([d.expand_as(inner.lam1).reshape(-1), d.expand_as(inner.lam2).reshape(-1)])
     for _ in range(max_steps):
         here = (inner.lam1, inner.lam2)
         elbo = step(inner)
@@ -204,7 +216,11 @@ def monotone_run(inner: Any, step: Callable[[Any], float], *, tol: float, max_st
         if acc is not None:
             plain = (inner.lam1, inner.lam2)
             x = torch.cat([here[0].reshape(-1), here[1].reshape(-1)])
-            nxt = acc.step(x, torch.cat([plain[0].reshape(-1), plain[1].reshape(-1)]))
+            gx = torch.cat([plain[0].reshape(-1), plain[1].reshape(-1)])
+            if scale is None:
+                nxt = acc.step(x, gx)
+            else:
+                nxt = torch.where(scale > 0, acc.step(x * scale, gx * scale) / scale, gx)
             n1, n2 = nxt[:here[0].numel()].view_as(here[0]), nxt[here[0].numel():].view_as(here[1])
             if len(acc.r) > 1 and bool(torch.isfinite(nxt).all()) and bool((n2 < 0).all()):
                 inner.lam1, inner.lam2 = n1, n2
@@ -419,7 +435,8 @@ class TypeII:
                 new, converged = self._after_phase(model, st)
             except KeyboardInterrupt:
                 warn_interrupted("CVI type-II", st.t, cvi.num_steps)
-                post = post._with_info({"interrupted": True}, converged=False)
+                post = post._with_info({"interrupted": True, "converged": False, "stopped_early": False},
+                                    converged=False)
                 break
             if converged or new.t >= cvi.num_steps:
                 post = cvi.posterior(model, new, {"interrupted": False, "stopped_early": converged},
