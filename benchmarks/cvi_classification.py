@@ -47,7 +47,7 @@ import gpvi
 from gpvi.models.classification import GPClassification
 from gpvi.sklearn import GPClassifier
 from gpvi.inference.cvi import CVI, num_steps_for_sweeps
-from gpvi.expectations import expected_log_lik, gaussian_expectation
+from gpvi.models.likelihoods import expected_log_lik, gaussian_expectation
 
 F64 = torch.float64
 DATASETS = ["pima", "ionosphere", "sonar", "breast_cancer"]

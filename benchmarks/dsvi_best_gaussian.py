@@ -110,7 +110,7 @@ def timed(fn, target: Any) -> dict[str, Any]:
         failed = None
         try:
             q = fn(proxy)
-        except gpvi.NumericalFaultError as err:
+        except gpvi.exceptions.NumericalFaultError as err:
             q, failed = err.partial, str(err)[:120]
         wall = time.perf_counter() - t0
     msgs = sorted({f"{w.category.__name__}: {str(w.message)[:80]}" for w in rec

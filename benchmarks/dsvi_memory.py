@@ -42,7 +42,7 @@ X = torch.randn(N, D, generator=g, dtype=torch.float64)
 y = (X[:, 0] - X[:, 1] + 0.5 * X[:, 2] > 0).double()
 lik = gpvi.BayesianLogisticRegression(X, y, prior_var=None, bias=False)
 t0 = time.perf_counter()
-q = gpvi.DSVIARD(num_steps={steps}, lr=0.005, seed=0, progress_bar=False, num_elbo_draws=100).run(lik)
+q = gpvi.inference.dsvi.DSVIARD(num_steps={steps}, lr=0.005, seed=0, progress_bar=False, num_elbo_draws=100).run(lik)
 sd = q.std if hasattr(q, "std") else q.stddev
 print(repr(dict(time_s=time.perf_counter() - t0, peak_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                 storage=getattr(q, "storage", "full"), top=sorted(q.mean.abs().topk(3).indices.tolist()),

@@ -475,7 +475,7 @@ def main() -> None:
     try:
         import matplotlib
         matplotlib.use("Agg")
-        from gpvi.plots import bound, compare_marginals
+        from gpvi.evaluation.plots import bound, compare_marginals
         f = compare_marginals(post["q"], post["mc"], labels=("DSVI (defaults)", "NUTS"),
                               title="Boston split 0: DSVI marginals (dashed) over NUTS (histogram, KDE)")
         figs["marginals"] = f"{name}_boston_marginals.png"

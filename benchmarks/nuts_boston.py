@@ -166,7 +166,7 @@ def main() -> None:
     try:
         import matplotlib
         matplotlib.use("Agg")
-        from gpvi.plots import trace
+        from gpvi.evaluation.plots import trace
         trace(mc, warmup=True).savefig(RESULTS / f"{name}_trace.png", dpi=70)
     except ImportError:  # pragma: no cover
         pass

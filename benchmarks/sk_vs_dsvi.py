@@ -121,7 +121,7 @@ def timed_run(make, N: int, seed: int, target: Any, init: Any) -> dict[str, Any]
         t0 = time.perf_counter()
         try:
             q = eng.run(proxy, init=init)
-        except gpvi.NumericalFaultError as err:        # reported as a failed run, not hidden
+        except gpvi.exceptions.NumericalFaultError as err:        # reported as a failed run, not hidden
             q, failed = err.partial, str(err)[:120]
         wall = time.perf_counter() - t0
     msgs = sorted({f"{w.category.__name__}: {str(w.message)[:90]}" for w in rec})
@@ -420,7 +420,7 @@ def scaling(quick: bool) -> tuple[list[str], dict]:
                     t0 = time.perf_counter()
                     try:
                         eng.run(target, init=torch.zeros(D, dtype=torch.float64))
-                    except gpvi.NumericalFaultError:      # too few pairs for D (only the cost matters here)
+                    except gpvi.exceptions.NumericalFaultError:      # too few pairs for D (only the cost matters here)
                         pass
                     times.append((time.perf_counter() - t0) / steps)
             data.append({"D": D, "engine": name, "ms_per_step": 1e3 * statistics.median(times)})

@@ -1,111 +1,44 @@
 """gpvi: Gaussian-process inference — DSVI hyperparameter posteriors, CVI classification, ML-II and NUTS.
 
-Architecture, top to bottom: :mod:`gpvi.datasets` -> models (:class:`GPRegression`, kernel + noise + prior over
-theta) -> engines (:class:`ML2`, DSVI, CVI, NUTS) -> posteriors (:mod:`gpvi.posteriors.base`) ->
-:mod:`gpvi.metrics` and plots. Importing gpvi changes no global state (no default dtype, no RNG seeding).
+The names a user needs are here; everything else lives in the sub-packages, which follow the data down the tree:
+:mod:`gpvi.datasets` -> :mod:`gpvi.models` (kernel + likelihood + prior over theta, a log joint) ->
+:mod:`gpvi.inference` (the engines) -> :mod:`gpvi.posteriors` -> :mod:`gpvi.evaluation` (metrics, plots).
+Warnings and errors are in :mod:`gpvi.exceptions`. Importing gpvi changes no global state (no default dtype, no
+RNG seeding).
 """
 
 from __future__ import annotations
 
-import sys as _sys
-
-from . import datasets, io, linalg
+from . import datasets, io
 from .evaluation import metrics, plots
-from .inference import schedules
-from .models import likelihoods as expectations
-
-# The public sub-modules ``gpvi.metrics``, ``gpvi.plots``, ``gpvi.schedules`` and ``gpvi.expectations`` keep their
-# names (``import gpvi.metrics`` and ``from gpvi.metrics import nlpd`` work as before the package was reorganised).
-for _name, _mod in (("metrics", metrics), ("plots", plots), ("schedules", schedules), ("expectations", expectations)):
-    _sys.modules.setdefault(f"{__name__}.{_name}", _mod)
-del _name, _mod
-from .inference.dsvi.ard import DSVIARD
-from .models.classification import GPClassification, LatentGP
-from .sklearn import GPClassifier
-from .inference.cvi.engine import CVI, CVIState, LatentPosterior
-from .inference.dsvi.engine import DSVI, DSVIState
-from .inference.dsvi import SGD, Adam, BlockDiagonal, Convergence, Natural
-from .inference.engine import FaultPolicy
-from .models.logistic import BayesianLogisticRegression
-from .models.minibatch import MinibatchTarget
-from .exceptions import (
-    BoundWarning,
-    ConvergenceWarning,
-    InputScaleWarning,
-    PSISWarning,
-    InterruptedRunWarning,
-    NotPSDError,
-    NumericalFaultError,
-    NumericalWarning,
-)
-from .inference.mcmc import HMC, NUTS, Adaptation, ConvergenceChecks, MCMCState
+from .exceptions import ConvergenceWarning, NotPSDError, NumericalWarning
+from .inference.cvi.engine import CVI
+from .inference.dsvi.engine import DSVI
+from .inference.infer import infer
+from .inference.mcmc import HMC, NUTS
 from .inference.ml2 import ML2
+from .inference.sk import SKGaussian
+from .models.classification import GPClassification
+from .models.logistic import BayesianLogisticRegression
 from .models.regression import GPRegression
-from .posteriors.base import GaussianPosterior, PointPosterior, SamplePosterior
-from .posteriors.predictive import MixturePredictive
-from .inference.sk import SKExpFamily, SKGaussian
-from .inference.families import Factorised, StandardMultivariateT, StandardNormal, StandardStudentT
-from .evaluation.table import Table
 from .models.target import Target
-from .inference.infer import InferenceReport, infer
-from .posteriors.weighted import WeightedPosterior
+from .posteriors import GaussianPosterior, LatentPosterior, PointPosterior, SamplePosterior, WeightedPosterior
+from .sklearn import GPClassifier
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "BayesianLogisticRegression",
-    "CVI",
-    "CVIState",
-    "GPClassification",
+    # models
+    "GPRegression", "GPClassification", "BayesianLogisticRegression", "Target",
+    # engines
+    "ML2", "DSVI", "CVI", "NUTS", "HMC", "SKGaussian", "infer",
+    # scikit-learn estimator
     "GPClassifier",
-    "LatentGP",
-    "LatentPosterior",
-    "DSVI",
-    "DSVIARD",
-    "DSVIState",
-    "SGD",
-    "Natural",
-    "Adam",
-    "Convergence",
-    "BlockDiagonal",
-    "FaultPolicy",
-    "MinibatchTarget",
-    "BoundWarning",
-    "ConvergenceWarning",
-    "InputScaleWarning",
-    "PSISWarning",
-    "Factorised",
-    "GPRegression",
-    "GaussianPosterior",
-    "HMC",
-    "Adaptation",
-    "ConvergenceChecks",
-    "MCMCState",
-    "NUTS",
-    "InterruptedRunWarning",
-    "ML2",
-    "MixturePredictive",
-    "NotPSDError",
-    "NumericalFaultError",
-    "NumericalWarning",
-    "PointPosterior",
-    "SKExpFamily",
-    "SKGaussian",
-    "SamplePosterior",
-    "StandardNormal",
-    "StandardStudentT",
-    "StandardMultivariateT",
-    "Table",
-    "Target",
-    "WeightedPosterior",
-    "InferenceReport",
-    "infer",
-    "datasets",
-    "io",
-    "expectations",
-    "linalg",
-    "metrics",
-    "plots",
-    "schedules",
+    # posteriors
+    "PointPosterior", "GaussianPosterior", "SamplePosterior", "LatentPosterior", "WeightedPosterior",
+    # errors users catch or filter
+    "NotPSDError", "NumericalWarning", "ConvergenceWarning",
+    # modules
+    "datasets", "metrics", "plots", "io",
     "__version__",
 ]

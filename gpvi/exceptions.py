@@ -72,7 +72,7 @@ class NumericalFaultError(RuntimeError):
 
         try:
             q = gpvi.DSVI(...).run(model)
-        except gpvi.NumericalFaultError as err:
+        except gpvi.exceptions.NumericalFaultError as err:
             state = err.state          # resume or inspect from here
     """
 

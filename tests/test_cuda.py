@@ -84,7 +84,7 @@ def test_dsvi_adam_from_a_given_start():
 def test_dsvi_ard():
     from gpvi.models.logistic import BayesianLogisticRegression
     X, _, c = _data(n=80, d=6)
-    a, b = _both(lambda dev: gpvi.DSVIARD(num_steps=3000, seed=0, progress_bar=False).run(
+    a, b = _both(lambda dev: gpvi.inference.dsvi.DSVIARD(num_steps=3000, seed=0, progress_bar=False).run(
         BayesianLogisticRegression(X.to(dev), c.to(dev), prior_var=None, bias=False)))
     assert bool(((_on(b.mean) - a.mean).abs() <= 0.35 * a.std + 0.05).all())
 

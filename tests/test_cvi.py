@@ -20,7 +20,7 @@ from gpvi.inference.cvi import (CVI, CVIState, LatentPosterior, MonteCarlo, Sing
                                 site_elbo, theta_objective)
 from gpvi.inference.engine import FaultPolicy
 from gpvi.exceptions import InterruptedRunWarning, NotPSDError, NumericalFaultError, NumericalWarning
-from gpvi.expectations import BernoulliLogit, Gaussian, expected_log_lik
+from gpvi.models.likelihoods import BernoulliLogit, Gaussian, expected_log_lik
 from gpvi.linalg import cholesky_site_update_, cholesky_update
 from gpvi.models.regression import GPRegression
 from gpvi.posteriors.base import Posterior
@@ -316,7 +316,7 @@ def test_theta_gradient_of_the_elbo_matches_autograd_through_cholesky_and_finite
     m = K @ alpha
     W = torch.linalg.solve_triangular(L, K, upper=False)
     v = K.diagonal() - (W * W).sum(0)
-    from gpvi.expectations import expected_log_lik_sum
+    from gpvi.models.likelihoods import expected_log_lik_sum
     E = expected_log_lik_sum(model.likelihood, model.y, m, v)
     ref = site_elbo(E, st.lam1, st.lam2, m, v, L, alpha)
     (g_ref,) = torch.autograd.grad(ref, th)
@@ -664,7 +664,7 @@ def test_logit_prediction_is_the_quadrature_of_the_sigmoid():
     ref = torch.tensor([expected_log_lik(BernoulliLogit(), torch.ones(1, dtype=F64), mean[i:i + 1],
                                          var[i:i + 1]).value.exp() for i in range(5)])
     # E[sigma(f)] != exp(E[log sigma(f)]); check against direct quadrature instead
-    from gpvi.expectations import gaussian_expectation
+    from gpvi.models.likelihoods import gaussian_expectation
     direct = gaussian_expectation(torch.sigmoid, mean, var)
     assert torch.allclose(post.predict_proba(Xs), direct, atol=1e-14)
     assert bool((direct > ref).all())                         # Jensen: E[sigma] > exp(E[log sigma])

@@ -94,12 +94,12 @@ def test_the_objective_is_the_elbo_plus_the_log_prior_and_is_stationary_at_the_r
 def test_without_the_prior_the_irrelevant_lengthscale_runs_to_the_box():
     X, y = separable(40, 0)
     model = GPClassification(X, y)
-    with pytest.warns(gpvi.BoundWarning, match=r"ML-II: 1 lengthscale\(s\) at the upper bound 11.5 \(lengthscale "
+    with pytest.warns(gpvi.exceptions.BoundWarning, match=r"ML-II: 1 lengthscale\(s\) at the upper bound 11.5 \(lengthscale "
                       r"314 sd\(x_j\)\): the fit does not depend on input\(s\) 1 .*widen theta_bounds="):
         plain = TypeII(eng(), prior=None).run(model)
     assert plain.info["at_bound"] == {"log_lengthscale_sq[1]": "upper"}
     with warnings.catch_warnings():
-        warnings.simplefilter("error", gpvi.BoundWarning)
+        warnings.simplefilter("error", gpvi.exceptions.BoundWarning)
         with_prior = TypeII(eng()).run(model)
     assert with_prior.info["at_bound"] == {}
     assert plain.info["type_ii"]["prior"] is None and plain.info["log_prior"] == 0.0

@@ -28,7 +28,7 @@ from gpvi.inference.mcmc.hmc import NUTS
 from gpvi.posteriors.base import PointPosterior
 from gpvi.posteriors.predictive import MixturePredictive
 from gpvi.inference.dsvi import Convergence, Natural
-from gpvi.schedules import DecayEveryK, RobbinsMonro
+from gpvi.inference.schedules import DecayEveryK, RobbinsMonro
 
 from conftest import make_gp_data
 

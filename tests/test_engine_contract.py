@@ -38,7 +38,7 @@ def _dsvi(**kw):
 
 def _ard(**kw):
     kw.setdefault("num_steps", 60)
-    return gpvi.DSVIARD(lr=0.05, seed=3, progress_bar=False, num_elbo_draws=50, **kw)
+    return gpvi.inference.dsvi.DSVIARD(lr=0.05, seed=3, progress_bar=False, num_elbo_draws=50, **kw)
 
 
 def _sk(**kw):

@@ -11,7 +11,7 @@ import scipy.integrate as si
 import scipy.special as sp
 import torch
 
-from gpvi.expectations import (
+from gpvi.models.likelihoods import (
     BernoulliLogit,
     BernoulliProbit,
     expected_log_lik_sum,

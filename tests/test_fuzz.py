@@ -52,11 +52,11 @@ def _has_nan(obj: Any, depth: int = 0) -> bool:
         return any(_has_nan(v, depth + 1) for v in obj)
     if isinstance(obj, dict):
         return any(_has_nan(v, depth + 1) for v in obj.values())
-    if isinstance(obj, gpvi.MixturePredictive):
+    if isinstance(obj, gpvi.posteriors.MixturePredictive):
         return _has_nan((obj.mean, obj.var), depth + 1)
     if isinstance(obj, gpvi.posteriors.base.Posterior):
         return _has_nan((obj.mean, getattr(obj, "value", None)), depth + 1)
-    if isinstance(obj, (gpvi.GPRegression, gpvi.LatentGP)):
+    if isinstance(obj, (gpvi.GPRegression, gpvi.models.classification.LatentGP)):
         return _has_nan(obj.X, depth + 1)
     return False
 
@@ -151,7 +151,7 @@ def _quad():
 MODELS = {
     "GPRegression": lambda X, y: gpvi.GPRegression(X, y),
     "GPClassification": lambda X, y: gpvi.GPClassification(X, y),
-    "LatentGP-gaussian": lambda X, y: gpvi.LatentGP(X, y, likelihood=gpvi.expectations.Gaussian(0.1)),
+    "LatentGP-gaussian": lambda X, y: gpvi.models.classification.LatentGP(X, y, likelihood=gpvi.models.likelihoods.Gaussian(0.1)),
     "BayesianLogisticRegression": lambda X, y: gpvi.BayesianLogisticRegression(X, y),
     "GPClassifier.fit": lambda X, y: gpvi.GPClassifier(learn_hyperparameters=False, max_sweeps=3,
                                                        progress_bar=False).fit(X, y).predict_proba(X0),
@@ -162,7 +162,7 @@ def _evaluate(model):
     """Use an accepted model once, so a deferred failure shows up here."""
     if isinstance(model, gpvi.GPRegression):
         return model, model.log_joint(model.initial_theta())
-    if isinstance(model, gpvi.LatentGP):
+    if isinstance(model, gpvi.models.classification.LatentGP):
         return model, model.kernel_matrix()
     if isinstance(model, gpvi.BayesianLogisticRegression):
         return model, model.log_joint(torch.zeros(model.dim, dtype=F64))
@@ -239,9 +239,9 @@ def _small(name: str) -> dict[str, Any]:
             "TypeII": dict(cvi=gpvi.CVI(num_steps=2, progress_bar=False), max_iter=1, inner_num_steps=2)}[name]
 
 
-ENGINES: dict[str, Any] = {"ML2": gpvi.ML2, "DSVI": gpvi.DSVI, "DSVIARD": gpvi.DSVIARD, "CVI": gpvi.CVI,
+ENGINES: dict[str, Any] = {"ML2": gpvi.ML2, "DSVI": gpvi.DSVI, "DSVIARD": gpvi.inference.dsvi.DSVIARD, "CVI": gpvi.CVI,
                            "NUTS": gpvi.NUTS, "HMC": gpvi.HMC, "SKGaussian": gpvi.SKGaussian,
-                           "SKExpFamily": gpvi.SKExpFamily, "TypeII": TypeII}
+                           "SKExpFamily": gpvi.inference.sk.SKExpFamily, "TypeII": TypeII}
 
 
 def _target_for(name: str):

@@ -19,7 +19,7 @@ from pyro.ops.stats import effective_sample_size
 import gpvi
 from gpvi.exceptions import ConvergenceWarning, InterruptedRunWarning
 from gpvi.inference.mcmc import HMC, NUTS, Adaptation, ConvergenceChecks, MCMCState, init_to_chains
-from gpvi.metrics import compare
+from gpvi.evaluation.metrics import compare
 from gpvi.posteriors.base import GaussianPosterior, PointPosterior
 
 from conftest import make_gp_data

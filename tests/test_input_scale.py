@@ -73,7 +73,7 @@ def test_the_box_follows_each_inputs_variance():
 
 def test_the_default_prior_warns_on_inputs_far_from_unit_scale():
     X, y = two_inputs(30)
-    with pytest.warns(gpvi.InputScaleWarning, match=r"log_lengthscale_sq\[0\] has variance 7.79e\+05"):
+    with pytest.warns(gpvi.exceptions.InputScaleWarning, match=r"log_lengthscale_sq\[0\] has variance 7.79e\+05"):
         GPClassifier(progress_bar=False).fit(X * torch.tensor([1e3, 1.0], dtype=F64), y)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -86,7 +86,7 @@ def test_the_nuts_baseline_warns_as_the_fits_do_under_the_default_prior():
     X, y = two_inputs(30)
     far = gpvi.GPClassification(X * torch.tensor([1e3, 1.0], dtype=F64), y)
     for prior in (None, "default"):
-        with pytest.warns(gpvi.InputScaleWarning, match=r"log_lengthscale_sq\[0\] has variance 7.79e\+05"):
+        with pytest.warns(gpvi.exceptions.InputScaleWarning, match=r"log_lengthscale_sq\[0\] has variance 7.79e\+05"):
             target = WhitenedLatentGP(far, prior)
         torch.testing.assert_close(target.prior.mean, torch.zeros(far.dim, dtype=F64))
     with warnings.catch_warnings():

@@ -14,7 +14,7 @@ matplotlib.use("Agg")
 
 from matplotlib.figure import Figure  # noqa: E402
 
-from gpvi.plots import bound, compare_marginals, trace  # noqa: E402
+from gpvi.evaluation.plots import bound, compare_marginals, trace  # noqa: E402
 from gpvi.posteriors.base import GaussianPosterior, PointPosterior, SamplePosterior  # noqa: E402
 
 NAMES = ["a", "b", "c"]
@@ -139,6 +139,6 @@ def test_bound_from_traces():
 
 def test_import_is_lazy():
     """Importing gpvi.plots must not import matplotlib (it is an optional extra)."""
-    code = "import sys, gpvi.plots; print('matplotlib' in sys.modules)"
+    code = "import sys, gpvi.evaluation.plots; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -127,7 +127,7 @@ def compare_marginals(q: Any, mc: Any, names: Sequence[str] | str | None = None,
     Examples
     --------
     >>> import torch, gpvi
-    >>> from gpvi.plots import compare_marginals
+    >>> from gpvi.evaluation.plots import compare_marginals
     >>> q = gpvi.GaussianPosterior(torch.zeros(2, dtype=torch.float64), torch.eye(2, dtype=torch.float64),
     ...                            ["a", "b"])
     >>> mc = gpvi.SamplePosterior(torch.randn(2, 500, 2, dtype=torch.float64,
@@ -219,7 +219,7 @@ def trace(mc: Any, names: Sequence[str] | str | None = None, *, warmup: bool = F
     Examples
     --------
     >>> import torch, gpvi
-    >>> from gpvi.plots import trace
+    >>> from gpvi.evaluation.plots import trace
     >>> mc = gpvi.SamplePosterior(torch.randn(3, 100, 2, dtype=torch.float64,
     ...                                       generator=torch.Generator().manual_seed(0)), ["a", "b"])
     >>> len(trace(mc).axes)
@@ -317,7 +317,7 @@ def bound(result: Any, *, key: str | None = None, window: int = 200,
 
     Examples
     --------
-    >>> from gpvi.plots import bound
+    >>> from gpvi.evaluation.plots import bound
     >>> fig = bound([-10.0, -5.0, -3.0, -2.5, -2.4, -2.41], window=2)
     >>> fig.axes[0].get_ylabel()
     'bound'

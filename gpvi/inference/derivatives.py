@@ -21,7 +21,7 @@ __all__ = ["is_minibatch_target", "call_log_joint", "log_joint_and_grad", "value
 
 
 def is_minibatch_target(target: Any) -> bool:
-    """Whether ``target`` draws minibatches (has ``sample_minibatch``), e.g. :class:`gpvi.MinibatchTarget`."""
+    """Whether ``target`` draws minibatches (has ``sample_minibatch``), e.g. :class:`gpvi.models.minibatch.MinibatchTarget`."""
     return callable(getattr(target, "sample_minibatch", None))
 
 

@@ -21,7 +21,7 @@ Names: ``rho0`` = :math:`\rho_0`, ``tau`` = :math:`\tau`, ``kappa`` = :math:`\ka
 
 Examples
 --------
->>> from gpvi.schedules import RobbinsMonro, DecayEveryK
+>>> from gpvi.inference.schedules import RobbinsMonro, DecayEveryK
 >>> s = RobbinsMonro(0.1, tau=100.0, kappa=1.0)
 >>> s(0), round(s(100), 6)
 (0.1, 0.05)

@@ -44,7 +44,7 @@ class LatentGP:
     kernel : gpytorch.kernels.Kernel, optional
         Covariance function (deep-copied); default ``ScaleKernel(RBFKernel(ard_num_dims=n_features))``.
     likelihood : {"logit", "probit"} or Likelihood
-        Site likelihood (a :mod:`gpvi.expectations` object such as ``Gaussian(noise_var)`` is accepted too).
+        Site likelihood (a :mod:`gpvi.models.likelihoods` object such as ``Gaussian(noise_var)`` is accepted too).
     theta : array-like of shape (D,), optional
         Log-hyperparameters of the kernel at which :math:`K_\theta` is evaluated by default (the starting
         point when they are learned). Default: the user kernel's current values when ``kernel`` is given,
@@ -82,7 +82,7 @@ class LatentGP:
     Examples
     --------
     >>> import torch
-    >>> from gpvi.expectations import Gaussian
+    >>> from gpvi.models.likelihoods import Gaussian
     >>> X = torch.linspace(-1, 1, 8, dtype=torch.float64).unsqueeze(-1)
     >>> model = LatentGP(X, torch.sin(3 * X[:, 0]), likelihood=Gaussian(0.1))
     >>> model.names

@@ -65,7 +65,7 @@ class CVI:
         by quadrature.
     quadrature : Quadrature, optional
         The rule for quadrature gradients, the ELBO and logit predictions (default ``Quadrature(96, "gl-asinh")``;
-        see :class:`gpvi.expectations.Quadrature`).
+        see :class:`gpvi.models.likelihoods.Quadrature`).
     single_site : SingleSite, optional
         What a stochastic step does: ``batch_size``, ``refactor_every``, ``factor_update`` (default
         ``SingleSite()``: one site per step, refactorisation once per sweep). Ignored when ``mode="full"``.
@@ -118,7 +118,7 @@ class CVI:
         else:
             self.estimator, self.monte_carlo = check_choice(estimator, "estimator", ["quadrature", "mc"]), MonteCarlo()
         if quadrature is not None and not isinstance(quadrature, Quadrature):
-            raise TypeError(f"quadrature must be a gpvi.expectations.Quadrature; got {type(quadrature).__name__}")
+            raise TypeError(f"quadrature must be a gpvi.models.likelihoods.Quadrature; got {type(quadrature).__name__}")
         self.quadrature = quadrature if quadrature is not None else Quadrature()
         if single_site is not None and not isinstance(single_site, SingleSite):
             raise TypeError(f"single_site must be a gpvi.inference.cvi.SingleSite; got {type(single_site).__name__}")

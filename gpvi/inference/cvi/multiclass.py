@@ -165,7 +165,7 @@ class MulticlassCVI:
         self.beta = check_fraction(beta, "beta")
         self.requested_estimator = check_choice(estimator, "estimator", ["auto", "quadrature", "mc", "fixed"])
         if quadrature is not None and not isinstance(quadrature, Quadrature):
-            raise TypeError(f"quadrature must be a gpvi.expectations.Quadrature; got {type(quadrature).__name__}")
+            raise TypeError(f"quadrature must be a gpvi.models.likelihoods.Quadrature; got {type(quadrature).__name__}")
         self.user_quadrature = quadrature
         self.max_quadrature_classes = check_positive_int(max_quadrature_classes, "max_quadrature_classes", minimum=2)
         self.num_draws = check_positive_int(num_draws, "num_draws")

@@ -37,7 +37,7 @@ class MonteCarlo:
     num_draws : int
         Draws :math:`f = m_n + \sqrt{v_n}\,\varepsilon` per site and step.
     variance_grad : {"hessian", "reparam"}
-        Estimator of :math:`\partial_v E` (see :func:`gpvi.expectations.expected_log_lik`): ``"hessian"`` averages
+        Estimator of :math:`\partial_v E` (see :func:`gpvi.models.likelihoods.expected_log_lik`): ``"hessian"`` averages
         :math:`\tfrac12 h''` (keeps logit/probit sites valid); ``"reparam"`` uses first derivatives only.
     """
 

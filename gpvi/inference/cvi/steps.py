@@ -2,7 +2,7 @@ r"""The two CVI steps: full-batch (Algorithm 1) and doubly stochastic single-sit
 
 **Step 3** (eq. 13): for each site, the gradients :math:`\hat g^{(1)}_n, \hat g^{(2)}_n` of
 :math:`\mathbb E_q[\log p(y_n\mid f_n)]` with respect to the mean parameters :math:`(m_n, V_{nn} + m_n^2)` of the
-marginal (:func:`gpvi.expectations.mean_parameter_gradients`), then
+marginal (:func:`gpvi.models.likelihoods.mean_parameter_gradients`), then
 :math:`\tilde\lambda_n \leftarrow (1 - \beta_t)\tilde\lambda_n + \beta_t \hat g_n`
 (:func:`gpvi.inference.cvi.sites.update_sites`).
 

@@ -102,7 +102,7 @@ class DSVI:
         The standard distribution :math:`\phi`: standard normal (default; q is Gaussian and the bound is the
         Gaussian bound eq. 10), a standard Student-t with ``df`` > 0 degrees of freedom (``("t", df)``), a product
         of univariate standard distributions (``torch.distributions`` objects with ``icdf``), or an object such
-        as ``gpvi.StandardStudentT(D, df)``; see :func:`gpvi.inference.families.make_standard`.
+        as ``gpvi.inference.families.StandardStudentT(D, df)``; see :func:`gpvi.inference.families.make_standard`.
     num_draws : int
         S, draws of z per step, averaged (>= 1).
     num_steps : int

@@ -54,7 +54,7 @@ class UpdateRule:
     lr_scale : float
         :math:`\rho_C/\rho_\mu` (>= 0); ``0`` keeps :math:`C` at its initial value.
     schedule : {"auto", "decay", "robbins_monro", "constant"} or schedule object
-        Step-size schedule (:mod:`gpvi.schedules`) applied to both rates. ``"auto"``: the rule's default.
+        Step-size schedule (:mod:`gpvi.inference.schedules`) applied to both rates. ``"auto"``: the rule's default.
         ``"decay"`` is the paper's "multiply by 0.95 every k steps", k = ``num_steps // 20``;
         ``"robbins_monro"`` is :math:`\rho_0/(1+t/\tau)^\kappa` (:math:`\tau` = ``num_steps / 10``,
         :math:`\kappa = 0.6`); ``"constant"`` keeps :math:`\rho_0`.
