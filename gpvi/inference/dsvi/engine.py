@@ -76,7 +76,7 @@ from ..init import (LAPLACE_MAX_DIM, Start, check_start, init_to_default, init_t
                     laplace_approximation, resolve_init, start_point)
 from .convergence import Convergence
 from .gradient import estimate_gradient
-from .options import OPTIMIZERS, RENAMED, RULES, Adam, BlockDiagonal, Natural, SGD, UpdateRule, as_rule, renamed
+from .options import OPTIMIZERS, RULES, Adam, BlockDiagonal, Natural, SGD, UpdateRule, as_rule
 from .result import build_posterior
 from .starts import MAP_INIT_SCALE, MAP_RESTARTS, MAX_STARTS, run_starts
 from .result import estimate_bound as _estimate_bound
@@ -217,7 +217,6 @@ class DSVI:
     analytic_term: Callable[..., Any] | None = None
     """The closed-form part of the bound when it is not :class:`EntropyTerm` (DSVI-ARD's engine sets it)."""
 
-    @renamed(RENAMED)
     def __init__(self, scale: str | BlockDiagonal = "full", base: Any = "normal", *, num_draws: int = 4,
                  num_steps: int = 20_000, optimizer: str | UpdateRule = "auto", convergence: Convergence | None = None,
                  polyak: float | None = 0.25, init_scale: Any = "auto", faults: FaultPolicy | None = None,

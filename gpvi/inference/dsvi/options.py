@@ -1,4 +1,4 @@
-r"""DSVI's option objects: the update rule with its step size, a block-diagonal scale, and the old spellings.
+r"""DSVI's option objects: the update rule with its step size, and a block-diagonal scale.
 
 * :class:`SGD`, :class:`Natural`, :class:`Adam` -- the update rule of :class:`~gpvi.inference.dsvi.engine.DSVI`
   (``optimizer=``), each carrying its initial step size :math:`\rho_0` (``lr``), the ratio :math:`\rho_C/\rho_\mu`
@@ -9,17 +9,14 @@ r"""DSVI's option objects: the update rule with its step size, a block-diagonal 
   :mod:`~gpvi.inference.dsvi.updates`.
 * :class:`BlockDiagonal` -- ``DSVI(scale=BlockDiagonal(...))``, a full scale whose entries linking different
   groups of parameters stay zero.
-* :func:`renamed` -- the constructor arguments that were folded into these objects (``lr=``, ``window=``,
-  ``max_resample=``, ``blocks=``, ``df=``, ...) raise a ``TypeError`` that names the new spelling.
 
 Names follow the paper: ``lr`` = :math:`\rho_0` for :math:`\mu`; ``lr * lr_scale`` = :math:`\rho_0` for :math:`C`.
 """
 
 from __future__ import annotations
 
-import functools
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
@@ -30,7 +27,7 @@ from ..schedules import SCHEDULES, make_schedule
 from .setup import curvature_rate
 from .updates import adam_step, natural_step
 
-__all__ = ["SGD", "Natural", "Adam", "UpdateRule", "BlockDiagonal", "OPTIMIZERS", "as_rule", "renamed",
+__all__ = ["SGD", "Natural", "Adam", "UpdateRule", "BlockDiagonal", "OPTIMIZERS", "as_rule",
            "NATURAL_LR", "NATURAL_SCHEDULE"]
 
 OPTIMIZERS = ("auto", "sgd", "natural", "adam")
@@ -345,40 +342,3 @@ class BlockDiagonal:
 
     def __repr__(self) -> str:
         return f"BlockDiagonal({self.blocks!r})"
-
-
-# ------------------------------------------------------------------ arguments folded into the objects above
-RENAMED = {
-    "lr": "optimizer=SGD(lr=...) (or Natural(lr=...), Adam(lr=...); from gpvi.inference.dsvi)",
-    "lr_scale": "optimizer=SGD(lr_scale=...) (or Natural / Adam)",
-    "schedule": "optimizer=SGD(schedule=...) (or Natural / Adam)",
-    "schedule_options": "optimizer=SGD(schedule=..., schedule_options=...) (or Natural / Adam)",
-    "adam_betas": "optimizer=Adam(betas=...)",
-    "adam_eps": "optimizer=Adam(eps=...)",
-    "max_step_kl": "optimizer=Natural(max_step_kl=...)",
-    "fixed_mean_mask": "optimizer=SGD(fixed_mean=...) (or Natural / Adam)",
-    "window": "convergence=Convergence(window=...)",
-    "tol": "convergence=Convergence(tol=...)",
-    "param_tol": "convergence=Convergence(param_tol=...)",
-    "patience": "convergence=Convergence(patience=...)",
-    "stop_on_convergence": "convergence=Convergence(stop=...)",
-    "max_resample": "faults=FaultPolicy(max_resample=...)",
-    "blocks": "scale=BlockDiagonal(blocks)",
-    "df": "base=('t', df)",
-    "analytic_term": "DSVIARD (the closed-form part of the bound is not a DSVI setting)",
-}
-
-
-def renamed(table: dict[str, str]) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Decorate an ``__init__`` so that an argument folded into an option object raises a ``TypeError`` naming its
-    new spelling (``inspect.signature`` still shows the real arguments)."""
-    def wrap(init: Callable[..., None]) -> Callable[..., None]:
-        @functools.wraps(init)
-        def checked(self: Any, *args: Any, **kwargs: Any) -> None:
-            old = [k for k in kwargs if k in table]
-            if old:
-                owner = getattr(self, "name", type(self).__name__)
-                raise TypeError("; ".join(f"{owner}({k}=...) is no longer an argument: use {table[k]}" for k in old))
-            init(self, *args, **kwargs)
-        return checked
-    return wrap
