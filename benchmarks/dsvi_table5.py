@@ -60,7 +60,7 @@ from benchmarks._common import RESULTS, machine_info, write  # noqa: E402
 from benchmarks.runner import Job, run_jobs  # noqa: E402
 from gpvi.inference.dsvi.engine import DSVI, Convergence, laplace_approximation  # noqa: E402
 from gpvi.inference.mcmc import NUTS  # noqa: E402
-from gpvi.posteriors.base import GaussianPosterior  # noqa: E402
+from gpvi.posteriors import GaussianPosterior  # noqa: E402
 
 # The paper's Table 5 (Titsias & Lazaro-Gredilla 2014): (smse, nlpd) per method.
 PAPER = {

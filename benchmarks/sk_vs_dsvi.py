@@ -46,7 +46,7 @@ import gpvi  # noqa: E402
 from benchmarks._common import RESULTS, header, write  # noqa: E402
 from gpvi.inference.dsvi.engine import DSVI, SGD  # noqa: E402
 from gpvi.models.logistic import BayesianLogisticRegression  # noqa: E402
-from gpvi.posteriors.base import SamplePosterior  # noqa: E402
+from gpvi.posteriors import SamplePosterior  # noqa: E402
 from gpvi.inference.sk import SKGaussian  # noqa: E402
 
 

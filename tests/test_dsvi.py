@@ -25,7 +25,7 @@ from gpvi.inference.dsvi import SGD, Adam, BlockDiagonal, Convergence, Natural
 from gpvi.inference.dsvi.engine import DSVI, DSVIState
 from gpvi.exceptions import ConvergenceWarning, InterruptedRunWarning, NumericalFaultError, NumericalWarning
 from gpvi.models.logistic import BayesianLogisticRegression
-from gpvi.posteriors.base import GaussianPosterior, PointPosterior
+from gpvi.posteriors import GaussianPosterior, PointPosterior
 from gpvi.inference.schedules import Constant, DecayEveryK, RobbinsMonro, make_schedule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -507,28 +507,10 @@ def test_bad_option_objects_raise_value_error_naming_the_field(make, match):
         make()
 
 
-@pytest.mark.parametrize("old,new", [
-    (dict(lr=0.1), r"optimizer=SGD\(lr=...\)"), (dict(lr_scale=0.5), r"SGD\(lr_scale"),
-    (dict(schedule="constant"), r"SGD\(schedule"), (dict(schedule_options={}), "schedule_options"),
-    (dict(adam_betas=(0.9, 0.99)), r"Adam\(betas"), (dict(adam_eps=1e-6), r"Adam\(eps"),
-    (dict(max_step_kl=0.1), r"Natural\(max_step_kl"), (dict(fixed_mean_mask=[True]), "fixed_mean="),
-    (dict(window=50), r"Convergence\(window"), (dict(tol=1e-3), r"Convergence\(tol"),
-    (dict(param_tol=0.1), r"Convergence\(param_tol"), (dict(patience=2), r"Convergence\(patience"),
-    (dict(stop_on_convergence=False), r"Convergence\(stop"), (dict(max_resample=2), r"FaultPolicy\(max_resample"),
-    (dict(blocks=[2, 3]), r"scale=BlockDiagonal"), (dict(df=5.0), r"base=\('t', df\)"),
-    (dict(analytic_term=lambda mu, c: (0.0, None, c)), "DSVIARD"), (dict(base="t"), r"\('t', df\)"),
-    (dict(optimizer=3), "optimizer"), (dict(convergence="auto"), "Convergence"),
-    (dict(faults=20), "FaultPolicy"),
-])
-def test_removed_spellings_raise_type_error_naming_the_new_one(old, new):
-    with pytest.raises(TypeError, match=new):
-        DSVI(**old)
-
-
 def test_constructor_is_small_and_options_read_back():
     import inspect
 
-    assert len(inspect.signature(DSVI).parameters) <= 12              # the old signature had 28 arguments
+    assert len(inspect.signature(DSVI).parameters) <= 12
     eng = DSVI(BlockDiagonal([2, 1]), ("t", 4.0), optimizer=Adam(lr=0.02, betas=(0.8, 0.99)),
                convergence=Convergence(window=10, stop=False), faults=FaultPolicy(3, 1), progress_bar=False)
     s = eng.settings()

@@ -25,7 +25,7 @@ from gpvi.inference.dsvi.starts import MAP_RESTARTS
 from gpvi.inference.dsvi.engine import DSVI, DSVIState, finite_difference_hessian, laplace_approximation
 from gpvi.exceptions import ConvergenceWarning, NumericalWarning
 from gpvi.inference.mcmc.hmc import NUTS
-from gpvi.posteriors.base import PointPosterior
+from gpvi.posteriors import PointPosterior
 from gpvi.posteriors.predictive import MixturePredictive
 from gpvi.inference.dsvi import Convergence, Natural
 from gpvi.inference.schedules import DecayEveryK, RobbinsMonro
@@ -215,7 +215,7 @@ def test_point_mass_q_predicts_like_ml2(synth):
     """A q with a negligible scale at the ML-II point gives the ML-II predictive (mixture of equal components)."""
     model, X_test, y_test = synth
     fit = gpvi.ML2(num_restarts=1, seed=0).run(model)
-    narrow = gpvi.posteriors.base.GaussianPosterior(fit.theta, 1e-12 * torch.eye(model.dim, dtype=torch.float64),
+    narrow = gpvi.posteriors.gaussian.GaussianPosterior(fit.theta, 1e-12 * torch.eye(model.dim, dtype=torch.float64),
                                               model.names, model)
     a, b = narrow.predict(X_test, num_draws=5), fit.predict(X_test)
     assert torch.allclose(a.mean, b.mean, atol=1e-8) and torch.allclose(a.var, b.var, rtol=1e-8)

@@ -20,7 +20,7 @@ import gpvi
 from gpvi.exceptions import ConvergenceWarning, InterruptedRunWarning
 from gpvi.inference.mcmc import HMC, NUTS, Adaptation, ConvergenceChecks, MCMCState, init_to_chains
 from gpvi.evaluation.metrics import compare
-from gpvi.posteriors.base import GaussianPosterior, PointPosterior
+from gpvi.posteriors import GaussianPosterior, PointPosterior
 
 from conftest import make_gp_data
 

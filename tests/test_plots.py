@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
 
 from gpvi.evaluation.plots import bound, compare_marginals, trace  # noqa: E402
-from gpvi.posteriors.base import GaussianPosterior, PointPosterior, SamplePosterior  # noqa: E402
+from gpvi.posteriors import GaussianPosterior, PointPosterior, SamplePosterior  # noqa: E402
 
 NAMES = ["a", "b", "c"]
 

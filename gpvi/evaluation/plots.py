@@ -62,7 +62,7 @@ def _draws(post: Any, num_draws: int, seed: int) -> torch.Tensor:
 
 
 def _is_gaussian(post: Any) -> bool:
-    from ..posteriors.base import GaussianPosterior
+    from ..posteriors.gaussian import GaussianPosterior
     from ..inference.families import StandardNormal
     return isinstance(post, GaussianPosterior) and isinstance(post.base, StandardNormal)
 
@@ -86,16 +86,16 @@ def compare_marginals(q: Any, mc: Any, names: Sequence[str] | str | None = None,
     For each parameter :math:`\theta_j` the reference ``mc`` is drawn as a density histogram of its draws (and,
     with ``kde``, their Gaussian kernel density estimate as a solid black line, the paper's "ground-truth
     empirical estimate"); ``q`` is drawn as a dashed red curve: the exact marginal
-    :math:`\mathcal N(\mu_j, (CC^\top)_{jj})` for a Gaussian :class:`~gpvi.posteriors.base.GaussianPosterior`, a kernel
+    :math:`\mathcal N(\mu_j, (CC^\top)_{jj})` for a Gaussian :class:`~gpvi.posteriors.gaussian.GaussianPosterior`, a kernel
     density estimate of its draws for any other posterior, or a vertical line for a
-    :class:`~gpvi.posteriors.base.PointPosterior` (ML-II).
+    :class:`~gpvi.posteriors.point.PointPosterior` (ML-II).
 
     Parameters
     ----------
     q : posterior
         The approximation (DSVI, Salimans-Knowles, ML-II, or another sample posterior).
     mc : posterior
-        The reference, typically the :class:`~gpvi.posteriors.base.SamplePosterior` from :class:`gpvi.inference.mcmc.hmc.NUTS`
+        The reference, typically the :class:`~gpvi.posteriors.samples.SamplePosterior` from :class:`gpvi.inference.mcmc.hmc.NUTS`
         (any posterior works: non-sample posteriors contribute ``num_draws`` seeded draws).
     names : str or sequence of str, optional
         Parameters to show (default all), by name.
@@ -136,7 +136,7 @@ def compare_marginals(q: Any, mc: Any, names: Sequence[str] | str | None = None,
     >>> len(fig.axes)
     2
     """
-    from ..posteriors.base import PointPosterior
+    from ..posteriors.point import PointPosterior
 
     if list(q.names) != list(mc.names):
         raise ValueError(f"q and mc have different parameters: {list(q.names)} vs {list(mc.names)}")

@@ -488,7 +488,7 @@ def laplace_approximation(target: Any, mode: Any = None, *, map_restarts: int = 
     >>> lap.info["scale"], lap.mean.shape
     ('laplace', torch.Size([16]))
     """
-    from ..posteriors.base import GaussianPosterior
+    from ..posteriors.gaussian import GaussianPosterior
 
     target = as_target(target)
     D = len(target.names)

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ..exceptions import BoundWarning, ConvergenceWarning, NotPSDError
-from ..posteriors.base import PointPosterior
+from ..posteriors.point import PointPosterior
 from .lbfgs import box_message, ends_on_box, lbfgs_maximise
 from .progress import Progress, warn_interrupted
 from ..rng import check_seed, resolve_generator
@@ -137,7 +137,7 @@ class ML2:
     def run(self, target: Any, init: Any = None, *, generator: torch.Generator | None = None,
             seed: int | None = None, callback: Callable[[int, dict[str, Any]], None] | None = None
             ) -> PointPosterior:
-        """Optimise from every starting point and return the best as a :class:`~gpvi.posteriors.base.PointPosterior`.
+        """Optimise from every starting point and return the best as a :class:`~gpvi.posteriors.point.PointPosterior`.
 
         Parameters
         ----------

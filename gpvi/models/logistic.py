@@ -277,7 +277,7 @@ class BayesianLogisticRegression:
         True
         """
         from ..inference.lbfgs import lbfgs_maximise
-        from ..posteriors.base import GaussianPosterior
+        from ..posteriors.gaussian import GaussianPosterior
 
         max_iter = check_positive_int(max_iter, "max_iter")
         gtol = check_positive(gtol, "gtol")

@@ -19,8 +19,7 @@ and notebook code treats them alike:
 
 The implementations live in :mod:`~gpvi.posteriors.point` (:class:`PointPosterior`, ML-II / MAP),
 :mod:`~gpvi.posteriors.gaussian` (:class:`GaussianPosterior`, DSVI and Salimans-Knowles, with full, diagonal or
-low-rank storage) and :mod:`~gpvi.posteriors.samples` (:class:`SamplePosterior`, MCMC); this module re-exports
-them for older imports. Posteriors never change after the run that made them, and never alias an engine's
+low-rank storage) and :mod:`~gpvi.posteriors.samples` (:class:`SamplePosterior`, MCMC). Posteriors never change after the run that made them, and never alias an engine's
 live state: ``engine_state`` is copied when the posterior is built.
 """
 
@@ -35,8 +34,7 @@ from ..evaluation.table import Table
 from ..validation import _available_memory_bytes, check_fraction, check_positive_int
 from .predictive import MixturePredictive, _check_probs
 
-__all__ = ["Posterior", "PointPosterior", "GaussianPosterior", "SamplePosterior", "posterior_from_state_dict",
-           "STATE_VERSION"]
+__all__ = ["Posterior", "posterior_from_state_dict", "STATE_VERSION"]
 
 STATE_VERSION = 1
 """Version written under ``"version"`` by every posterior's ``state_dict`` (a dict without one reads as 1)."""
@@ -102,14 +100,6 @@ def check_dense_memory(D: int, *, what: str, copies: int = 1, dtype: torch.dtype
             f"{what} is a dense ({D}, {D}) matrix: with D = {D} it needs about {need / 2**30:.2f} GiB but only "
             f"{avail / 2**30:.2f} GiB is free on {dev}; mean, std, quantile, sample, log_prob and summary work"
             f"{via} without it")
-
-
-def _import_arviz():
-    try:
-        import arviz as az
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("to_arviz needs ArviZ, an optional extra: pip install 'gpvi[arviz]'") from exc
-    return az
 
 
 class Posterior:
@@ -308,11 +298,8 @@ class Posterior:
         return self.sample(num_draws, generator=generator, seed=seed)
 
     def to_arviz(self, num_draws: int = 1000, *, seed: int = 0):
-        """``arviz.InferenceData`` with one named variable per parameter (draws from the posterior).
-
-        Requires the optional ``arviz`` extra (``pip install gpvi[arviz]``).
-        """
-        az = _import_arviz()
+        """``arviz.InferenceData`` with one named variable per parameter (draws from the posterior)."""
+        import arviz as az                                   # imported on use: importing ArviZ takes seconds
         draws = self._arviz_draws(num_draws, seed)          # (chains, draws, D)
         posterior = {n: draws[:, :, j].cpu().numpy() for j, n in enumerate(self.names)}
         return az.from_dict(posterior=posterior, **self._arviz_extra())
@@ -387,10 +374,3 @@ class Posterior:
 def posterior_from_state_dict(state: dict[str, Any], target: Any = None) -> Posterior:
     """Rebuild any posterior from its ``state_dict()`` (the class is chosen by ``state["kind"]``)."""
     return Posterior.from_state_dict(state, target)
-
-
-# the implementations, re-exported for ``from gpvi.posteriors.base import GaussianPosterior`` (defined after
-# Posterior, which they subclass)
-from .point import PointPosterior  # noqa: E402
-from .gaussian import GaussianPosterior  # noqa: E402
-from .samples import SamplePosterior  # noqa: E402

@@ -36,6 +36,7 @@ from ..linalg import cholesky_with_jitter, solve_lower
 from ..rng import resolve_generator
 from ..validation import as_float_tensor, check_positive_int, check_theta
 from .base import _SUMMARY_SEED, Posterior, _plain, check_dense_memory
+from .weighted import psis
 
 __all__ = ["GaussianPosterior"]
 
@@ -326,7 +327,6 @@ class GaussianPosterior(Posterior):
         :class:`~gpvi.posteriors.weighted.WeightedPosterior` (``khat``, ``ess``, weighted ``mean``, ``std``,
         ``covariance``, ``quantile``, ``predict``, ``log_evidence`` with its standard error).
         """
-        from .weighted import psis
         return psis(self, target, num_draws, seed=seed, generator=generator)
 
     def linear_marginals(self, A: Any) -> tuple[torch.Tensor, torch.Tensor]:

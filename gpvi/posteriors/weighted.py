@@ -66,10 +66,7 @@ def pareto_smooth(log_ratios: np.ndarray) -> tuple[np.ndarray, float]:
     ok = np.isfinite(lr)
     if ok.sum() < 2:
         raise ValueError(f"PSIS needs at least 2 finite log importance ratios; got {int(ok.sum())} of {lr.size}")
-    try:
-        import arviz as az
-    except ImportError as err:                                   # pragma: no cover - arviz is a test dependency
-        raise ImportError("PSIS needs ArviZ: pip install gpvi[arviz]") from err
+    import arviz as az                                           # imported on use: importing ArviZ takes seconds
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")                          # ArviZ's own k-hat warning: ours is clearer
         if hasattr(az, "psislw"):

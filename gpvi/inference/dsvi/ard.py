@@ -64,7 +64,7 @@ import torch
 
 from .engine import DSVI, DSVIState
 from .options import SGD
-from ...posteriors.base import GaussianPosterior
+from ...posteriors.gaussian import GaussianPosterior
 from ...models.minibatch import MinibatchTarget
 from ...models.target import as_target
 from ...validation import check_positive

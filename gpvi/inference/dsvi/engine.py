@@ -394,7 +394,7 @@ class DSVI:
         return {"bound": info.get("bound_avg", math.nan)}
 
     def result(self, target: Any, state: DSVIState, report: RunReport) -> Any:
-        """The :class:`~gpvi.posteriors.base.GaussianPosterior` of ``state`` (see :meth:`run`)."""
+        """The :class:`~gpvi.posteriors.gaussian.GaussianPosterior` of ``state`` (see :meth:`run`)."""
         return build_posterior(self, target, state, report)
 
     # ------------------------------------------------------------------ one step of Algorithm 1

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ...exceptions import ConvergenceWarning, NumericalWarning
-from ...posteriors.base import GaussianPosterior
+from ...posteriors.gaussian import GaussianPosterior
 from ..budget import MemoryBudget
 from ..derivatives import call_log_joint
 from ..progress import Progress, trace_to_tensor

@@ -28,7 +28,8 @@ import torch
 
 from ...exceptions import NumericalWarning
 from ...models.target import as_target
-from ...posteriors.base import PointPosterior, SamplePosterior
+from ...posteriors.point import PointPosterior
+from ...posteriors.samples import SamplePosterior
 from ...rng import check_seed, resolve_generator
 from ...validation import check_bool, check_nonnegative_int, check_positive, check_positive_int
 from ..engine import RunReport
@@ -221,9 +222,9 @@ class HamiltonianEngine:
         init : optional
             Where the chains start, resolved by :func:`gpvi.inference.init.resolve_init` (``None``:
             :meth:`default_init`, the target's ``initial_theta()`` or zeros): a point (ML-II
-            :class:`~gpvi.posteriors.base.PointPosterior`, a ``(D,)`` array, ``init_to_value``, ``init_to_map``)
+            :class:`~gpvi.posteriors.point.PointPosterior`, a ``(D,)`` array, ``init_to_value``, ``init_to_map``)
             plus per-chain jitter :math:`\mathcal N(0, s^2 I)`, :math:`s` = ``init_scale``; a Gaussian posterior
-            (DSVI's :class:`~gpvi.posteriors.base.GaussianPosterior`) or ``"laplace"``: one draw per chain from
+            (DSVI's :class:`~gpvi.posteriors.gaussian.GaussianPosterior`) or ``"laplace"``: one draw per chain from
             it; a ``(num_chains, D)`` array (:class:`~gpvi.inference.mcmc.starts.init_to_chains`): used as is.
             Not with ``state``.
         state : MCMCState or dict, optional

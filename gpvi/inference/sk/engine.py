@@ -25,7 +25,7 @@ sources of regression statistics (:mod:`gpvi.inference.sk.estimates` derives bot
 
 Data subsampling (section 6.5, eq. 50) comes for free: a target with the minibatch protocol of
 :mod:`gpvi.models.minibatch` gets a fresh minibatch at every step. The run loop is the shared driver
-(:func:`gpvi.inference.driver.run`); the result is the same :class:`~gpvi.posteriors.base.GaussianPosterior` as
+(:func:`gpvi.inference.driver.run`); the result is the same :class:`~gpvi.posteriors.gaussian.GaussianPosterior` as
 DSVI returns.
 
 Names in code follow the paper: ``w`` = :math:`w`; ``num_steps`` = :math:`N`; ``a``, ``P``, ``z`` (Algorithm 2);
@@ -47,7 +47,7 @@ import torch
 
 from ...exceptions import ConvergenceWarning, NumericalFaultError, NumericalWarning
 from ...models.target import as_target
-from ...posteriors.base import GaussianPosterior
+from ...posteriors.gaussian import GaussianPosterior
 from ...rng import check_seed, resolve_generator
 from ...validation import check_bool, check_choice, check_memory, check_nonnegative_int, check_positive_int
 from .. import driver
