@@ -75,7 +75,7 @@ def _posterior_from(state: dict[str, Any], model: Any) -> Any:
     rebuild = getattr(posteriors, "posterior_from_state_dict", None)
     if rebuild is not None:                          # the class is chosen by state["kind"]
         return rebuild(state, target=model)
-    from .posteriors.base import GaussianPosterior, PointPosterior, SamplePosterior
+    from .posteriors import GaussianPosterior, PointPosterior, SamplePosterior
 
     kind = state.get("kind")
     if kind == "gaussian":
