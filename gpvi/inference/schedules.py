@@ -1,4 +1,4 @@
-r"""Step-size schedules :math:`\rho_t` shared by the stochastic engines (DSVI, CVI).
+r"""Step-size schedules :math:`\rho_t` shared by the stochastic engines (DSVI's :math:`\rho_t`, CVI's :math:`\beta_t`).
 
 A schedule is a small immutable object: ``schedule(t)`` returns the step size used by the update number
 ``t = 0, 1, 2, ...`` (``t`` = number of updates already done). Being a pure function of ``t``, a schedule has
@@ -14,7 +14,9 @@ no state of its own, so resuming a run from its step count reproduces the uninte
   diffusing around the optimum with a spread that grows with :math:`\rho_0` (the paper's Figure 1); use
   Polyak averaging or a decaying schedule for a final answer.
 
-:func:`make_schedule` builds one from a name, so engines take ``schedule="robbins_monro"`` and so on.
+:func:`make_schedule` builds one from a name, so engines take ``schedule="robbins_monro"`` and so on; a name means
+the same formula in every engine, and each engine documents its defaults for :math:`\tau` and :math:`\kappa`.
+:func:`rate` also passes through a bare ``callable(t)`` (CVI's ``beta_schedule``).
 
 Names: ``rho0`` = :math:`\rho_0`, ``tau`` = :math:`\tau`, ``kappa`` = :math:`\kappa`, ``factor`` and
 ``every`` = the 0.95 and the k of "multiply by 0.95 every k steps".
@@ -38,7 +40,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..validation import check_choice, check_positive, check_positive_int
 
-__all__ = ["Schedule", "Constant", "RobbinsMonro", "DecayEveryK", "make_schedule", "SCHEDULES"]
+__all__ = ["Schedule", "Constant", "RobbinsMonro", "DecayEveryK", "make_schedule", "rate", "SCHEDULES"]
 
 SCHEDULES = ("constant", "robbins_monro", "decay")
 
@@ -235,3 +237,23 @@ def make_schedule(schedule: Any, rho0: float, *, num_steps: int | None = None, *
         return schedule
     raise TypeError(f"schedule must be one of {list(SCHEDULES)} or a schedule object with rho0 and __call__(t); "
                     f"got {type(schedule).__name__}")
+
+
+def rate(schedule: Any, rho0: float, **options: Any) -> Schedule:
+    r"""The step size of an engine as a function of ``t``: a name, a schedule object, or any ``callable(t)``.
+
+    A name goes through :func:`make_schedule` (``options`` are the engine's defaults for ``tau``, ``kappa``,
+    ``factor``, ``every``; ignored by ``"constant"``); a callable is returned as it is.
+
+    Examples
+    --------
+    >>> rate("robbins_monro", 0.5, tau=1.0, kappa=0.6)
+    RobbinsMonro(rho0=0.5, tau=1, kappa=0.6)
+    >>> rate("constant", 0.5, tau=1.0, kappa=0.6)(10)
+    0.5
+    """
+    if isinstance(schedule, str):
+        return make_schedule(schedule, rho0, **({} if schedule == "constant" else options))
+    if callable(schedule):
+        return schedule
+    raise TypeError(f"schedule must be one of {list(SCHEDULES)} or a callable(t); got {type(schedule).__name__}")

@@ -37,6 +37,7 @@ from ...validation import check_bool, check_choice, check_fraction, check_positi
 from .. import driver
 from ..budget import MemoryBudget
 from ..engine import FaultPolicy, RunReport, resume_copy
+from ..schedules import rate
 from ..init import start_point
 from . import sites, steps
 from .options import MonteCarlo, SingleSite, SitesConverged, init_to_sites, latent_init
@@ -78,8 +79,9 @@ class CVI:
         ELBO of the last checks against that of the checks before, within ``tol`` or within their noise). ``0``
         disables the check (the run takes ``num_steps`` steps).
     beta_schedule : {"constant", "robbins_monro"}, callable or None
-        :math:`\beta_t = \beta`, :math:`\beta (1 + t)^{-0.6}` with :math:`t` the completed sweeps, or
-        ``callable(t) -> beta_t``. Default (``None``): ``"constant"`` with quadrature gradients (exact gradients:
+        :math:`\beta_t = \beta`, :math:`\beta / (1 + t)^{0.6}` with :math:`t` the completed sweeps
+        (:class:`~gpvi.inference.schedules.RobbinsMonro` with :math:`\tau = 1`, :math:`\kappa = 0.6`), or
+        ``callable(t) -> beta_t`` (e.g. a ``RobbinsMonro`` with other :math:`\tau`, :math:`\kappa`). Default (``None``): ``"constant"`` with quadrature gradients (exact gradients:
         a constant step converges), ``"robbins_monro"`` with Monte Carlo gradients (a constant step leaves the
         sites fluctuating at a noise level proportional to :math:`\beta` and never settles; a decreasing step
         with :math:`\sum\beta_t = \infty`, :math:`\sum\beta_t^2 < \infty` converges).
@@ -139,6 +141,12 @@ class CVI:
         self.progress_bar = check_bool(progress_bar, "progress_bar")
 
     # ------------------------------------------------------------------ helpers
+    @property
+    def beta_rate(self) -> Callable[[int], float]:
+        r""":math:`\beta_t` as a function of the completed sweeps (``"robbins_monro"``: :math:`\tau = 1`,
+        :math:`\kappa = 0.6`)."""
+        return rate(self.beta_schedule, self.beta, tau=1.0, kappa=0.6)
+
     def __repr__(self) -> str:
         return (f"CVI(mode={self.mode!r}, beta={self.beta:g}, estimator={self.estimator!r}, "
                 f"num_steps={self.num_steps}, tol={self.tol:g})")

@@ -12,9 +12,9 @@ Estimators of the site gradients (``estimator``):
   K - 1 logit differences) and robust-max (a 1-D rule, any K);
 * ``"mc"``: reparameterised Monte Carlo (softmax), ``num_draws`` draws per site and step from the run's seeded
   generator on the data's device. With a constant step the sites keep fluctuating, so the default schedule for
-  ``"mc"`` decreases the step, :math:`\beta_t = \beta(1 + t/\tau)^{-\kappa}` (``decay_steps`` :math:`\tau`,
-  ``decay_power`` :math:`\kappa \in (0.5, 1]`: :math:`\sum\beta_t = \infty`, :math:`\sum\beta_t^2 < \infty`,
-  Robbins-Monro), which converges to the fixed point of the exact expectations;
+  ``"mc"`` decreases the step, :math:`\beta_t = \beta / (1 + t/\tau)^{\kappa}` (:math:`\tau = 10`,
+  :math:`\kappa = 0.7`: :math:`\sum\beta_t = \infty`, :math:`\sum\beta_t^2 < \infty`, Robbins-Monro), which
+  converges to the fixed point of the exact expectations;
 * ``"fixed"``: a deterministic quasi-Monte Carlo average over ``num_fixed_draws`` fixed Sobol' points (softmax,
   any K).
 
@@ -27,34 +27,10 @@ by rank-one updates, O(K N^2) per step (:mod:`gpvi.inference.cvi.multiclass_sing
 :class:`~gpvi.inference.cvi.multiclass_typeii.MulticlassTypeII` (in its own module) learns the shared kernel
 log-hyperparameters by MAP-II on the profiled bound.
 
-Speed (3-class iris, 105 training rows, MAP-II; 2-core machine under load 3..7). Plain CVI crawls along the
-**common mode** (all classes' means shifted together, along which softmax and robust-max are flat): 844 steps to
-a relative change of 1e-14 at the MAP-II theta, about 80 per theta evaluation, and robust-max did not converge at
-all. Each step now first moves the sites to the exact maximiser along that mode (``center``,
-:func:`gpvi.inference.cvi.multiclass_sites.center`; 44 steps). The inner runs are ELBO-monotone
-(:func:`~gpvi.inference.cvi.multiclass_typeii.converge_sites`), the first L-BFGS-B step is scaled to length 1 in
-theta (it jumped to the box before), the inner runs and gradients use a cheaper rule
-(:func:`~gpvi.inference.cvi.multiclass_typeii.inner_quadrature`). Iris MAP-II: 70..267 s before, 4..8 s
-after (41 -> 21 theta evaluations, 2956 -> 203 inner steps; inputs standardised), objective -34.8337206 both
-(within 2e-8). A coarse first phase (``MulticlassTypeII(coarse=True)``) and the end of the loop at L-BFGS-B's own
-stop rule then took the benchmark's iris fit from 2.6 s to 1.2 s (21 -> 18 evaluations, 203 -> 114 inner steps),
-wine 3.8 -> 1.7 s, digits (K = 10, with its data-scaled start) 60 -> 23 s (``benchmarks/results/multiclass.md``).
-Computing the softmax averages class-major (:meth:`gpvi.models.multiclass.Softmax._sample_moments`; contiguous
-(K, N, S) blocks instead of ``log_softmax`` over a last dimension of K) and in a reused scratch buffer (page faults
-cost more than the arithmetic here) then took digits to 6.5 s, iris to 0.9 s, wine to 1.3 s, with the same
-objectives and counters. Anderson-accelerated inner runs (``MulticlassTypeII(anderson=5)``), the theta gradient in
-closed form (:func:`gpvi.inference.cvi.multiclass_sites.theta_objective`) and a coarse phase that stops at its own
-accuracy (``COARSE["ftol"]``) then took them to 3.7 / 0.82 / 0.89 s (inner steps 195 -> 117, 114 -> 100,
-142 -> 103), objectives within 5e-8 relative; scikit-learn's GPC with learned kernels: 1.5 / 0.39 / 0.94 s.
-The objective and gradient at the inner run's best evaluated sites
-(:func:`~gpvi.inference.cvi.multiclass_typeii.profiled_objective`), a later phase's first move scaled by the
-earlier phase's secant curvature, and the K <= 3 softmax rule summed level by level
-(:func:`gpvi.models.multiclass.two_level_moments`) then took them to 2.2 / 0.58 / 0.73 s (expectation calls
-162 -> 131, 135 -> 108 on digits and iris; 2026-11-25, idle, against 1.45 / 0.34 / 0.98 s). Expectations in
-scratch buffers without node-sized allocations (K = 3: :meth:`gpvi.models.quadrature.Quadrature.nodes_into`;
-K = 10: cache-sized blocks of sites, shifted by each site's largest mean) and ``ftol`` 1e-8 above the inner runs'
-noise then took them to 1.50 / 0.36 / 0.44 s against scikit-learn's 1.53 / 0.35 / 0.83 s in the same run
-(2026-11-25, a NUTS run on the other core: load 1.8-1.9).
+Each step first moves the sites to the exact maximiser of the bound along the **common mode** (all classes' means
+shifted together, along which softmax and robust-max are flat; ``center``,
+:func:`gpvi.inference.cvi.multiclass_sites.center`): same fixed point, without the crawl along that mode. Measured
+speed is in ``benchmarks/results/multiclass.md``; its history in ``CHANGELOG.md``.
 """
 
 from __future__ import annotations
@@ -76,6 +52,7 @@ from ...validation import (as_float_tensor, check_bool, check_choice, check_frac
 from .. import driver
 from ..budget import MemoryBudget
 from ..engine import FaultPolicy, RunReport, resume_copy
+from ..schedules import rate
 from . import multiclass_sites as ms
 from . import sites, steps
 from .multiclass_single import stochastic_step
@@ -111,10 +88,10 @@ class MulticlassCVI:
         Fixed quasi-Monte Carlo points of the ``"fixed"`` rule (default 1024, scrambled Sobol'; see
         :func:`gpvi.models.multiclass.fixed_draws`: more accurate than the 2000 pseudo-random draws used before).
     beta_schedule : {"auto", "constant", "robbins_monro"} or callable
-        ``"auto"``: constant for deterministic estimators, ``"robbins_monro"`` for ``"mc"``;
-        ``callable(t) -> beta_t`` with t the completed sweeps.
-    decay_steps, decay_power : float
-        :math:`\tau` and :math:`\kappa` of the Robbins-Monro schedule (defaults 10 and 0.7).
+        ``"auto"``: constant for deterministic estimators, ``"robbins_monro"`` for ``"mc"``, which is
+        :math:`\beta_t = \beta / (1 + t/\tau)^\kappa` with :math:`\tau = 10`, :math:`\kappa = 0.7`
+        (:class:`~gpvi.inference.schedules.RobbinsMonro`); ``callable(t) -> beta_t`` with t the completed sweeps
+        (e.g. a ``RobbinsMonro`` with other :math:`\tau`, :math:`\kappa`).
     num_steps : int
         Cap on the steps of a run.
     tol : float
@@ -158,8 +135,7 @@ class MulticlassCVI:
 
     def __init__(self, beta: float = 0.5, estimator: str = "auto", *, quadrature: Quadrature | None = None,
                  max_quadrature_classes: int = 3, num_draws: int = 10, num_fixed_draws: int = 1024,
-                 beta_schedule: str | Callable[[int], float] = "auto", decay_steps: float = 10.0,
-                 decay_power: float = 0.7, num_steps: int = 1000, tol: float = 1e-9, invalid: str = "shrink",
+                 beta_schedule: str | Callable[[int], float] = "auto", num_steps: int = 1000, tol: float = 1e-9, invalid: str = "shrink",
                  faults: FaultPolicy | None = None, seed: int | None = 0, progress_bar: bool = True,
                  center: bool = True, mode: str = "full", single_site: SingleSite | None = None) -> None:
         self.beta = check_fraction(beta, "beta")
@@ -175,10 +151,6 @@ class MulticlassCVI:
         else:
             self.requested_schedule = check_choice(beta_schedule, "beta_schedule",
                                                    ["auto", "constant", "robbins_monro"])
-        self.decay_steps = check_positive(decay_steps, "decay_steps")
-        self.decay_power = float(decay_power)
-        if not 0.5 < self.decay_power <= 1.0:
-            raise ValueError(f"decay_power must be in (0.5, 1]; got {decay_power!r}")
         self.num_steps = check_positive_int(num_steps, "num_steps")
         self.tol = check_positive(tol, "tol", allow_zero=True)
         self.invalid = check_choice(invalid, "invalid", ["shrink", "reject"])
@@ -201,6 +173,12 @@ class MulticlassCVI:
                 f"num_steps={self.num_steps}, tol={self.tol:g})")
 
     # ------------------------------------------------------------------ helpers
+    @property
+    def beta_rate(self) -> Callable[[int], float]:
+        r""":math:`\beta_t` as a function of the completed sweeps (``"robbins_monro"``: :math:`\tau = 10`,
+        :math:`\kappa = 0.7`)."""
+        return rate(self.beta_schedule, self.beta, tau=10.0, kappa=0.7)
+
     @property
     def monotone(self) -> bool:
         """Full-batch steps with quadrature expectations are kept ELBO-monotone
@@ -234,7 +212,6 @@ class MulticlassCVI:
     def settings(self, num_data: int | None = None) -> dict[str, Any]:
         out = {"mode": self.mode, "beta": self.beta, "estimator": self.estimator, "elbo_method": self.elbo_method,
                 "beta_schedule": self.beta_schedule if isinstance(self.beta_schedule, str) else "callable",
-                "decay_steps": self.decay_steps, "decay_power": self.decay_power,
                 "quadrature": self.quadrature.spec() if self.quadrature is not None else None,
                 "num_draws": self.num_draws if self.estimator == "mc" else None,
                 "num_fixed_draws": self.num_fixed_draws if "fixed" in (self.estimator, self.elbo_method) else None,

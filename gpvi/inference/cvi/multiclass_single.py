@@ -104,7 +104,7 @@ def stochastic_step(eng: Any, model: Any, st: ms.MulticlassCVIState, K: torch.Te
     ex = model.site_expectations(m_b, v_b, idx, method=eng.estimator, quadrature=eng.quadrature, num_draws=n_draws,
                                  generator=gen)
     g1, g2 = mean_parameter_gradients(ex.dm, ex.dv, m_b)
-    beta = ms.beta_at(eng, st)
+    beta = steps.beta_at(eng, st)
     new1, new2 = sites.update_sites(st.lam1[idx].reshape(-1), st.lam2[idx].reshape(-1), g1.reshape(-1),
                                     g2.reshape(-1), beta, st.counters, sites.lam2_cap(K), eng.invalid)
     new1, new2 = new1.view(B, C), new2.view(B, C)

@@ -38,7 +38,7 @@ from ...exceptions import NotPSDError
 from ...linalg import cholesky_with_jitter, logdet_from_cholesky
 from ...models.likelihoods import mean_parameter_gradients
 from ...models.priors import prior_log_prob
-from . import sites
+from . import sites, steps
 from .state import CVIState
 
 __all__ = ["MulticlassCVIState", "pseudo_data", "factors", "marginals", "kl2", "center", "elbo_from_sites", "full_step",
@@ -172,20 +172,6 @@ def elbo_from_sites(eng: Any, model: Any, lam1: torch.Tensor, lam2: torch.Tensor
     return float(value - 0.5 * kl2(lam2, m, v, L, alpha)), {"m": m, "v": v, "L": L, "alpha": alpha}
 
 
-def beta_at(eng: Any, st: MulticlassCVIState) -> float:
-    r""":math:`\beta_t` (t = completed sweeps) times the fault back-off."""
-    t = int(st.sites_updated // max(st.num_sites, 1))
-    if callable(eng.beta_schedule):
-        b = float(eng.beta_schedule(t))
-        if not 0.0 < b <= 1.0:
-            raise ValueError(f"beta_schedule({t}) must be in (0, 1]; got {b:g}")
-    elif eng.beta_schedule == "robbins_monro":
-        b = eng.beta * (1.0 + t / eng.decay_steps) ** -eng.decay_power
-    else:
-        b = eng.beta
-    return b * st.beta_scale
-
-
 def full_step(eng: Any, model: Any, st: MulticlassCVIState, K: torch.Tensor, gen: torch.Generator | None,
               method: str | None = None) -> dict[str, Any]:
     """Evaluate the current q (marginals, bound), then update every site (eq. 13). Mutates ``st``; returns info.
@@ -220,7 +206,7 @@ def full_step(eng: Any, model: Any, st: MulticlassCVIState, K: torch.Tensor, gen
     g1, g2 = mean_parameter_gradients(ex.dm, ex.dv, m)
     evaluated = (st.lam1, st.lam2)
     residual = float(torch.maximum((g1 - st.lam1).abs(), (g2 - st.lam2).abs()).nan_to_num(nan=math.inf).max())
-    beta = beta_at(eng, st)
+    beta = steps.beta_at(eng, st)
     st.lam1, st.lam2 = sites.update_sites(st.lam1, st.lam2, g1, g2, beta, st.counters, sites.lam2_cap(K),
                                           eng.invalid)
     st.initialised = True

@@ -27,7 +27,8 @@ A single-site step applies eq. 13 to the selected sites only and leaves the othe
 eq. 14 also multiplies every unselected site by :math:`1 - \beta_t`; that moves all :math:`N` sites, costs a
 refactorisation per step, and without rescaling :math:`\hat g` by :math:`N` has a different fixed point, so gpvi does
 not do it.) :math:`\beta_t` is the constant ``beta`` or, with ``beta_schedule="robbins_monro"``,
-:math:`\beta (1 + t)^{-0.6}` with :math:`t` the number of completed sweeps (needed for convergence with Monte Carlo
+:math:`\beta / (1 + t)^{0.6}` (:class:`~gpvi.inference.schedules.RobbinsMonro` with :math:`\tau = 1`,
+:math:`\kappa = 0.6`) with :math:`t` the number of completed sweeps (needed for convergence with Monte Carlo
 gradients, and their default; with exact quadrature gradients a constant step converges). A full-batch step maps
 :math:`\tilde\lambda \mapsto (1-\beta)\tilde\lambda + \beta g(\tilde\lambda)`, whose fixed points are exactly
 :math:`\tilde\lambda = g(\tilde\lambda)` for any :math:`\beta > 0`; a single-site step leaves site :math:`n` unchanged iff
@@ -55,16 +56,12 @@ __all__ = ["beta_at", "expectations", "full_step", "stochastic_step", "refactor"
 
 
 def beta_at(cvi: Any, state: Any) -> float:
-    r""":math:`\beta_t` for the state's completed sweeps :math:`t`, times the fault back-off ``state.beta_scale``."""
+    r""":math:`\beta_t = ` ``cvi.beta_rate(t)`` for the state's completed sweeps :math:`t` (a schedule of
+    :mod:`gpvi.inference.schedules`), times the fault back-off ``state.beta_scale``; binary and multi-class CVI."""
     t = int(state.sites_updated // max(state.num_sites, 1))
-    if callable(cvi.beta_schedule):
-        b = float(cvi.beta_schedule(t))
-        if not 0.0 < b <= 1.0:
-            raise ValueError(f"beta_schedule({t}) must be in (0, 1]; got {b:g}")
-    elif cvi.beta_schedule == "robbins_monro":
-        b = cvi.beta * (1.0 + t) ** -0.6
-    else:
-        b = cvi.beta
+    b = float(cvi.beta_rate(t))
+    if not 0.0 < b <= 1.0:
+        raise ValueError(f"beta_schedule({t}) must be in (0, 1]; got {b:g}")
     return b * state.beta_scale
 
 
