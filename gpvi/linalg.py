@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -27,6 +28,7 @@ from .exceptions import NotPSDError, NumericalWarning
 __all__ = [
     "CholeskyResult",
     "cholesky_with_jitter",
+    "cholesky_in_place",
     "gaussian_log_marginal",
     "cholesky_update",
     "cholesky_site_update_",
@@ -158,6 +160,68 @@ def cholesky_with_jitter(
                 raise NotPSDError(f"{what}{th}: {reason}", theta=theta, jitter=max_jitter)
             L[~ok] = eye
     return CholeskyResult(L.reshape(*batch_shape, n, n), jit.reshape(batch_shape), ok.reshape(batch_shape))
+
+
+def cholesky_in_place(
+    build: Callable[[], torch.Tensor],
+    *,
+    jitter: float = DEFAULT_JITTER,
+    max_jitter: float = DEFAULT_MAX_JITTER,
+    raise_on_failure: bool = True,
+    theta: Any = None,
+    what: str = "kernel matrix",
+) -> tuple[torch.Tensor | None, float]:
+    r"""Lower Cholesky factor of one matrix written over the matrix itself (one N x N buffer), same jitter policy.
+
+    For large N, where a second N x N buffer does not fit: ``build()`` returns a fresh (N, N) matrix, LAPACK's
+    ``potrf`` overwrites it with :math:`L` (on a backend without aliased ``out=``, a second buffer is used). A
+    failed factorisation (non-zero ``info``, a non-finite or rounding-level pivot, as in
+    :func:`cholesky_with_jitter`) calls ``build()`` again and retries with ``rel * mean(|diag K|)`` added to the
+    diagonal, ``rel`` going ``jitter, 10 jitter, ..., max_jitter``, with one
+    :class:`~gpvi.exceptions.NumericalWarning` when jitter was needed.
+
+    Returns
+    -------
+    L : torch.Tensor of shape (N, N) or None
+        The factor (the buffer ``build()`` returned), or ``None`` when even ``max_jitter`` failed and
+        ``raise_on_failure`` is false.
+    jitter : float
+        The absolute jitter added (0 when none was needed; NaN on failure).
+
+    Raises
+    ------
+    NotPSDError
+        When even ``max_jitter`` fails and ``raise_on_failure`` is true.
+    """
+    level, added = 0.0, 0.0
+    while True:
+        K = build()
+        n = K.shape[-1]
+        mean_diag = float(K.diagonal().abs().mean())
+        floor = n * torch.finfo(K.dtype).eps * mean_diag
+        if level > 0:
+            added = level * (mean_diag if mean_diag > 0 else 1.0)
+            K.diagonal().add_(added)
+        info = torch.empty((), dtype=torch.int32, device=K.device)
+        try:
+            L, info = torch.linalg.cholesky_ex(K, out=(K, info))      # potrf in place: no second buffer
+        except RuntimeError:                                          # a backend without aliased out=
+            L, info = torch.linalg.cholesky_ex(K)
+            del K
+        d = L.diagonal()
+        if int(info) == 0 and bool(torch.isfinite(d).all()) and float((d * d).min()) > floor:
+            if added > 0:
+                warnings.warn(f"{what} not positive definite: added jitter {added:.2e} to the diagonal (N = {n})",
+                              NumericalWarning, stacklevel=3)
+            return L, added
+        del L
+        level = jitter if level == 0 else level * 10.0
+        if level > max_jitter * (1 + 1e-9):
+            if raise_on_failure:
+                th = f" at theta = {torch.as_tensor(theta).detach().cpu().tolist()}" if theta is not None else ""
+                raise NotPSDError(f"{what}{th}: not positive definite even with jitter {max_jitter:g} x mean(diag)",
+                                  theta=theta, jitter=max_jitter)
+            return None, math.nan
 
 
 def logdet_from_cholesky(L: torch.Tensor) -> torch.Tensor:

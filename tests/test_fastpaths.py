@@ -1,4 +1,4 @@
-"""Input centring of gpvi.models.fastpaths: which kernels are centred, and exactness under shifts on every path.
+"""Input centring of gpvi.models.scaled_rbf: which kernels are centred, and exactness under shifts on every path.
 
 The property tests (random data, permutations, rescaling) are in ``tests/test_invariances.py``; these are the
 unit checks: the stationarity rule, the centre itself, and predictions (cross-covariances through GPyTorch's
@@ -16,7 +16,7 @@ import torch
 
 import gpvi
 from gpvi.models.classification import GPClassification
-from gpvi.models.fastpaths import centre_inputs, input_centre, is_stationary, scaled_rbf_covariance
+from gpvi.models.scaled_rbf import centre_inputs, input_centre, is_stationary, scaled_rbf_covariance
 
 GRID = 2.0 ** -20     # inputs on this grid: X + 1e9 is exact in float64
 

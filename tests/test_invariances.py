@@ -14,7 +14,7 @@ theta, :func:`gpvi.inference.cvi.typeii.theta_objective`):
 
 "Exact" under shifts: inputs are drawn on the grid :math:`2^{-20}\mathbb Z` with :math:`|x| < 2^{11}`, so
 ``X + a`` is exactly representable in float64 for every grid offset :math:`|a| \le 10^9`; the models centre inputs
-at a column median (:mod:`gpvi.models.fastpaths`), so the centred inputs and every result are bit-identical.
+at a column median (:mod:`gpvi.models.scaled_rbf`), so the centred inputs and every result are bit-identical.
 Off the grid (e.g. years plus :math:`10^9` on arbitrary floats) ``X + a`` itself is rounded by up to
 :math:`6 \times 10^{-8}`, and results agree only to what those inputs carry (checked on the issue's example).
 

@@ -1,4 +1,4 @@
-"""The two-buffer exact log marginal (gpvi.models.lean) against the batched path and finite differences."""
+"""The two-buffer exact log marginal (gpvi.models.scaled_rbf) against the batched path and finite differences."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 import gpvi
 from gpvi.exceptions import NotPSDError
-from gpvi.models.lean import largest_n, lean_log_marginal
+from gpvi.models.scaled_rbf import largest_n, lean_log_marginal
 
 
 def _model(n=150, d=3, seed=0):

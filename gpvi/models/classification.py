@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from .likelihoods import Likelihood, expected_log_lik, make_likelihood
-from .fastpaths import centre_inputs, input_centre, scaled_rbf_covariance
+from .scaled_rbf import centre_inputs, input_centre, scaled_rbf_covariance
 from .hyperparameters import KernelParametrisation
 from ..validation import (as_float_tensor, check_binary_labels, check_column_spread, check_feature_names,
                           check_finite_prediction, check_memory, check_sample_weight, check_theta, check_X,
@@ -92,7 +92,7 @@ class LatentGP:
     """
 
     use_fast_path: bool = True
-    """Use :func:`gpvi.models.fastpaths.scaled_rbf_covariance` for ``ScaleKernel(RBFKernel)`` (exact same values)."""
+    """Use :func:`gpvi.models.scaled_rbf.scaled_rbf_covariance` for ``ScaleKernel(RBFKernel)`` (exact same values)."""
 
     def __init__(self, X: Any, y: Any, kernel: gpytorch.kernels.Kernel | None = None,
                  likelihood: str | Likelihood = "logit", theta: Any = None, *,
@@ -113,7 +113,7 @@ class LatentGP:
         self.kernel_params = KernelParametrisation(kernel, dtype=torch.float64, device=Xt.device)
         self.kernel_params.bind_inputs(Xt, self.feature_names)
         self.kernel_template = copy.deepcopy(kernel)
-        # stationary kernels see centred inputs (same centre for X_new): shift-exact, see gpvi.models.fastpaths
+        # stationary kernels see centred inputs (same centre for X_new): shift-exact, see gpvi.models.scaled_rbf
         self._centre = input_centre(Xt, self.kernel_params.kernel)
         self._Xc = centre_inputs(Xt, self._centre)
         self.names = list(self.kernel_params.names)

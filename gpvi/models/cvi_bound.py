@@ -71,7 +71,7 @@ from ..inference.cvi import sites
 from ..inference.cvi.sites import MIN_SITE_PRECISION
 from ..linalg import logdet_from_cholesky
 from ..validation import check_bool, check_positive, check_positive_int, check_theta
-from .fastpaths import scaled_rbf_covariance
+from .scaled_rbf import scaled_rbf_covariance
 from .likelihoods import expected_log_lik, mean_parameter_gradients
 from .priors import prior_log_prob, resolve_prior
 

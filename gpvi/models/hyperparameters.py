@@ -35,7 +35,7 @@ import gpytorch
 import torch
 from torch.func import functional_call
 
-from .fastpaths import is_scaled_rbf
+from .scaled_rbf import is_scaled_rbf
 
 __all__ = ["HyperparameterBlock", "KernelParametrisation"]
 

@@ -25,12 +25,12 @@ from typing import Any
 import gpytorch
 import torch
 
-from .fastpaths import centre_inputs, input_centre, scaled_rbf_covariance
+from .scaled_rbf import centre_inputs, input_centre, scaled_rbf_covariance
 from .hyperparameters import KernelParametrisation
 from ..linalg import DEFAULT_JITTER, DEFAULT_MAX_JITTER, cholesky_with_jitter, gaussian_log_marginal
 from ..posteriors.predictive import MixturePredictive
 from .priors import check_prior, prior_log_prob
-from .lean import LEAN_COPIES, LEAN_MIN_N, lean_log_marginal
+from .scaled_rbf import LEAN_COPIES, LEAN_MIN_N, lean_log_marginal
 from ..validation import (check_column_spread, check_feature_names, check_finite_prediction, check_memory,
                           check_positive, check_positive_int, check_theta, check_X, check_X_y, feature_names_of)
 
@@ -95,12 +95,12 @@ class GPRegression:
     """
 
     use_fast_path: bool = True
-    """Use the hand-written covariance of :mod:`gpvi.models.fastpaths` for ``ScaleKernel(RBFKernel)`` (same values and
+    """Use the hand-written covariance of :mod:`gpvi.models.scaled_rbf` for ``ScaleKernel(RBFKernel)`` (same values and
     gradients as GPyTorch's generic path, which tests check; set False to force the generic path)."""
 
     lean_min_n: int = LEAN_MIN_N
     """From this N on, the fast path evaluates one theta at a time in two N x N buffers
-    (:mod:`gpvi.models.lean`); below it, batches of theta go through one batched Cholesky."""
+    (:mod:`gpvi.models.scaled_rbf`); below it, batches of theta go through one batched Cholesky."""
 
     def __init__(
         self,
@@ -139,7 +139,7 @@ class GPRegression:
         check_memory(n, copies=LEAN_COPIES if fast and n >= self.lean_min_n else 5, device=X.device,
                      what="exact GP regression")
         self.X, self.y = X, y
-        # stationary kernels see centred inputs (same centre for X_new): shift-exact, see gpvi.models.fastpaths
+        # stationary kernels see centred inputs (same centre for X_new): shift-exact, see gpvi.models.scaled_rbf
         self._centre = input_centre(X, self.kernel_params.kernel)
         self._Xc = centre_inputs(X, self._centre)
         self.names = list(self.kernel_params.names) + ["log_noise_var"]

@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from .fastpaths import scaled_rbf_covariance
+from .scaled_rbf import scaled_rbf_covariance
 from .priors import prior_log_prob, resolve_prior
 
 __all__ = ["WhitenedLatentGP", "WHITENING_JITTER"]
