@@ -5,27 +5,32 @@ Subcommands
 ``demo``            the README's main job: ML-II and DSVI on Bodyfat, a CVI classifier on Pima (``--quick``: smoke run)
 ``fit-regression``  GP regression on a user's CSV (``--target COLUMN``): ML-II, DSVI (``--num-steps``) or NUTS
                     (``--num-draws``, ``--chains``, ``--warmup``); summary; ``--save FILE``
-``fit-classifier``  GP classification with CVI on a user's CSV (``--hyperparameters type2|bayes|fixed``,
-                    ``--prior``, ``--weight COLUMN``); summary; ``--save FILE``
+``fit-classifier``  GP classification with CVI on a user's CSV (``--target COLUMN``: integer or text labels;
+                    ``--hyperparameters type2|bayes|fixed``, ``--prior``, ``--weight COLUMN``); a short summary
+                    (``--latent``: also the latent marginals and sites at every training point); ``--save FILE``
 ``predict``         ``gpvi predict FIT NEW.csv [--out OUT.csv]``: predictions of a saved fit at the rows of a CSV
-                    that holds the fit's feature columns (by name; other columns ignored). Regression: columns
+                    that holds the fit's input columns (by name; other columns ignored). Regression: columns
                     ``mean``, ``sd`` in the CSV's units (a mixture over ``--num-draws`` hyperparameter draws for
                     DSVI/NUTS fits, ``--seed``); classification: ``p_<label>`` per class and the predicted ``label``
+                    (the CSV's own labels, text included)
 ``bench``           run benchmark scripts of ``benchmarks/`` (``table5``, ``cvi``, ``scaling``, or one script by
                     name) from a source checkout; results go to ``benchmarks/results/`` or ``--out DIR``
 
-Bad input (a missing file or column, an empty file, non-numeric cells, NaN/inf, a column whose standard deviation
-overflows float64 (a cell such as ``1e308``), a bad label set, a flag that does not apply to the chosen
-``--method``, a ``--save``/``--out`` path whose folder is missing or not writable, a file that is not a gpvi fit)
-ends with one line ``gpvi: error: ...`` on stderr and exit status 2 — no traceback, and before any fitting starts
-(the CSV checks: :mod:`gpvi._cli_csv`). Integers on the command line are digits only (``1_000`` is refused).
-Library warnings are printed as one line ``gpvi: warning: ...`` each. Summaries name per-input hyperparameters by
-the CSV header (``log_lengthscale_sq[nox]``).
+Inputs of the fit commands: ``--features COL[,COL...]`` (exactly these, in this order) or ``--exclude
+COL[,COL...]`` (every column but these, the target and the ``--weight`` column). Without ``--features``, a row-name
+column (header empty, ``rownames``, ``Unnamed: 0``) is left out and an input holding the row numbers 1..N or 0..N-1
+gets a warning naming ``--exclude`` (:mod:`gpvi._cli_csv`). A saved fit remembers its input columns; ``predict``
+reads those by name.
 
-Ctrl-C exits with status 130 and one line ``gpvi: interrupted ...`` in every command. The engines catch
-``KeyboardInterrupt`` and return their partial result with an :class:`~gpvi.exceptions.InterruptedRunWarning`;
-the command turns that warning into an error, so the run stops there and **nothing is saved** (a partial fit
-would look like a finished one in the file). A second Ctrl-C stops at once even where a library carries on.
+Bad input (a missing file or column, non-numeric cells, NaN/inf, a column whose standard deviation overflows
+float64, a bad label set, a flag that does not apply, a ``--save``/``--out`` path that cannot be written, a file that
+is not a gpvi fit) ends with one line ``gpvi: error: ...`` on stderr and exit status 2, before any fitting starts.
+Integers on the command line are digits only (``1_000`` is refused). Warnings are one line ``gpvi: warning: ...``
+each. Summaries name per-input hyperparameters by the CSV header (``log_lengthscale_sq[nox]``).
+
+Ctrl-C exits with status 130 and one line ``gpvi: interrupted ...``. The engines catch ``KeyboardInterrupt`` and
+return their partial result with an :class:`~gpvi.exceptions.InterruptedRunWarning`; the command turns that warning
+into an error, so the run stops there and **nothing is saved**. A second Ctrl-C stops at once.
 
 A saved fit holds only tensors and a JSON description and is read back, without executing anything in the file,
 by :func:`gpvi.io.load_fit` (``gpvi.cli.load_fit`` and ``gpvi.cli.SavedFit`` are the same objects), which rebuilds
@@ -35,7 +40,6 @@ the posterior (regression) or the fitted :class:`gpvi.GPClassifier` and predicts
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import re
 import signal
@@ -47,7 +51,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ._cli_csv import CLIError, load_csv, load_features, standardise
+from ._cli_csv import CLIError, check_output, load_csv, load_features, read_csv, standardise, write_csv
 from .io import SavedFit, load_fit, save_fit
 
 __all__ = ["main", "build_parser", "load_csv", "load_fit", "save_fit", "SavedFit", "CLIError"]
@@ -57,24 +61,7 @@ class _Abort(BaseException):
     """A second Ctrl-C: not a KeyboardInterrupt, so no library catches it."""
 
 
-# --------------------------------------------------------------------------- output paths
-def _check_output(path: str, flag: str) -> Path:
-    """Fail early (before any fitting) when ``path`` cannot be written: a folder, or its folder is missing."""
-    p = Path(path)
-    if p.is_dir():
-        raise CLIError(f"{flag} {p}: is a folder; give a file name")
-    parent = p.parent
-    if not parent.exists():
-        raise CLIError(f"{flag} {p}: the folder {parent} does not exist")
-    if not parent.is_dir():
-        raise CLIError(f"{flag} {p}: {parent} is not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise CLIError(f"{flag} {p}: the folder {parent} is not writable")
-    if p.exists() and not os.access(p, os.W_OK):
-        raise CLIError(f"{flag} {p}: the file exists and is not writable")
-    return p
-
-
+# --------------------------------------------------------------------------- output
 def _save(fit: SavedFit, path: str, args: argparse.Namespace) -> None:
     if getattr(args, "interrupted", None):          # a Ctrl-C some library swallowed: save nothing
         raise KeyboardInterrupt
@@ -102,9 +89,11 @@ def _check_method_flags(args: argparse.Namespace) -> None:
 def _cmd_fit_regression(args: argparse.Namespace) -> int:
     _check_method_flags(args)
     if args.save:
-        _check_output(args.save, "--save")
-    X, y, names = load_csv(args.csv, args.target)          # bad input fails before any heavy work
+        check_output(args.save, "--save")
+    data = read_csv(args.csv, args.target, features=args.features, exclude=args.exclude)   # fails before fitting
+    X, y, names = data.X, data.y, data.names
     Xs, ys, (mu, sd, ym, ysd) = standardise(X, y, names, args.target, args.csv)
+    data.warn()
     import gpvi
 
     model = gpvi.GPRegression(Xs, ys, feature_names=names)       # theta names carry the CSV header
@@ -137,9 +126,9 @@ def _cmd_fit_regression(args: argparse.Namespace) -> int:
     return 0
 
 
-def _label(c: float) -> str:
-    """A label read from a CSV as text: ``1`` for 1.0."""
-    return str(int(c)) if float(c) == round(float(c)) else repr(float(c))
+def _progress(args: argparse.Namespace) -> dict[str, Any]:
+    """How :class:`gpvi.GPClassifier` is told to show progress (its one progress argument)."""
+    return {"verbose": 0 if args.no_progress else 1}
 
 
 def _check_classifier_flags(args: argparse.Namespace) -> None:
@@ -158,47 +147,27 @@ def _check_classifier_flags(args: argparse.Namespace) -> None:
     if args.weight is not None:
         raise CLIError("--weight applies to --hyperparameters type2 and fixed: the fully Bayesian fit's evidence (EP) "
                        "has no weighted sites")
+    if args.latent:
+        raise CLIError("--latent applies to --hyperparameters type2 and fixed: the fully Bayesian fit holds a CVI "
+                       "posterior per draw of q(theta)")
 
 
 def _cmd_fit_classifier(args: argparse.Namespace) -> int:
     _check_classifier_flags(args)
     if args.save:
-        _check_output(args.save, "--save")
-    X, y, names = load_csv(args.csv, args.target)
-    import gpvi
-
+        check_output(args.save, "--save")
+    data = read_csv(args.csv, args.target, features=args.features, exclude=args.exclude, weight=args.weight,
+                    labels=True)
+    X, labels, names, weights = data.X, data.y, data.names, data.weights
+    Xs, _, (mu, sd, _, _) = standardise(X, None, names, path=args.csv, weights=weights)
+    data.warn()
     import numpy as np
 
-    from .validation import check_sample_weight
+    import gpvi
 
-    weights = None
-    if args.weight is not None:
-        if args.weight == args.target:
-            raise CLIError(f"--weight {args.weight!r} is the label column")
-        if args.weight not in names:
-            raise CLIError(f"{args.csv}: no column {args.weight!r} for --weight; columns are "
-                           f"{', '.join([args.target] + names)}")
-        j = names.index(args.weight)
-        weights, X, names = X[:, j], np.delete(X, j, axis=1), names[:j] + names[j + 1:]
-        if not names:
-            raise CLIError(f"{args.csv}: no input column besides {args.target!r} and the weights {args.weight!r}")
-        try:
-            check_sample_weight(weights, len(weights), f"the weights in column {args.weight!r}")
-        except ValueError as exc:
-            raise CLIError(f"{args.csv}: {exc}") from None
-
-    classes = np.unique(y)
-    if classes.size < 2:
-        raise CLIError(f"{args.csv}: column {args.target!r} holds a single class ({_label(classes[0])}); "
-                       f"a classifier needs at least two")
-    if not bool(np.all(classes == np.round(classes))):
-        bad = [float(c) for c in classes if c != round(c)][:3]
-        raise CLIError(f"{args.csv}: column {args.target!r} must hold integer class labels; got {bad}")
-    labels = y.astype(np.int64)
-    Xs, _, (mu, sd, _, _) = standardise(X, None, names, path=args.csv, weights=weights)
     clf = gpvi.GPClassifier(likelihood=args.likelihood, mode=args.mode, random_state=args.seed,
                             hyperparameters=args.hyperparameters, prior=None if args.prior == "none" else args.prior,
-                            progress_bar=not args.no_progress)
+                            **_progress(args))
     t0 = time.perf_counter()
     clf.fit(Xs, labels, sample_weight=weights)
     elapsed = time.perf_counter() - t0
@@ -210,18 +179,33 @@ def _cmd_fit_classifier(args: argparse.Namespace) -> int:
     how = {"type2": f"type-II hyperparameters, CVI mode {args.mode}", "fixed": f"fixed hyperparameters, CVI mode "
            f"{args.mode}", "bayes": "hyperparameters integrated out (q(theta) on EP's evidence)"}[args.hyperparameters]
     weighted = f", weights from column {args.weight!r}" if args.weight is not None else ""
-    print(f"GP classification on {args.csv}: N = {len(y)}, d = {X.shape[1]} ({', '.join(names)}), classes "
+    print(f"GP classification on {args.csv}: N = {len(labels)}, d = {X.shape[1]} ({', '.join(names)}), classes "
           f"{clf.classes_.tolist()}{pos}, likelihood {getattr(clf, 'link_', args.likelihood)}, {how}{weighted}, "
           f"{elapsed:.1f} s. Inputs standardised.")
     bound = "q(theta)'s ELBO" if args.hyperparameters == "bayes" else "ELBO"
     print(f"{bound} {clf.elbo_:.4f}   training error {err:.4f}   training log-loss {bits:.4f} bits")
-    if args.hyperparameters != "bayes":
+    if args.hyperparameters == "bayes":
+        print(clf.posterior_.summary())                 # q(theta): one row per hyperparameter
+    else:
         _print_hyperparameters(clf, names, args.hyperparameters)
-    print(clf.posterior_.summary())
+        _print_fit_facts(clf.posterior_, len(labels), args.latent)
     if args.save:
         _save(SavedFit(kind="classification", method=f"cvi-{args.mode}", features=names, target=args.target,
                        x_mean=mu, x_std=sd, classifier=clf), args.save, args)
     return 0
+
+
+def _print_fit_facts(post: Any, n: int, latent: bool) -> None:
+    """CVI's convergence in one line; the latent table (one row per training point and class) only with --latent."""
+    info = post.info if isinstance(post.info, dict) else vars(post.info)
+    sweeps, evals = info.get("sweeps"), info.get("theta_evaluations")
+    print(f"CVI {'converged' if info.get('converged') else 'did not converge'}"
+          + (f": {sweeps:g} sweeps" if isinstance(sweeps, (int, float)) else "")
+          + (f", {evals} hyperparameter evaluations" if isinstance(evals, int) else "") + ".")
+    print(f"Latent marginals and sites at the {n} training points" + (":" if latent else ": --latent prints them, "
+          "a --save file keeps them."))
+    if latent:
+        print(post.summary())
 
 
 def _print_hyperparameters(clf: Any, names: list[str], how: str) -> None:
@@ -239,7 +223,7 @@ def _print_hyperparameters(clf: Any, names: list[str], how: str) -> None:
 def _cmd_predict(args: argparse.Namespace) -> int:
     import numpy as np
 
-    out = _check_output(args.out, "--out") if args.out else None
+    out = check_output(args.out, "--out") if args.out else None
     fit = load_fit(args.fit)                          # ValueError (refused file) -> one line, exit 2
     if fit.kind == "classification" and args.num_draws is not None:
         raise CLIError(f"--num-draws applies to regression fits only; {args.fit} is a classifier")
@@ -253,27 +237,14 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         classes = fit.classes
         header = [f"p_{c}" for c in classes] + ["label"]
         rows = [[repr(float(v)) for v in row] + [str(classes[int(row.argmax())])] for row in proba]
-    if out is None:
-        w = csv.writer(sys.stdout, lineterminator="\n")
-        w.writerow(header)
-        w.writerows(rows)
-        return 0
-    try:
-        with out.open("w", newline="", encoding="utf-8") as fh:
-            w = csv.writer(fh, lineterminator="\n")
-            w.writerow(header)
-            w.writerows(rows)
-    except OSError as exc:
-        raise CLIError(f"cannot write {out}: {exc.strerror or exc}") from None
-    print(f"wrote {len(rows)} predictions ({', '.join(header)}) to {out}")
+    write_csv(out, header, rows)
+    if out is not None:
+        print(f"wrote {len(rows)} predictions ({', '.join(header)}) to {out}")
     return 0
 
 
-_BENCH = {
-    "table5": ["dsvi_table5"],
-    "cvi": ["cvi_classification"],
-    "scaling": ["logjoint_cost", "cvi_step_cost", "dsvi_cost"],
-}
+_BENCH = {"table5": ["dsvi_table5"], "cvi": ["cvi_classification"],
+          "scaling": ["logjoint_cost", "cvi_step_cost", "dsvi_cost"]}
 
 
 def _bench_root() -> Path:
@@ -341,13 +312,13 @@ def _pos_int(s: str) -> int:
     return v
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``gpvi`` command (all subcommands).
+def _columns(s: str) -> list[str]:
+    """``COL[,COL...]``: column names as in the CSV's header (spaces around names ignored)."""
+    return [c.strip() for c in s.split(",")]
 
-    Returns
-    -------
-    argparse.ArgumentParser
-    """
+
+def build_parser() -> argparse.ArgumentParser:
+    """The :class:`argparse.ArgumentParser` of the ``gpvi`` command (all subcommands)."""
     from . import __version__
 
     parser = argparse.ArgumentParser(
@@ -356,16 +327,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpvi {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def common(p: argparse.ArgumentParser) -> None:
+    def common(p: argparse.ArgumentParser, inputs: bool = True) -> None:
         p.add_argument("--seed", type=_nonneg_int, default=0, help="random seed (default 0)")
         p.add_argument("--no-progress", action="store_true", help="turn progress bars off")
+        if inputs:
+            p.add_argument("--save", metavar="FILE", help="save the fit to FILE (checked before fitting; read back "
+                           "with gpvi.io.load_fit or 'gpvi predict')")
+            g = p.add_mutually_exclusive_group()
+            g.add_argument("--features", metavar="COL[,COL...]", type=_columns, help="the input columns, in this "
+                           "order (default: every column but the target and --weight, less a row-name column)")
+            g.add_argument("--exclude", metavar="COL[,COL...]", type=_columns, help="columns that are not inputs "
+                           "(e.g. a row index)")
 
     p = sub.add_parser("demo", help="the main demonstration on bundled data (about 15 s on a 2-core machine)",
                        description="ML-II and DSVI hyperparameter posteriors on Bodyfat (test SMSE/NLPD, the most "
                        "relevant hyperparameter marginals) and a CVI GPClassifier on Pima (test error, log-loss); "
                        "prints a summary table.")
     p.add_argument("--quick", action="store_true", help="smoke run with few iterations (a few seconds)")
-    common(p)
+    common(p, inputs=False)
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("fit-regression", help="GP regression on a CSV file",
@@ -385,18 +364,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chains", type=_pos_int, default=None, help="NUTS chains (--method nuts only; default 4)")
     p.add_argument("--warmup", type=_nonneg_int, default=None,
                    help="NUTS warm-up transitions per chain (--method nuts only; default 500)")
-    p.add_argument("--save", metavar="FILE", help="save the posterior to FILE (checked before fitting; read back "
-                   "with gpvi.io.load_fit or 'gpvi predict')")
     common(p)
     p.set_defaults(func=_cmd_fit_regression)
 
     p = sub.add_parser("fit-classifier", help="GP classification with CVI on a CSV file",
                        description="Fit a GPClassifier (CVI; type-II, integrated-out or fixed hyperparameters) to a "
-                       "CSV file with a header "
-                       "row, numeric inputs and an integer label column (two or more classes). Inputs are "
-                       "standardised.")
-    p.add_argument("csv", help="CSV file with a header row, numeric columns")
-    p.add_argument("--target", required=True, help="name of the integer label column (e.g. {0,1}, {-1,+1}, 0..K-1)")
+                       "CSV file with a header row, numeric inputs and a label column (integers or text, two or more "
+                       "classes). Inputs are standardised. Prints a short summary.")
+    p.add_argument("csv", help="CSV file with a header row, numeric input columns")
+    p.add_argument("--target", required=True, help="name of the label column (e.g. {0,1}, {-1,+1}, 0..K-1, yes/no)")
     p.add_argument("--likelihood", choices=["auto", "logit", "probit", "softmax", "robustmax"], default="auto",
                    help="auto (default): logit for two classes, softmax for more")
     p.add_argument("--mode", choices=["full", "stochastic"], default="full",
@@ -409,19 +385,19 @@ def build_parser() -> argparse.ArgumentParser:
                    "log-hyperparameters: N(0, 10 I) (default), scaled (centred at lengthscale^2 = d var), none (ML-II)")
     p.add_argument("--weight", metavar="COLUMN", help="a column of non-negative likelihood weights (an integer weight "
                    "is a repeated row); not an input")
-    p.add_argument("--save", metavar="FILE", help="save the fitted classifier to FILE (checked before fitting; "
-                   "read back with gpvi.io.load_fit or 'gpvi predict')")
+    p.add_argument("--latent", action="store_true", help="also print the latent marginals and sites at every "
+                   "training point (N rows, N x K for K classes)")
     common(p)
     p.set_defaults(func=_cmd_fit_classifier)
 
     p = sub.add_parser("predict", help="predict with a saved fit at the rows of a CSV file",
                        description="Predict with a fit saved by 'fit-regression --save' or 'fit-classifier --save' "
-                       "at the rows of NEW.csv, which must hold the fit's feature columns (by name; other "
-                       "columns, the target among them, are ignored). Regression: columns mean, sd (predictive of "
+                       "at the rows of NEW.csv, which must hold the fit's input columns (by name, as chosen when "
+                       "fitting; other columns, the target among them, are ignored). Regression: columns mean, sd (predictive of "
                        "y in the CSV's units). Classification: p_<label> for each class, and the predicted label. "
                        "Written as CSV to stdout, or to --out.")
     p.add_argument("fit", metavar="FIT", help="a fit file written with --save")
-    p.add_argument("csv", metavar="NEW.csv", help="CSV file with a header row and the fit's feature columns")
+    p.add_argument("csv", metavar="NEW.csv", help="CSV file with a header row and the fit's input columns")
     p.add_argument("--out", metavar="OUT.csv", help="write the predictions to OUT.csv instead of stdout")
     p.add_argument("--num-draws", type=_pos_int, default=None,
                    help="hyperparameter draws of the regression predictive for DSVI/NUTS fits (default 200)")
@@ -463,19 +439,11 @@ def _install_sigint(state: list[bool]) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``gpvi`` command; returns the exit status (0 success, 2 bad input, 130 Ctrl-C).
+    """Entry point of the ``gpvi`` command: run ``argv`` (default ``sys.argv[1:]``) and return the exit status.
 
-    Parameters
-    ----------
-    argv : list of str, optional
-        Arguments (default ``sys.argv[1:]``).
-
-    Returns
-    -------
-    int
-        0 on success; 2 for bad input or a library error (one line ``gpvi: error: ...`` on stderr); 130 after
-        Ctrl-C (one line ``gpvi: interrupted ...``; an engine's :class:`~gpvi.exceptions.InterruptedRunWarning`
-        counts as Ctrl-C, and nothing is saved).
+    0 on success; 2 for bad input or a library error (one line ``gpvi: error: ...`` on stderr); 130 after Ctrl-C
+    (one line ``gpvi: interrupted ...``; an engine's :class:`~gpvi.exceptions.InterruptedRunWarning` counts as
+    Ctrl-C, and nothing is saved).
 
     Examples
     --------

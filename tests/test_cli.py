@@ -138,7 +138,11 @@ def test_bad_csv_regression_in_process(case, tmp_path, capsys):
 
 BAD_LABELS = {
     "one_class": ("a,label\n1,1\n2,1\n3,1\n", r"holds a single class \(1\)"),
-    "non_integer": ("a,label\n1,0\n2,0.5\n3,1\n", r"must hold integer class labels; got \[0\.5\]"),
+    "non_integer": ("a,label\n1,0\n2,0.5\n3,1\n", r"must hold integer class labels or text; got \[0\.5\]"),
+    "one_text_class": ("a,label\n1,yes\n2,yes\n3, yes \n", r"holds a single class \(yes\)"),
+    "missing_value": ("a,label\n1,yes\n2,NA\n3,no\n", r"line 3, column 'label': 'NA' is a missing value"),
+    "empty_label": ("a,label\n1,yes\n2,\n3,no\n", r"line 3, column 'label': an empty cell"),
+    "nan_label": ("a,label\n1,0\n2,nan\n3,1\n", r"line 3, column 'label': 'nan' is not a finite number"),
 }
 
 
@@ -244,7 +248,10 @@ def test_fit_classifier_save_round_trip(cls_csv, tmp_path, capsys):
     out = tmp_path / "cls.pt"
     assert main(["fit-classifier", str(p), "--target", "label", "--no-progress", "--save", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "classes [-1, 1] (positive: 1)" in text and "LatentPosterior (CVI)" in text
+    assert "classes [-1, 1] (positive: 1)" in text
+    # a short summary: no row per training point (--latent prints them); 9 lines with the "saved to" line
+    assert "LatentPosterior (CVI)" not in text and "f[0]" not in text and len(text.splitlines()) < 12
+    assert "Latent marginals and sites at the 60 training points: --latent prints them" in text
     printed_err = float(re.search(r"training error (\S+)", text).group(1))
     printed_ll = float(re.search(r"training log-loss (\S+) bits", text).group(1))
     fit = load_fit(out)
