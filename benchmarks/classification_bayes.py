@@ -76,7 +76,7 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
     out: dict = {"dataset": name, "N": int(X.shape[0]), "N_full": int(ds.X_train.shape[0]), "n_test": int(Xt.shape[0])}
     # type-II
     t0 = time.perf_counter()
-    clf = GPClassifier(prior=args.prior, progress_bar=False).fit(X, y)
+    clf = GPClassifier(prior=args.prior).fit(X, y)
     t2 = time.perf_counter() - t0
     p2 = torch.as_tensor(clf.predict_proba(Xt)[:, 1], dtype=torch.float64)
     out["typeii"] = {"time_s": t2, **scores(p2, yt), "theta": clf.theta_.tolist()}

@@ -6,7 +6,7 @@ posterior mean (``classification_nuts_ref.json``) and the log signal variance is
 each point:
 
 * the profiled CVI bound (``CVIBoundTarget``; a lower bound on log p(y | theta));
-* EP's approximate evidence (``EPEvidenceTarget``, ``gpvi.inference.ep``);
+* EP's approximate evidence (``EPEvidenceTarget``, ``gpvi.numerics.ep``);
 * an importance-sampling estimate of log p(y | theta) with ``--is-draws`` draws from CVI's Gaussian posterior
   (whitened, f = L v; the independent answer where its Pareto k-hat, by ArviZ's ``psislw``, is below 0.7; above,
   the estimate is unreliable and reported only with its k-hat).

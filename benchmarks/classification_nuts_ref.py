@@ -91,7 +91,7 @@ def methods(out: dict, model, X, y, Xt, yt, p: torch.Tensor | None, args: argpar
         return {} if p is None else {"prob_mad_vs_ref": float((prob - p).abs().mean())}
 
     t0 = time.perf_counter()
-    clf = GPClassifier(prior=args.prior, progress_bar=False).fit(X, y)
+    clf = GPClassifier(prior=args.prior).fit(X, y)
     t2 = time.perf_counter() - t0
     p2 = torch.as_tensor(clf.predict_proba(Xt)[:, 1], dtype=torch.float64)
     out["typeii"] = {"time_s": t2, **scores(p2, yt), "theta": clf.theta_.tolist(), **against_ref(p2)}

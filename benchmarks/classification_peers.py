@@ -7,11 +7,11 @@ Protocol.
   ``benchmarks.classification_bayes.subsample(X_train, y_train, 100, seed=0)`` (stratified, seeded; the rows of the
   committed ``classification_bayes.json``, whose ``n_train`` / ``seed`` are checked), the test rows the full test set;
   scores from ``classification_bayes.scores`` (log loss in nats, accuracy at p = 0.5). Run here:
-  ``gpvi.sklearn.GPClassifier(progress_bar=False)`` (type-II, logit link, ARD RBF, N(0, 10 I) prior on the
+  ``gpvi.sklearn.GPClassifier()`` (type-II, logit link, ARD RBF, N(0, 10 I) prior on the
   log-hyperparameters), scikit-learn ``GaussianProcessClassifier(kernel=ConstantKernel(1.0) * RBF(np.ones(d)),
   random_state=0)`` (Laplace, ARD hyperparameters learned by its L-BFGS-B, one start) and the GPyTorch VGP below.
-  ``GPClassifier(prior=None, progress_bar=False)`` (ML-II: the same loop without the prior) and
-  ``GPClassifier(prior="scaled", progress_bar=False)`` (the prior N(theta_0, 10 I) centred at the data-scaled start
+  ``GPClassifier(prior=None)`` (ML-II: the same loop without the prior) and
+  ``GPClassifier(prior="scaled")`` (the prior N(theta_0, 10 I) centred at the data-scaled start
   lengthscale^2 = d var(x_j), signal variance 1) are run too (both added 2026-11-25). Read from committed results, not
   rerun (minutes each): gpvi fully Bayesian (``FullyBayesianCVI()``) and NUTS over (theta, v), from
   ``classification_bayes.json`` (all four sets; ``--rerender`` re-reads them into the last run); the report names the
@@ -173,7 +173,7 @@ def run_binary(name: str, args: argparse.Namespace) -> dict[str, Any]:
     def gpvi(prior: Any) -> Fit:
         def fit() -> tuple[Callable[[], Any], float, dict[str, Any]]:
             t0 = time.perf_counter()
-            clf = GPClassifier(prior=prior, progress_bar=False).fit(X, y)
+            clf = GPClassifier(prior=prior).fit(X, y)
             return lambda: clf.predict_proba(Xt)[:, 1], time.perf_counter() - t0, {"theta": clf.theta_.tolist()}
         return fit
 

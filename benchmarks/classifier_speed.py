@@ -3,7 +3,7 @@
 Target: any binary fit with N <= 200 and default settings in <= 2 s on the 2-core benchmark machine; 3-class iris
 through ``OneVsRestClassifier(GPClassifier())`` in <= 10 s.
 
-Protocol. Every fit is ``GPClassifier(progress_bar=False)`` with everything else at its default (logit link,
+Protocol. Every fit is ``GPClassifier()`` with everything else at its default (logit link,
 full-batch CVI, type-II learning of the ARD kernel's log-hyperparameters with the :class:`gpvi.inference.cvi.TypeII`
 defaults). Wall time is the median of ``--repeats`` fits (default 3) on the training rows. Test log loss (mean
 negative log predictive probability, nats) and accuracy come from the first of those fits. Sets:
@@ -15,7 +15,7 @@ negative log predictive probability, nats) and accuracy come from the first of t
   margin of 2), ``x1`` irrelevant noise; test set of 400 rows from the same generator (seed 0 / 1);
 * pima, ionosphere, sonar, ripley from :mod:`gpvi.datasets` (their own train/test splits; ionosphere has 246 and
   ripley 250 training rows, above the target's N <= 200, and are reported for completeness);
-* ``iris3_ovr``: ``OneVsRestClassifier(GPClassifier(progress_bar=False))`` on 3-class iris (timed on all 150 rows;
+* ``iris3_ovr``: ``OneVsRestClassifier(GPClassifier())`` on 3-class iris (timed on all 150 rows;
   metrics on a stratified 70/30 split).
 
 Variants (``--variants``):
@@ -102,7 +102,7 @@ def problems() -> dict[str, dict[str, Any]]:
 def make(ovr: bool, prior: Any = "default"):
     from sklearn.multiclass import OneVsRestClassifier
 
-    clf = gsk.GPClassifier(prior=prior, progress_bar=False)
+    clf = gsk.GPClassifier(prior=prior)
     return OneVsRestClassifier(clf) if ovr else clf
 
 

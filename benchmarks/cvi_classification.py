@@ -211,7 +211,7 @@ def main() -> None:
         d = ds.X_train.shape[1]
         print(f"== {name}: train {tuple(ds.X_train.shape)}, test {tuple(ds.X_test.shape)}", flush=True)
         t0 = time.perf_counter()
-        clf = GPClassifier(progress_bar=False).fit(ds.X_train, ds.y_train)
+        clf = GPClassifier().fit(ds.X_train, ds.y_train)
         fit_s = time.perf_counter() - t0
         theta = clf.theta_.clone()
         model = GPClassification(ds.X_train, ds.y_train, theta=theta)

@@ -14,7 +14,7 @@ with K <= 3 (``FullyBayesianCVI(evidence="auto")`` uses the bound there).
   32 draws of theta in the predictive mixture.
 * **Fully Bayesian on EP** (``--evidence`` includes ``ep``): ``FullyBayesianCVI(evidence="ep")``, what
   ``FullyBayesianCVI()`` runs on a 3-class softmax model since 2026-11-25: the same with multi-class EP's
-  :math:`\log Z_{EP}(\theta)` (:func:`gpvi.inference.ep_multiclass.multiclass_ep`, Anderson-accelerated) as the
+  :math:`\log Z_{EP}(\theta)` (:func:`gpvi.numerics.ep_multiclass.multiclass_ep`, Anderson-accelerated) as the
   evidence, started at its MAP point.
 * **NUTS** over (theta, V), the whitened latent values of every class (:class:`gpvi.models.whitened.WhitenedLatentGP`,
   D + K N dimensions), ``--chains`` chains of ``--warmup`` + ``--draws``; predictive from ``--pred-draws`` evenly

@@ -36,7 +36,7 @@ def _fmt(v: float, spec: str = ".4f") -> str:
 
 def _top_marginals(fit: Any, q: Any, feature_names: tuple[str, ...], k: int = 4):
     """Table of the k most relevant lengthscales (smallest DSVI mean) plus signal and noise variance."""
-    from .evaluation.table import Table
+    from .table import Table
 
     sq, sf = q.summary(), fit.summary()
     names = list(q.names)
@@ -76,7 +76,7 @@ def _stop_on_interrupt() -> Iterator[None]:
 
 
 def demo(*, quick: bool = False, seed: int = 0, progress_bar: bool = True, out: TextIO | None = None):
-    """Run the demonstration and return its summary :class:`~gpvi.evaluation.table.Table` (also printed to ``out``).
+    """Run the demonstration and return its summary :class:`~gpvi.table.Table` (also printed to ``out``).
 
     Parameters
     ----------
@@ -103,7 +103,7 @@ def demo(*, quick: bool = False, seed: int = 0, progress_bar: bool = True, out: 
     ['bodyfat  ML-II', 'bodyfat  DSVI', 'pima  CVI GPClassifier']
     """
     import gpvi
-    from .evaluation.table import Table
+    from .table import Table
 
     out = sys.stdout if out is None else out
     cfg = _QUICK if quick else _FULL
@@ -150,7 +150,7 @@ def demo(*, quick: bool = False, seed: int = 0, progress_bar: bool = True, out: 
     with warnings.catch_warnings(record=True) as caught, _stop_on_interrupt():
         t0 = time.perf_counter()
         clf = gpvi.GPClassifier(likelihood="logit", mode="full", max_sweeps=cfg["max_sweeps"], random_state=seed,
-                                progress_bar=progress_bar).fit(pima.X_train, pima.y_train)
+                                verbose=int(progress_bar)).fit(pima.X_train, pima.y_train)
         t_cvi = time.perf_counter() - t0
     for w in caught:
         if quick and issubclass(w.category, gpvi.ConvergenceWarning):

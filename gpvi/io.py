@@ -286,7 +286,7 @@ def save_fit(path: str | os.PathLike, fit: Any) -> None:
     >>> import gpvi, tempfile, pathlib
     >>> from gpvi.io import save_fit, load_fit
     >>> ds = gpvi.datasets.load_pima()
-    >>> clf = gpvi.GPClassifier(learn_hyperparameters=False, progress_bar=False).fit(ds.X_train, ds.y_train)
+    >>> clf = gpvi.GPClassifier(hyperparameters="fixed").fit(ds.X_train, ds.y_train)
     >>> p = pathlib.Path(tempfile.mkdtemp()) / "clf.pt"
     >>> save_fit(p, clf)
     >>> fit = load_fit(p)

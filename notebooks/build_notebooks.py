@@ -109,7 +109,7 @@ def run_methods(model, ds, *, nuts=True, mc=None, title=""):
         cols["test SMSE"].append(gpvi.metrics.smse(pred, ds.y_test))
         cols["test NLPD"].append(gpvi.metrics.nlpd(pred, ds.y_test))
         cols["time (s)"].append(times[name])
-    return posts, gpvi.evaluation.Table(list(posts), cols, title=title)
+    return posts, gpvi.table.Table(list(posts), cols, title=title)
 
 
 def overlay(posts, feature_names, names=None, title=None):
@@ -191,7 +191,7 @@ for seed in S["seeds"]:
         Xs, ys = subset(d, S["n_max"])
         fit = gpvi.ML2(num_restarts=S["restarts"], seed=SEED).run(gpvi.GPRegression(Xs, ys))
         rows[label].append(gpvi.metrics.smse(fit.predict(d.X_test), d.y_test))
-gpvi.evaluation.Table([f"split seed {s}" for s in S["seeds"]], rows, title="ML-II test SMSE over random splits")
+gpvi.table.Table([f"split seed {s}" for s in S["seeds"]], rows, title="ML-II test SMSE over random splits")
 """),
     ("md", r"""
 ### Marginals: DSVI against NUTS
@@ -391,7 +391,7 @@ from benchmarks.cvi_classification import gpytorch_run, sklearn_laplace  # noqa:
     ("code", r"""
 ripley = gpvi.datasets.load_ripley()
 t0 = time.perf_counter()
-clf = gpvi.GPClassifier(likelihood="logit", mode="full", random_state=SEED, progress_bar=PROGRESS)
+clf = gpvi.GPClassifier(likelihood="logit", mode="full", random_state=SEED, verbose=int(PROGRESS))
 clf.fit(ripley.X_train, ripley.y_train)
 print(f"fitted in {time.perf_counter() - t0:.1f} s; ELBO {clf.elbo_:.3f}; hyperparameters {clf.hyperparameters_}")
 p = clf.predict_proba(ripley.X_test)[:, 1]
@@ -454,7 +454,7 @@ from gpvi.models.classification import GPClassification
 results = {}
 for name in S["datasets"]:
     ds = gpvi.datasets.load(name)
-    clf = gpvi.GPClassifier(progress_bar=False, random_state=SEED).fit(ds.X_train, ds.y_train)
+    clf = gpvi.GPClassifier(random_state=SEED).fit(ds.X_train, ds.y_train)
     theta = clf.theta_.clone()
     model = GPClassification(ds.X_train, ds.y_train, theta=theta)
     K = model.kernel_matrix(theta)
@@ -519,7 +519,7 @@ for name, res in results.items():
         cols["ELBO at theta*"].append(elbo)
         cols["test error"].append(res["sk"][key]["metrics"]["error"])
         cols["log-loss (bits)"].append(res["sk"][key]["metrics"]["logloss_bits"])
-    display(gpvi.evaluation.Table(idx, cols, title=f"{name}: N = {ds.n_train} train / {ds.n_test} test"))
+    display(gpvi.table.Table(idx, cols, title=f"{name}: N = {ds.n_train} train / {ds.n_test} test"))
 """),
     ("md", r"""
 Full-batch CVI reaches the optimum of the ELBO in a handful of steps, each one Cholesky, with its default
@@ -561,7 +561,7 @@ model = gpvi.GPClassification(Xs, ys)
 answers, times = {}, {}
 
 t0 = time.perf_counter()
-typeii = gpvi.GPClassifier(random_state=SEED, progress_bar=False).fit(Xs, ys)
+typeii = gpvi.GPClassifier(random_state=SEED).fit(Xs, ys)
 times["type-II"] = time.perf_counter() - t0
 answers["type-II"] = torch.as_tensor(typeii.predict_proba(ripley.X_test)[:, 1])
 
@@ -590,7 +590,7 @@ print(f"NUTS: max split R-hat of theta {float(diag['r_hat'][:D].max()):.3f}, min
 """),
     ("code", r"""
 nuts_mean, nuts_sd = draws[:, :D].mean(0), draws[:, :D].std(0)
-display(gpvi.evaluation.Table(list(model.names), {
+display(gpvi.table.Table(list(model.names), {
     "type-II": typeii.theta_.tolist(),
     "fully Bayesian mean": fb.mean.tolist(), "fully Bayesian sd": fb.std.tolist(),
     "NUTS mean": nuts_mean.tolist(), "NUTS sd": nuts_sd.tolist(),
@@ -604,7 +604,7 @@ for label, p in answers.items():
     cols["log-loss (bits)"].append(ll)
     cols["mean |p - p_NUTS|"].append(float((torch.as_tensor(p) - ref).abs().mean()))
     cols["wall (s)"].append(times[label])
-display(gpvi.evaluation.Table(list(answers), cols, title=f"Ripley, N = {M['n']} train / {len(ripley.y_test)} test"))
+display(gpvi.table.Table(list(answers), cols, title=f"Ripley, N = {M['n']} train / {len(ripley.y_test)} test"))
 
 fig = Figure(figsize=(4 * D, 3), layout="constrained")
 for j, ax in enumerate(fig.subplots(1, D)):
@@ -662,7 +662,7 @@ for name in ("iris", "wine"):
         mc_cols["max |theta - NUTS| (NUTS sd)"].append(max(abs(x) for x in td) if td else float("nan"))
         mc_cols["wall (s)"].append(m["time_s"])
 if mc_rows:
-    display(gpvi.evaluation.Table(mc_rows, mc_cols, title="3-class softmax GP classification vs NUTS (committed benchmark run)"))
+    display(gpvi.table.Table(mc_rows, mc_cols, title="3-class softmax GP classification vs NUTS (committed benchmark run)"))
 """),
     ("md", r"""
 On the bound, $q(\theta)$ sits at too small signal variances (the bound's gap grows with them) and predicts no
@@ -704,7 +704,7 @@ for label, prior in (("default N(0, 10 I)", "default"), ("'scaled'", "scaled"), 
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", gpvi.exceptions.BoundWarning)            # ML-II's irrelevant inputs end on the box
-        clf = gpvi.GPClassifier(prior=prior, random_state=SEED, progress_bar=False).fit(Xs, ys)
+        clf = gpvi.GPClassifier(prior=prior, random_state=SEED).fit(Xs, ys)
     wall = time.perf_counter() - t0
     err, ll = test_metrics(clf.predict_proba(sonar.X_test)[:, 1], sonar.y_test)
     th = clf.theta_                                                   # log lengthscale^2 per input, log signal var
@@ -714,7 +714,7 @@ for label, prior in (("default N(0, 10 I)", "default"), ("'scaled'", "scaled"), 
     for key, value in zip(cols, (err, ll, float(th[-1]), float(th[:-1].mul(0.5).exp().median()),
                                  float(corr.median()), wall)):
         cols[key].append(value)
-display(gpvi.evaluation.Table(rows, cols, title=f"Sonar, N = {len(ys)} train / {len(sonar.y_test)} test, d = {Xs.shape[1]}"))
+display(gpvi.table.Table(rows, cols, title=f"Sonar, N = {len(ys)} train / {len(sonar.y_test)} test, d = {Xs.shape[1]}"))
 """),
     ("md", r"""
 Under the default prior the fitted kernel relates no two training points (median correlation about $10^{-23}$), so
@@ -868,7 +868,7 @@ if reduced:
             cols["time (ours, s)"].append(res["times"][method])
             cols["time (paper, average)"].append(PAPER_TIME[method])
     title = "Table 5, reduced run" + (" (QUICK: smoke run, not meaningful)" if QUICK else " (one split)")
-    display(gpvi.evaluation.Table(index, cols, title=title))
+    display(gpvi.table.Table(index, cols, title=title))
 """),
     ("md", r"""
 How to read the comparison:

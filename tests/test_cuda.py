@@ -138,7 +138,7 @@ def test_gp_classifier_device_and_cpu_reload(tmp_path):
     from gpvi.io import load_fit, save_fit
     from gpvi.sklearn import GPClassifier
     X, _, c = _data()
-    a, b = _both(lambda dev: GPClassifier(device=dev, random_state=0, progress_bar=False).fit(X.numpy(), c.numpy()))
+    a, b = _both(lambda dev: GPClassifier(device=dev, random_state=0).fit(X.numpy(), c.numpy()))
     pa, pb = a.predict_proba(X.numpy()), b.predict_proba(X.numpy())
     assert abs(pa - pb).max() < 1e-5
     save_fit(tmp_path / "fit.pt", b)

@@ -347,7 +347,7 @@ def test_student_t_base_recovers_student_t_target():
 
     S, T, frac = 4, 3000, 0.5
     iterates = []
-    eng = quiet(base=gpvi.inference.families.StandardStudentT(D, nu), num_draws=S, num_steps=T, polyak=frac, init_scale=1.0, seed=3)
+    eng = quiet(base=gpvi.numerics.families.StandardStudentT(D, nu), num_draws=S, num_steps=T, polyak=frac, init_scale=1.0, seed=3)
     q = run_quiet(eng, gpvi.Target(fn, names=D), init=torch.zeros(D),
                   callback=lambda s, i: iterates.append(torch.cat([s.mu, s.C.flatten()])) if s.t > T * (1 - frac)
                   else None)
@@ -360,7 +360,7 @@ def test_student_t_base_recovers_student_t_target():
     assert bool(((got - want).abs()[low] <= 5 * se[low] + 0.01).all())   # + 0.01: O(rho) bias of constant-ish steps
     assert float(se[low].max()) < 0.02                                   # the check is informative
     assert abs(q.elbo) < 5 * q.elbo_se + 0.01                            # normalised target: optimum bound = 0
-    assert isinstance(q.base, gpvi.inference.families.StandardStudentT)
+    assert isinstance(q.base, gpvi.numerics.families.StandardStudentT)
     assert bool(torch.isinf(q.covariance).any()) is False and q.covariance.shape == (D, D)
 
 
@@ -618,7 +618,7 @@ def test_factorised_base_runs_and_is_reported():
     comps = [torch.distributions.Laplace(torch.tensor(0.0, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64)),
              torch.distributions.Normal(torch.tensor(0.0, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64))]
     q = run_quiet(quiet(base=comps, num_steps=300, optimizer=SGD(lr=0.1), seed=0, num_elbo_draws=200), target)
-    assert isinstance(q.base, gpvi.inference.families.Factorised) and math.isfinite(q.elbo)
+    assert isinstance(q.base, gpvi.numerics.families.Factorised) and math.isfinite(q.elbo)
     # the entropy term of the bound includes H_phi = H(Laplace) + H(Normal) = (1 + log 2) + (1 + log 2 pi) / 2
     assert q.base.entropy() == pytest.approx(1 + math.log(2) + 0.5 * (1 + math.log(2 * math.pi)))
 

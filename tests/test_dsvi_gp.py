@@ -26,7 +26,7 @@ from gpvi.inference.dsvi.engine import DSVI, DSVIState, finite_difference_hessia
 from gpvi.exceptions import ConvergenceWarning, NumericalWarning
 from gpvi.inference.mcmc.hmc import NUTS
 from gpvi.posteriors import PointPosterior
-from gpvi.posteriors.predictive import MixturePredictive
+from gpvi.numerics.predictive import MixturePredictive
 from gpvi.inference.dsvi import Convergence, Natural
 from gpvi.inference.schedules import DecayEveryK, RobbinsMonro
 

@@ -1,4 +1,4 @@
-"""Expectation propagation (gpvi.inference.ep) and EP's evidence as a target over theta, against independent answers:
+"""Expectation propagation (gpvi.numerics.ep) and EP's evidence as a target over theta, against independent answers:
 the exact Gaussian marginal likelihood, central differences, and long importance-sampling estimates of
 log p(y | theta)."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import gpvi
-from gpvi.inference.ep import expectation_propagation
+from gpvi.numerics.ep import expectation_propagation
 from gpvi.models.cvi_bound import CVIBoundTarget
 from gpvi.models.ep_evidence import EPEvidenceTarget
 from gpvi.models.likelihoods import BernoulliLogit, Gaussian

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from gpvi.inference.ep import expectation_propagation
-from gpvi.inference.ep_multiclass import multiclass_ep, tilted_moments
+from gpvi.numerics.ep import expectation_propagation
+from gpvi.numerics.ep_multiclass import multiclass_ep, tilted_moments
 from gpvi.models.likelihoods import BernoulliLogit
 
 F64 = torch.float64
@@ -133,7 +133,7 @@ def test_anderson_acceleration_keeps_the_fixed_point_in_fewer_sweeps():
 def test_a_failed_extrapolation_restarts_from_the_damped_step(monkeypatch, how):
     """An extrapolated point that is not finite, or whose sweep fails (forced here), restarts from the plain
     damped step with an empty history; after 3 restarts EP goes on unaccelerated and reaches the plain answer."""
-    import gpvi.inference.ep_multiclass as epm
+    import gpvi.numerics.ep_multiclass as epm
 
     state = {"bad": False}
     real_step, real_new_sites = epm.Anderson.step, epm._new_sites

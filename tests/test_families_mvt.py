@@ -10,7 +10,7 @@ import scipy.stats as st
 import torch
 
 import gpvi
-from gpvi.inference.families import StandardMultivariateT, StandardStudentT, make_standard
+from gpvi.numerics.families import StandardMultivariateT, StandardStudentT, make_standard
 
 
 @pytest.mark.parametrize("df", [1.5, 4.0, 30.0])

@@ -52,7 +52,7 @@ def _has_nan(obj: Any, depth: int = 0) -> bool:
         return any(_has_nan(v, depth + 1) for v in obj)
     if isinstance(obj, dict):
         return any(_has_nan(v, depth + 1) for v in obj.values())
-    if isinstance(obj, gpvi.posteriors.MixturePredictive):
+    if isinstance(obj, gpvi.numerics.predictive.MixturePredictive):
         return _has_nan((obj.mean, obj.var), depth + 1)
     if isinstance(obj, gpvi.posteriors.base.Posterior):
         return _has_nan((obj.mean, getattr(obj, "value", None)), depth + 1)
@@ -153,8 +153,7 @@ MODELS = {
     "GPClassification": lambda X, y: gpvi.GPClassification(X, y),
     "LatentGP-gaussian": lambda X, y: gpvi.models.classification.LatentGP(X, y, likelihood=gpvi.models.likelihoods.Gaussian(0.1)),
     "BayesianLogisticRegression": lambda X, y: gpvi.BayesianLogisticRegression(X, y),
-    "GPClassifier.fit": lambda X, y: gpvi.GPClassifier(learn_hyperparameters=False, max_sweeps=3,
-                                                       progress_bar=False).fit(X, y).predict_proba(X0),
+    "GPClassifier.fit": lambda X, y: gpvi.GPClassifier(hyperparameters="fixed", max_sweeps=3).fit(X, y).predict_proba(X0),
 }
 
 
@@ -321,7 +320,7 @@ def fitted():
         warnings.simplefilter("ignore")
         point = gpvi.ML2(num_restarts=1, seed=0).run(model)
         gauss = gpvi.GaussianPosterior(point.theta, 0.01 * torch.eye(4, dtype=F64), model.names, model)
-        clf = gpvi.GPClassifier(learn_hyperparameters=False, max_sweeps=3, progress_bar=False).fit(X0, L0)
+        clf = gpvi.GPClassifier(hyperparameters="fixed", max_sweeps=3).fit(X0, L0)
     return point, gauss, clf
 
 

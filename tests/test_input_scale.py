@@ -34,13 +34,13 @@ def test_ml_ii_and_the_scaled_prior_give_the_same_answer_in_any_units(prior):
     (ripley, 100 rows: test log loss 0.2755 -> 0.4038 for ML-II) and x 1e5 predicted 1/2 everywhere."""
     X, y = two_inputs()
     Xt, _ = two_inputs(40, seed=1)
-    ref = GPClassifier(prior=prior, progress_bar=False).fit(X, y)
+    ref = GPClassifier(prior=prior).fit(X, y)
     p_ref = ref.predict_proba(Xt)
     for s in (torch.tensor([1e3, 1e3]), torch.tensor([1e-3, 1e5]), torch.tensor([7.0, 0.02])):
         s = s.to(F64)
         with warnings.catch_warnings():
             warnings.simplefilter("error")               # no InputScaleWarning: these priors do not assume units
-            clf = GPClassifier(prior=prior, progress_bar=False).fit(X * s, y)
+            clf = GPClassifier(prior=prior).fit(X * s, y)
         np.testing.assert_allclose(clf.predict_proba(Xt * s), p_ref, atol=1e-6)
         shift = torch.cat([2 * torch.log(s), torch.zeros(1, dtype=F64)])
         torch.testing.assert_close(clf.theta_, ref.theta_ + shift, atol=1e-4, rtol=0)
@@ -48,9 +48,9 @@ def test_ml_ii_and_the_scaled_prior_give_the_same_answer_in_any_units(prior):
 
 def test_multiclass_ml_ii_is_unit_free_too():
     X2, y2, X = iris_rows(30)
-    ref = GPClassifier(prior=None, num_quadrature=20, progress_bar=False).fit(X2, y2)
+    ref = GPClassifier(prior=None, num_quadrature=20).fit(X2, y2)
     s = np.array([1e4, 1e-3])
-    clf = GPClassifier(prior=None, num_quadrature=20, progress_bar=False).fit(X2 * s, y2)
+    clf = GPClassifier(prior=None, num_quadrature=20).fit(X2 * s, y2)
     np.testing.assert_allclose(clf.predict_proba(X[:20] * s), ref.predict_proba(X[:20]), atol=1e-6)
 
 
@@ -74,10 +74,10 @@ def test_the_box_follows_each_inputs_variance():
 def test_the_default_prior_warns_on_inputs_far_from_unit_scale():
     X, y = two_inputs(30)
     with pytest.warns(gpvi.exceptions.InputScaleWarning, match=r"log_lengthscale_sq\[0\] has variance 7.79e\+05"):
-        GPClassifier(progress_bar=False).fit(X * torch.tensor([1e3, 1.0], dtype=F64), y)
+        GPClassifier().fit(X * torch.tensor([1e3, 1.0], dtype=F64), y)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        GPClassifier(progress_bar=False).fit(X * 3.0, y)      # sd 3: inside [0.1, 10], no warning
+        GPClassifier().fit(X * 3.0, y)      # sd 3: inside [0.1, 10], no warning
 
 
 def test_the_nuts_baseline_warns_as_the_fits_do_under_the_default_prior():
@@ -121,4 +121,4 @@ def test_a_constant_column_has_no_scale_and_no_warning():
     torch.testing.assert_close(shift[:2], torch.log(X.var(0, unbiased=False)))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        GPClassifier(progress_bar=False).fit(Xc, y)
+        GPClassifier().fit(Xc, y)

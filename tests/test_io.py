@@ -122,7 +122,7 @@ def test_classifier_round_trip_predict_proba_to_1e12(settings, cls_data, tmp_pat
     X, lab = cls_data
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        clf = gpvi.GPClassifier(progress_bar=False, **{"max_sweeps": 30, **settings}).fit(X, lab)
+        clf = gpvi.GPClassifier(**{"max_sweeps": 30, **settings}).fit(X, lab)
     p = tmp_path / "clf.pt"
     save_fit(p, clf)
     back = load_fit(p)
@@ -148,8 +148,7 @@ def test_multiclass_classifier_round_trip_with_string_labels(likelihood, tmp_pat
     lab = np.array(["ant", "bee", "cat"])[(X[:, 0] > -0.6).astype(int) + (X[:, 0] > 0.6).astype(int)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")                      # robust-max needs more than 40 sweeps here
-        clf = gpvi.GPClassifier(likelihood=likelihood, hyperparameters="fixed", max_sweeps=40,
-                                progress_bar=False).fit(X, lab)
+        clf = gpvi.GPClassifier(likelihood=likelihood, hyperparameters="fixed", max_sweeps=40).fit(X, lab)
     p = tmp_path / "mc.pt"
     save_fit(p, clf)
     meta = json.loads(torch.load(p, weights_only=True)["meta"])
@@ -171,14 +170,14 @@ def test_multiclass_classifier_round_trip_with_string_labels(likelihood, tmp_pat
 def test_binary_string_labels_round_trip_and_older_binary_files_still_load(cls_data, tmp_path):
     X, lab = cls_data
     words = np.where(lab == 1, "spam", "ham")
-    clf = gpvi.GPClassifier(hyperparameters="fixed", max_sweeps=30, progress_bar=False).fit(X, words)
+    clf = gpvi.GPClassifier(hyperparameters="fixed", max_sweeps=30).fit(X, words)
     save_fit(tmp_path / "w.pt", clf)
     back = load_fit(tmp_path / "w.pt").classifier
     assert back.classes_.tolist() == ["ham", "spam"]
     np.testing.assert_allclose(back.predict_proba(X), clf.predict_proba(X), rtol=0, atol=1e-12)
     np.testing.assert_array_equal(back.predict(X), clf.predict(X))
     # a file as written before multi-class support: targets as labels "y", no model kind, no hyperparameters option
-    old = gpvi.GPClassifier(learn_hyperparameters=False, max_sweeps=30, progress_bar=False).fit(X, lab)
+    old = gpvi.GPClassifier(hyperparameters="fixed", max_sweeps=30).fit(X, lab)
     save_fit(tmp_path / "old.pt", old)
     payload = torch.load(tmp_path / "old.pt", weights_only=True)
     meta = json.loads(payload["meta"])
@@ -219,7 +218,7 @@ def test_predict_validates_columns(reg_posteriors, cls_data, tmp_path):
     X, lab = cls_data
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        clf = gpvi.GPClassifier(progress_bar=False, max_sweeps=5, learn_hyperparameters=False).fit(X, lab)
+        clf = gpvi.GPClassifier(max_sweeps=5, hyperparameters="fixed").fit(X, lab)
     save_fit(tmp_path / "c.pt", clf)
     cfit = load_fit(tmp_path / "c.pt")
     with pytest.raises(ValueError, match=r"X has 1 columns but the fit was made with 2 features \(x0, x1\)"):
@@ -235,8 +234,8 @@ def test_save_refuses_what_plain_data_cannot_describe(reg_data, cls_data, tmp_pa
     kern = gpytorch.kernels.ScaleKernel(gpytorch.kernels.MaternKernel(ard_num_dims=2))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        clf = gpvi.GPClassifier(kernel=kern, progress_bar=False, max_sweeps=3,
-                                learn_hyperparameters=False).fit(Xc, lab)
+        clf = gpvi.GPClassifier(kernel=kern, max_sweeps=3,
+                                hyperparameters="fixed").fit(Xc, lab)
     with pytest.raises(ValueError, match="custom kernel"):
         save_fit(tmp_path / "b.pt", clf)
     model = gpvi.GPRegression(X, y, kernel=kern)

@@ -86,7 +86,7 @@ def test_fully_bayesian_multiclass_on_ep_evidence_starts_at_the_ep_map_point(map
     """evidence='ep' on a 3-class softmax model: q(theta) on multi-class EP's log Z_EP, started at its MAP point
     (a stationary point of log Z_EP + log prior, not below the CVI MAP-II point there); seeded; EP warm-started from
     the anchor's sites gives the same value as EP from the prior's sites."""
-    from gpvi.inference.ep_multiclass import multiclass_ep
+    from gpvi.numerics.ep_multiclass import multiclass_ep
     from gpvi.models.ep_evidence import EPEvidenceTarget
 
     model, post = map_fit

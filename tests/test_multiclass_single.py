@@ -129,4 +129,4 @@ def test_bad_single_site_settings_are_named():
     with pytest.raises(TypeError, match="single_site must be a gpvi.inference.cvi.SingleSite"):
         MulticlassCVI(mode="stochastic", single_site=3)
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
-        GPClassifier(mode="stochastic", batch_size=0, progress_bar=False).fit(np.random.rand(12, 2), np.arange(12) % 3)
+        GPClassifier(mode="stochastic", batch_size=0).fit(np.random.rand(12, 2), np.arange(12) % 3)

@@ -15,7 +15,7 @@ from tests.conftest import make_gp_data
 def test_two_component_mixture_nlpd_by_hand():
     means = torch.tensor([[0.0, 1.0], [2.0, 1.0]], dtype=torch.float64)
     variances = torch.tensor([[1.0, 0.5], [4.0, 0.5]], dtype=torch.float64)
-    pred = gpvi.posteriors.MixturePredictive(means, variances)
+    pred = gpvi.numerics.predictive.MixturePredictive(means, variances)
     y = torch.tensor([0.5, 3.0], dtype=torch.float64)
 
     def npdf(x, m, v):
@@ -32,7 +32,7 @@ def test_two_component_mixture_nlpd_by_hand():
 
 
 def test_mixture_log_prob_does_not_underflow():
-    pred = gpvi.posteriors.MixturePredictive(torch.zeros(3, 1, dtype=torch.float64), torch.full((3, 1), 1e-4, dtype=torch.float64))
+    pred = gpvi.numerics.predictive.MixturePredictive(torch.zeros(3, 1, dtype=torch.float64), torch.full((3, 1), 1e-4, dtype=torch.float64))
     lp = pred.log_prob(torch.tensor([1.0], dtype=torch.float64))
     assert math.isfinite(float(lp)) and float(lp) < -4000
 
@@ -63,7 +63,7 @@ def test_gaussian_posterior_log_prob_and_moments():
 
 
 def test_student_t_base_covariance_and_log_prob():
-    base = gpvi.inference.families.StandardStudentT(3, df=5.0)
+    base = gpvi.numerics.families.StandardStudentT(3, df=5.0)
     q = _gaussian(base=base)
     assert torch.allclose(q.covariance, q.scale_tril @ q.scale_tril.T * 5.0 / 3.0)
     th = q.sample(4, seed=2)
@@ -143,7 +143,7 @@ def test_state_dicts_load_with_weights_only(tmp_path):
     fit = gpvi.ML2(num_restarts=2, seed=0).run(model)
     q = _gaussian()
     mc = gpvi.SamplePosterior(torch.zeros(2, 5, 3, dtype=torch.float64), ["a", "b", "c"],
-                              info={"table": gpvi.evaluation.Table(["x"], {"v": [1.0]}), "arr": torch.ones(2)})
+                              info={"table": gpvi.table.Table(["x"], {"v": [1.0]}), "arr": torch.ones(2)})
     for post in (fit, q, mc):
         torch.save(post.state_dict(), tmp_path / "s.pt")
         loaded = torch.load(tmp_path / "s.pt", weights_only=True)
@@ -173,7 +173,7 @@ def _all_kinds():
         "point": gpvi.PointPosterior(mu, NAMES4, value=-1.5),
         "full": gpvi.GaussianPosterior(mu, L, NAMES4, elbo=-3.0, elbo_se=0.1),
         "diag": gpvi.GaussianPosterior(mu, c, NAMES4),
-        "diag_t": gpvi.GaussianPosterior(mu, c, NAMES4, base=gpvi.inference.families.StandardStudentT(4, df=5.0)),
+        "diag_t": gpvi.GaussianPosterior(mu, c, NAMES4, base=gpvi.numerics.families.StandardStudentT(4, df=5.0)),
         "lowrank": gpvi.GaussianPosterior.lowrank(mu, W, c, NAMES4),
         "samples": gpvi.SamplePosterior(torch.randn(3, 50, 4, generator=g, dtype=torch.float64), NAMES4,
                                         stats={"diverging": torch.zeros(3, 50, dtype=torch.bool)}),
@@ -224,7 +224,7 @@ def test_marginal_families():
 @pytest.mark.parametrize("which", ["point", "full", "diag", "diag_t", "lowrank", "samples"])
 def test_state_dict_round_trip_every_kind(which, tmp_path):
     post = _all_kinds()[which]
-    post.info["table"] = gpvi.evaluation.Table(["x"], {"v": [1.0]})
+    post.info["table"] = gpvi.table.Table(["x"], {"v": [1.0]})
     path = tmp_path / f"{which}.pt"
     torch.save(post.state_dict(), path)
     state = torch.load(path, weights_only=True)
@@ -260,7 +260,7 @@ def _twins(base=None):
             gpvi.GaussianPosterior(mu, torch.diag(c), names, base=mk()))
 
 
-@pytest.mark.parametrize("base", [None, lambda: gpvi.inference.families.StandardStudentT(5, df=4.0)])
+@pytest.mark.parametrize("base", [None, lambda: gpvi.numerics.families.StandardStudentT(5, df=4.0)])
 def test_diag_storage_equals_full_with_diagonal_scale(base):
     qd, qf = _twins(base)
     assert qd.storage == "diag" and qf.storage == "full"
@@ -286,7 +286,7 @@ def test_diag_storage_equals_full_with_diagonal_scale(base):
 
 def test_diag_student_t_quantiles_closed_form():
     import scipy.stats
-    qd, _ = _twins(lambda: gpvi.inference.families.StandardStudentT(5, df=4.0))
+    qd, _ = _twins(lambda: gpvi.numerics.families.StandardStudentT(5, df=4.0))
     p = [0.05, 0.5, 0.975]
     ref = qd.mean + torch.tensor(scipy.stats.t.ppf(p, 4.0), dtype=torch.float64)[:, None] * qd.scale_diag
     assert torch.allclose(qd.quantile(p), ref, rtol=0, atol=1e-12)
@@ -297,7 +297,7 @@ def test_diag_factorised_base_quantiles_and_marginals():
     one = torch.tensor(1.0, dtype=torch.float64)
     comps = [torch.distributions.Laplace(0.0 * one, one)] * 3
     mu, c = torch.zeros(3, dtype=torch.float64), torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64)
-    q = gpvi.GaussianPosterior(mu, c, ["x", "y", "z"], base=gpvi.inference.families.Factorised(comps))
+    q = gpvi.GaussianPosterior(mu, c, ["x", "y", "z"], base=gpvi.numerics.families.Factorised(comps))
     med_hi = q.quantile([0.5, 0.75])
     assert torch.allclose(med_hi[0], mu, atol=1e-15) and torch.allclose(med_hi[1], c * math.log(2.0), atol=1e-14)
     assert q.marginals()["y"]["family"] == "location_scale" and q.marginals()["y"]["scale"] == 2.0
@@ -346,7 +346,7 @@ def test_lowrank_validation():
     with pytest.raises(ValueError, match="diag must be strictly positive"):
         gpvi.GaussianPosterior.lowrank(mu, W, -d, ["a", "b", "c"])
     with pytest.raises(ValueError, match="standard-normal base"):
-        gpvi.GaussianPosterior.lowrank(mu, W, d, ["a", "b", "c"], base=gpvi.inference.families.StandardStudentT(3, df=3.0))
+        gpvi.GaussianPosterior.lowrank(mu, W, d, ["a", "b", "c"], base=gpvi.numerics.families.StandardStudentT(3, df=3.0))
     with pytest.raises(ValueError, match=r"scale_tril \(3, 3\) or \(3,\)"):
         gpvi.GaussianPosterior(mu, torch.ones(2, dtype=torch.float64), ["a", "b", "c"])
     with pytest.raises(ValueError, match="strictly positive diagonal"):

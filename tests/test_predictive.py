@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import gpvi
-from gpvi.posteriors.predictive import MixturePredictive
+from gpvi.numerics.predictive import MixturePredictive
 from tests.conftest import make_gp_data
 
 st = pytest.importorskip("scipy.stats")

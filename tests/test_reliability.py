@@ -69,7 +69,7 @@ def test_float32_and_integer_inputs_give_float64_results_end_to_end():
         pred = post.predict(Xf[:4], num_draws=5)
         assert pred.mean.dtype == torch.float64 and pred.var.dtype == torch.float64
         assert pred.log_prob(yf[:4] / 1.0).dtype == torch.float64
-    clf = gpvi.GPClassifier(learn_hyperparameters=False, progress_bar=False, random_state=0)
+    clf = gpvi.GPClassifier(hyperparameters="fixed", random_state=0)
     clf.fit(Xf, (y > 0).numpy().astype(np.int32))
     assert clf.predict_proba(Xf).dtype == np.float64
 
@@ -85,7 +85,7 @@ def test_no_engine_touches_global_rng():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         gpvi.NUTS(num_chains=1, num_warmup=5, num_draws=5, seed=1, progress_bar=False).run(model)
-    gpvi.GPClassifier(mode="stochastic", learn_hyperparameters=False, progress_bar=False, random_state=1).fit(X, y > 0)
+    gpvi.GPClassifier(mode="stochastic", hyperparameters="fixed", random_state=1).fit(X, y > 0)
     assert torch.equal(torch_state, torch.random.get_rng_state())
     assert np.array_equal(np_state, np.random.get_state()[1])
 

@@ -488,7 +488,7 @@ def test_warm_start_from_posteriors():
     assert torch.equal(st.m, mu + 1.0)
     st = quiet(num_steps=5, init_scale=[0.5, 1.0, 2.0]).init(target, PointPosterior(mu, target.names))
     assert torch.allclose(torch.diagonal(st.stats["P"]), torch.tensor([4.0, 1.0, 0.25], dtype=torch.float64))
-    t_post = GaussianPosterior(mu, C, target.names, target, base=gpvi.inference.families.StandardStudentT(3, df=4.0))
+    t_post = GaussianPosterior(mu, C, target.names, target, base=gpvi.numerics.families.StandardStudentT(3, df=4.0))
     with pytest.raises(ValueError, match="Gaussian"):
         quiet().init(target, t_post)
 

@@ -195,7 +195,7 @@ def test_object_and_string_arrays_are_refused_naming_the_argument():
 @pytest.mark.parametrize("make", [
     lambda s: gpvi.ML2(seed=s), lambda s: gpvi.DSVI(seed=s), lambda s: gpvi.NUTS(seed=s),
     lambda s: gpvi.CVI(seed=s), lambda s: gpvi.datasets.load_boston(seed=s),
-    lambda s: gpvi.GPClassifier(random_state=s, progress_bar=False).fit(*_cls()),
+    lambda s: gpvi.GPClassifier(random_state=s).fit(*_cls()),
 ], ids=["ML2", "DSVI", "NUTS", "CVI", "datasets", "GPClassifier"])
 def test_bad_seeds_fail_at_construction(make):
     with pytest.raises(ValueError, match=r"(seed|random_state).*non-negative"):

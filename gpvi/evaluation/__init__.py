@@ -1,6 +1,6 @@
-"""Evaluation: predictive metrics, comparison tables and plots (matplotlib, imported lazily)."""
+"""Evaluation: predictive metrics (:mod:`~gpvi.evaluation.metrics`) and plots (:mod:`~gpvi.evaluation.plots`,
+matplotlib imported on use)."""
 
-from . import metrics
-from .table import Table
+from . import metrics, plots
 
-__all__ = ["metrics", "Table"]
+__all__ = ["metrics", "plots"]

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .table import Table
+from ..table import Table
 from ..validation import as_float_tensor, check_binary_labels, check_positive_int
 
 __all__ = ["mse", "smse", "nlpd", "error_rate", "log_loss_bits", "compare"]

@@ -63,7 +63,7 @@ def _draws(post: Any, num_draws: int, seed: int) -> torch.Tensor:
 
 def _is_gaussian(post: Any) -> bool:
     from ..posteriors.gaussian import GaussianPosterior
-    from ..inference.families import StandardNormal
+    from ..numerics.families import StandardNormal
     return isinstance(post, GaussianPosterior) and isinstance(post.base, StandardNormal)
 
 

@@ -11,7 +11,7 @@ where the columns of :math:`\Delta R` and :math:`\Delta G` are the differences o
 images. With an empty history (one pair) it is the plain step :math:`g_k`. The least-squares problem is solved by
 its normal equations with a relative ridge of 1e-12 (the columns are nearly dependent near a fixed point).
 
-Used by multi-class EP (:mod:`gpvi.inference.ep_multiclass`, on the damped site map) and by the inner CVI runs of
+Used by multi-class EP (:mod:`gpvi.numerics.ep_multiclass`, on the damped site map) and by the inner CVI runs of
 type-II learning (:func:`gpvi.inference.cvi.typeii.monotone_run`); both guard every extrapolation (a rejected one
 is replaced by the plain step and the history is cleared).
 """

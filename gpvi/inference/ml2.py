@@ -31,7 +31,7 @@ from ..posteriors.point import PointPosterior
 from .lbfgs import box_message, ends_on_box, lbfgs_maximise
 from .progress import Progress, warn_interrupted
 from ..rng import check_seed, resolve_generator
-from ..evaluation.table import Table
+from ..table import Table
 from ..models.target import as_target
 from ..validation import as_float_tensor, check_bool, check_interval, check_positive, check_positive_int
 

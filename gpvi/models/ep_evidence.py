@@ -10,7 +10,7 @@ peaks at :math:`\log\sigma_f^2 \approx 2.7` where the exact posterior puts its m
 from the CVI posterior confirms the gap where its Pareto :math:`\hat k` is below 0.7 and is unusable above.
 
 :class:`EPEvidenceTarget` uses instead EP's approximation :math:`\log Z_{EP}(\theta)`
-(:func:`gpvi.inference.ep.expectation_propagation`; Rasmussen & Williams 2006, eq. 3.65), which for GP
+(:func:`gpvi.numerics.ep.expectation_propagation`; Rasmussen & Williams 2006, eq. 3.65), which for GP
 classification tracks the exact evidence closely at every signal variance (Kuss & Rasmussen 2005, figures 4-7;
 Nickisch & Rasmussen 2008, section 6), and is neither a lower nor an upper bound:
 
@@ -31,7 +31,7 @@ differentiable once, as for the CVI bound. Every evaluation runs EP from the pri
 from the wrapped :class:`~gpvi.models.cvi_bound.CVIBoundTarget`: EP only weighs the hyperparameters.
 
 **Multi-class** (a wrapped :class:`~gpvi.models.multiclass_bound.MulticlassBoundTarget`, softmax, K <= 3): EP with a
-full :math:`K\times K` site per data point (:func:`gpvi.inference.ep_multiclass.multiclass_ep`), with the bound's
+full :math:`K\times K` site per data point (:func:`gpvi.numerics.ep_multiclass.multiclass_ep`), with the bound's
 softmax rule for the tilted moments. Every evaluation starts EP from the sites EP converged to at the bound's anchor
 (computed once): a fixed warm start, so ``log_joint`` is still a deterministic function of :math:`\theta`.
 
@@ -74,7 +74,7 @@ class EPEvidenceTarget:
         EP's damping (default 0.8 for binary models, 0.5 for multi-class ones).
     tol : float
         EP's stopping rule on the largest site change (default 1e-8; see
-        :func:`~gpvi.inference.ep.expectation_propagation`).
+        :func:`~gpvi.numerics.ep.expectation_propagation`).
     max_sweeps : int
         Cap on EP's sweeps per evaluation (default 200; rows that reach it are counted in ``unconverged``).
 
@@ -83,7 +83,7 @@ class EPEvidenceTarget:
     counters : dict
         ``evaluations`` (rows), ``sweeps`` (EP sweeps over all rows), ``failures`` (rows that returned ``-inf``),
         ``unconverged`` (rows that hit ``max_sweeps``); multi-class also ``anderson_restarts`` (failed Anderson
-        extrapolations, :func:`~gpvi.inference.ep_multiclass.multiclass_ep`).
+        extrapolations, :func:`~gpvi.numerics.ep_multiclass.multiclass_ep`).
 
     Examples
     --------
@@ -136,13 +136,13 @@ class EPEvidenceTarget:
         return self.bound.initial_theta()
 
     def evidence(self, theta: torch.Tensor) -> Any:
-        r"""EP at the rows of ``theta`` ``(S, D)``: the :class:`~gpvi.inference.ep.EPResult` (no prior term)."""
+        r"""EP at the rows of ``theta`` ``(S, D)``: the :class:`~gpvi.numerics.ep.EPResult` (no prior term)."""
         with torch.no_grad():
             return self._run(self.bound._kernel(theta.detach().to(torch.float64)))
 
     def _run(self, K: torch.Tensor) -> Any:
         """EP on the batched kernel matrices ``K`` ``(S, N, N)``, counted."""
-        from ..inference.ep import expectation_propagation
+        from ..numerics.ep import expectation_propagation
 
         if self.multiclass:
             res = self._run_multiclass(K)
@@ -157,7 +157,7 @@ class EPEvidenceTarget:
         return res
 
     def _ep_multiclass(self, K: torch.Tensor, sites: tuple[torch.Tensor, torch.Tensor] | None) -> Any:
-        from ..inference.ep_multiclass import multiclass_ep
+        from ..numerics.ep_multiclass import multiclass_ep
 
         pi, nu = sites if sites is not None else (None, None)
         return multiclass_ep(K, self.model.y, self.model.num_classes, quadrature=self.bound.cvi.quadrature,
@@ -176,8 +176,8 @@ class EPEvidenceTarget:
         return self._warm
 
     def _run_multiclass(self, K: torch.Tensor) -> Any:
-        """:func:`~gpvi.inference.ep_multiclass.multiclass_ep` row by row from :meth:`warm_sites`; the fields the
-        binary :class:`~gpvi.inference.ep.EPResult` has for the evidence and its gradient, plus ``rows``."""
+        """:func:`~gpvi.numerics.ep_multiclass.multiclass_ep` row by row from :meth:`warm_sites`; the fields the
+        binary :class:`~gpvi.numerics.ep.EPResult` has for the evidence and its gradient, plus ``rows``."""
         from types import SimpleNamespace
 
         warm = self.warm_sites()

@@ -16,7 +16,7 @@ A Gaussian engine on it maximises the ELBO of :math:`q(\theta)\,q^*(F\mid\theta)
 :math:`\log p(\mathbf y)`; :math:`q(\theta)` approximates the posterior of :math:`\theta` under the bound. Its
 gap (the Gaussian, class-factorised :math:`q` against the exact latent posterior) grows where the likelihood
 saturates, as in the binary case. NUTS over :math:`(\theta, V)` (:class:`gpvi.models.whitened.WhitenedLatentGP`)
-is the reference without it; multi-class EP (:func:`gpvi.inference.ep_multiclass.multiclass_ep`, softmax,
+is the reference without it; multi-class EP (:func:`gpvi.numerics.ep_multiclass.multiclass_ep`, softmax,
 K <= 3, through :class:`gpvi.models.ep_evidence.EPEvidenceTarget`) is the alternative evidence.
 
 Each evaluation runs ELBO-monotone full-batch multi-class CVI

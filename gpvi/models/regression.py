@@ -28,7 +28,7 @@ import torch
 from .scaled_rbf import centre_inputs, input_centre, scaled_rbf_covariance
 from .hyperparameters import KernelParametrisation
 from ..linalg import DEFAULT_JITTER, DEFAULT_MAX_JITTER, cholesky_with_jitter, gaussian_log_marginal
-from ..posteriors.predictive import MixturePredictive
+from ..numerics.predictive import MixturePredictive
 from .priors import check_prior, prior_log_prob
 from .scaled_rbf import LEAN_COPIES, LEAN_MIN_N, lean_log_marginal
 from ..validation import (check_column_spread, check_feature_names, check_finite_prediction, check_memory,
@@ -333,7 +333,7 @@ class GPRegression:
         return mean, cov
 
     def predictive(self, theta: Any, X_new: Any, *, include_noise: bool = True) -> MixturePredictive:
-        """Predictive of y* (or f*) as a :class:`~gpvi.posteriors.predictive.MixturePredictive` over the given theta rows."""
+        """Predictive of y* (or f*) as a :class:`~gpvi.numerics.predictive.MixturePredictive` over the given theta rows."""
         mean, var = self.predict(theta, X_new, include_noise=include_noise)
         return MixturePredictive(mean, var)
 

@@ -10,9 +10,9 @@ from .gaussian import GaussianPosterior
 from .latent import LatentPosterior
 from .mixture import GaussianMixture
 from .point import PointPosterior
-from .predictive import MixturePredictive
 from .samples import SamplePosterior
 from .weighted import WeightedPosterior, psis
 
 __all__ = ["Posterior", "PointPosterior", "GaussianPosterior", "SamplePosterior", "LatentPosterior",
-           "WeightedPosterior", "GaussianMixture", "psis", "MixturePredictive", "posterior_from_state_dict", "STATE_VERSION"]
+           "WeightedPosterior", "GaussianMixture", "psis", "posterior_from_state_dict",
+           "STATE_VERSION"]

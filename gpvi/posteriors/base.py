@@ -9,7 +9,7 @@ and notebook code treats them alike:
 ``sample(n, ...)``          ``(n, D)`` draws; randomness from ``generator`` or ``seed``
 ``quantile(p)``             marginal quantiles: ``(D,)`` for a number ``p``, ``(len(p), D)`` for a sequence
 ``marginals()``             one plain description per name of its 1-D marginal (see :meth:`Posterior.marginals`)
-``summary()``               a :class:`~gpvi.evaluation.table.Table` per parameter name (and natural-scale columns)
+``summary()``               a :class:`~gpvi.table.Table` per parameter name (and natural-scale columns)
 ``predict(X, ...)``         mixture predictive over theta draws, when the target has ``predict(theta, X)``
 ``to_arviz()``              ``arviz.InferenceData`` with one variable per name
 ``state_dict()``            plain tensors, numbers, strings, lists and dicts, with ``"kind"`` and ``"version"``
@@ -30,9 +30,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..evaluation.table import Table
+from ..table import Table
 from ..validation import _available_memory_bytes, check_fraction, check_positive_int
-from .predictive import MixturePredictive, _check_probs
+from ..numerics.predictive import MixturePredictive, _check_probs
 
 __all__ = ["Posterior", "posterior_from_state_dict", "STATE_VERSION"]
 

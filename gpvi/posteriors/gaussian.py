@@ -30,7 +30,7 @@ from typing import Any
 import scipy.special
 import torch
 
-from ..inference.families import (Factorised, StandardMultivariateT, StandardNormal, StandardStudentT, _param_dtype,
+from ..numerics.families import (Factorised, StandardMultivariateT, StandardNormal, StandardStudentT, _param_dtype,
                                  make_standard)
 from ..linalg import cholesky_with_jitter, solve_lower
 from ..rng import resolve_generator
@@ -73,7 +73,7 @@ class GaussianPosterior(Posterior):
     target : optional
         The model it approximates (needed for ``predict`` and natural-scale summaries).
     base : standard distribution, optional
-        :math:`\phi` (default :class:`~gpvi.inference.families.StandardNormal`).
+        :math:`\phi` (default :class:`~gpvi.numerics.families.StandardNormal`).
     elbo, elbo_se : float, optional
         Final bound estimate and its Monte Carlo standard error.
     trace : dict, optional

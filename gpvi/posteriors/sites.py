@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..evaluation.table import Table
+from ..table import Table
 from ..validation import check_fraction
 from .base import Posterior
 

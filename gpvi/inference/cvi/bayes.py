@@ -82,7 +82,7 @@ class FullyBayesianCVI:
         ``benchmarks/classification_nuts_ref.md``: on Ionosphere 1.5 posterior sds too low). Either way the latent
         posterior at each draw is CVI's :math:`q^*(\mathbf f\mid\theta)`. Multi-class: ``"ep"`` (softmax,
         K <= 3, else ``ValueError``) is multi-class EP with a full K x K site per point
-        (:func:`gpvi.inference.ep_multiclass.multiclass_ep`, Anderson-accelerated); ``"cvi"`` the profiled bound
+        (:func:`gpvi.numerics.ep_multiclass.multiclass_ep`, Anderson-accelerated); ``"cvi"`` the profiled bound
         of the class-factorised family (:class:`~gpvi.models.multiclass_bound.MulticlassBoundTarget`), with the
         same caveat. Measured against NUTS over :math:`(\theta, V)` on iris and wine
         (``benchmarks/results/multiclass_bayes_iris.md``, ``..._wine.md``): on EP, every q(theta) mean within

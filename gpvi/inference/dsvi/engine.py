@@ -71,7 +71,7 @@ from .. import driver
 from ..budget import MemoryBudget
 from ..derivatives import finite_difference_hessian, is_minibatch_target
 from ..engine import FaultPolicy, RunReport, count_draws, resume_copy, skip_step
-from ..families import make_standard
+from ...numerics.families import make_standard
 from ..init import (LAPLACE_MAX_DIM, Start, check_start, init_to_default, init_to_laplace, init_to_map,
                     laplace_approximation, resolve_init, start_point)
 from .convergence import Convergence
@@ -102,7 +102,7 @@ class DSVI:
         The standard distribution :math:`\phi`: standard normal (default; q is Gaussian and the bound is the
         Gaussian bound eq. 10), a standard Student-t with ``df`` > 0 degrees of freedom (``("t", df)``), a product
         of univariate standard distributions (``torch.distributions`` objects with ``icdf``), or an object such
-        as ``gpvi.inference.families.StandardStudentT(D, df)``; see :func:`gpvi.inference.families.make_standard`.
+        as ``gpvi.numerics.families.StandardStudentT(D, df)``; see :func:`gpvi.numerics.families.make_standard`.
     num_draws : int
         S, draws of z per step, averaged (>= 1).
     num_steps : int

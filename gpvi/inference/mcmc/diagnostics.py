@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ...evaluation.table import Table
+from ...table import Table
 from ...exceptions import ConvergenceWarning
 from .settings import ConvergenceChecks
 from .state import ChainState

@@ -244,7 +244,7 @@ class HamiltonianEngine:
         SamplePosterior
             ``draws`` of shape ``(num_chains, num_draws, D)``; ``stats`` (each ``(num_chains, num_draws)``):
             ``diverging``, ``acceptance_rate``, ``step_size``, ``n_steps``, ``lp`` (+ ``tree_depth`` for NUTS);
-            ``info``: ``chains`` (a per-chain :class:`~gpvi.evaluation.table.Table`), ``num_divergent``,
+            ``info``: ``chains`` (a per-chain :class:`~gpvi.table.Table`), ``num_divergent``,
             ``step_size`` and ``inverse_mass_matrix`` per chain, ``warmup_draws`` ``(C, W, D)``,
             ``warmup_stats``, ``init`` (how the starts were found), times, evaluation counters, ``ess``/``r_hat``
             and ``interrupted``; ``engine_state`` (an :class:`MCMCState`) for resuming.

@@ -64,7 +64,7 @@ from typing import NamedTuple
 import torch
 
 from ..linalg import logdet_from_cholesky
-from .anderson import Anderson
+from ..inference.anderson import Anderson
 from ..models.quadrature import Quadrature
 from ..models.softmax_rules import _others, default_quadrature, nested_nodes
 from ..validation import check_nonnegative_int, check_positive, check_positive_int
@@ -232,7 +232,7 @@ def multiclass_ep(K: torch.Tensor, y: torch.Tensor, num_classes: int, *, quadrat
         stopping rule (module docstring).
     tol : float
         EP stops when the largest undamped site change (relative, as in
-        :func:`gpvi.inference.ep.expectation_propagation`) falls below ``tol`` (default 1e-8).
+        :func:`gpvi.numerics.ep.expectation_propagation`) falls below ``tol`` (default 1e-8).
     max_sweeps : int
         Cap on the sweeps (default 200; ``converged`` is False when reached).
     pi, nu : torch.Tensor of shapes (N, K, K), (N, K), optional
