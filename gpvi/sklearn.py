@@ -1,10 +1,11 @@
-r"""A scikit-learn style GP classifier over the CVI engines: binary and multi-class, labels of any type.
+r"""A scikit-learn GP classifier over the CVI engines: binary and multi-class, labels of any type.
 
-``GPClassifier`` follows the estimator contract of scikit-learn (which is *not* a runtime dependency of gpvi):
-``__init__`` only stores its arguments, ``fit`` validates and runs an engine, fitted state lives in trailing-underscore
-attributes, and ``get_params``/``set_params`` come from the signature of ``__init__`` so that ``sklearn.base.clone``,
-grid search and pipelines work. It passes scikit-learn's ``check_estimator`` except for the checks listed (with the
-reasons) in ``tests/test_sklearn_checks.py``.
+``GPClassifier`` is a scikit-learn estimator (``ClassifierMixin``, ``BaseEstimator``): ``__init__`` only stores
+its arguments, ``fit`` validates with scikit-learn's own functions (``validate_data``,
+``check_classification_targets``, ``_check_sample_weight``) and runs an engine, fitted state lives in
+trailing-underscore attributes, and ``get_params``/``set_params``, ``clone``, grid search, pipelines and ``score``
+come from scikit-learn. It passes every check of ``sklearn.utils.estimator_checks.check_estimator`` with its
+default settings (``tests/test_sklearn_checks.py``).
 
 What ``fit`` runs, by the number of classes K in ``y`` and the ``likelihood``:
 
@@ -15,15 +16,19 @@ What ``fit`` runs, by the number of classes K in ``y`` and the ``likelihood``:
   :class:`gpvi.models.multiclass.GPMulticlass`, fitted by :class:`gpvi.inference.cvi.multiclass.MulticlassCVI` or
   :class:`~gpvi.inference.cvi.multiclass_typeii.MulticlassTypeII`, with the same settings.
 
-Inputs may be numpy arrays, pandas DataFrames or torch tensors; outputs are numpy arrays (scikit-learn's convention).
+Inputs may be numpy arrays, pandas DataFrames or torch tensors; scikit-learn's validation turns them into float64
+numpy arrays and the classifier builds float64 tensors on its ``device``. Outputs are numpy arrays.
 """
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import numpy as np
+import torch
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import _check_sample_weight, check_is_fitted, validate_data
 
 from .inference.cvi.engine import CVI
 from .inference.cvi.multiclass import MulticlassCVI
@@ -31,13 +36,11 @@ from .inference.cvi.multiclass_typeii import MulticlassTypeII
 from .inference.cvi.options import MonteCarlo, SingleSite, num_steps_for_sweeps
 from .inference.cvi.typeii import TypeII
 from .models.classification import GPClassification
-from .models.quadrature import Quadrature
 from .models.multiclass import GPMulticlass, default_quadrature
 from .models.priors import check_prior_choice
+from .models.quadrature import Quadrature
 from .rng import check_seed
-from .validation import (check_bool, check_choice, check_positive_int, check_sample_weight, check_X,
-                         feature_names_of)
-from ._sklearn_checks import _check_feature_names, _class_labels, _label_array, _not_fitted_error, _precheck_X
+from .validation import check_bool, check_choice, check_device, check_nonnegative_int, check_positive_int
 
 __all__ = ["GPClassifier"]
 
@@ -45,7 +48,12 @@ _BINARY_LINKS = ("logit", "probit")
 _MULTICLASS_LINKS = ("softmax", "robustmax")
 
 
-class GPClassifier:
+def _host(a: Any) -> Any:
+    """A torch tensor as a numpy array on the host (scikit-learn's validation reads numpy); anything else as is."""
+    return a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else a
+
+
+class GPClassifier(ClassifierMixin, BaseEstimator):
     r"""GP classifier with a CVI posterior: binary (logit/probit link) or multi-class (softmax/robust-max).
 
     Binary: latent :math:`f \sim \mathcal{GP}(0, k_\theta)`, :math:`p(y = c_1 \mid f) = \sigma(f)` or
@@ -69,26 +77,19 @@ class GPClassifier:
         latent GPs (``p(y = classes_[1]) = sigma(f_1 - f_0)`` for the softmax: the difference has prior covariance
         2k, and q is factorised over the two functions), which is not the same model as ``"logit"``'s single GP.
         Recorded in ``link_``.
-    method : {"cvi"}
-        Inference method.
     mode : {"full", "stochastic"}
         Full-batch CVI steps or doubly stochastic single-site steps (``batch_size`` data points per step on
         cached, rank-one-updated factors; multi-class: all K sites of each point, one factor per class).
-    learn_hyperparameters : bool, optional
-        The older spelling of ``hyperparameters``: True is ``"type2"``, False is ``"fixed"``. Giving both with
-        different meanings is a ``ValueError``.
-    hyperparameters : {"type2", "fixed", "bayes"}, optional
-        ``"type2"`` (the default when neither this nor ``learn_hyperparameters`` is given): MAP-II on the bound
-        (:class:`~gpvi.inference.cvi.typeii.TypeII` / :class:`~gpvi.inference.cvi.multiclass_typeii.MulticlassTypeII`,
-        prior :math:`\mathcal N(0, 10 I)` on the log-hyperparameters); ``"fixed"``: keep them at their start;
-        ``"bayes"`` (binary links, and the softmax with at most 3 classes): integrate over them,
+    hyperparameters : {"type2", "fixed", "bayes"}
+        ``"type2"`` (default): MAP-II on the bound (:class:`~gpvi.inference.cvi.typeii.TypeII` /
+        :class:`~gpvi.inference.cvi.multiclass_typeii.MulticlassTypeII`, with ``prior``); ``"fixed"``: keep them at
+        their start; ``"bayes"`` (binary links, and the softmax with at most 3 classes): integrate over them,
         :class:`~gpvi.inference.cvi.bayes.FullyBayesianCVI` -- a Gaussian :math:`q(\theta)` (Salimans-Knowles
-        Hessian-free) on EP's approximate evidence (same prior; the CVI bound before 2026-11-24, whose gap grows
-        with the signal variance; multi-class EP with full K x K sites since 2026-11-25), predictions averaged
-        over ``num_draws`` draws of it (at least 32) with their CVI posteriors. Slower than ``"type2"`` (every
-        step runs EP to convergence at 4 draws of theta; on 2 cores: 11-21 s for binary N = 100, 245 / 299 s on
-        3-class iris / wine, N = 105 / 124, where NUTS takes 604 / 821 s); ``mode``, ``beta``, ``estimator`` and
-        ``max_sweeps`` do not apply (FullyBayesianCVI's own full-batch engine), and the fit cannot be saved with
+        Hessian-free) on EP's approximate evidence (binary EP, or multi-class EP with full K x K sites), predictions
+        averaged over ``num_draws`` draws of it (at least 32) with their CVI posteriors. ``"bayes"`` runs EP to
+        convergence at every step and is much slower than ``"type2"``
+        (``benchmarks/results/classification_bayes.md``); ``mode``, ``beta``, ``estimator`` and ``max_sweeps`` do
+        not apply (FullyBayesianCVI's own full-batch engine), and the fit cannot be saved with
         :func:`gpvi.io.save_fit`. Robust-max and K > 3 raise ``ValueError`` (their q(theta) would sit on the
         multi-class CVI bound, which predicted no better than MAP-II in the benchmarks).
     prior : "default", "scaled", None or torch.distributions.Distribution
@@ -109,23 +110,16 @@ class GPClassifier:
 
         With d standardised inputs two points are about 2d apart in squared distance, so at the default prior's
         centre the kernel between them is about :math:`e^{-d}`, and with many inputs and few points that prior
-        can outweigh the data; ``"scaled"`` is centred where the kernel between typical points is about
-        :math:`e^{-1}`. Measured on the 100-point ``classification_peers`` subsamples (standardised), type-II test
-        log loss ``"default"`` / ``None`` / ``"scaled"``: pima (d = 7) 0.506 / 0.480 / 0.490, ionosphere (34)
-        0.367 / 0.307 / 0.257, sonar (60) 0.692 / 0.579 / 0.372, ripley (2) 0.282 / 0.276 / 0.281. On sonar the
-        default's MAP-II puts all 60 lengthscales near 1 and every prediction near 1/2; NUTS under the same prior
-        does the same (``benchmarks/results/classification_bayes.md``), so that is the model's answer, not a
-        failed optimisation. With ``"bayes"``, ``"scaled"`` is not yet as trustworthy: on sonar q(theta)'s log
-        signal variance is 0.47 NUTS sd low and its test probabilities 0.071 from a long NUTS run's
-        (``benchmarks/results/classification_nuts_ref_scaled.md``; pima, ionosphere, ripley within 0.22 sd and
-        0.018 of short NUTS runs).
+        can outweigh the data (on sonar, d = 60 and 100 rows, MAP-II then predicts about 1/2 everywhere, as NUTS
+        under the same prior does); ``"scaled"`` is centred where the kernel between typical points is about
+        :math:`e^{-1}`. The test log losses of the three choices are in
+        ``benchmarks/results/classification_peers.md``.
     beta : float
         CVI step size in (0, 1].
     estimator : {"auto", "quadrature", "mc", "fixed"}
         Site gradients. ``"auto"``: quadrature, except for the softmax with K > 3 (``"fixed"``: an average over 1,024
         fixed quasi-Monte Carlo points). ``"mc"``: Monte Carlo (binary any link; multi-class softmax only, with a
-        decreasing step).
-        ``"fixed"``: multi-class softmax only.
+        decreasing step). ``"fixed"``: multi-class softmax only.
     num_quadrature : int, optional
         Quadrature nodes (per dimension for the softmax); default 96 for the binary links, and the multi-class
         engine's rule (:func:`gpvi.models.multiclass.default_quadrature`) for the softmax. Robust-max has its own
@@ -133,7 +127,7 @@ class GPClassifier:
     num_draws : int
         Monte Carlo draws per site and step for ``estimator="mc"``.
     batch_size : int
-        Sites per stochastic step (binary ``mode="stochastic"``).
+        Sites per stochastic step (``mode="stochastic"``).
     max_sweeps : int
         Budget in sweeps over the data (turned into the engine's ``num_steps``, recorded in
         ``posterior_.info["num_steps"]``); with ``"type2"`` also the inner budget (at least 50).
@@ -144,8 +138,9 @@ class GPClassifier:
     random_state : int, optional
         Seed for site order and Monte Carlo draws (``None``: non-deterministic); a non-negative int, checked by
         :func:`gpvi.rng.check_seed` when ``fit`` starts (``__init__`` only stores, scikit-learn's contract).
-    progress_bar : bool
-        Show a tqdm bar during ``fit``.
+    verbose : int
+        0 (default): no output during ``fit`` (as inside cross-validation); 1 or more: the engines' tqdm
+        progress bars.
     device : str or torch.device, optional
         Where the model and the CVI computations live (e.g. ``"cuda"``); default: the CPU, or the device of a torch
         ``X``. Predictions are returned as numpy arrays on the host either way; a saved fit loads on the CPU.
@@ -181,39 +176,32 @@ class GPClassifier:
 
     Notes
     -----
-    ``decision_function`` is the posterior mean of the latent function(s). Its sign (binary) or argmax
-    (multi-class) gives ``predict``'s label, up to multi-class cases where a class with a larger latent variance wins
-    on probability; but its *ranking* of points differs from ``predict_proba``'s, which also depends on the latent
-    variance (:math:`\mathbb E_q[\sigma(f)]` is moderated towards 1/2 where :math:`q(f)` is wide). scikit-learn's
-    ROC-AUC scorer uses ``decision_function`` when an estimator has one; pass ``response_method="predict_proba"``
-    to rank by the probabilities. ``fit(X, y, sample_weight)`` weights the likelihood terms (an integer weight is a
-    repeated row; since 2026-11-25, before which ``fit`` took no weights); ``score`` takes them too.
+    ``decision_function`` is the log-odds of ``predict_proba`` for two classes and its logarithm for more, so it
+    ranks points as the probabilities do (scikit-learn's scorers may use either); the latent posterior itself is
+    :meth:`predict_latent`. ``fit(X, y, sample_weight)`` weights the likelihood terms: an integer weight is the
+    same model as the repeated row, and the fit is the same computation (the type-II inner runs measure a weighted
+    row as that many repeated rows).
 
     Examples
     --------
     >>> import gpvi
     >>> from gpvi.sklearn import GPClassifier
     >>> ds = gpvi.datasets.load_pima()
-    >>> clf = GPClassifier(hyperparameters="fixed", progress_bar=False).fit(ds.X_train, ds.y_train)
+    >>> clf = GPClassifier(hyperparameters="fixed").fit(ds.X_train, ds.y_train)
     >>> clf.predict_proba(ds.X_test).shape
     (332, 2)
     >>> round(clf.score(ds.X_test, ds.y_test), 2)
     0.79
     """
 
-    _estimator_type = "classifier"
-
-    def __init__(self, kernel: Any = None, likelihood: str = "auto", method: str = "cvi", mode: str = "full",
-                 learn_hyperparameters: bool | None = None, *, hyperparameters: str | None = None,
-                 prior: Any = "default", beta: float = 0.5,
+    def __init__(self, kernel: Any = None, likelihood: str = "auto", *, mode: str = "full",
+                 hyperparameters: str = "type2", prior: Any = "default", beta: float = 0.5,
                  estimator: str = "auto", num_quadrature: int | None = None, num_draws: int = 10,
                  batch_size: int = 1, max_sweeps: int = 500, tol: float = 1e-9, theta: Any = None,
-                 random_state: int | None = None, progress_bar: bool = True, device: str | None = None) -> None:
+                 random_state: int | None = None, verbose: int = 0, device: str | None = None) -> None:
         self.kernel = kernel
         self.likelihood = likelihood
-        self.method = method
         self.mode = mode
-        self.learn_hyperparameters = learn_hyperparameters
         self.hyperparameters = hyperparameters
         self.prior = prior
         self.beta = beta
@@ -225,67 +213,15 @@ class GPClassifier:
         self.tol = tol
         self.theta = theta
         self.random_state = random_state
-        self.progress_bar = progress_bar
+        self.verbose = verbose
         self.device = device
 
-    # ------------------------------------------------------------------ scikit-learn parameter protocol
-    @classmethod
-    def _get_param_names(cls) -> list[str]:
-        sig = inspect.signature(cls.__init__)
-        return sorted(p.name for p in sig.parameters.values() if p.name != "self" and p.kind != p.VAR_KEYWORD)
-
-    def get_params(self, deep: bool = True) -> dict[str, Any]:
-        """The constructor arguments as a dict (``deep`` is accepted for scikit-learn compatibility)."""
-        return {name: getattr(self, name) for name in self._get_param_names()}
-
-    def set_params(self, **params: Any) -> GPClassifier:
-        """Set constructor arguments; unknown names raise ``ValueError``. Returns ``self``."""
-        valid = set(self._get_param_names())
-        for key, value in params.items():
-            if key not in valid:
-                raise ValueError(f"invalid parameter {key!r} for GPClassifier; valid parameters are {sorted(valid)}")
-            setattr(self, key, value)
-        return self
-
-    def __sklearn_tags__(self):  # pragma: no cover - only used when scikit-learn >= 1.6 is installed
-        from sklearn.utils import ClassifierTags, Tags, TargetTags
-
-        return Tags(estimator_type="classifier", target_tags=TargetTags(required=True),
-                    classifier_tags=ClassifierTags(multi_class=True))
-
-    def __repr__(self) -> str:
-        defaults = {p.name: p.default for p in inspect.signature(type(self).__init__).parameters.values()
-                    if p.name != "self"}
-        changed = []
-        for k in self._get_param_names():
-            v = getattr(self, k)
-            d = defaults.get(k, inspect.Parameter.empty)
-            if v is None and d is None:
-                continue
-            try:
-                same = bool(v == d)
-            except Exception:
-                same = False
-            if not same:
-                changed.append(f"{k}={v!r}")
-        return f"GPClassifier({', '.join(changed)})"
-
     # ------------------------------------------------------------------ settings
-    def _seed(self) -> int | None:
-        check_choice(self.method, "method", ["cvi"])
-        return check_seed(self.random_state, "random_state")
-
-    def _hyperparameters(self) -> str:
-        """``hyperparameters`` and its older spelling ``learn_hyperparameters``, resolved (default: type-II)."""
-        learn = None if self.learn_hyperparameters is None else check_bool(self.learn_hyperparameters,
-                                                                            "learn_hyperparameters")
-        if self.hyperparameters is None:
-            return "fixed" if learn is False else "type2"
-        hp = check_choice(self.hyperparameters, "hyperparameters", ["type2", "fixed", "bayes"])
-        if learn is not None and learn != (hp != "fixed"):
-            raise ValueError(f"hyperparameters={hp!r} and learn_hyperparameters={learn} disagree; give one of them "
-                             f"(learn_hyperparameters=True means 'type2', False means 'fixed')")
-        return hp
+    def _progress_bar(self) -> bool:
+        """``verbose`` >= 1 (a bool counts as 0 or 1): the engines show their progress bars."""
+        if isinstance(self.verbose, (bool, np.bool_)):
+            return bool(self.verbose)
+        return check_nonnegative_int(self.verbose, "verbose") >= 1
 
     def _link(self, num_classes: int) -> str:
         lik = check_choice(self.likelihood, "likelihood", ["auto", *_BINARY_LINKS, *_MULTICLASS_LINKS])
@@ -312,7 +248,7 @@ class GPClassifier:
                    estimator=MonteCarlo(num_draws=self.num_draws) if estimator == "mc" else "quadrature",
                    quadrature=Quadrature(nq), single_site=SingleSite(batch_size=batch_size),
                    num_steps=self._num_steps(num_data, mode, batch_size), tol=self.tol, seed=seed,
-                   progress_bar=check_bool(self.progress_bar, "progress_bar"))
+                   progress_bar=self._progress_bar())
 
     def _multiclass_engine(self, num_data: int, num_classes: int, seed: int | None) -> MulticlassCVI:
         mode = check_choice(self.mode, "mode", ["full", "stochastic"])
@@ -324,7 +260,7 @@ class GPClassifier:
             quad = Quadrature(self.num_quadrature, base.rule, scale=base.scale, width=base.width)
         return MulticlassCVI(beta=self.beta, estimator=estimator, quadrature=quad, num_draws=self.num_draws,
                              num_steps=self._num_steps(num_data, mode, batch_size), tol=self.tol, seed=seed,
-                             progress_bar=check_bool(self.progress_bar, "progress_bar"), mode=mode,
+                             progress_bar=self._progress_bar(), mode=mode,
                              single_site=SingleSite(batch_size=batch_size))
 
     # ------------------------------------------------------------------ fitting
@@ -334,7 +270,7 @@ class GPClassifier:
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features)
-            numpy array, pandas DataFrame or torch tensor.
+            numpy array, pandas DataFrame or torch tensor (at least 2 rows).
         y : array-like of shape (n_samples,)
             Class labels of any sortable type (at least two classes).
         sample_weight : array-like of shape (n_samples,), optional
@@ -352,20 +288,33 @@ class GPClassifier:
         Raises
         ------
         ValueError
-            NaN/inf in ``X`` or ``y``, a single class in ``y``, real-valued (continuous) ``y``, mismatched lengths,
-            a binary link with more than two classes, a negative, non-finite or all-zero ``sample_weight`` (or one
-            with ``hyperparameters="bayes"``), bad settings.
+            Malformed ``X`` or ``y`` (scikit-learn's messages: NaN/inf, complex, 1-D or empty ``X``, mismatched
+            lengths, continuous ``y``), a single class in ``y``, a binary link with more than two classes, a
+            negative, all-zero or misshapen ``sample_weight`` (or one with ``hyperparameters="bayes"``), bad
+            settings.
         TypeError
-            Non-numeric or sparse ``X``, labels that cannot be sorted, settings of the wrong type.
+            Sparse ``X``, entries that are not numbers, labels of mixed types, settings of the wrong type.
         """
-        seed = self._seed()
-        hp = self._hyperparameters()
-        _precheck_X(X)
-        idx, classes = _class_labels(y, self._num_rows(X))
-        weights = check_sample_weight(sample_weight, int(idx.shape[0]))
-        link = self._link(len(classes))
-        names = feature_names_of(X)
+        seed = check_seed(self.random_state, "random_state")
+        hp = check_choice(self.hyperparameters, "hyperparameters", ["type2", "fixed", "bayes"])
         prior = check_prior_choice(self.prior)
+        if self.device is not None:
+            device = check_device(self.device)
+        else:
+            device = X.device if isinstance(X, torch.Tensor) else torch.device("cpu")
+        X, y = validate_data(self, _host(X), _host(y), dtype=np.float64, order="C", ensure_min_samples=2)
+        check_classification_targets(y)
+        if y.dtype.kind == "f" and np.abs(y).max() < 2.0 ** 53:
+            y = y.astype(np.int64)                          # integer-valued reals (as read from a CSV) are ints
+        classes, idx = np.unique(y, return_inverse=True)
+        if classes.shape[0] < 2:
+            label = classes[0].item() if isinstance(classes[0], np.generic) else classes[0]
+            raise ValueError(f"y holds one class only ({label!r}): a classifier needs at least two classes")
+        idx = idx.reshape(-1).astype(np.int64)
+        weights = None
+        if sample_weight is not None:
+            weights = _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True)
+        link = self._link(len(classes))
         if hp == "bayes" and weights is not None:
             raise ValueError("sample_weight is for hyperparameters='type2' or 'fixed': the fully Bayesian fit's "
                              "evidence (EP) has no weighted sites")
@@ -373,20 +322,23 @@ class GPClassifier:
             raise ValueError("prior=None (ML-II) is for hyperparameters='type2': with 'bayes' a flat prior on the "
                              "log-hyperparameters is improper; give prior='default', 'scaled' or a distribution")
         if hp == "bayes" and link not in _BINARY_LINKS and not (link == "softmax" and len(classes) <= 3):
-            # measured (benchmarks/results/multiclass_bayes_*.md): q(theta) on the multi-class CVI bound (what is
-            # left for robust-max and K > 3) takes about 3 min on iris / wine and predicts no better than MAP-II
+            # q(theta) on the multi-class CVI bound (what is left for robust-max and K > 3) predicted no better
+            # than MAP-II in benchmarks/results/multiclass_bayes_*.md, at far greater cost
             raise ValueError(f"hyperparameters='bayes' is for the binary links and the softmax with at most 3 "
                              f"classes (multi-class EP's evidence); the {link!r} likelihood with {len(classes)} "
                              f"classes takes 'type2' or 'fixed'. FullyBayesianCVI().run(GPMulticlass(X, y)) fits "
                              f"q(theta) on the multi-class CVI bound (minutes; biased towards small signal "
                              f"variances), and gpvi.NUTS on gpvi.models.whitened.WhitenedLatentGP(GPMulticlass(X, y)) "
                              f"samples (theta, f) exactly")
+        names = getattr(self, "feature_names_in_", None)
+        names = None if names is None else [str(n) for n in names]
+        Xt = torch.tensor(X, dtype=torch.float64, device=device)     # a copy: X may be a read-only view
         if link in _BINARY_LINKS:
-            model: Any = GPClassification(X, idx, kernel=self.kernel, likelihood=link, theta=self.theta,
-                                          feature_names=names, device=self.device, weights=weights)
+            model: Any = GPClassification(Xt, idx, kernel=self.kernel, likelihood=link, theta=self.theta,
+                                          feature_names=names, weights=weights)
         else:
-            model = GPMulticlass(X, classes[idx], kernel=self.kernel, likelihood=link, theta=self.theta,
-                                 feature_names=names, device=self.device, weights=weights)
+            model = GPMulticlass(Xt, classes[idx], kernel=self.kernel, likelihood=link, theta=self.theta,
+                                 feature_names=names, weights=weights)
         if hp == "bayes":
             return self._set_fitted(model, self._fully_bayesian(seed, prior).run(model), names, classes)
         if link in _BINARY_LINKS:
@@ -406,12 +358,7 @@ class GPClassifier:
         from .inference.cvi.bayes import FullyBayesianCVI
 
         return FullyBayesianCVI(prior=prior, num_draws=max(int(self.num_draws), 32), seed=0 if seed is None else seed,
-                                progress_bar=self.progress_bar)
-
-    @staticmethod
-    def _num_rows(X: Any) -> int | None:
-        shape = getattr(X, "shape", None)
-        return int(shape[0]) if shape is not None and len(shape) >= 1 else None
+                                progress_bar=self._progress_bar())
 
     def _set_fitted(self, model: Any, post: Any, names: Any = None, classes: Any = None) -> GPClassifier:
         """Set the fitted attributes from a model, its CVI posterior and the original labels (used by :meth:`fit`
@@ -438,17 +385,12 @@ class GPClassifier:
     def _multiclass(self) -> bool:
         return isinstance(self.model_, GPMulticlass)
 
-    def _check_fitted(self) -> None:
-        """scikit-learn's ``NotFittedError`` (a ValueError and AttributeError) before ``fit``."""
-        if not hasattr(self, "posterior_"):
-            raise _not_fitted_error()("this GPClassifier is not fitted yet; call fit(X, y) first")
-
-    def _check_X(self, X: Any) -> Any:
-        """Validated inputs for prediction: columns of a DataFrame must match those seen in ``fit``."""
-        self._check_fitted()
-        _check_feature_names(getattr(self, "feature_names_in_", None), feature_names_of(X))
-        _precheck_X(X, self.n_features_in_)
-        return check_X(X, "X", n_features=self.n_features_in_)
+    def _validated(self, X: Any) -> torch.Tensor:
+        """``X`` checked against the fit (scikit-learn's ``validate_data``: features, column names), as float64 on
+        the model's device."""
+        check_is_fitted(self)
+        X = validate_data(self, _host(X), dtype=np.float64, order="C", reset=False)
+        return torch.tensor(X, dtype=torch.float64, device=self.model_.X.device)
 
     # ------------------------------------------------------------------ prediction
     def predict_proba(self, X: Any) -> np.ndarray:
@@ -458,7 +400,7 @@ class GPClassifier:
         Raises ``ValueError`` for malformed ``X``, DataFrame columns other than those seen in ``fit``, or inputs so
         large that the kernel overflows float64 (e.g. ``X * 1e300``): never NaN probabilities without a word.
         """
-        Xt = self._check_X(X)
+        Xt = self._validated(X)
         if self._multiclass:
             return self.posterior_.predict_proba(Xt).cpu().numpy()
         p1 = self.posterior_.predict_proba(Xt).cpu().numpy()
@@ -476,6 +418,18 @@ class GPClassifier:
             return self.classes_[(proba[:, 1] > 0.5).astype(int)]
         return self.classes_[proba.argmax(axis=1)]
 
+    def decision_function(self, X: Any) -> np.ndarray:
+        r"""Scores that rank points as :meth:`predict_proba` does (scikit-learn's shapes).
+
+        Two classes: the log-odds :math:`\log p_* - \log(1 - p_*)` of ``classes_[1]``, shape ``(n,)`` (positive
+        where :meth:`predict` gives ``classes_[1]``). K >= 3 classes: :meth:`predict_log_proba`, shape ``(n, K)``
+        (its argmax is :meth:`predict`'s label). For the latent function itself see :meth:`predict_latent`.
+        """
+        logp = self.predict_log_proba(X)
+        if logp.shape[1] == 2:
+            return logp[:, 1] - logp[:, 0]
+        return logp
+
     def predict_latent(self, X: Any, return_std: bool = False) -> Any:
         r"""Posterior mean (and standard deviation) of the latent function(s) at ``X``: :math:`q(f_*)`.
 
@@ -492,41 +446,9 @@ class GPClassifier:
         std : numpy.ndarray of the same shape
             Only with ``return_std=True``.
         """
-        Xt = self._check_X(X)
+        Xt = self._validated(X)
         mean, var = self.posterior_.predict_latent(Xt)
         mean = mean.cpu().numpy()
         if not check_bool(return_std, "return_std"):
             return mean
         return mean, np.sqrt(np.clip(var.cpu().numpy(), 0.0, None))
-
-    def decision_function(self, X: Any) -> np.ndarray:
-        """Posterior mean of the latent function(s) at ``X`` (scikit-learn's shapes).
-
-        Binary link: shape ``(n,)``, positive favours ``classes_[1]``. Softmax / robust-max: shape ``(n, K)``, one
-        column per class; with K = 2, the difference of the two columns, shape ``(n,)``. See the class Notes on
-        how it ranks points compared with ``predict_proba``.
-        """
-        mean = self.predict_latent(X)
-        if mean.ndim == 2 and mean.shape[1] == 2:
-            return mean[:, 1] - mean[:, 0]
-        return mean
-
-    def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
-        """Mean accuracy on ``(X, y)`` (labels as at ``fit``), optionally weighted by ``sample_weight``."""
-        pred = self.predict(X)
-        yt = _label_array(y, "y")
-        if yt.shape[0] != pred.shape[0]:
-            raise ValueError(f"X has {pred.shape[0]} rows but y has {yt.shape[0]}")
-        try:
-            seen = np.isin(yt, self.classes_)
-        except TypeError:                                   # e.g. strings against numbers: nothing matches
-            seen = np.zeros(yt.shape[0], dtype=bool)
-        if not seen.all():
-            unknown = np.unique(yt[~seen]).tolist()
-            shown = ", ".join(map(repr, unknown[:6])) + (", ..." if len(unknown) > 6 else "")
-            raise ValueError(f"y holds labels [{shown}] not seen in fit (classes_ = {self.classes_.tolist()})")
-        correct = (pred == yt).astype(float)
-        if sample_weight is None:
-            return float(correct.mean())
-        w = check_sample_weight(sample_weight, correct.shape[0]).cpu().numpy()
-        return float((w * correct).sum() / w.sum())
