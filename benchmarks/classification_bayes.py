@@ -6,8 +6,8 @@ log-hyperparameters):
 * **type-II**: ``gpvi.sklearn.GPClassifier()`` with its defaults (MAP-II on the CVI bound, the same prior);
 * **fully Bayesian**: :class:`gpvi.inference.cvi.bayes.FullyBayesianCVI` with its defaults (MAP-II, the EP MAP
   point, Laplace scale, Salimans-Knowles Hessian-free with max(200, 4 D) steps of 4 draws on
-  :class:`gpvi.models.ep_evidence.EPEvidenceTarget`, 32 predictive draws with CVI latent posteriors; until
-  2026-11-24 the target was :class:`gpvi.models.cvi_bound.CVIBoundTarget`, compared in
+  :class:`gpvi.inference.cvi.ep_evidence.EPEvidenceTarget`, 32 predictive draws with CVI latent posteriors; until
+  2026-11-24 the target was :class:`gpvi.inference.cvi.bound.CVIBoundTarget`, compared in
   ``classification_nuts_ref.md``);
 * **fully Bayesian, DSVI** (``--dsvi-baseline``, on by default): the same with the engine used before 2026-11-24,
   ``DSVI(scale="full", optimizer=Natural(), num_draws=4, convergence=Convergence(gap_tol=0.05),

@@ -33,8 +33,8 @@ from benchmarks.classification_bayes import DATASETS, subsample
 from benchmarks.classification_nuts_ref import NAME as REF_NAME, load_results
 import gpvi
 from gpvi.inference.cvi.engine import CVI
-from gpvi.models.cvi_bound import CVIBoundTarget
-from gpvi.models.ep_evidence import EPEvidenceTarget
+from gpvi.inference.cvi.bound import CVIBoundTarget
+from gpvi.inference.cvi.ep_evidence import EPEvidenceTarget
 from gpvi.models.whitened import WhitenedLatentGP
 
 NAME = "classification_evidence"

@@ -10,7 +10,7 @@ with K <= 3 (``FullyBayesianCVI(evidence="auto")`` uses the bound there).
 * **MAP-II**: ``MulticlassTypeII(MulticlassCVI())`` defaults.
 * **Fully Bayesian on the bound** (``--evidence`` includes ``cvi``): ``FullyBayesianCVI(evidence="cvi")`` (the
   default for multi-class models before 2026-11-25): MAP-II, a Laplace start and S&K's Hessian-free Gaussian
-  q(theta) on the profiled multi-class CVI bound (:class:`gpvi.models.multiclass_bound.MulticlassBoundTarget`),
+  q(theta) on the profiled multi-class CVI bound (:class:`gpvi.inference.cvi.multiclass_bound.MulticlassBoundTarget`),
   32 draws of theta in the predictive mixture.
 * **Fully Bayesian on EP** (``--evidence`` includes ``ep``): ``FullyBayesianCVI(evidence="ep")``, what
   ``FullyBayesianCVI()`` runs on a 3-class softmax model since 2026-11-25: the same with multi-class EP's

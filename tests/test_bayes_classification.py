@@ -12,7 +12,7 @@ import torch
 import gpvi
 from gpvi.inference.cvi import CVI, TypeII, theta_objective
 from gpvi.inference.dsvi import DSVI, Convergence, Natural
-from gpvi.models.cvi_bound import CVIBoundTarget
+from gpvi.inference.cvi.bound import CVIBoundTarget
 from gpvi.models.priors import default_prior, prior_log_prob
 from gpvi.models.whitened import WhitenedLatentGP
 from gpvi.inference.cvi.bayes import FullyBayesianCVI

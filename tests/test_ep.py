@@ -12,8 +12,8 @@ import torch
 
 import gpvi
 from gpvi.numerics.ep import expectation_propagation
-from gpvi.models.cvi_bound import CVIBoundTarget
-from gpvi.models.ep_evidence import EPEvidenceTarget
+from gpvi.inference.cvi.bound import CVIBoundTarget
+from gpvi.inference.cvi.ep_evidence import EPEvidenceTarget
 from gpvi.models.likelihoods import BernoulliLogit, Gaussian
 
 F64 = torch.float64

@@ -10,7 +10,7 @@ from gpvi.inference.cvi.multiclass import MulticlassCVI
 from gpvi.inference.cvi.multiclass_typeii import MulticlassTypeII
 from gpvi.inference.sk import SKGaussian
 from gpvi.models.multiclass import GPMulticlass
-from gpvi.models.multiclass_bound import MulticlassBoundTarget
+from gpvi.inference.cvi.multiclass_bound import MulticlassBoundTarget
 
 F64 = torch.float64
 
@@ -87,7 +87,7 @@ def test_fully_bayesian_multiclass_on_ep_evidence_starts_at_the_ep_map_point(map
     (a stationary point of log Z_EP + log prior, not below the CVI MAP-II point there); seeded; EP warm-started from
     the anchor's sites gives the same value as EP from the prior's sites."""
     from gpvi.numerics.ep_multiclass import multiclass_ep
-    from gpvi.models.ep_evidence import EPEvidenceTarget
+    from gpvi.inference.cvi.ep_evidence import EPEvidenceTarget
 
     model, post = map_fit
 

@@ -18,11 +18,11 @@ default) or DSVI (Titsias & Lázaro-Gredilla 2014) -- maximising
 where :math:`\ell(\theta)` stands in for :math:`\log p(\mathbf y\mid\theta)`:
 
 * ``evidence="ep"`` (the default): EP's approximate evidence :math:`\log Z_{EP}(\theta)`
-  (:class:`gpvi.models.ep_evidence.EPEvidenceTarget`). :math:`\mathcal F` then approximates the ELBO of
+  (:class:`gpvi.inference.cvi.ep_evidence.EPEvidenceTarget`). :math:`\mathcal F` then approximates the ELBO of
   :math:`q(\theta)` against the exact :math:`p(\theta\mid\mathbf y)` (it is that ELBO where :math:`\log Z_{EP} =
   \log p(\mathbf y\mid\theta)`); it is not a bound.
 * ``evidence="cvi"``: the profiled CVI bound :math:`\mathcal L_{CVI}(\theta) \le \log p(\mathbf y\mid\theta)`
-  (:class:`gpvi.models.cvi_bound.CVIBoundTarget`). :math:`\mathcal F \le \log p(\mathbf y)` is then the ELBO of
+  (:class:`gpvi.inference.cvi.bound.CVIBoundTarget`). :math:`\mathcal F \le \log p(\mathbf y)` is then the ELBO of
   the structured family :math:`q(\theta)\,q^*(\mathbf f\mid\theta)`, and :math:`q(\theta)` approximates the
   posterior of :math:`\theta` *under the CVI bound*, pulled towards small signal variances where the likelihood
   saturates (the bound's gap grows with the signal variance: ``benchmarks/classification_evidence.md``).
@@ -48,7 +48,7 @@ The predictive (:class:`BayesClassificationPosterior`) is the equal-weight mixtu
 each inner expectation by quadrature (closed form for probit), and the latent predictive
 :math:`q(f_*) \approx \frac1S\sum_s \mathcal N(m_{*s}, v_{*s})` reported by its mean and variance. Multi-class
 (:class:`gpvi.models.multiclass.GPMulticlass`; q(theta) on multi-class EP for the softmax with K <= 3, else on the
-profiled multi-class bound :class:`gpvi.models.multiclass_bound.MulticlassBoundTarget`): the same mixture of the
+profiled multi-class bound :class:`gpvi.inference.cvi.multiclass_bound.MulticlassBoundTarget`): the same mixture of the
 K-column class probabilities :math:`\mathbb E_{q^*(\mathbf f_*\mid\theta_s)}[p(y_* = k\mid\mathbf f_*)]`, and per-class latent moments.
 
 Names: ``theta`` (kernel log-hyperparameters), ``q`` (the Gaussian posterior of theta), ``draws`` (:math:`\theta_s`).
@@ -76,7 +76,7 @@ class BayesClassificationPosterior:
     ----------
     q : GaussianPosterior
         The posterior of the kernel log-hyperparameters (e.g. S&K's or DSVI's on an
-        :class:`~gpvi.models.ep_evidence.EPEvidenceTarget` or a :class:`~gpvi.models.cvi_bound.CVIBoundTarget`).
+        :class:`~gpvi.inference.cvi.ep_evidence.EPEvidenceTarget` or a :class:`~gpvi.inference.cvi.bound.CVIBoundTarget`).
     target : EPEvidenceTarget or CVIBoundTarget
         Gives the model and the converged CVI latent posterior at each draw (``latent_posterior``).
     num_draws : int

@@ -121,12 +121,6 @@ class LatentPosterior(SitePosterior):
 
         return Quadrature()
 
-    @staticmethod
-    def _engine_state_class() -> Any:
-        from ..inference.cvi.state import CVIState
-
-        return CVIState
-
     @classmethod
     def _refactor(cls, model: Any, theta: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor]:

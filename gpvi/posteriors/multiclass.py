@@ -62,12 +62,6 @@ class MulticlassPosterior(SitePosterior):
         N, C = shape
         return [f"f[{n},{k}]" for n in range(N) for k in range(C)]
 
-    @staticmethod
-    def _engine_state_class() -> Any:
-        from ..inference.cvi.multiclass_sites import MulticlassCVIState
-
-        return MulticlassCVIState
-
     @classmethod
     def _refactor(cls, model: Any, theta: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,7 +9,7 @@ sites :math:`\tilde\lambda^{(1)}, \tilde\lambda^{(2)} < 0` (Khan & Lin 2017, aft
 pseudo-noise :math:`s = -1/(2\tilde\lambda^{(2)})`.
 
 A subclass sets ``kind``, :meth:`_latent_names`, :meth:`_refactor` (the factors of :math:`K + S` and
-:math:`\boldsymbol\alpha` from the sites, for :meth:`from_state_dict`), :meth:`_engine_state_class`, :meth:`_title`
+:math:`\boldsymbol\alpha` from the sites, for :meth:`from_state_dict`), :meth:`_title`
 and its own ``sample`` and predictions.
 """
 
@@ -73,11 +73,6 @@ class SitePosterior(Posterior):
     @staticmethod
     def _default_quadrature() -> Any:
         return None
-
-    @staticmethod
-    def _engine_state_class() -> Any:
-        """The engine state class an ``engine_state`` dict is read back into."""
-        raise NotImplementedError
 
     @classmethod
     def _refactor(cls, model: Any, theta: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor
@@ -185,11 +180,11 @@ class SitePosterior(Posterior):
         q = state.get("quadrature") or (common.get("info") or {}).get("quadrature")
         quad = Quadrature(int(q["num_points"]), str(q["rule"]), scale=float(q["scale"]), width=float(q["width"])) \
             if isinstance(q, dict) else None
-        es = common.get("engine_state")
+        es = common.get("engine_state")             # a dict, as for every posterior: engine.resume reads it
         return cls(model, lam1, lam2, theta, torch.as_tensor(state["m"]).to(dev), torch.as_tensor(state["var"]).to(dev),
                    L=L, alpha=alpha, elbo=state.get("elbo", math.nan), converged=state.get("converged", False),
                    trace=state.get("trace"), info=common.get("info"),
-                   engine_state=cls._engine_state_class().from_state_dict(es) if isinstance(es, dict) else es,
+                   engine_state=es,
                    quadrature=quad)
 
     def _with_info(self, extra: dict[str, Any], *, converged: bool | None = None) -> SitePosterior:

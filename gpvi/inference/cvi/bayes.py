@@ -2,11 +2,11 @@ r"""Fully Bayesian GP classification: a Gaussian q over the kernel log-hyperpara
 
 :class:`FullyBayesianCVI` runs MAP-II (:class:`~gpvi.inference.cvi.typeii.TypeII`), a Laplace start, and a Gaussian
 variational engine (Salimans-Knowles Hessian-free by default, or DSVI) on EP's approximate evidence
-(:class:`gpvi.models.ep_evidence.EPEvidenceTarget`, the default where EP applies) or on the profiled CVI bound
-(:class:`gpvi.models.cvi_bound.CVIBoundTarget`); for a multi-class model
+(:class:`gpvi.inference.cvi.ep_evidence.EPEvidenceTarget`, the default where EP applies) or on the profiled CVI bound
+(:class:`gpvi.inference.cvi.bound.CVIBoundTarget`); for a multi-class model
 (:class:`gpvi.models.multiclass.GPMulticlass`, after
 :class:`~gpvi.inference.cvi.multiclass_typeii.MulticlassTypeII`) on multi-class EP (softmax, K <= 3, the default)
-or the profiled multi-class bound (:class:`gpvi.models.multiclass_bound.MulticlassBoundTarget`). It returns a
+or the profiled multi-class bound (:class:`gpvi.inference.cvi.multiclass_bound.MulticlassBoundTarget`). It returns a
 :class:`gpvi.posteriors.bayes_classification.BayesClassificationPosterior` (see that module for the bound that is
 maximised, what :math:`q(\theta)` approximates, and the predictive).
 """
@@ -25,6 +25,19 @@ from ...models.priors import check_prior_choice
 from ...posteriors.bayes_classification import BayesClassificationPosterior
 from ...rng import check_seed
 from ...validation import check_bool, check_choice, check_positive_int
+from .engine import CVI
+from .multiclass import MulticlassCVI
+from ..sk import SKGaussian
+from .multiclass_typeii import MulticlassTypeII
+from .typeii import TypeII
+from .bound import CVIBoundTarget
+from .ep_evidence import multiclass_ep_applies
+from .multiclass_bound import MulticlassBoundTarget
+from ..dsvi import DSVI, Convergence, Natural
+from ..init import init_to_value, laplace_scale_at
+from .bound import refuse_weights
+from ..lbfgs import lbfgs_maximise
+from .ep_evidence import EPEvidenceTarget
 
 __all__ = ["FullyBayesianCVI"]
 
@@ -74,16 +87,16 @@ class FullyBayesianCVI:
         (default): ``"ep"`` wherever EP applies -- binary models (since 2026-11-24) and multi-class softmax models
         with at most 3 classes (since 2026-11-25; on the CVI bound before) -- and ``"cvi"`` otherwise
         (robust-max, K > 3). ``"ep"``: EP's approximation :math:`\log Z_{EP}(\theta)`
-        (:class:`~gpvi.models.ep_evidence.EPEvidenceTarget`); the run then moves from the CVI MAP-II point to the
+        (:class:`~gpvi.inference.cvi.ep_evidence.EPEvidenceTarget`); the run then moves from the CVI MAP-II point to the
         maximiser of :math:`\log Z_{EP} + \log p(\theta)` (L-BFGS-B) and takes the Laplace scale there.
-        ``"cvi"``: the profiled CVI bound (:class:`~gpvi.models.cvi_bound.CVIBoundTarget`; the only choice before),
+        ``"cvi"``: the profiled CVI bound (:class:`~gpvi.inference.cvi.bound.CVIBoundTarget`; the only choice before),
         a lower bound whose gap grows with the signal variance, so its :math:`q(\theta)` sits at too small signal
         variances where the likelihood saturates (measured against long NUTS runs in
         ``benchmarks/classification_nuts_ref.md``: on Ionosphere 1.5 posterior sds too low). Either way the latent
         posterior at each draw is CVI's :math:`q^*(\mathbf f\mid\theta)`. Multi-class: ``"ep"`` (softmax,
         K <= 3, else ``ValueError``) is multi-class EP with a full K x K site per point
         (:func:`gpvi.numerics.ep_multiclass.multiclass_ep`, Anderson-accelerated); ``"cvi"`` the profiled bound
-        of the class-factorised family (:class:`~gpvi.models.multiclass_bound.MulticlassBoundTarget`), with the
+        of the class-factorised family (:class:`~gpvi.inference.cvi.multiclass_bound.MulticlassBoundTarget`), with the
         same caveat. Measured against NUTS over :math:`(\theta, V)` on iris and wine
         (``benchmarks/results/multiclass_bayes_iris.md``, ``..._wine.md``): on EP, every q(theta) mean within
         0.18 / 0.14 NUTS sd, test probabilities 0.0034 / 0.0097 from NUTS's (MAP-II: 0.0050 / 0.0100), test log
@@ -115,10 +128,6 @@ class FullyBayesianCVI:
 
     def __init__(self, engine: Any = None, *, prior: Any = "default", cvi: Any = None, inner_tol: float = 1e-9,
                  num_draws: int = 32, evidence: str = "auto", seed: int = 0, progress_bar: bool = False) -> None:
-        from .engine import CVI
-        from .multiclass import MulticlassCVI
-        from ..dsvi import DSVI
-        from ..sk import SKGaussian
 
         self.seed = check_seed(seed)
         self.progress_bar = check_bool(progress_bar, "progress_bar")
@@ -146,13 +155,6 @@ class FullyBayesianCVI:
     def _setup(self, model: Any) -> tuple[Any, str, Any, Any]:
         """``(cvi engine, evidence, MAP-II loop class, bound target class)`` for ``model`` (binary or multi-class);
         ``TypeError`` / ``ValueError`` where the settings do not fit the model."""
-        from .engine import CVI
-        from .multiclass import MulticlassCVI
-        from .multiclass_typeii import MulticlassTypeII
-        from .typeii import TypeII
-        from ...models.cvi_bound import CVIBoundTarget
-        from ...models.ep_evidence import multiclass_ep_applies
-        from ...models.multiclass_bound import MulticlassBoundTarget
 
         if getattr(getattr(model, "likelihood", None), "multiclass", False):
             if self.cvi is not None and not isinstance(self.cvi, MulticlassCVI):
@@ -172,7 +174,6 @@ class FullyBayesianCVI:
 
     def default_engine(self, dim: int) -> Any:
         """The default engine for D = ``dim`` log-hyperparameters (see the class docstring)."""
-        from ..sk import SKGaussian
 
         return SKGaussian(num_steps=max(200, 4 * int(dim)), method="gradient", num_draws=4, num_elbo_draws=100,
                           seed=self.seed, progress_bar=self.progress_bar)
@@ -180,7 +181,6 @@ class FullyBayesianCVI:
     def fallback_engine(self) -> Any:
         """DSVI-Natural with its convergence rule (the default before 2026-11-24): run when the default S&K run
         fails with :class:`~gpvi.exceptions.NumericalFaultError` (``info["engine_fallback"]`` says why)."""
-        from ..dsvi import DSVI, Convergence, Natural
 
         return DSVI(scale="full", optimizer=Natural(), num_draws=4, convergence=Convergence(gap_tol=0.05),
                     num_elbo_draws=100, seed=self.seed, progress_bar=self.progress_bar)
@@ -209,9 +209,7 @@ class FullyBayesianCVI:
             :meth:`fallback_engine`), ``q_steps``, ``q_converged`` and the target's counters
             (``evaluations``, ``inner_steps``, ``failures``).
         """
-        from ..init import init_to_value, laplace_scale_at
 
-        from ...models.cvi_bound import refuse_weights
 
         refuse_weights(model, "FullyBayesianCVI")
         cvi, evidence, loop, bound_target = self._setup(model)
@@ -263,8 +261,6 @@ class FullyBayesianCVI:
     def _ep_start(self, bound: Any, theta_map: torch.Tensor) -> tuple[Any, torch.Tensor, dict[str, Any]]:
         """The EP target, its MAP point (L-BFGS-B from the CVI MAP-II point; the start of the engine) and what the
         search recorded."""
-        from ..lbfgs import lbfgs_maximise
-        from ...models.ep_evidence import EPEvidenceTarget
 
         target = EPEvidenceTarget(bound)
         t0 = time.perf_counter()

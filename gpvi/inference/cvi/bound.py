@@ -66,14 +66,20 @@ from typing import Any
 
 import torch
 
-from ..exceptions import NotPSDError
-from ..inference.cvi import sites
-from ..inference.cvi.sites import MIN_SITE_PRECISION
-from ..linalg import logdet_from_cholesky
-from ..validation import check_bool, check_positive, check_positive_int, check_theta
-from .scaled_rbf import scaled_rbf_covariance
-from .likelihoods import expected_log_lik, mean_parameter_gradients
-from .priors import prior_log_prob, resolve_prior
+from ...exceptions import NotPSDError
+from . import sites
+from .sites import MIN_SITE_PRECISION
+from ...linalg import logdet_from_cholesky
+from ...validation import check_bool, check_positive, check_positive_int, check_theta
+from ...models.scaled_rbf import scaled_rbf_covariance
+from ...models.likelihoods import expected_log_lik, mean_parameter_gradients
+from ...models.priors import prior_log_prob, resolve_prior
+from .state import COUNTERS
+from .engine import CVI
+from ...models.classification import LatentGP
+from .typeii import converge_sites
+from .sites import SiteFault
+from .typeii import theta_objective
 
 __all__ = ["CVIBoundTarget"]
 
@@ -104,7 +110,7 @@ class _EnvelopeBound(torch.autograd.Function):
 
 class AnchoredBoundTarget:
     """What the profiled bounds over theta share (:class:`CVIBoundTarget`, and
-    :class:`gpvi.models.multiclass_bound.MulticlassBoundTarget`): the prior, the anchor sites every evaluation
+    :class:`gpvi.inference.cvi.multiclass_bound.MulticlassBoundTarget`): the prior, the anchor sites every evaluation
     warm-starts from, the checks of theta and the target protocol (``log_joint`` with the envelope gradient of
     ``bound_and_grad``). A subclass sets ``cvi`` and gives ``_converge_sites`` (the monotone inner run),
     ``_site_shape`` and ``bound_and_grad``."""
@@ -113,7 +119,6 @@ class AnchoredBoundTarget:
     cvi: Any
 
     def _init_anchor(self, model: Any, prior: Any, anchor: Any, inner_tol: float, inner_num_steps: int) -> None:
-        from ..inference.cvi.state import COUNTERS
 
         self.prior = resolve_prior(prior, model)
         self.inner_tol = check_positive(inner_tol, "inner_tol")
@@ -297,8 +302,6 @@ class CVIBoundTarget(AnchoredBoundTarget):
 
     def __init__(self, model: Any, prior: Any = "default", *, cvi: Any = None, anchor: Any = None,
                  inner_tol: float = 1e-12, inner_num_steps: int = 500, batched: bool = True) -> None:
-        from ..inference.cvi.engine import CVI
-        from .classification import LatentGP
 
         if not isinstance(model, LatentGP):
             raise TypeError(f"model must be a gpvi GPClassification / LatentGP; got {type(model).__name__}")
@@ -314,7 +317,6 @@ class CVIBoundTarget(AnchoredBoundTarget):
         return (self.model.num_data,)
 
     def _converge_sites(self, theta: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor) -> Any:
-        from ..inference.cvi.typeii import converge_sites
 
         return converge_sites(self.cvi, self.model, theta, lam1, lam2, self.counters, tol=self.inner_tol,
                               max_steps=self.inner_num_steps)
@@ -351,8 +353,6 @@ class CVIBoundTarget(AnchoredBoundTarget):
 
     def _one(self, theta: torch.Tensor) -> tuple[float, torch.Tensor]:
         """One row by the sequential path; ``(-inf, 0)`` where it fails."""
-        from ..inference.cvi.sites import SiteFault
-        from ..inference.cvi.typeii import theta_objective
 
         _, lam1, lam2 = self.anchor
         try:

@@ -1,6 +1,6 @@
 r"""The multi-class CVI bound as a function of the shared kernel hyperparameters: a target for a Gaussian q(theta).
 
-The multi-class counterpart of :class:`gpvi.models.cvi_bound.CVIBoundTarget` (whose module docstring holds the
+The multi-class counterpart of :class:`gpvi.inference.cvi.bound.CVIBoundTarget` (whose module docstring holds the
 argument). For K latent GPs sharing :math:`K_\theta` (:class:`gpvi.models.multiclass.GPMulticlass`) the profiled
 bound of the class-factorised family (:mod:`gpvi.inference.cvi.multiclass_sites`),
 
@@ -17,7 +17,7 @@ A Gaussian engine on it maximises the ELBO of :math:`q(\theta)\,q^*(F\mid\theta)
 gap (the Gaussian, class-factorised :math:`q` against the exact latent posterior) grows where the likelihood
 saturates, as in the binary case. NUTS over :math:`(\theta, V)` (:class:`gpvi.models.whitened.WhitenedLatentGP`)
 is the reference without it; multi-class EP (:func:`gpvi.numerics.ep_multiclass.multiclass_ep`, softmax,
-K <= 3, through :class:`gpvi.models.ep_evidence.EPEvidenceTarget`) is the alternative evidence.
+K <= 3, through :class:`gpvi.inference.cvi.ep_evidence.EPEvidenceTarget`) is the alternative evidence.
 
 Each evaluation runs ELBO-monotone full-batch multi-class CVI
 (:func:`gpvi.inference.cvi.multiclass_typeii.converge_sites`) at :math:`\theta` from the sites of a fixed
@@ -35,10 +35,15 @@ from typing import Any
 
 import torch
 
-from ..exceptions import NotPSDError
-from ..validation import check_nonnegative_int
-from .cvi_bound import AnchoredBoundTarget, refuse_weights
-from .multiclass import GPMulticlass
+from ...exceptions import NotPSDError
+from ...validation import check_nonnegative_int
+from .bound import AnchoredBoundTarget, refuse_weights
+from ...models.multiclass import GPMulticlass
+from .multiclass import MulticlassCVI
+from .multiclass_typeii import MulticlassTypeII
+from .multiclass_typeii import converge_sites
+from .multiclass_typeii import profiled_objective
+from .sites import SiteFault
 
 __all__ = ["MulticlassBoundTarget"]
 
@@ -99,8 +104,6 @@ class MulticlassBoundTarget(AnchoredBoundTarget):
     def __init__(self, model: GPMulticlass, prior: Any = "default", *, cvi: Any = None, anchor: Any = None,
                  inner_tol: float = 1e-12, inner_num_steps: int = 500, inner_quadrature: Any = "auto",
                  anderson: int = 5) -> None:
-        from ..inference.cvi.multiclass import MulticlassCVI
-        from ..inference.cvi.multiclass_typeii import MulticlassTypeII
 
         if not isinstance(model, GPMulticlass):
             raise TypeError(f"model must be a gpvi GPMulticlass; got {type(model).__name__}")
@@ -118,14 +121,11 @@ class MulticlassBoundTarget(AnchoredBoundTarget):
         return (self.model.num_data, self.model.num_classes)
 
     def _converge_sites(self, theta: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor) -> Any:
-        from ..inference.cvi.multiclass_typeii import converge_sites
 
         return converge_sites(self.cvi, self.model, theta, lam1, lam2, self.counters, tol=self.inner_tol,
                               max_steps=self.inner_num_steps, anderson=self.anderson)
 
     def _one(self, theta: torch.Tensor) -> tuple[float, torch.Tensor]:
-        from ..inference.cvi.multiclass_typeii import profiled_objective
-        from ..inference.cvi.sites import SiteFault
 
         _, lam1, lam2 = self.anchor
         try:

@@ -1,6 +1,6 @@
 r"""EP's approximate evidence as a function of the kernel hyperparameters: a target for a Gaussian :math:`q(\theta)`.
 
-The profiled CVI bound of :class:`gpvi.models.cvi_bound.CVIBoundTarget` is a *lower* bound on
+The profiled CVI bound of :class:`gpvi.inference.cvi.bound.CVIBoundTarget` is a *lower* bound on
 :math:`\log p(\mathbf y\mid\theta)` whose gap grows with the signal variance: where the likelihood saturates, the
 posterior of :math:`\mathbf f` is skewed and the best Gaussian misses ever more of its mass. A :math:`q(\theta)`
 fitted on that bound is therefore pulled towards small signal variances. Measured on the Ionosphere subsample of
@@ -28,9 +28,9 @@ differentiable once, as for the CVI bound. Every evaluation runs EP from the pri
 ``log_joint`` is a deterministic function of :math:`\theta` and seeded runs repeat bit for bit.
 
 **The latent posterior** at a :math:`\theta` (for predictions) stays CVI's :math:`q^*(\mathbf f\mid\theta)`,
-from the wrapped :class:`~gpvi.models.cvi_bound.CVIBoundTarget`: EP only weighs the hyperparameters.
+from the wrapped :class:`~gpvi.inference.cvi.bound.CVIBoundTarget`: EP only weighs the hyperparameters.
 
-**Multi-class** (a wrapped :class:`~gpvi.models.multiclass_bound.MulticlassBoundTarget`, softmax, K <= 3): EP with a
+**Multi-class** (a wrapped :class:`~gpvi.inference.cvi.multiclass_bound.MulticlassBoundTarget`, softmax, K <= 3): EP with a
 full :math:`K\times K` site per data point (:func:`gpvi.numerics.ep_multiclass.multiclass_ep`), with the bound's
 softmax rule for the tilted moments. Every evaluation starts EP from the sites EP converged to at the bound's anchor
 (computed once): a fixed warm start, so ``log_joint`` is still a deterministic function of :math:`\theta`.
@@ -41,12 +41,16 @@ Names: ``theta`` (kernel log-hyperparameters), ``bound`` (the wrapped CVI-bound 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
-from ..validation import check_positive, check_positive_int
-from .cvi_bound import AnchoredBoundTarget, envelope_log_joint
+from ...validation import check_positive, check_positive_int
+from .bound import AnchoredBoundTarget, envelope_log_joint
+from ...models.multiclass import Softmax
+from ...numerics.ep import expectation_propagation
+from ...numerics.ep_multiclass import multiclass_ep
 
 __all__ = ["EPEvidenceTarget", "multiclass_ep_applies"]
 
@@ -54,7 +58,6 @@ __all__ = ["EPEvidenceTarget", "multiclass_ep_applies"]
 def multiclass_ep_applies(model: Any) -> bool:
     """Whether multi-class EP's evidence is available for ``model``: the softmax likelihood with at most 3 classes
     (the tilted moments are a (K-1)-dimensional quadrature)."""
-    from .multiclass import Softmax
 
     return isinstance(model.likelihood, Softmax) and model.num_classes <= 3
 
@@ -88,7 +91,7 @@ class EPEvidenceTarget:
     Examples
     --------
     >>> import torch, gpvi
-    >>> from gpvi.models.cvi_bound import CVIBoundTarget
+    >>> from gpvi.inference.cvi.bound import CVIBoundTarget
     >>> X = torch.linspace(-1, 1, 12, dtype=torch.float64)[:, None]
     >>> target = EPEvidenceTarget(CVIBoundTarget(gpvi.GPClassification(X, (X[:, 0] > 0).double())))
     >>> theta = torch.zeros(3, 2, dtype=torch.float64)
@@ -142,7 +145,6 @@ class EPEvidenceTarget:
 
     def _run(self, K: torch.Tensor) -> Any:
         """EP on the batched kernel matrices ``K`` ``(S, N, N)``, counted."""
-        from ..numerics.ep import expectation_propagation
 
         if self.multiclass:
             res = self._run_multiclass(K)
@@ -157,7 +159,6 @@ class EPEvidenceTarget:
         return res
 
     def _ep_multiclass(self, K: torch.Tensor, sites: tuple[torch.Tensor, torch.Tensor] | None) -> Any:
-        from ..numerics.ep_multiclass import multiclass_ep
 
         pi, nu = sites if sites is not None else (None, None)
         return multiclass_ep(K, self.model.y, self.model.num_classes, quadrature=self.bound.cvi.quadrature,
@@ -178,7 +179,6 @@ class EPEvidenceTarget:
     def _run_multiclass(self, K: torch.Tensor) -> Any:
         """:func:`~gpvi.numerics.ep_multiclass.multiclass_ep` row by row from :meth:`warm_sites`; the fields the
         binary :class:`~gpvi.numerics.ep.EPResult` has for the evidence and its gradient, plus ``rows``."""
-        from types import SimpleNamespace
 
         warm = self.warm_sites()
         rows = [self._ep_multiclass(K[i], warm) for i in range(K.shape[0])]
@@ -192,7 +192,7 @@ class EPEvidenceTarget:
     def bound_and_grad(self, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         r""":math:`\log Z_{EP}` (without the prior) and its gradient at the rows of ``theta``: ``(S, D) -> ((S,),
         (S, D))``; a row that fails (or holds a non-finite theta) gets ``-inf`` and a zero gradient. (The name is
-        the protocol of the autograd function shared with :class:`~gpvi.models.cvi_bound.CVIBoundTarget`; EP's
+        the protocol of the autograd function shared with :class:`~gpvi.inference.cvi.bound.CVIBoundTarget`; EP's
         evidence is not a bound.)"""
         th = theta.detach().to(torch.float64)
         vals = torch.full(th.shape[:-1], -math.inf, dtype=torch.float64, device=th.device)
