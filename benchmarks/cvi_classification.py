@@ -4,7 +4,7 @@ scikit-learn's Laplace classifier — test error, log-loss, ELBO, and wall time 
 Protocol (logit link throughout):
 
 1. Hyperparameters. For each data set, theta* = the kernel log-hyperparameters (ScaleKernel(RBF, ARD)) learned by
-   ``gpvi.GPClassifier(learn_hyperparameters=True)`` (type-II maximisation of the ELBO, full-batch CVI) on the
+   ``gpvi.GPClassifier()`` (type-II maximisation of the ELBO, full-batch CVI) on the
    training set. **Every method in the ELBO/time comparison uses this same fixed theta***, so their ELBOs are the
    same objective and comparable.
 2. Variational methods at theta*: CVI full-batch (beta = 0.5, quadrature, the paper's Algorithm 1, no tuning),

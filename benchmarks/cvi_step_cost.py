@@ -30,7 +30,7 @@ import torch
 
 from benchmarks._common import header, median_time, write
 from gpvi.inference.cvi import CVI, SingleSite
-from gpvi.inference.cvi.sites import pseudo_data, site_factor
+from gpvi.numerics.sites import pseudo_data, site_factor
 from gpvi.models.classification import GPClassification
 
 

@@ -140,7 +140,7 @@ def _names(model: Any) -> list[str] | None:
 
 def _classifier_from(spec: dict[str, Any]) -> Any:
     from .models.classification import GPClassification
-    from .models.quadrature import Quadrature
+    from .numerics.quadrature import Quadrature
     from .models.multiclass import GPMulticlass
     from .posteriors.latent import LatentPosterior
     from .posteriors.multiclass import MulticlassPosterior

@@ -38,7 +38,7 @@ from .inference.cvi.typeii import TypeII
 from .models.classification import GPClassification
 from .models.multiclass import GPMulticlass, default_quadrature
 from .models.priors import check_prior_choice
-from .models.quadrature import Quadrature
+from .numerics.quadrature import Quadrature
 from .rng import check_seed
 from .validation import check_bool, check_choice, check_device, check_nonnegative_int, check_positive_int
 

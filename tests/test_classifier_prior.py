@@ -11,7 +11,7 @@ import gpvi
 from gpvi.inference.cvi import CVI, MulticlassCVI, MulticlassTypeII, TypeII
 from gpvi.models.multiclass import GPMulticlass
 from gpvi.models.priors import check_prior_choice, default_prior, resolve_prior, scaled_prior
-from gpvi.models.quadrature import Quadrature
+from gpvi.numerics.quadrature import Quadrature
 from gpvi.sklearn import GPClassifier
 from conftest import iris_rows
 

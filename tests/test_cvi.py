@@ -424,7 +424,7 @@ def test_nonfinite_site_estimates_are_skipped_with_a_warning():
 
 
 def test_a_failing_factorisation_mid_run_is_rolled_back_and_survived(monkeypatch):
-    import gpvi.inference.cvi.sites as cvi_mod
+    import gpvi.numerics.sites as cvi_mod
 
     X, y = clf_data(40, seed=10)
     model = GPClassification(X, y)

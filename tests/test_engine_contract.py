@@ -17,7 +17,7 @@ import torch
 
 import gpvi
 from gpvi.exceptions import InterruptedRunWarning, NumericalFaultError, NumericalWarning
-from gpvi.inference.budget import MemoryBudget
+from gpvi.numerics.budget import MemoryBudget
 from gpvi.inference.dsvi import SGD
 from gpvi.inference.engine import FaultPolicy
 

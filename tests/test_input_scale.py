@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import gpvi
-from gpvi.inference.lbfgs import lbfgs_maximise
+from gpvi.numerics.lbfgs import lbfgs_maximise
 from gpvi.models.whitened import WhitenedLatentGP
 from gpvi.sklearn import GPClassifier
 from conftest import iris_rows

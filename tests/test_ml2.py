@@ -102,7 +102,7 @@ def test_ml2_bad_settings_and_inputs():
 # ------------------------------------------------------------------------ the shared L-BFGS-B wrapper
 def test_lbfgs_maximise_closed_form_box_and_failed_points():
     from gpvi.exceptions import NotPSDError
-    from gpvi.inference.lbfgs import lbfgs_maximise
+    from gpvi.numerics.lbfgs import lbfgs_maximise
 
     A = torch.tensor([[3.0, 1.0], [1.0, 2.0]], dtype=torch.float64)
     b = torch.tensor([1.0, -2.0], dtype=torch.float64)
@@ -141,7 +141,7 @@ def test_lbfgs_maximise_closed_form_box_and_failed_points():
 
 
 def test_ml2_and_the_logistic_reference_use_the_shared_wrapper(monkeypatch):
-    import gpvi.inference.lbfgs as lbfgs_mod
+    import gpvi.numerics.lbfgs as lbfgs_mod
 
     calls = []
     real = lbfgs_mod.lbfgs_maximise

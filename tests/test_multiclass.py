@@ -616,7 +616,7 @@ def test_map_ii_with_a_large_step_reaches_the_default_optimum():
 def test_anderson_solves_a_linear_fixed_point_that_plain_iteration_crawls_on():
     """Anderson acceleration (memory m) of x -> A x + b is exact after m + 1 steps for a linear map of dimension
     <= m (a Krylov method); the plain iteration with spectral radius 0.95 is still 0.1 away after 40."""
-    from gpvi.inference.anderson import Anderson
+    from gpvi.numerics.anderson import Anderson
 
     g = torch.Generator().manual_seed(0)
     Q, _ = torch.linalg.qr(torch.randn(4, 4, generator=g, dtype=F64))

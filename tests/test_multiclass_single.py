@@ -115,7 +115,7 @@ def test_state_from_dict_owns_its_factor_in_update_layout(kind, layout):
 def test_gpclassifier_stochastic_multiclass_matches_full_mode():
     X, y = data(45, seed=7)
     labels = np.array(["a", "b", "c"])[y.numpy()]
-    kw = dict(progress_bar=False, hyperparameters="fixed", tol=1e-13, max_sweeps=300)
+    kw = dict(hyperparameters="fixed", tol=1e-13, max_sweeps=300)
     full = GPClassifier(**kw).fit(X.numpy(), labels)
     sto = GPClassifier(mode="stochastic", batch_size=3, **kw).fit(X.numpy(), labels)
     assert sto.posterior_.info["mode"] == "stochastic" and sto.posterior_.info["batch_size"] == 3

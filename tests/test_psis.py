@@ -11,7 +11,7 @@ import torch
 
 import gpvi
 from gpvi.exceptions import NumericalWarning
-from gpvi.inference.budget import MemoryBudget
+from gpvi.numerics.budget import MemoryBudget
 from gpvi.posteriors import GaussianPosterior, Posterior, WeightedPosterior
 from gpvi.posteriors.weighted import PSISWarning, pareto_smooth, psis
 

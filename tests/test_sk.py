@@ -28,7 +28,7 @@ import gpvi
 from gpvi.exceptions import ConvergenceWarning, InterruptedRunWarning, NumericalFaultError, NumericalWarning
 from gpvi.models.logistic import BayesianLogisticRegression
 from gpvi.posteriors import GaussianPosterior, PointPosterior
-from gpvi.inference.budget import MemoryBudget
+from gpvi.numerics.budget import MemoryBudget
 from gpvi.inference.derivatives import value_grad_hessian
 from gpvi.inference.driver import run as driver_run
 from gpvi.inference.engine import FaultPolicy

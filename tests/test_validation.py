@@ -294,7 +294,7 @@ def test_interval_settings_are_checked_and_name_the_argument():
     a scalar, a string, a triple, reversed and equal ends and NaN."""
     from gpvi.inference.cvi.multiclass_typeii import MulticlassTypeII
     from gpvi.inference.cvi.typeii import TypeII
-    from gpvi.inference.lbfgs import lbfgs_maximise
+    from gpvi.numerics.lbfgs import lbfgs_maximise
     from gpvi.validation import check_interval
 
     assert check_interval((-1, 2), "b") == (-1.0, 2.0) and check_interval([0.5, 1], "b") == (0.5, 1.0)

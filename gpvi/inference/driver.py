@@ -12,7 +12,7 @@ It owns what is the same for every engine (:mod:`gpvi.inference.engine` states t
   from ``result.engine_state`` repeats the uninterrupted run bit for bit;
 * fault counting: steps the engine reports as ``skipped`` are counted; ``engine.faults.max_consecutive`` in a row
   end the run with :class:`~gpvi.exceptions.NumericalFaultError` carrying the state and the partial result;
-* the memory budget (:class:`~gpvi.inference.budget.MemoryBudget`) that every batched evaluation respects.
+* the memory budget (:class:`~gpvi.numerics.budget.MemoryBudget`) that every batched evaluation respects.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 
 from ..exceptions import NumericalFaultError
 from ..rng import resolve_generator
-from .budget import MemoryBudget
+from ..numerics.budget import MemoryBudget
 from .engine import RunReport
 from .init import resolve_init
 from .progress import Progress, warn_interrupted
@@ -75,7 +75,7 @@ def run(engine: Any, target: Any, init: Any = None, *, state: Any = None, genera
     if budget is None:
         budget = MemoryBudget()
     elif not isinstance(budget, MemoryBudget):
-        raise TypeError(f"budget must be a gpvi.inference.budget.MemoryBudget; got {type(budget).__name__}")
+        raise TypeError(f"budget must be a gpvi.numerics.budget.MemoryBudget; got {type(budget).__name__}")
     if state is not None:
         if init is not None or generator is not None:
             raise ValueError("state cannot be combined with init or generator (the state carries both)")

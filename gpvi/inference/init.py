@@ -32,7 +32,7 @@ import torch
 from ..exceptions import NumericalWarning
 from ..models.target import as_target
 from ..validation import as_float_tensor, check_positive, check_positive_int
-from .budget import MemoryBudget
+from ..numerics.budget import MemoryBudget
 from .derivatives import finite_difference_hessian, is_minibatch_target, log_joint_and_grad
 
 __all__ = ["Start", "resolve_init", "start_point", "check_start", "init_to_value", "init_to_posterior",

@@ -2,7 +2,7 @@ r"""ML-II (type-II maximum likelihood) and MAP point estimates of theta, by L-BF
 
 ML-II maximises the exact log marginal likelihood :math:`\log \mathcal N(y \mid 0, K_\theta + \sigma^2 I)`
 (Rasmussen & Williams 2006, section 5.4.1); with ``prior=True`` it maximises the log joint
-:math:`\log g(\theta)` instead (MAP). The optimiser is SciPy's L-BFGS-B (:func:`gpvi.inference.lbfgs.lbfgs_maximise`)
+:math:`\log g(\theta)` instead (MAP). The optimiser is SciPy's L-BFGS-B (:func:`gpvi.numerics.lbfgs.lbfgs_maximise`)
 on the float64 objective with the exact gradient (one Cholesky and one ``cholesky_inverse`` per evaluation). Each
 restart is recorded, and the winner is reported.
 
@@ -28,7 +28,7 @@ import torch
 
 from ..exceptions import BoundWarning, ConvergenceWarning, NotPSDError
 from ..posteriors.point import PointPosterior
-from .lbfgs import box_message, ends_on_box, lbfgs_maximise
+from ..numerics.lbfgs import box_message, ends_on_box, lbfgs_maximise
 from .progress import Progress, warn_interrupted
 from ..rng import check_seed, resolve_generator
 from ..table import Table

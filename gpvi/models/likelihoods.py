@@ -63,7 +63,7 @@ import torch
 
 from ..rng import resolve_generator
 from ..validation import as_float_tensor, check_choice, check_positive, check_positive_int
-from .quadrature import Quadrature, gaussian_expectation
+from ..numerics.quadrature import Quadrature, gaussian_expectation
 
 __all__ = [
     "BernoulliLogit",

@@ -258,7 +258,7 @@ class BayesianLogisticRegression:
         r"""Maximise :meth:`gaussian_bound` over :math:`(\mu, C)` with L-BFGS: a deterministic reference.
 
         C is parametrised by its strictly lower part and the log of its diagonal; SciPy's L-BFGS-B
-        (:func:`gpvi.inference.lbfgs.lbfgs_maximise`) uses the exact autograd gradient. The bound is concave in
+        (:func:`gpvi.numerics.lbfgs.lbfgs_maximise`) uses the exact autograd gradient. The bound is concave in
         :math:`(\mu, C)` (paper section 2), so the optimum is the unique answer stochastic DSVI must converge to.
 
         Returns
@@ -276,7 +276,7 @@ class BayesianLogisticRegression:
         >>> ref.info["converged"]
         True
         """
-        from ..inference.lbfgs import lbfgs_maximise
+        from ..numerics.lbfgs import lbfgs_maximise
         from ..posteriors.gaussian import GaussianPosterior
 
         max_iter = check_positive_int(max_iter, "max_iter")

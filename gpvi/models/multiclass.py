@@ -30,7 +30,7 @@ so every site estimate has a negative second natural parameter. The estimators (
   (:math:`j \ne y`), :math:`\mathbf d \sim \mathcal N(\boldsymbol\mu, \operatorname{diag}(\mathbf v_{-y}) + v_y\mathbf 1\mathbf 1^\top)`,
   since :math:`\log p(y \mid \mathbf f) = -\log(1 + \sum_j e^{d_j})`. The (K-1)-dimensional integral is computed
   as an iterated integral over the conditionals :math:`d_i \mid d_{<i}` (a Cholesky factor of the covariance), each
-  with the 1-D rule :class:`~gpvi.models.quadrature.Quadrature` (asinh-mapped Gauss-Legendre: accurate for every
+  with the 1-D rule :class:`~gpvi.numerics.quadrature.Quadrature` (asinh-mapped Gauss-Legendre: accurate for every
   marginal variance), i.e. :math:`Q^{K-1}` nodes per site. K = 2 is exactly the logit case. Affordable for
   :math:`K \le 3` (``max_quadrature_classes``).
 * ``"quadrature"``, robust-max: exact up to a 1-D rule, because
@@ -69,8 +69,8 @@ from ..rng import resolve_generator
 from ..validation import check_fraction, check_positive_int
 from .classification import LatentGP
 from .likelihoods import Likelihood
-from .quadrature import Quadrature, _gauss_hermite
-from .softmax_rules import (FIXED_DRAWS_SEED, _others, _workspace, default_quadrature, fixed_draws,
+from ..numerics.quadrature import Quadrature, _gauss_hermite
+from ..numerics.softmax_rules import (FIXED_DRAWS_SEED, _others, _workspace, default_quadrature, fixed_draws,
                             nested_nodes, two_level_moments)
 
 __all__ = ["Softmax", "RobustMax", "MulticlassExpectations", "GPMulticlass", "make_multiclass_likelihood",

@@ -166,7 +166,7 @@ class GPRegression:
 
         (Kernel matrix, its Cholesky factor, the inverse the backward pass needs and the kernel's own
         intermediates; about 3.5 copies were measured at N = 2,000, rounded up.) Engines cut batches of draws by
-        this figure so no call exceeds their memory budget (:class:`gpvi.inference.budget.MemoryBudget`).
+        this figure so no call exceeds their memory budget (:class:`gpvi.numerics.budget.MemoryBudget`).
         """
         n = self.num_data
         if self._lean():

@@ -200,7 +200,7 @@ class WhitenedLatentGP:
         """:math:`p(y_* = 1\\mid\\mathcal D)` averaged over the draws, shape ``(n,)`` (binary likelihoods);
         multi-class: :math:`p(y_* = k\\mid\\mathcal D)`, shape ``(n, K)`` (columns in the order of
         ``model.classes``)."""
-        from .quadrature import Quadrature, gaussian_expectation
+        from ..numerics.quadrature import Quadrature, gaussian_expectation
         lik = self.model.likelihood
         if self.num_classes > 1:
             m, var = self.predict_latent(draws, X_new)

@@ -9,7 +9,7 @@ site so that :math:`q` matches the first two moments of the *tilted* distributio
 :math:`\hat p_n(f_n) \propto p(y_n\mid f_n)\,\mathcal N(f_n\mid\mu_{-n}, \sigma^2_{-n})`, where the cavity
 :math:`\mathcal N(\mu_{-n}, \sigma^2_{-n})` is :math:`q`'s marginal with site :math:`n` divided out
 (R&W eqs. 3.56-3.59). The tilted normaliser :math:`\hat Z_n` and moments :math:`\hat\mu_n, \hat\sigma^2_n` are
-computed by the deterministic quadrature rule of :class:`gpvi.models.quadrature.Quadrature` (any likelihood with a
+computed by the deterministic quadrature rule of :class:`gpvi.numerics.quadrature.Quadrature` (any likelihood with a
 ``log_prob``).
 
 This module runs **parallel EP** (all sites updated from one factorisation per sweep, damped:
@@ -49,7 +49,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..models.quadrature import Quadrature
+from .quadrature import Quadrature
 from ..validation import check_positive, check_positive_int
 
 __all__ = ["EPResult", "expectation_propagation"]

@@ -64,9 +64,9 @@ from typing import NamedTuple
 import torch
 
 from ..linalg import logdet_from_cholesky
-from ..inference.anderson import Anderson
-from ..models.quadrature import Quadrature
-from ..models.softmax_rules import _others, default_quadrature, nested_nodes
+from .anderson import Anderson
+from .quadrature import Quadrature
+from .softmax_rules import _others, default_quadrature, nested_nodes
 from ..validation import check_nonnegative_int, check_positive, check_positive_int
 
 __all__ = ["MulticlassEPResult", "multiclass_ep", "tilted_moments"]

@@ -117,14 +117,14 @@ class LatentPosterior(SitePosterior):
 
     @staticmethod
     def _default_quadrature() -> Any:
-        from ..models.quadrature import Quadrature
+        from ..numerics.quadrature import Quadrature
 
         return Quadrature()
 
     @classmethod
     def _refactor(cls, model: Any, theta: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-        from ..inference.cvi.sites import pseudo_data, site_factor
+        from ..numerics.sites import pseudo_data, site_factor
 
         if lam1.shape[0] != model.num_data:
             raise ValueError(f"state has {lam1.shape[0]} sites but the model has N = {model.num_data}")

@@ -165,7 +165,7 @@ class SitePosterior(Posterior):
 
     @classmethod
     def _from_state(cls, state: dict[str, Any], target: Any, common: dict[str, Any]) -> SitePosterior:
-        from ..models.quadrature import Quadrature
+        from ..numerics.quadrature import Quadrature
 
         model = target
         if model is None:

@@ -14,7 +14,7 @@ its importance weights can be trusted and the posterior should be sampled (NUTS 
 
 The smoothing itself is ArviZ's (``arviz.psislw`` in ArviZ 0.x, ``arviz_stats`` from ArviZ 1.0 on), not ours. The
 log joint is the target's batched (Cholesky) ``log_joint``, evaluated in chunks that respect the memory budget
-(:class:`~gpvi.inference.budget.MemoryBudget`).
+(:class:`~gpvi.numerics.budget.MemoryBudget`).
 
 Names: ``log_ratios`` = :math:`\log r_s`; ``log_weights`` = smoothed, normalised log weights
 (:math:`\sum_s e^{\mathrm{lw}_s} = 1`); ``khat`` = :math:`\hat k`; ``ess`` = :math:`1/\sum_s w_s^2`.
@@ -254,7 +254,7 @@ def psis(q: Any, target: Any = None, num_draws: int = 1000, *, seed: int | None 
     >>> w.khat < 0.5, bool((w.mean - 1.0).abs().max() < 0.1)
     (True, True)
     """
-    from ..inference.budget import MemoryBudget
+    from ..numerics.budget import MemoryBudget
     from ..inference.derivatives import call_log_joint
 
     if not (callable(getattr(q, "log_prob", None)) and callable(getattr(q, "sample", None))):

@@ -4,7 +4,7 @@
 * :mod:`~gpvi.inference.cvi.options` -- its small settings objects (:class:`MonteCarlo`, :class:`SingleSite`), the
   stop rule and the start (:class:`init_to_sites`);
 * :mod:`~gpvi.inference.cvi.state` -- :class:`CVIState`;
-* :mod:`~gpvi.inference.cvi.sites` -- site algebra and the site ELBO;
+* :mod:`~gpvi.numerics.sites` -- site algebra and the site ELBO;
 * :mod:`~gpvi.inference.cvi.steps` -- the full-batch and the single-site step;
 * :mod:`~gpvi.inference.cvi.typeii` -- :class:`TypeII`, the outer loop that learns the kernel hyperparameters;
 * :mod:`~gpvi.inference.cvi.multiclass`, :mod:`~gpvi.inference.cvi.multiclass_sites`,
@@ -19,7 +19,7 @@ The posterior is :class:`gpvi.posteriors.latent.LatentPosterior`.
 from ...posteriors.latent import BernoulliPredictive, LatentPosterior
 from .engine import CVI
 from .options import MonteCarlo, SingleSite, SitesConverged, init_to_sites, num_steps_for_sweeps
-from .sites import site_elbo
+from ...numerics.sites import site_elbo
 from .state import CVIState
 from .typeii import TypeII, theta_objective
 from ...posteriors.multiclass import MulticlassPosterior

@@ -36,7 +36,7 @@ from .multiclass_bound import MulticlassBoundTarget
 from ..dsvi import DSVI, Convergence, Natural
 from ..init import init_to_value, laplace_scale_at
 from .bound import refuse_weights
-from ..lbfgs import lbfgs_maximise
+from ...numerics.lbfgs import lbfgs_maximise
 from .ep_evidence import EPEvidenceTarget
 
 __all__ = ["FullyBayesianCVI"]

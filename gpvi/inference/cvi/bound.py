@@ -67,8 +67,8 @@ from typing import Any
 import torch
 
 from ...exceptions import NotPSDError
-from . import sites
-from .sites import MIN_SITE_PRECISION
+from ...numerics import sites
+from ...numerics.sites import MIN_SITE_PRECISION
 from ...linalg import logdet_from_cholesky
 from ...validation import check_bool, check_positive, check_positive_int, check_theta
 from ...models.scaled_rbf import scaled_rbf_covariance
@@ -78,7 +78,7 @@ from .state import COUNTERS
 from .engine import CVI
 from ...models.classification import LatentGP
 from .typeii import converge_sites
-from .sites import SiteFault
+from ...numerics.sites import SiteFault
 from .typeii import theta_objective
 
 __all__ = ["CVIBoundTarget"]
@@ -205,7 +205,7 @@ class AnchoredBoundTarget:
     def converged_sites(self, theta: Any) -> Any:
         """The CVI state of the sites converged at ``theta`` from the anchor.
 
-        Raises :class:`~gpvi.exceptions.NotPSDError` or :class:`~gpvi.inference.cvi.sites.SiteFault` where CVI
+        Raises :class:`~gpvi.exceptions.NotPSDError` or :class:`~gpvi.numerics.sites.SiteFault` where CVI
         cannot run at ``theta``.
         """
         th = self._check(theta, "theta")

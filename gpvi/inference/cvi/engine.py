@@ -5,7 +5,7 @@ The engine follows the contract of :mod:`gpvi.inference.engine` and is run by :f
 is one full-batch step (Algorithm 1, O(N^3)) or one doubly stochastic single-site step (eq. 14, O(N^2) on a cached
 factor of :math:`K + S` updated **in place**), the stop rule ends the run when the relative ELBO change between two
 checks falls below ``tol``, and :meth:`CVI.result` builds the :class:`~gpvi.posteriors.latent.LatentPosterior`.
-The site algebra and the ELBO are in :mod:`gpvi.inference.cvi.sites`, the two steps in
+The site algebra and the ELBO are in :mod:`gpvi.numerics.sites`, the two steps in
 :mod:`gpvi.inference.cvi.steps`, the state in :mod:`gpvi.inference.cvi.state`. Learning the kernel
 hyperparameters (type-II maximisation of the ELBO) is an outer loop over CVI runs,
 :class:`gpvi.inference.cvi.typeii.TypeII`; the engine itself keeps :math:`\theta` fixed.
@@ -30,18 +30,19 @@ import torch
 
 from ...exceptions import ConvergenceWarning, NotPSDError, NumericalWarning
 from ...models.classification import LatentGP
-from ...models.quadrature import Quadrature
+from ...numerics.quadrature import Quadrature
 from ...posteriors.latent import BernoulliPredictive, LatentPosterior
 from ...rng import check_seed, resolve_generator
 from ...validation import check_bool, check_choice, check_fraction, check_positive, check_positive_int
 from .. import driver
-from ..budget import MemoryBudget
+from ...numerics.budget import MemoryBudget
 from ..engine import FaultPolicy, RunReport, resume_copy
 from ..schedules import rate
 from ..init import start_point
-from . import sites, steps
+from ...numerics import sites
+from . import steps
 from .options import MonteCarlo, SingleSite, SitesConverged, init_to_sites, latent_init
-from .sites import site_elbo
+from ...numerics.sites import site_elbo
 from .state import CVIState
 
 __all__ = ["CVI", "CVIState", "LatentPosterior", "BernoulliPredictive", "site_elbo"]

@@ -43,18 +43,19 @@ from typing import Any
 import torch
 
 from ...exceptions import ConvergenceWarning, NotPSDError, NumericalWarning
-from ...models.quadrature import Quadrature
+from ...numerics.quadrature import Quadrature
 from ...models.multiclass import GPMulticlass, Softmax, default_quadrature
 from ...posteriors.multiclass import MulticlassPosterior
 from ...rng import check_seed, resolve_generator
 from ...validation import (as_float_tensor, check_bool, check_choice, check_fraction, check_positive,
                            check_positive_int)
 from .. import driver
-from ..budget import MemoryBudget
+from ...numerics.budget import MemoryBudget
 from ..engine import FaultPolicy, RunReport, resume_copy
 from ..schedules import rate
 from . import multiclass_sites as ms
-from . import sites, steps
+from ...numerics import sites
+from . import steps
 from .multiclass_single import stochastic_step
 from .options import SingleSite, SitesConverged
 from .multiclass_sites import MulticlassCVIState
@@ -98,7 +99,7 @@ class MulticlassCVI:
         Stop when the relative change of the bound between steps is at most ``tol`` (0: never).
     invalid : {"shrink", "reject"}
         What to do with a site update that would make :math:`\tilde\lambda^{(2)} \ge 0` (robust-max can produce
-        one; see :func:`gpvi.inference.cvi.sites.update_sites`).
+        one; see :func:`gpvi.numerics.sites.update_sites`).
     mode : {"full", "stochastic"}
         ``"full"`` (default): every site every step, one batched factorisation of the K matrices :math:`K + S_k`
         per step, O(K N^3). ``"stochastic"``: doubly stochastic single-site steps (``single_site.batch_size`` data

@@ -43,7 +43,7 @@ from .multiclass import MulticlassCVI
 from .multiclass_typeii import MulticlassTypeII
 from .multiclass_typeii import converge_sites
 from .multiclass_typeii import profiled_objective
-from .sites import SiteFault
+from ...numerics.sites import SiteFault
 
 __all__ = ["MulticlassBoundTarget"]
 

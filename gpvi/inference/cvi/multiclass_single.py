@@ -34,7 +34,8 @@ import torch
 from ...exceptions import NotPSDError, NumericalWarning
 from ...models.likelihoods import mean_parameter_gradients
 from . import multiclass_sites as ms
-from . import sites, steps
+from ...numerics import sites
+from . import steps
 from .steps import _next_batch
 
 __all__ = ["refactor", "stochastic_step", "HUGE_NOISE"]

@@ -20,15 +20,15 @@ import numpy as np
 import torch
 
 from ...exceptions import NotPSDError, NumericalWarning
-from ...models.quadrature import Quadrature
+from ...numerics.quadrature import Quadrature
 from ...models.multiclass import GPMulticlass, Softmax, default_quadrature
 from ...models.priors import check_prior_choice, prior_log_prob, prior_name, resolve_prior
 from ...posteriors.multiclass import MulticlassPosterior
 from ...validation import check_bool, check_interval, check_nonnegative_int, check_positive, check_positive_int
-from ..lbfgs import lbfgs_maximise
+from ...numerics.lbfgs import lbfgs_maximise
 from ..progress import warn_interrupted
 from . import multiclass_sites as ms
-from . import sites
+from ...numerics import sites
 from .multiclass import MulticlassCVI
 from .multiclass_sites import MulticlassCVIState
 from .typeii import _NO_DRAWS, monotone_run, report_box
@@ -182,7 +182,7 @@ class MulticlassTypeII:
         Memory of the Anderson acceleration of the inner runs (default 5; 0: plain damped steps). The inner runs
         converge linearly, the bound's gap shrinking by about 0.55 per step on iris (23 steps for the coarse
         phase's 1e-6 after its largest move in theta); extrapolating from the last ``anderson + 1`` steps
-        (:class:`gpvi.inference.anderson.Anderson`, each extrapolation kept only if the bound does not go down:
+        (:class:`gpvi.numerics.anderson.Anderson`, each extrapolation kept only if the bound does not go down:
         :func:`gpvi.inference.cvi.typeii.monotone_run`) takes 15 there. Same fixed point and stop rule; measured
         on the benchmark splits (with the coarse ``ftol``): inner steps 114 -> 100 (iris), 142 -> 103 (wine),
         176 -> 117 (digits), objectives within 5e-8 relative.

@@ -4,7 +4,7 @@ r"""The two CVI steps: full-batch (Algorithm 1) and doubly stochastic single-sit
 :math:`\mathbb E_q[\log p(y_n\mid f_n)]` with respect to the mean parameters :math:`(m_n, V_{nn} + m_n^2)` of the
 marginal (:func:`gpvi.models.likelihoods.mean_parameter_gradients`), then
 :math:`\tilde\lambda_n \leftarrow (1 - \beta_t)\tilde\lambda_n + \beta_t \hat g_n`
-(:func:`gpvi.inference.cvi.sites.update_sites`).
+(:func:`gpvi.numerics.sites.update_sites`).
 
 ``mode="full"`` (:func:`full_step`): every site every step, one factorisation of :math:`K + S` per step, O(N^3). The
 step evaluates the ELBO of the current :math:`q` (the marginals are needed anyway) before updating the sites.
@@ -49,7 +49,7 @@ import torch
 from ...exceptions import NotPSDError, NumericalWarning
 from ...linalg import cholesky_site_update_, cholesky_update
 from ...models.likelihoods import mean_parameter_gradients
-from . import sites
+from ...numerics import sites
 from .options import flat_elbo_window
 
 __all__ = ["beta_at", "expectations", "full_step", "stochastic_step", "refactor", "update_factor_", "record_check"]
@@ -77,7 +77,7 @@ def full_step(cvi: Any, model: Any, st: Any, K: torch.Tensor, gen: torch.Generat
               method: str | None = None) -> dict[str, Any]:
     """Evaluate the current q (marginals, ELBO), then update every site (eq. 13). Mutates ``st``; returns info.
 
-    Raises :class:`~gpvi.inference.cvi.sites.SiteFault` (non-finite ELBO) or :class:`~gpvi.exceptions.NotPSDError`
+    Raises :class:`~gpvi.numerics.sites.SiteFault` (non-finite ELBO) or :class:`~gpvi.exceptions.NotPSDError`
     (failed factorisation) before changing anything but the counters.
     """
     n = st.num_sites
@@ -126,7 +126,7 @@ def _next_batch(st: Any, gen: torch.Generator, batch_size: int) -> torch.Tensor:
 def refactor(st: Any, K: torch.Tensor, *, measure: bool, factorise: Any = sites.site_factor) -> float:
     """Recompute the factor from scratch; return the drift max |L_updated - L_fresh| (nan if not measured).
 
-    ``factorise(K, s, theta) -> (L, jitter)``: :func:`gpvi.inference.cvi.sites.site_factor` (one factor), or
+    ``factorise(K, s, theta) -> (L, jitter)``: :func:`gpvi.numerics.sites.site_factor` (one factor), or
     :func:`gpvi.inference.cvi.multiclass_sites.factors` (one per class, ``s`` of shape (N, K))."""
     _, s = sites.pseudo_data(st.lam1, st.lam2)
     L, jit = factorise(K, s, st.theta)

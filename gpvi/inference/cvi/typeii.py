@@ -15,7 +15,7 @@ signal variance grows and the lengthscales of irrelevant inputs grow, and withou
 
 1. a CVI run (:meth:`gpvi.CVI.run`, through the driver) at the current :math:`\theta` until the sites converge (the
    engine's stop rule) or its step budget is spent;
-2. a **hyperparameter phase**: L-BFGS-B (:func:`gpvi.inference.lbfgs.lbfgs_maximise`) on :math:`F`. Each
+2. a **hyperparameter phase**: L-BFGS-B (:func:`gpvi.numerics.lbfgs.lbfgs_maximise`) on :math:`F`. Each
    evaluation warm-starts full-batch CVI (quadrature gradients) from the current sites at the trial :math:`\theta`,
    runs it until the relative ELBO change is below ``inner_tol`` (:func:`converge_sites`), then returns the ELBO
    and its gradient with the converged sites held fixed (:func:`theta_objective`), plus :math:`\log p(\theta)` and
@@ -39,7 +39,7 @@ sends the sites back to the last accepted point and halves the step, and each ac
 back by 1.5 (up to ``beta``). Any ELBO-monotone sequence of steps converges to the fixed point, which is the
 unique maximiser for log-concave likelihoods, so the answer is the same; the 2-cycle is gone. The runs converge
 linearly (the ELBO's gap shrinks by a roughly constant factor per step), so they are Anderson-accelerated
-(``anderson``, :class:`gpvi.inference.anderson.Anderson`): an extrapolation from the last few steps is kept only
+(``anderson``, :class:`gpvi.numerics.anderson.Anderson`): an extrapolation from the last few steps is kept only
 if its ELBO is not below the last accepted one, else the plain step replaces it.
 
 For fixed sites, :math:`\mathbf m = \tilde{\mathbf y} - S P\tilde{\mathbf y}` and
@@ -76,14 +76,15 @@ import numpy as np
 import torch
 
 from ...exceptions import BoundWarning, NotPSDError, NumericalWarning
-from ...models.quadrature import Quadrature
+from ...numerics.quadrature import Quadrature
 from ...models.priors import check_prior_choice, prior_log_prob, prior_name, resolve_prior
 from ...posteriors.latent import LatentPosterior
 from ...validation import check_interval, check_nonnegative_int, check_positive, check_positive_int
-from ..anderson import Anderson
-from ..lbfgs import box_message, ends_on_box, lbfgs_maximise
+from ...numerics.anderson import Anderson
+from ...numerics.lbfgs import box_message, ends_on_box, lbfgs_maximise
 from ..progress import warn_interrupted
-from . import sites, steps
+from ...numerics import sites
+from . import steps
 from .engine import CVI
 from .state import CVIState
 
@@ -158,7 +159,7 @@ def monotone_run(inner: Any, step: Callable[[Any], float], *, tol: float, max_st
     multiplies ``beta_scale`` by 1.5, up to 1. Ends when the relative change is at most ``tol`` or after
     ``max_steps`` steps (undone ones count); returns ``inner``.
 
-    ``anderson`` > 0: Anderson acceleration with that memory (:class:`gpvi.inference.anderson.Anderson`) of the
+    ``anderson`` > 0: Anderson acceleration with that memory (:class:`gpvi.numerics.anderson.Anderson`) of the
     damped CVI map :math:`G`: after an accepted step the next sites are the extrapolation of the last
     ``anderson + 1`` pairs :math:`(x, G(x))` of accepted sites (flattened :math:`\tilde\lambda_1, \tilde\lambda_2`)
     instead of :math:`G(x)`, when it keeps every :math:`\tilde\lambda_2 < 0`. The bound still never goes down: an

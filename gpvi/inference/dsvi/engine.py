@@ -68,7 +68,7 @@ from ...rng import check_seed, resolve_generator
 from ...validation import as_float_tensor, check_bool, check_choice, check_fraction, check_nonnegative_int
 from ...validation import check_positive, check_positive_int
 from .. import driver
-from ..budget import MemoryBudget
+from ...numerics.budget import MemoryBudget
 from ..derivatives import finite_difference_hessian, is_minibatch_target
 from ..engine import FaultPolicy, RunReport, count_draws, resume_copy, skip_step
 from ...numerics.families import make_standard
@@ -139,7 +139,7 @@ class DSVI:
         :class:`~gpvi.exceptions.NumericalFaultError` carrying the last good state (the driver counts them).
     num_elbo_draws : int
         Draws for the final bound estimate ``elbo`` and its standard error (0: report the rolling average),
-        evaluated in chunks that respect the run's memory budget (:class:`~gpvi.inference.budget.MemoryBudget`).
+        evaluated in chunks that respect the run's memory budget (:class:`~gpvi.numerics.budget.MemoryBudget`).
     seed : int, optional
         Seed of the run's generator (default 0: runs are reproducible); ``run(..., generator=)`` overrides it.
     progress_bar : bool

@@ -14,7 +14,7 @@ import torch
 
 from ...exceptions import ConvergenceWarning, NumericalWarning
 from ...posteriors.gaussian import GaussianPosterior
-from ..budget import MemoryBudget
+from ...numerics.budget import MemoryBudget
 from ..derivatives import call_log_joint
 from ..progress import Progress, trace_to_tensor
 from .convergence import batch_average

@@ -51,7 +51,7 @@ from ...posteriors.gaussian import GaussianPosterior
 from ...rng import check_seed, resolve_generator
 from ...validation import check_bool, check_choice, check_memory, check_nonnegative_int, check_positive_int
 from .. import driver
-from ..budget import MemoryBudget
+from ...numerics.budget import MemoryBudget
 from ..derivatives import _autograd_hessian, _NoDoubleBackward, is_minibatch_target
 from ..engine import NeverStop, RunReport, count_draws, record_bound, resume_copy, skip_step
 from ..init import Start, check_start, init_to_default, start_point

@@ -24,7 +24,7 @@ from ...exceptions import NumericalWarning
 from ...linalg import cholesky_solve, cholesky_with_jitter
 from ...models.target import as_target
 from ...validation import as_float_tensor, check_positive_int
-from ..budget import MemoryBudget
+from ...numerics.budget import MemoryBudget
 from ..derivatives import _autograd_hessian, _fd_hessian, _NoDoubleBackward, call_log_joint, is_minibatch_target
 from ..derivatives import log_joint_and_grad
 from ..progress import Progress

@@ -1,0 +1,229 @@
+r"""Site algebra of CVI: pseudo-data, the factor of :math:`K + S`, marginals, the site ELBO and the site update.
+
+The variational posterior is a Gaussian :math:`q(\mathbf f) = \mathcal N(\mathbf m, V)` written through :math:`2N`
+**site parameters** (Khan & Lin 2017, the display after eq. 13):
+
+.. math::
+
+    q(\mathbf f) \propto \Big[\prod_n \exp\big(\tilde\lambda^{(1)}_n f_n + \tilde\lambda^{(2)}_n f_n^2\big)\Big]
+    \,\mathcal N(\mathbf f \mid 0, K), \qquad \tilde\lambda^{(2)}_n < 0.
+
+:math:`V` is never stored. Each site is a Gaussian pseudo-observation: pseudo-target
+:math:`\tilde y_n = -\tilde\lambda^{(1)}_n / (2\tilde\lambda^{(2)}_n)` with pseudo-noise variance
+:math:`s_n = -1/(2\tilde\lambda^{(2)}_n)` (:func:`pseudo_data`), so step 4 of Algorithm 1 is GP regression:
+
+.. math::
+
+    \mathbf m = K (K + S)^{-1}\tilde{\mathbf y},\qquad
+    V_{nn} = K_{nn} - \| L^{-1} \mathbf k_n \|^2,\qquad L L^\top = K + S,\; S = \operatorname{diag}(s)
+
+(:func:`site_factor`, :func:`marginals`).
+
+Why :math:`K + S` rather than :math:`B = I + W^{1/2} K W^{1/2}`: both have condition number at most
+:math:`1 + \lambda_{max}(K)\max_n W_n` with :math:`W_n = 1/s_n`; for logit :math:`-h'' \le 1/4` so :math:`s_n \ge 4`,
+for probit :math:`s_n \ge 1`, and every convex combination of valid estimates keeps that bound. :math:`K + S` needs
+no :math:`W^{1/2}` scaling, is exactly GP regression's matrix (the conjugacy check reuses the regression
+formulas), and is the very factor the stochastic mode maintains, so both modes share one code path.
+
+Site validity (:func:`update_sites`)
+-----------------------------------
+:math:`\tilde\lambda^{(2)}_n` must stay negative. Logit and probit with quadrature or the ``"hessian"`` Monte Carlo
+estimator always give :math:`\hat g^{(2)} < 0`, so every convex combination is valid. When an estimate would make a
+site invalid (``"reparam"`` Monte Carlo, other likelihoods), ``invalid="shrink"`` shrinks that site's step to half
+the distance to the boundary (:math:`\beta' = \tfrac12\,\tilde\lambda^{(2)}/(\tilde\lambda^{(2)} - \hat g^{(2)})`, so
+the precision at most halves; counted in ``sites_shrunk``), ``invalid="reject"`` skips that site's update
+(``sites_rejected``). A site's precision :math:`-2\tilde\lambda^{(2)}_n` is floored at :math:`10^{-10}/\overline{K_{nn}}`
+(pseudo-noise at most :math:`10^{10}` times the mean prior variance; such a site changes :math:`q` by less than
+1e-10 relative, and the floor keeps :math:`s_n` finite when :math:`\mathbb E[h'']` underflows, e.g. for a
+diverging :math:`\beta = 1` run); floored updates are counted in ``sites_floored``. Non-finite estimates are skipped
+(``sites_nonfinite``) with a :class:`~gpvi.exceptions.NumericalWarning`.
+
+Names: ``lam1``, ``lam2`` (:math:`\tilde\lambda^{(1)}, \tilde\lambda^{(2)}`), ``ytilde`` (:math:`\tilde{\mathbf y}`),
+``s`` (pseudo-noise), ``m``, ``var`` (:math:`\operatorname{diag}V`), ``alpha`` (:math:`(K+S)^{-1}\tilde{\mathbf y}`),
+``g1``, ``g2`` (:math:`\hat g^{(1)}, \hat g^{(2)}`), ``beta`` (:math:`\beta_t`).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import torch
+
+from ..exceptions import NumericalWarning
+from ..linalg import cholesky_with_jitter, logdet_from_cholesky
+from .quadrature import Quadrature
+
+__all__ = ["pseudo_data", "site_factor", "marginals", "site_elbo", "expected_value_sum", "lam2_cap",
+           "finite_or_fault", "update_sites", "SiteFault", "MIN_SITE_PRECISION"]
+
+MIN_SITE_PRECISION = 1e-10
+"""Floor on a site's precision -2 lam2, relative to 1 / mean(diag K) (see the module docstring)."""
+
+
+class SiteFault(Exception):
+    """A numerical fault inside a CVI step (a non-finite ELBO); the engine rolls the step back."""
+
+
+def pseudo_data(lam1: torch.Tensor, lam2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pseudo-targets ``ytilde = -lam1 / (2 lam2)`` and pseudo-noise variances ``s = -1 / (2 lam2)``, each (N,)."""
+    s = -0.5 / lam2
+    return s * lam1, s
+
+
+def site_factor(K: torch.Tensor, s: torch.Tensor, theta: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+    """Lower Cholesky factor of ``K + diag(s)`` (N, N) through the shared jitter policy; returns ``(L, jitter)``."""
+    A = K.clone()
+    A.diagonal().add_(s)
+    res = cholesky_with_jitter(A, theta=theta, what="K + diag(pseudo-noise)")
+    return res.L, float(res.jitter)
+
+
+def marginals(K: torch.Tensor, L: torch.Tensor, ytilde: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """All marginals from the factor: ``m = K alpha``, ``var = diag K - colsum((L^{-1} K)^2)`` and ``alpha``; O(N^3)."""
+    alpha = torch.cholesky_solve(ytilde.unsqueeze(-1), L).squeeze(-1)
+    m = K @ alpha
+    W = torch.linalg.solve_triangular(L, K, upper=False)
+    var = K.diagonal() - (W * W).sum(0)
+    return m, var, alpha
+
+
+def site_elbo(value_sum: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor, m: torch.Tensor,
+              var: torch.Tensor, L: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+    r"""The ELBO (Khan & Lin 2017, eq. 5) of the site-parametrised :math:`q` given its marginals and factor.
+
+    With :math:`V = S(K+S)^{-1}K`, :math:`K^{-1}V = (K+S)^{-1}S` and :math:`\mathbf m = K\boldsymbol\alpha`, the
+    Gaussian KL divergence needs only the marginals, :math:`\boldsymbol\alpha = (K+S)^{-1}\tilde{\mathbf y}` and
+    the factor :math:`L L^\top = K + S`:
+
+    .. math::
+
+        \mathcal L = \sum_n \mathbb E_q[\log p(y_n \mid f_n)] - \tfrac12\Big[\mathbf m^\top\boldsymbol\alpha
+          - \sum_n \frac{V_{nn}}{s_n} + \log|K + S| - \sum_n \log s_n\Big]
+
+    (:math:`\operatorname{tr}(K^{-1}V) = N - \sum_n V_{nn}/s_n`, :math:`\log|K| - \log|V| = \log|K+S| - \sum_n\log s_n`;
+    the bracket is :math:`2\,\mathrm{KL}(q\,\|\,p)`). This form has no :math:`\tilde y_n^2/s_n` terms, which cancel
+    catastrophically for weak sites (large :math:`s_n`). O(N) given its inputs.
+
+    Parameters
+    ----------
+    value_sum : torch.Tensor of shape ()
+        :math:`\sum_n \mathbb E_q[\log p(y_n\mid f_n)]`.
+    lam1, lam2, m, var : torch.Tensor of shape (N,)
+    L : torch.Tensor of shape (N, N)
+        Cholesky factor of :math:`K + S`.
+    alpha : torch.Tensor of shape (N,)
+        :math:`(K + S)^{-1}\tilde{\mathbf y}`.
+
+    Returns
+    -------
+    torch.Tensor of shape ()
+
+    Examples
+    --------
+    >>> import math, torch
+    >>> K = torch.eye(2, dtype=torch.float64); lam1 = torch.zeros(2, dtype=torch.float64)
+    >>> lam2 = torch.full((2,), -0.5, dtype=torch.float64)       # s = 1: q = N(0, 0.5 I)
+    >>> L = torch.linalg.cholesky(2 * K); z = torch.zeros(2, dtype=torch.float64)
+    >>> kl = -site_elbo(torch.tensor(0.0, dtype=torch.float64), lam1, lam2, z, torch.full((2,), 0.5,
+    ...                 dtype=torch.float64), L, z)
+    >>> round(float(kl), 6) == round(2 * 0.5 * (0.5 - 1 - math.log(0.5)), 6)   # KL(N(0, .5) || N(0, 1)) per site
+    True
+    """
+    s = -0.5 / lam2
+    kl2 = (m * alpha).sum() - (var / s).sum() + logdet_from_cholesky(L) - torch.log(s).sum()
+    return value_sum - 0.5 * kl2
+
+
+def kernel_gradient(L: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor, m: torch.Tensor, alpha: torch.Tensor,
+                    dm: torch.Tensor, dv: torch.Tensor) -> torch.Tensor:
+    r""":math:`\partial\mathcal L/\partial K` of :func:`site_elbo` with the sites held fixed, in closed form
+    (:mod:`gpvi.inference.cvi.typeii`, "Inner runs are monotone"):
+
+    .. math::
+
+        \frac{\partial\mathcal L}{\partial K} = \operatorname{sym}\Big(P\,(a\odot s)\,\boldsymbol\alpha^\top
+          + P\operatorname{diag}(b\odot s^2)P + \tfrac12\boldsymbol\alpha\boldsymbol\alpha^\top - \tfrac12 P\Big),
+
+    :math:`P = (LL^\top)^{-1} = (K + S)^{-1}`, :math:`a = \partial_m E - \tilde\lambda^{(1)} - 2\tilde\lambda^{(2)}\mathbf m`,
+    :math:`b = \partial_v E - \tilde\lambda^{(2)}`. Batched: every argument may carry the same leading dimensions
+    (``L`` (..., N, N), the others (..., N)); returns (..., N, N). About four O(N^3) operations per factor.
+    """
+    s = -0.5 / lam2
+    P = torch.cholesky_inverse(L)
+    a = dm - lam1 - 2.0 * lam2 * m
+    b = dv - lam2
+    G = (P @ (a * s).unsqueeze(-1)) * alpha.unsqueeze(-2)
+    G = G + (P * (b * s * s).unsqueeze(-2)) @ P + 0.5 * alpha.unsqueeze(-1) * alpha.unsqueeze(-2) - 0.5 * P
+    return 0.5 * (G + G.mT)
+
+
+def expected_value_sum(model: Any, m: torch.Tensor, v: torch.Tensor, quadrature: Quadrature) -> torch.Tensor:
+    r""":math:`\sum_n \mathbb E_q[\log p(y_n \mid f_n)]` by quadrature (the ELBO's data term, whatever the estimator)."""
+    return model.site_expectations(m, v, quadrature=quadrature).value.sum()
+
+
+def lam2_cap(K: torch.Tensor) -> float:
+    """Largest allowed lam2: site precision -2 lam2 >= 1e-10 / mean(diag K), i.e. s <= 1e10 mean(diag K)."""
+    return -0.5 * MIN_SITE_PRECISION / max(float(K.diagonal().mean()), 1e-300)
+
+
+def update_sites(lam1: torch.Tensor, lam2: torch.Tensor, g1: torch.Tensor, g2: torch.Tensor, beta: float,
+                 counters: dict[str, float], cap: float, invalid: str) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Eq. 13 on the given sites, :math:`\tilde\lambda \leftarrow (1-\beta)\tilde\lambda + \beta\hat g`, with the validity rule.
+
+    Parameters
+    ----------
+    lam1, lam2, g1, g2 : torch.Tensor of shape (B,)
+        The sites and their estimated gradients.
+    beta : float
+        :math:`\beta_t`.
+    counters : dict
+        ``sites_shrunk``, ``sites_rejected``, ``sites_nonfinite``, ``sites_floored`` are incremented here.
+    cap : float
+        :func:`lam2_cap` of the kernel matrix.
+    invalid : {"shrink", "reject"}
+
+    Returns
+    -------
+    (lam1, lam2) : new tensors of shape (B,)
+    """
+    finite = torch.isfinite(g1) & torch.isfinite(g2)
+    b = torch.full_like(lam1, beta)
+    new2 = (1.0 - b) * lam2 + b * g2
+    bad = finite & ~(new2 < 0)
+    if bool(bad.any()):
+        if invalid == "shrink":
+            # half-way to the boundary lam2 = 0 along the segment from lam2 to g2
+            # an empty site with a zero gradient (a point of weight 0: lam2 = g2 = 0) has no crossing; it moves to
+            # 0 and is floored below
+            crossing = torch.where(lam2 != g2, lam2 / (lam2 - g2), b)
+            b = torch.where(bad, 0.5 * torch.minimum(crossing, b), b)
+            counters["sites_shrunk"] += int(bad.sum())
+        else:
+            b = torch.where(bad, torch.zeros_like(b), b)
+            counters["sites_rejected"] += int(bad.sum())
+    if not bool(finite.all()):
+        nbad = int((~finite).sum())
+        counters["sites_nonfinite"] += nbad
+        warnings.warn(f"CVI: {nbad} site gradient estimate(s) were not finite; those sites were not updated",
+                      NumericalWarning, stacklevel=5)
+        b = torch.where(finite, b, torch.zeros_like(b))
+        g1 = torch.where(finite, g1, torch.zeros_like(g1))
+        g2 = torch.where(finite, g2, torch.zeros_like(g2))
+    new1, new2 = (1.0 - b) * lam1 + b * g1, (1.0 - b) * lam2 + b * g2
+    weak = new2 > cap
+    if bool(weak.any()):
+        counters["sites_floored"] += int(weak.sum())
+        new2 = torch.where(weak, torch.full_like(new2, cap), new2)
+    return new1, new2
+
+
+def finite_or_fault(elbo: torch.Tensor, t: int) -> float:
+    """``float(elbo)``, or :class:`SiteFault` when it is not finite (the step is then rolled back)."""
+    value = float(elbo)
+    if not math.isfinite(value):
+        raise SiteFault(f"ELBO is not finite ({value}) at step {t}")
+    return value
