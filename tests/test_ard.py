@@ -102,8 +102,6 @@ def test_ard_validation():
         DSVIARD(scale="full")
     with pytest.raises(ValueError, match="optimizer"):
         DSVIARD(optimizer="adam")                                   # SGD steps on eq. 14: lr, lr_scale, schedule
-    with pytest.raises(TypeError, match="Convergence"):
-        DSVIARD(window=10)                                         # an old DSVI spelling, named by DSVI
     with pytest.raises(ValueError, match="num_steps"):
         DSVIARD(num_steps=0)
 
