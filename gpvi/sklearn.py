@@ -154,7 +154,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         K.
     link_ : str
         The likelihood used (``"logit"``, ``"probit"``, ``"softmax"`` or ``"robustmax"``).
-    posterior_ : LatentPosterior, MulticlassPosterior or BayesClassificationPosterior
+    posterior_ : LatentPosterior or BayesClassificationPosterior
         Sites, marginals ``m``/``var`` at the training inputs, ELBO, trace and run info (``"bayes"``: the
         Gaussian :math:`q(\theta)` and the latent posteriors at its draws).
     elbo_ : float

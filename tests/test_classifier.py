@@ -341,13 +341,14 @@ def iris_fit(iris):
 
 
 def test_multiclass_iris_with_string_labels(iris, iris_fit):
-    from gpvi.inference.cvi import MulticlassCVI, MulticlassPosterior
+    from gpvi.inference.cvi import MulticlassCVI
+    from gpvi.posteriors import LatentPosterior
     from gpvi.models.multiclass import GPMulticlass
 
     Xtr, ytr, X, y = iris
     clf = iris_fit
     assert clf.classes_.tolist() == ["setosa", "versicolor", "virginica"] and clf.n_classes_ == 3
-    assert clf.link_ == "softmax" and isinstance(clf.posterior_, MulticlassPosterior) and clf.posterior_.converged
+    assert clf.link_ == "softmax" and isinstance(clf.posterior_, LatentPosterior) and clf.posterior_.converged
     P = clf.predict_proba(X)
     assert P.shape == (150, 3) and P.dtype == np.float64 and (P >= 0).all()
     np.testing.assert_allclose(P.sum(1), 1.0, rtol=0, atol=1e-12)

@@ -16,8 +16,10 @@ import torch
 import gpvi
 from conftest import make_gp_data
 from gpvi.models.classification import GPClassification, LatentGP
-from gpvi.inference.cvi import (CVI, CVIState, LatentPosterior, MonteCarlo, SingleSite, TypeII, num_steps_for_sweeps,
-                                site_elbo, theta_objective)
+from gpvi.inference.cvi import (CVI, CVIState, MonteCarlo, SingleSite, TypeII, num_steps_for_sweeps,
+                                theta_objective)
+from gpvi.numerics.sites import site_elbo
+from gpvi.posteriors import LatentPosterior
 from gpvi.inference.engine import FaultPolicy
 from gpvi.exceptions import InterruptedRunWarning, NotPSDError, NumericalFaultError, NumericalWarning
 from gpvi.models.likelihoods import BernoulliLogit, Gaussian, expected_log_lik

@@ -464,7 +464,7 @@ def test_posterior_predictions_surface_and_round_trip():
     assert torch.allclose(mean, post.m, atol=1e-9) and torch.allclose(var, post.var, atol=1e-9)
     p = post.predict_proba(X[:5])
     assert p.shape == (5, 3) and torch.allclose(p.sum(-1), torch.ones(5, dtype=F64), atol=1e-12)
-    assert set(post.predict(X[:5]).tolist()) <= {"cat", "dog", "emu"}
+    assert set(post.predict(X[:5]).labels.tolist()) <= {"cat", "dog", "emu"}
     draws = post.sample(4000, seed=0)
     assert draws.shape == (4000, 60)
     assert torch.allclose(draws.mean(0), post.mean, atol=5 * float(post.std.max()) / math.sqrt(4000))
@@ -687,7 +687,7 @@ def test_accelerated_inner_runs_reach_the_plain_runs_fixed_point_in_fewer_steps(
 def test_a_rejected_extrapolation_falls_back_to_the_plain_step(monkeypatch):
     """An extrapolation that lowers the bound (here every one overshoots tenfold) is replaced by the plain damped
     step from the accepted sites: counted, no step halved, and the run still ends at the fixed point."""
-    from gpvi.inference import anderson
+    from gpvi.numerics import anderson
     from gpvi.inference.cvi import multiclass_sites as ms
     from gpvi.inference.cvi.multiclass_typeii import converge_sites
 

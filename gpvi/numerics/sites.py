@@ -38,6 +38,9 @@ the precision at most halves; counted in ``sites_shrunk``), ``invalid="reject"``
 diverging :math:`\beta = 1` run); floored updates are counted in ``sites_floored``. Non-finite estimates are skipped
 (``sites_nonfinite``) with a :class:`~gpvi.exceptions.NumericalWarning`.
 
+With K class-factorised latent functions (multi-class CVI) the sites are (N, K) and :func:`class_factors`,
+:func:`class_marginals`, :func:`class_kl2` are the same algebra batched over the K factors of :math:`K + S_k`.
+
 Names: ``lam1``, ``lam2`` (:math:`\tilde\lambda^{(1)}, \tilde\lambda^{(2)}`), ``ytilde`` (:math:`\tilde{\mathbf y}`),
 ``s`` (pseudo-noise), ``m``, ``var`` (:math:`\operatorname{diag}V`), ``alpha`` (:math:`(K+S)^{-1}\tilde{\mathbf y}`),
 ``g1``, ``g2`` (:math:`\hat g^{(1)}, \hat g^{(2)}`), ``beta`` (:math:`\beta_t`).
@@ -56,7 +59,8 @@ from ..linalg import cholesky_with_jitter, logdet_from_cholesky
 from .quadrature import Quadrature
 
 __all__ = ["pseudo_data", "site_factor", "marginals", "site_elbo", "expected_value_sum", "lam2_cap",
-           "finite_or_fault", "update_sites", "SiteFault", "MIN_SITE_PRECISION"]
+           "finite_or_fault", "update_sites", "SiteFault", "MIN_SITE_PRECISION", "class_factors", "class_marginals",
+           "class_kl2"]
 
 MIN_SITE_PRECISION = 1e-10
 """Floor on a site's precision -2 lam2, relative to 1 / mean(diag K) (see the module docstring)."""
@@ -227,3 +231,29 @@ def finite_or_fault(elbo: torch.Tensor, t: int) -> float:
     if not math.isfinite(value):
         raise SiteFault(f"ELBO is not finite ({value}) at step {t}")
     return value
+
+
+# ------------------------------------------------------------------ site algebra, batched over classes
+def class_factors(K: torch.Tensor, s: torch.Tensor, theta: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+    """Lower Cholesky factors of ``K + diag(s[:, k])``, (K, N, N), through the shared jitter policy (raises
+    :class:`~gpvi.exceptions.NotPSDError` if one fails); returns ``(L, largest jitter)``."""
+    A = K.unsqueeze(0).repeat(s.shape[1], 1, 1)
+    A.diagonal(dim1=-2, dim2=-1).add_(s.T)
+    res = cholesky_with_jitter(A, theta=theta, raise_on_failure=True, what="K + diag(pseudo-noise of a class)")
+    return res.L, float(res.jitter.max())
+
+
+def class_marginals(K: torch.Tensor, L: torch.Tensor, ytilde: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``m`` (N, K), ``v`` (N, K) and ``alpha`` (K, N) of every class from its factor, O(K N^3)."""
+    alpha = torch.cholesky_solve(ytilde.T.unsqueeze(-1), L).squeeze(-1)
+    m = (alpha @ K).T
+    W = torch.linalg.solve_triangular(L, K.expand_as(L), upper=False)
+    v = K.diagonal().unsqueeze(-1) - (W * W).sum(-2).T
+    return m, v, alpha
+
+
+def class_kl2(lam2: torch.Tensor, m: torch.Tensor, v: torch.Tensor, L: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+    r""":math:`2\sum_k \mathrm{KL}(q_k\,\|\,p)` in the site form of :func:`gpvi.numerics.sites.site_elbo`."""
+    s = -0.5 / lam2
+    return (m * alpha.T).sum() - (v / s).sum() + logdet_from_cholesky(L).sum() - torch.log(s).sum()

@@ -1,13 +1,21 @@
-r"""The posterior of a latent GP's function values (CVI), and the predictive of binary labels.
+r"""The posterior of CVI: one or K latent Gaussian processes in site form, and the predictive of their labels.
 
-:class:`LatentPosterior` is the Gaussian :math:`q(\mathbf f) = \mathcal N(\mathbf m, V)` over the latent values at the
-N training inputs, held in site form (Khan & Lin 2017): sites :math:`\tilde\lambda^{(1)}, \tilde\lambda^{(2)}`, the
-Cholesky factor :math:`L` of :math:`K + S` and :math:`\boldsymbol\alpha = (K + S)^{-1}\tilde{\mathbf y}` at the kernel
-log-hyperparameters :math:`\theta`. It offers the common posterior surface (:mod:`gpvi.posteriors.base`) for the
-latent values -- ``names`` (``f[0]``, ..., ``f[N-1]``), ``mean`` and ``std`` (:math:`m_n`, :math:`\sqrt{V_{nn}}`),
-``sample`` (draws of :math:`\mathbf f`), ``quantile``, ``marginals``, ``summary`` (latent marginals and site statistics),
-``state_dict`` / ``from_state_dict`` (kind ``"latent"``) -- plus ``predict_latent`` and ``predict_proba`` at new
-inputs and ``predict`` (a :class:`BernoulliPredictive`). The run report (settings, counters, times) is ``info``.
+:class:`LatentPosterior` is the Gaussian :math:`q` over the latent values at the N training inputs, held in site form
+(Khan & Lin 2017): sites :math:`\tilde\lambda^{(1)}, \tilde\lambda^{(2)} < 0` (after eq. 13) of shape (N,) for one
+latent function (binary classification, or any factorised likelihood of :class:`~gpvi.models.classification.LatentGP`)
+or (N, K) for K class-factorised latent functions (:class:`~gpvi.models.multiclass.GPMulticlass`,
+:math:`q(F) = \prod_k \mathcal N(\mathbf f_k \mid \mathbf m_k, V_k)`), the Cholesky factor(s) :math:`L` of
+:math:`K + S` ((N, N) or (K, N, N)) and :math:`\boldsymbol\alpha = (K + S)^{-1}\tilde{\mathbf y}` ((N,) or (K, N)) at
+the kernel log-hyperparameters :math:`\theta` (shared by the K functions). Each latent GP's :math:`q` is GP regression
+on pseudo-targets :math:`\tilde y = -\tilde\lambda^{(1)}/(2\tilde\lambda^{(2)})` with pseudo-noise
+:math:`s = -1/(2\tilde\lambda^{(2)})`.
+
+It offers the common posterior surface (:mod:`gpvi.posteriors.base`) over the latent values -- ``names`` (``f[n]``, or
+``f[n,k]`` in row-major order), ``mean`` and ``std`` (flattened), ``sample`` (Matheron's rule), ``quantile``,
+``marginals``, ``summary`` (latent marginals and site statistics), ``state_dict`` / ``from_state_dict`` (kind
+``"latent"``) -- plus ``predict_latent`` and ``predict_proba`` at new inputs and ``predict``
+(:class:`BernoulliPredictive` or :class:`CategoricalPredictive`). The run report (settings, counters, times) is
+``info``.
 
 Names: ``lam1``, ``lam2`` (:math:`\tilde\lambda^{(1)}, \tilde\lambda^{(2)}`), ``m``, ``var`` (:math:`m_n`,
 :math:`V_{nn}`), ``theta`` (kernel log-hyperparameters), ``L``, ``alpha``.
@@ -15,14 +23,23 @@ Names: ``lam1``, ``lam2`` (:math:`\tilde\lambda^{(1)}, \tilde\lambda^{(2)}`), ``
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import numpy as np
 import torch
 
-from ..validation import as_float_tensor, check_positive_int
-from .sites import SitePosterior
+from ..linalg import cholesky_with_jitter
+from ..models.likelihoods import gaussian_expectation
+from ..numerics.quadrature import Quadrature
+from ..numerics.sites import class_factors, pseudo_data, site_factor
+from ..numerics.softmax_rules import default_quadrature
+from ..rng import resolve_generator
+from ..table import Table
+from ..validation import as_float_tensor, check_binary_labels, check_fraction, check_positive_int
+from .base import Posterior
 
-__all__ = ["LatentPosterior", "BernoulliPredictive"]
+__all__ = ["LatentPosterior", "BernoulliPredictive", "CategoricalPredictive"]
 
 
 class BernoulliPredictive:
@@ -47,8 +64,6 @@ class BernoulliPredictive:
         return self.probs
 
     def log_prob(self, y: Any) -> torch.Tensor:
-        from ..validation import check_binary_labels
-
         yt = as_float_tensor(y, "y", ndim=1)
         if yt.shape[0] != self.probs.shape[0]:
             raise ValueError(f"y has {yt.shape[0]} labels but the prediction has {self.probs.shape[0]}")
@@ -63,24 +78,64 @@ class BernoulliPredictive:
         return torch.where(y01 == 1.0, torch.log(p), torch.log1p(-p))
 
 
-class LatentPosterior(SitePosterior):
-    r"""The CVI posterior :math:`q(\mathbf f) = \mathcal N(\mathbf m, V)` of a latent GP, in site form.
+class CategoricalPredictive:
+    r"""Predictive distribution of K-class labels: ``probs[i, k]`` :math:`= p(y_i = \text{classes}[k] \mid \mathcal D)`.
+
+    ``mean`` is the probability matrix, ``labels`` the most probable class of each point (the original labels), and
+    ``log_prob(y)`` gives :math:`\log p(y_i \mid \mathcal D)` for labels among ``classes``.
+
+    Examples
+    --------
+    >>> import numpy as np, torch
+    >>> pred = CategoricalPredictive(torch.tensor([[0.7, 0.2, 0.1]], dtype=torch.float64), np.array(["a", "b", "c"]))
+    >>> pred.labels.tolist(), round(float(pred.log_prob(["b"])[0]), 4)
+    (['a'], -1.6094)
+    """
+
+    def __init__(self, probs: torch.Tensor, classes: Any) -> None:
+        self.probs, self.classes = probs, np.asarray(classes)
+
+    @property
+    def mean(self) -> torch.Tensor:
+        return self.probs
+
+    @property
+    def labels(self) -> np.ndarray:
+        """The most probable class of each point, as the original labels."""
+        return self.classes[self.probs.argmax(-1).cpu().numpy()]
+
+    def log_prob(self, y: Any) -> torch.Tensor:
+        arr = np.asarray(y.detach().cpu().numpy() if isinstance(y, torch.Tensor) else y)
+        if arr.shape != (self.probs.shape[0],):
+            raise ValueError(f"y must hold {self.probs.shape[0]} labels; got shape {arr.shape}")
+        idx = np.searchsorted(self.classes, arr)
+        bad = (idx >= len(self.classes)) | (self.classes[np.minimum(idx, len(self.classes) - 1)] != arr)
+        if bad.any():
+            raise ValueError(f"y holds labels that are not among the classes {self.classes.tolist()}: "
+                             f"{sorted(set(arr[bad].tolist()))[:5]}")
+        i = torch.as_tensor(idx, dtype=torch.long, device=self.probs.device)
+        return torch.log(self.probs.gather(-1, i.unsqueeze(-1)).squeeze(-1))
+
+
+class LatentPosterior(Posterior):
+    r"""The CVI posterior of one or K latent GPs, in site form (see the module docstring).
 
     Parameters
     ----------
-    model : LatentGP
-    lam1, lam2 : torch.Tensor of shape (N,)
+    model : LatentGP or GPMulticlass
+    lam1, lam2 : torch.Tensor of shape (N,) or (N, K)
         Sites :math:`\tilde\lambda^{(1)}, \tilde\lambda^{(2)}` (``lam2 < 0``).
     theta : torch.Tensor of shape (D,)
         Kernel log-hyperparameters the posterior was computed at.
-    m, var : torch.Tensor of shape (N,)
+    m, var : torch.Tensor, the shape of the sites
         Marginal means and variances at the training inputs.
-    L : torch.Tensor of shape (N, N)
-        Lower Cholesky factor of :math:`K + S`.
-    alpha : torch.Tensor of shape (N,)
-        :math:`(K + S)^{-1}\tilde{\mathbf y}`.
+    L : torch.Tensor of shape (N, N) or (K, N, N)
+        Lower Cholesky factor(s) of :math:`K + S` (per latent function).
+    alpha : torch.Tensor of shape (N,) or (K, N)
+        :math:`(K + S)^{-1}\tilde{\mathbf y}` (per latent function).
     elbo : float
-        ELBO (eq. 5) of :math:`q`, by quadrature.
+        ELBO (eq. 5) of :math:`q` by the deterministic rule (without the prior on :math:`\theta`;
+        ``info["log_prior"]`` holds it after MAP-II).
     converged : bool
     trace : dict of str to list, optional
         Per-check records of the run (``step``, ``sweep``, ``elbo``, ``residual``, ``drift``, ``time_s``).
@@ -89,12 +144,14 @@ class LatentPosterior(SitePosterior):
     engine_state : CVIState, optional
         The final state; a private copy is kept (resume with ``CVI(...).run(model, state=post.engine_state)``).
     quadrature : Quadrature, optional
-        The rule for logit predictions (default ``Quadrature()``).
+        The rule for predictions (default ``Quadrature()`` for one latent function, else
+        :func:`gpvi.numerics.softmax_rules.default_quadrature`).
 
     Attributes
     ----------
     names : list of str
-        ``f[0]``, ..., ``f[N-1]``: the latent values at the training inputs (``theta_names`` names theta).
+        ``f[0]``, ..., ``f[N-1]`` (or ``f[n,k]``): the latent values at the training inputs (``theta_names`` names
+        theta).
     model : LatentGP
         The model (also ``target``).
 
@@ -111,34 +168,180 @@ class LatentPosterior(SitePosterior):
 
     kind = "latent"
 
+    def __init__(self, model: Any, lam1: torch.Tensor, lam2: torch.Tensor, theta: torch.Tensor, m: torch.Tensor,
+                 var: torch.Tensor, *, L: torch.Tensor, alpha: torch.Tensor, elbo: float, converged: bool = False,
+                 trace: dict[str, list] | None = None, info: dict[str, Any] | None = None, engine_state: Any = None,
+                 quadrature: Any = None) -> None:
+        super().__init__(self._latent_names(lam1.shape), model, info, engine_state=engine_state)
+        self.lam1, self.lam2 = lam1.detach().clone(), lam2.detach().clone()
+        self.theta = theta.detach().clone()
+        self.m, self.var = m.detach().clone(), var.detach().clone()
+        self._L, self._alpha = L.detach(), alpha.detach()
+        self.elbo = float(elbo)
+        self.converged = bool(converged)
+        self.trace = {k: list(v) for k, v in (trace or {}).items()}
+        if quadrature is None:
+            quadrature = Quadrature() if lam1.dim() == 1 else default_quadrature(lam1.shape[1])
+        self.quadrature = quadrature
+
+    # ------------------------------------------------------------------ one or K latent functions
     @staticmethod
     def _latent_names(shape: tuple[int, ...]) -> list[str]:
-        return [f"f[{i}]" for i in range(shape[0])]
+        if len(shape) == 1:
+            return [f"f[{i}]" for i in range(shape[0])]
+        N, C = shape
+        return [f"f[{n},{k}]" for n in range(N) for k in range(C)]
+
+    @property
+    def num_latent(self) -> int:
+        """The number of latent functions: 1 (sites of shape (N,)) or K (sites of shape (N, K))."""
+        return 1 if self.lam1.dim() == 1 else int(self.lam1.shape[1])
+
+    @property
+    def num_classes(self) -> int:
+        """The number of classes of a classification model (2 for a binary one)."""
+        return len(self.model.classes)
+
+    @property
+    def classes(self) -> Any:
+        """The model's original labels (``classes[k]`` is column k of a multi-class :meth:`predict_proba`; for a
+        binary model ``classes[1]`` is the positive class)."""
+        return self.model.classes
 
     @staticmethod
-    def _default_quadrature() -> Any:
-        from ..numerics.quadrature import Quadrature
-
-        return Quadrature()
-
-    @classmethod
-    def _refactor(cls, model: Any, theta: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor
+    def _refactor(model: Any, theta: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-        from ..numerics.sites import pseudo_data, site_factor
-
-        if lam1.shape[0] != model.num_data:
-            raise ValueError(f"state has {lam1.shape[0]} sites but the model has N = {model.num_data}")
+        """``(L, alpha)`` of the sites at ``theta`` (checks the sites' shape against the model first)."""
+        shape = (model.num_data,) if lam1.dim() == 1 else (model.num_data, getattr(model, "num_classes", -1))
+        if tuple(lam1.shape) != shape:
+            raise ValueError(f"state has sites of shape {tuple(lam1.shape)} but the model has {shape}")
         K = model.kernel_matrix(theta)
         ytilde, s = pseudo_data(lam1, lam2)
-        L, _ = site_factor(K, s, theta)
-        return L, torch.cholesky_solve(ytilde.unsqueeze(-1), L).squeeze(-1)
+        if lam1.dim() == 1:
+            L, _ = site_factor(K, s, theta)
+            return L, torch.cholesky_solve(ytilde.unsqueeze(-1), L).squeeze(-1)
+        L, _ = class_factors(K, s, theta)
+        return L, torch.cholesky_solve(ytilde.T.unsqueeze(-1), L).squeeze(-1)
 
     def _title(self) -> str:
-        return f"LatentPosterior (CVI): latent marginals and sites, link {self.link}"
+        if self.num_latent == 1:
+            return f"LatentPosterior (CVI): latent marginals and sites, link {self.link}"
+        return f"LatentPosterior (CVI): latent marginals and sites, likelihood {self.link}, K = {self.num_latent}"
 
+    # ------------------------------------------------------------------ the model and the sites
+    @property
+    def model(self) -> Any:
+        """The model (the same object as ``target``)."""
+        return self.target
+
+    @property
+    def theta_names(self) -> list[str]:
+        """Names of the kernel log-hyperparameters ``theta``."""
+        return list(self.model.names)
+
+    @property
+    def link(self) -> str:
+        return self.model.link
+
+    @property
+    def sites(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(lam1, lam2)``."""
+        return self.lam1, self.lam2
+
+    @property
+    def pseudo_noise(self) -> torch.Tensor:
+        r""":math:`s = -1/(2\tilde\lambda^{(2)})`, the shape of the sites."""
+        return -0.5 / self.lam2
+
+    @property
+    def pseudo_targets(self) -> torch.Tensor:
+        r""":math:`\tilde y = -\tilde\lambda^{(1)} / (2\tilde\lambda^{(2)})`, the shape of the sites."""
+        return self.pseudo_noise * self.lam1
+
+    def hyperparameters(self) -> dict[str, float]:
+        """``{natural name: value}`` of the kernel hyperparameters the posterior was computed at."""
+        return self.model.describe(self.theta)
+
+    # ------------------------------------------------------------------ the common surface (flattened, row-major)
+    @property
+    def mean(self) -> torch.Tensor:
+        """Marginal means of the latent values at the training inputs, flattened row-major (``m`` keeps the shape
+        of the sites)."""
+        return self.m.reshape(-1)
+
+    @property
+    def std(self) -> torch.Tensor:
+        """Marginal standard deviations, flattened as :attr:`mean`."""
+        return torch.sqrt(self.var.clamp_min(0.0)).reshape(-1)
+
+    def _quantiles(self, probs: torch.Tensor) -> torch.Tensor:
+        z = torch.special.ndtri(probs.to(self.m)).unsqueeze(-1)
+        return self.mean.unsqueeze(0) + z * self.std.unsqueeze(0)
+
+    def _marginal(self, mean: torch.Tensor, sd: torch.Tensor) -> list[dict[str, Any]]:
+        return [{"family": "normal", "loc": a, "scale": b} for a, b in zip(mean.tolist(), sd.tolist())]
+
+    def summary(self, prob: float = 0.9, *, natural: bool = True) -> Table:
+        """Latent marginals and sites, one row per latent value (:attr:`names`).
+
+        Columns: ``mean``, ``sd`` and the central ``prob`` interval (``q5``, ``q50``, ``q95`` by default), then the
+        site: ``lam1``, ``lam2``, ``pseudo_target`` and ``pseudo_noise``. The run report is :attr:`info`, the
+        hyperparameters :meth:`hyperparameters`. ``natural`` is accepted for the common signature (latent values
+        have no natural scale).
+        """
+        prob = check_fraction(prob, "prob", high_closed=False)
+        lo = 100 * (1 - prob) / 2
+        probs = torch.tensor([(1 - prob) / 2, 0.5, 1 - (1 - prob) / 2], dtype=torch.float64)
+        q = self._quantiles(probs)
+        cols: dict[str, list[Any]] = {"mean": self.mean.tolist(), "sd": self.std.tolist()}
+        for j, name in enumerate((f"q{lo:g}", "q50", f"q{100 - lo:g}")):
+            cols[name] = q[j].tolist()
+        cols.update(lam1=self.lam1.reshape(-1).tolist(), lam2=self.lam2.reshape(-1).tolist(),
+                    pseudo_target=self.pseudo_targets.reshape(-1).tolist(),
+                    pseudo_noise=self.pseudo_noise.reshape(-1).tolist())
+        return Table(self.names, cols, title=f"{self._title()}, ELBO {self.elbo:.6g}")
+
+    # ------------------------------------------------------------------ serialisation
+    def _state(self) -> dict[str, Any]:
+        return {"link": self.link, "lam1": self.lam1, "lam2": self.lam2, "theta": self.theta, "m": self.m,
+                "var": self.var, "elbo": self.elbo, "converged": self.converged,
+                "trace": {k: list(v) for k, v in self.trace.items()},
+                "quadrature": self.quadrature.spec() if self.quadrature is not None else None}
+
+    @classmethod
+    def _from_state(cls, state: dict[str, Any], target: Any, common: dict[str, Any]) -> LatentPosterior:
+        model = target
+        if model is None:
+            raise TypeError(f"{cls.__name__}.from_state_dict needs the model (target=...) it was computed for")
+        if state.get("link") != model.link:
+            raise ValueError(f"state was made with likelihood {state.get('link')!r} but model uses {model.link!r}")
+        dev = model.device
+        theta = torch.as_tensor(state["theta"], dtype=torch.float64).to(dev)
+        lam1 = torch.as_tensor(state["lam1"], dtype=torch.float64).to(dev)
+        lam2 = torch.as_tensor(state["lam2"], dtype=torch.float64).to(dev)
+        L, alpha = cls._refactor(model, theta, lam1, lam2)
+        q = state.get("quadrature") or (common.get("info") or {}).get("quadrature")
+        quad = Quadrature(int(q["num_points"]), str(q["rule"]), scale=float(q["scale"]), width=float(q["width"])) \
+            if isinstance(q, dict) else None
+        es = common.get("engine_state")             # a dict, as for every posterior: engine.resume reads it
+        return cls(model, lam1, lam2, theta, torch.as_tensor(state["m"]).to(dev), torch.as_tensor(state["var"]).to(dev),
+                   L=L, alpha=alpha, elbo=state.get("elbo", math.nan), converged=state.get("converged", False),
+                   trace=state.get("trace"), info=common.get("info"),
+                   engine_state=es, quadrature=quad)
+
+    def _with_info(self, extra: dict[str, Any], *, converged: bool | None = None) -> LatentPosterior:
+        """A copy with ``extra`` merged into ``info`` (the tensors are shared: posteriors never change)."""
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.info = {**self.info, **extra}
+        if converged is not None:
+            new.converged = bool(converged)
+        return new
+
+    # ------------------------------------------------------------------ draws
     @torch.no_grad()
     def sample(self, n: int, generator: torch.Generator | None = None, seed: int | None = None) -> torch.Tensor:
-        r"""``(n, N)`` draws of the latent values :math:`\mathbf f \sim q` at the training inputs.
+        r"""``(n, N)`` (or ``(n, N K)``, row-major ``f[n,k]``) draws of the latent values :math:`\mathbf f \sim q`.
 
         By conditioning prior draws on the pseudo-data (Matheron's rule; exact for this Gaussian :math:`q`):
 
@@ -148,21 +351,31 @@ class LatentPosterior(SitePosterior):
             \qquad \mathbf f_0 \sim \mathcal N(0, K),\ \boldsymbol\varepsilon \sim \mathcal N(0, S),
 
         which needs only the factors of :math:`K` (with the shared jitter policy) and of :math:`K + S`, never
-        :math:`V` itself (forming :math:`V = K - K(K+S)^{-1}K` cancels badly where the sites are strong).
+        :math:`V` itself (forming :math:`V = K - K(K+S)^{-1}K` cancels badly where the sites are strong); with K latent
+        functions, per function.
         """
-        from ..linalg import cholesky_with_jitter
-        from ..rng import resolve_generator
-
         n = check_positive_int(n, "n")
         gen = resolve_generator(seed, generator, device=self.m.device)
         K = self.model.kernel_matrix(self.theta)
         Lk = cholesky_with_jitter(K, theta=self.theta, what="kernel matrix").L
+        if self.lam1.dim() == 2:
+            return self._sample_classes(n, gen, K, Lk)
         N = self.m.shape[0]
         z = torch.randn((N, n), generator=gen, dtype=self.m.dtype, device=self.m.device)
         eps = torch.randn((N, n), generator=gen, dtype=self.m.dtype, device=self.m.device)
         f0 = Lk @ z
         resid = self.pseudo_targets.unsqueeze(-1) - f0 - torch.sqrt(self.pseudo_noise).unsqueeze(-1) * eps
         return (f0 + K @ torch.cholesky_solve(resid, self._L)).T.contiguous()
+
+    def _sample_classes(self, n: int, gen: torch.Generator, K: torch.Tensor, Lk: torch.Tensor) -> torch.Tensor:
+        N, C = self.m.shape
+        s, ytilde = self.pseudo_noise, self.pseudo_targets
+        z = torch.randn((C, N, n), generator=gen, dtype=self.m.dtype, device=self.m.device)
+        eps = torch.randn((C, N, n), generator=gen, dtype=self.m.dtype, device=self.m.device)
+        f0 = Lk @ z
+        resid = ytilde.T.unsqueeze(-1) - f0 - torch.sqrt(s.T).unsqueeze(-1) * eps
+        f = f0 + K @ torch.cholesky_solve(resid, self._L)                        # (C, N, n)
+        return f.permute(2, 1, 0).reshape(n, N * C).contiguous()
 
     # ------------------------------------------------------------------ prediction
     @torch.no_grad()
@@ -179,8 +392,10 @@ class LatentPosterior(SitePosterior):
 
         Returns
         -------
-        mean, var : torch.Tensor of shape (n,)
+        mean, var : torch.Tensor of shape (n,), or (n, K) with K latent functions (one regression per function)
         """
+        if self.lam1.dim() == 2:
+            return self._predict_classes(X_new)
         Ksx = self.model.cross_covariance(self.theta, X_new)
         kss = self.model.prior_variance(self.theta, X_new)
         mean = Ksx @ self._alpha
@@ -190,14 +405,18 @@ class LatentPosterior(SitePosterior):
 
     @torch.no_grad()
     def predict_proba(self, X_new: Any) -> torch.Tensor:
-        r""":math:`p(y_* = 1 \mid \mathcal D) = \mathbb E_{q(f_*)}[p(y_* = 1 \mid f_*)]`, shape ``(n,)``.
+        r"""Class probabilities :math:`\mathbb E_{q(\mathbf f_*)}[p(y_* \mid \mathbf f_*)]` at new inputs.
 
-        Probit: :math:`\Phi(m_*/\sqrt{1 + v_*})` (closed form). Logit: quadrature of :math:`\sigma(f_*)`.
-        "1" is the model's positive class (``model.classes[1]``).
+        Binary, shape ``(n,)``: :math:`p(y_* = 1 \mid \mathcal D)` ("1" is ``model.classes[1]``); probit
+        :math:`\Phi(m_*/\sqrt{1 + v_*})` (closed form), logit the quadrature of :math:`\sigma(f_*)`. K classes, shape
+        ``(n, K)``, rows summing to 1: the softmax quadrature of :mod:`gpvi.models.multiclass` for :math:`K \le 3`,
+        else 4096 fixed quasi-Monte Carlo points (:func:`gpvi.numerics.softmax_rules.fixed_draws`); robust-max the
+        1-D Gauss-Hermite formula.
         """
-        from ..models.likelihoods import gaussian_expectation
-
         lik = self.model.likelihood
+        if self.lam1.dim() == 2:
+            mean, var = self._predict_classes(X_new)
+            return lik.predict_proba(mean, var, quadrature=self.quadrature)
         if not getattr(lik, "binary", False):
             raise TypeError(f"predict_proba needs a binary likelihood; this posterior's is {lik.name!r}")
         mean, var = self.predict_latent(X_new)
@@ -205,16 +424,23 @@ class LatentPosterior(SitePosterior):
             return torch.special.ndtr(mean / torch.sqrt(1.0 + var))
         return gaussian_expectation(lik.response, mean, var, self.quadrature).clamp(0.0, 1.0)
 
-    def predict(self, X_new: Any) -> BernoulliPredictive:  # type: ignore[override]
-        """The predictive of the labels at ``X_new`` (:class:`BernoulliPredictive`; works with ``gpvi.metrics``)."""
-        return BernoulliPredictive(self.predict_proba(X_new))
+    def predict(self, X_new: Any) -> BernoulliPredictive | CategoricalPredictive:  # type: ignore[override]
+        """The predictive of the labels at ``X_new``: :class:`BernoulliPredictive` (binary) or
+        :class:`CategoricalPredictive` (K classes); both work with ``gpvi.metrics``."""
+        p = self.predict_proba(X_new)
+        if p.dim() == 2:
+            return CategoricalPredictive(p, self.model.classes)
+        return BernoulliPredictive(p)
+
+    def _predict_classes(self, X_new: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        Ksx = self.model.cross_covariance(self.theta, X_new)
+        kss = self.model.prior_variance(self.theta, X_new)
+        mean = Ksx @ self._alpha.T
+        W = torch.linalg.solve_triangular(self._L, Ksx.T.expand(self.num_latent, -1, -1), upper=False)
+        var = (kss.unsqueeze(-1) - (W * W).sum(-2).T).clamp_min(0.0)
+        return mean, var
 
     def __repr__(self) -> str:
-        return (f"LatentPosterior(link={self.link!r}, N={self.model.num_data}, elbo={self.elbo:.6g}, "
+        k = "" if self.lam1.dim() == 1 else f", K={self.num_latent}"
+        return (f"LatentPosterior(link={self.link!r}, N={self.model.num_data}{k}, elbo={self.elbo:.6g}, "
                 f"converged={self.converged}, mode={self.info.get('mode')!r})")
-
-    @classmethod
-    def from_state_dict(cls, state: dict[str, Any], target: Any = None) -> LatentPosterior:
-        """Rebuild from :meth:`state_dict` output for the same model (``target``), recomputing the factor of
-        :math:`K + S`; an ``engine_state`` becomes a :class:`~gpvi.inference.cvi.state.CVIState` again."""
-        return super().from_state_dict(state, target)    # type: ignore[return-value]

@@ -16,18 +16,14 @@
 The posterior is :class:`gpvi.posteriors.latent.LatentPosterior`.
 """
 
-from ...posteriors.latent import BernoulliPredictive, LatentPosterior
 from .engine import CVI
 from .options import MonteCarlo, SingleSite, SitesConverged, init_to_sites, num_steps_for_sweeps
-from ...numerics.sites import site_elbo
 from .state import CVIState
 from .typeii import TypeII, theta_objective
-from ...posteriors.multiclass import MulticlassPosterior
 from .multiclass import MulticlassCVI
 from .multiclass_typeii import MulticlassTypeII
 from .multiclass_sites import MulticlassCVIState
 from .bayes import FullyBayesianCVI
 
-__all__ = ["CVI", "CVIState", "LatentPosterior", "BernoulliPredictive", "MonteCarlo", "SingleSite",
-           "SitesConverged", "init_to_sites", "num_steps_for_sweeps", "site_elbo", "TypeII", "theta_objective",
-           "MulticlassCVI", "MulticlassTypeII", "MulticlassCVIState", "MulticlassPosterior", "FullyBayesianCVI"]
+__all__ = ["CVI", "CVIState", "MonteCarlo", "SingleSite", "SitesConverged", "init_to_sites", "num_steps_for_sweeps",
+           "TypeII", "theta_objective", "MulticlassCVI", "MulticlassTypeII", "MulticlassCVIState", "FullyBayesianCVI"]

@@ -192,7 +192,7 @@ class FullyBayesianCVI:
         ----------
         model : LatentGP
             :class:`gpvi.GPClassification` or :class:`gpvi.models.multiclass.GPMulticlass`.
-        init : LatentPosterior or MulticlassPosterior, optional
+        init : LatentPosterior, optional
             A MAP-II posterior to start from (a :class:`~gpvi.inference.cvi.typeii.TypeII` or
             :class:`~gpvi.inference.cvi.multiclass_typeii.MulticlassTypeII` result with the same prior); default:
             one is computed.

@@ -43,9 +43,9 @@ from typing import Any
 import torch
 
 from ...exceptions import ConvergenceWarning, NotPSDError, NumericalWarning
+from ...posteriors.latent import LatentPosterior
 from ...numerics.quadrature import Quadrature
 from ...models.multiclass import GPMulticlass, Softmax, default_quadrature
-from ...posteriors.multiclass import MulticlassPosterior
 from ...rng import check_seed, resolve_generator
 from ...validation import (as_float_tensor, check_bool, check_choice, check_fraction, check_positive,
                            check_positive_int)
@@ -60,7 +60,7 @@ from .multiclass_single import stochastic_step
 from .options import SingleSite, SitesConverged
 from .multiclass_sites import MulticlassCVIState
 
-__all__ = ["MulticlassCVI", "MulticlassCVIState", "MulticlassPosterior"]
+__all__ = ["MulticlassCVI", "MulticlassCVIState", "LatentPosterior"]
 
 _SNAPSHOT = ("lam1", "lam2", "theta", "t", "sites_updated", "initialised", "elbo", "beta_scale", "converged",
              "factor", "since_refactor", "order", "order_pos", "kept_lam1", "kept_lam2", "redo")
@@ -230,7 +230,7 @@ class MulticlassCVI:
 
     def init(self, target: Any, start: Any = None, generator: torch.Generator | None = None) -> MulticlassCVIState:
         """A fresh state: ``start`` is ``None`` (``model.theta``, sites 0: q = prior), a theta, a
-        :class:`MulticlassPosterior` (its theta and sites, a warm start) or a :class:`_Start`."""
+        :class:`LatentPosterior` (its theta and sites, a warm start) or a :class:`_Start`."""
         model = self._configure(target)
         if not isinstance(start, _Start):
             start = _Start.of(start)
@@ -308,12 +308,12 @@ class MulticlassCVI:
             steps.record_check(state, info, self.tol)
         return state, info
 
-    def result(self, target: Any, state: MulticlassCVIState, report: RunReport) -> MulticlassPosterior | None:
-        """The :class:`~gpvi.posteriors.multiclass.MulticlassPosterior` of ``state`` (as :meth:`gpvi.CVI.result`)."""
+    def result(self, target: Any, state: MulticlassCVIState, report: RunReport) -> LatentPosterior | None:
+        """The :class:`~gpvi.posteriors.latent.LatentPosterior` of ``state`` (as :meth:`gpvi.CVI.result`)."""
         return steps.run_result(self, target, state, report)
 
     def posterior(self, model: GPMulticlass, state: MulticlassCVIState, extra: dict[str, Any] | None = None, *,
-                  warn: bool = True) -> MulticlassPosterior:
+                  warn: bool = True) -> LatentPosterior:
         """The posterior of ``state`` at its theta: factors, marginals and bound recomputed."""
         model = self._configure(model)
         if not state.initialised:
@@ -328,7 +328,7 @@ class MulticlassCVI:
         if warn and not state.converged and self.tol > 0:
             warnings.warn(f"MulticlassCVI did not converge within {state.t} steps (tol={self.tol:g})",
                           ConvergenceWarning, stacklevel=5)
-        return MulticlassPosterior(model, lam1, lam2, state.theta, parts["m"], parts["v"], L=parts["L"],
+        return LatentPosterior(model, lam1, lam2, state.theta, parts["m"], parts["v"], L=parts["L"],
                                    alpha=parts["alpha"], elbo=elbo, converged=state.converged,
                                    trace={k: list(x) for k, x in state.trace.items()}, info=info,
                                    engine_state=state, quadrature=self.quadrature)
@@ -336,10 +336,10 @@ class MulticlassCVI:
     def run(self, model: GPMulticlass, init: Any = None, *, state: Any = None,
             generator: torch.Generator | None = None,
             callback: Callable[[MulticlassCVIState, dict[str, Any]], None] | None = None,
-            budget: MemoryBudget | None = None) -> MulticlassPosterior:
+            budget: MemoryBudget | None = None) -> LatentPosterior:
         """Run to convergence or ``num_steps`` steps (through :func:`gpvi.inference.driver.run`).
 
-        ``init``: a theta (D,), a :class:`MulticlassPosterior` (warm start from its theta and sites) or ``None``;
+        ``init``: a theta (D,), a :class:`LatentPosterior` (warm start from its theta and sites) or ``None``;
         ``state``: a :class:`MulticlassCVIState` or its ``state_dict()`` to resume (never changed).
         """
         self._configure(model)
@@ -365,7 +365,7 @@ class _Start:
             return cls()
         if isinstance(init, _Start):
             return init
-        if isinstance(init, MulticlassPosterior):
+        if isinstance(init, LatentPosterior):
             return cls(init.theta, init.lam1, init.lam2, source="posterior")
         return cls(init, source="given")
 

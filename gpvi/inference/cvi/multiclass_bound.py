@@ -68,7 +68,7 @@ class MulticlassBoundTarget(AnchoredBoundTarget):
         :func:`~gpvi.inference.cvi.multiclass_typeii.inner_quadrature` (784 nodes per site at K = 3, errors
         about 1e-6 in the bound; measured on iris: 0.22 s against 0.54 s per evaluation) unless ``cvi`` was
         given its own rule; ``None``: the engine's rule.
-    anchor : array-like of shape (D,) or MulticlassPosterior, optional
+    anchor : array-like of shape (D,) or LatentPosterior, optional
         Where the shared warm-start sites come from: a posterior's theta and sites (re-converged to ``inner_tol``
         on first use), or a theta at which a CVI run computes them (default ``model.theta``).
     inner_tol : float

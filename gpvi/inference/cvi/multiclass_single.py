@@ -47,7 +47,7 @@ HUGE_NOISE = 1e6
 def refactor(st: ms.MulticlassCVIState, K: torch.Tensor, *, measure: bool) -> float:
     """Recompute the class factors from scratch (:func:`gpvi.inference.cvi.steps.refactor` with one factor per
     class); returns the drift max |L_updated - L_fresh| over the classes (nan if not measured)."""
-    return steps.refactor(st, K, measure=measure, factorise=ms.factors)
+    return steps.refactor(st, K, measure=measure, factorise=sites.class_factors)
 
 
 def _refresh(st: ms.MulticlassCVIState, K: torch.Tensor) -> None:
@@ -60,12 +60,12 @@ def _refresh(st: ms.MulticlassCVIState, K: torch.Tensor) -> None:
 def _check(eng: Any, model: Any, st: ms.MulticlassCVIState, K: torch.Tensor) -> dict[str, Any]:
     """Refactorise (measuring the drift), centre the sites along the common mode and evaluate the bound."""
     drift = refactor(st, K, measure=True)
-    ytilde, _ = ms.pseudo_data(st.lam1, st.lam2)
-    m, v, alpha = ms.marginals(K, st.factor, ytilde)
+    ytilde, _ = sites.pseudo_data(st.lam1, st.lam2)
+    m, v, alpha = sites.class_marginals(K, st.factor, ytilde)
     if getattr(eng, "center", False):
         st.lam1, m, alpha = ms.center(st.lam1, st.lam2, m, alpha)
     value = ms.expectations(eng, model, m, v, None, eng.elbo_method).value.sum()
-    elbo = sites.finite_or_fault(value - 0.5 * ms.kl2(st.lam2, m, v, st.factor, alpha), st.t)
+    elbo = sites.finite_or_fault(value - 0.5 * sites.class_kl2(st.lam2, m, v, st.factor, alpha), st.t)
     return {"elbo": elbo, "drift": drift, "checked": True, "elbo_step": st.t, "residual": math.nan}
 
 
@@ -91,7 +91,7 @@ def stochastic_step(eng: Any, model: Any, st: ms.MulticlassCVIState, K: torch.Te
     C, N = L.shape[0], L.shape[1]
     idx = _next_batch(st, gen, opts.batch_size)
     B = idx.shape[0]
-    ytilde, s_old = ms.pseudo_data(st.lam1, st.lam2)
+    ytilde, s_old = sites.pseudo_data(st.lam1, st.lam2)
     # marginals of the selected points in every class: one batched triangular solve, O(C N^2 (B + 2)); the last
     # column L_k^{-1} e_n is the vector the factor update of the batch's first point needs
     e = torch.zeros(N, 1, dtype=L.dtype, device=L.device)

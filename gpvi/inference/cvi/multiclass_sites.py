@@ -35,15 +35,14 @@ from typing import Any, ClassVar
 import torch
 
 from ...exceptions import NotPSDError
-from ...linalg import cholesky_with_jitter, logdet_from_cholesky
 from ...models.likelihoods import mean_parameter_gradients
 from ...models.priors import prior_log_prob
 from ...numerics import sites
 from . import steps
 from .state import CVIState
 
-__all__ = ["MulticlassCVIState", "pseudo_data", "factors", "marginals", "kl2", "center", "elbo_from_sites", "full_step",
-           "keep_monotone", "forget_kept", "theta_objective"]
+__all__ = ["MulticlassCVIState", "center", "elbo_from_sites", "full_step", "keep_monotone", "forget_kept",
+           "theta_objective"]
 
 
 class MulticlassCVIState(CVIState):
@@ -83,37 +82,6 @@ class MulticlassCVIState(CVIState):
     def __repr__(self) -> str:
         return (f"MulticlassCVIState(t={self.t}, N={self.num_sites}, K={self.lam1.shape[1]}, "
                 f"elbo={self.elbo:.6g}, converged={self.converged})")
-
-
-# ------------------------------------------------------------------ site algebra, batched over classes
-def pseudo_data(lam1: torch.Tensor, lam2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``ytilde = -lam1 / (2 lam2)`` and ``s = -1 / (2 lam2)``, each (N, K)."""
-    return sites.pseudo_data(lam1, lam2)
-
-
-def factors(K: torch.Tensor, s: torch.Tensor, theta: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
-    """Lower Cholesky factors of ``K + diag(s[:, k])``, (K, N, N), through the shared jitter policy (raises
-    :class:`~gpvi.exceptions.NotPSDError` if one fails); returns ``(L, largest jitter)``."""
-    A = K.unsqueeze(0).repeat(s.shape[1], 1, 1)
-    A.diagonal(dim1=-2, dim2=-1).add_(s.T)
-    res = cholesky_with_jitter(A, theta=theta, raise_on_failure=True, what="K + diag(pseudo-noise of a class)")
-    return res.L, float(res.jitter.max())
-
-
-def marginals(K: torch.Tensor, L: torch.Tensor, ytilde: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``m`` (N, K), ``v`` (N, K) and ``alpha`` (K, N) of every class from its factor, O(K N^3)."""
-    alpha = torch.cholesky_solve(ytilde.T.unsqueeze(-1), L).squeeze(-1)
-    m = (alpha @ K).T
-    W = torch.linalg.solve_triangular(L, K.expand_as(L), upper=False)
-    v = K.diagonal().unsqueeze(-1) - (W * W).sum(-2).T
-    return m, v, alpha
-
-
-def kl2(lam2: torch.Tensor, m: torch.Tensor, v: torch.Tensor, L: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
-    r""":math:`2\sum_k \mathrm{KL}(q_k\,\|\,p)` in the site form of :func:`gpvi.numerics.sites.site_elbo`."""
-    s = -0.5 / lam2
-    return (m * alpha.T).sum() - (v / s).sum() + logdet_from_cholesky(L).sum() - torch.log(s).sum()
 
 
 def center(lam1: torch.Tensor, lam2: torch.Tensor, m: torch.Tensor, alpha: torch.Tensor
@@ -166,11 +134,11 @@ def elbo_from_sites(eng: Any, model: Any, lam1: torch.Tensor, lam2: torch.Tensor
     """The bound (deterministic expectations) of the sites at ``theta`` and the pieces (``m``, ``v``, ``L``,
     ``alpha``)."""
     K = model.kernel_matrix(theta) if K is None else K
-    ytilde, s = pseudo_data(lam1, lam2)
-    L, _ = factors(K, s, theta)
-    m, v, alpha = marginals(K, L, ytilde)
+    ytilde, s = sites.pseudo_data(lam1, lam2)
+    L, _ = sites.class_factors(K, s, theta)
+    m, v, alpha = sites.class_marginals(K, L, ytilde)
     value = expectations(eng, model, m, v, None, eng.elbo_method).value.sum()
-    return float(value - 0.5 * kl2(lam2, m, v, L, alpha)), {"m": m, "v": v, "L": L, "alpha": alpha}
+    return float(value - 0.5 * sites.class_kl2(lam2, m, v, L, alpha)), {"m": m, "v": v, "L": L, "alpha": alpha}
 
 
 def full_step(eng: Any, model: Any, st: MulticlassCVIState, K: torch.Tensor, gen: torch.Generator | None,
@@ -191,15 +159,15 @@ def full_step(eng: Any, model: Any, st: MulticlassCVIState, K: torch.Tensor, gen
         ex_elbo = expectations(eng, model, m, v, None, eng.elbo_method)
         elbo = ex_elbo.value.sum()                                                      # KL(prior || prior) = 0
     else:
-        ytilde, s = pseudo_data(st.lam1, st.lam2)
-        L, jit = factors(K, s, st.theta)
+        ytilde, s = sites.pseudo_data(st.lam1, st.lam2)
+        L, jit = sites.class_factors(K, s, st.theta)
         if jit > 0:
             st.counters["jitter_events"] += 1
-        m, v, alpha = marginals(K, L, ytilde)
+        m, v, alpha = sites.class_marginals(K, L, ytilde)
         if getattr(eng, "center", False):
             st.lam1, m, alpha = center(st.lam1, st.lam2, m, alpha)
         ex_elbo = expectations(eng, model, m, v, None, eng.elbo_method)
-        elbo = ex_elbo.value.sum() - 0.5 * kl2(st.lam2, m, v, L, alpha)
+        elbo = ex_elbo.value.sum() - 0.5 * sites.class_kl2(st.lam2, m, v, L, alpha)
         pieces = {"L": L, "m": m, "alpha": alpha}
     elbo_f = sites.finite_or_fault(elbo, st.t)
     use = method or eng.estimator
@@ -291,14 +259,14 @@ def theta_objective(eng: Any, model: Any, lam1: torch.Tensor, lam2: torch.Tensor
         val = torch.as_tensor(evaluated["elbo"], dtype=Kg.dtype, device=Kg.device)
     else:
         K = Kg.detach()
-        ytilde, s = pseudo_data(lam1, lam2)
+        ytilde, s = sites.pseudo_data(lam1, lam2)
         try:
-            L, _ = factors(K, s, theta.detach())
+            L, _ = sites.class_factors(K, s, theta.detach())
         except NotPSDError:
             return -math.inf, None
-        m, v, alpha = marginals(K, L, ytilde)
+        m, v, alpha = sites.class_marginals(K, L, ytilde)
         ex = expectations(eng, model, m, v, None, eng.elbo_method)
-        val = ex.value.sum() - 0.5 * kl2(lam2, m, v, L, alpha)
+        val = ex.value.sum() - 0.5 * sites.class_kl2(lam2, m, v, L, alpha)
     if not bool(torch.isfinite(val)):
         return -math.inf, None
     G = sites.kernel_gradient(L, lam1.T, lam2.T, m.T, alpha, ex.dm.T, ex.dv.T).sum(0)

@@ -20,10 +20,10 @@ import numpy as np
 import torch
 
 from ...exceptions import NotPSDError, NumericalWarning
+from ...posteriors.latent import LatentPosterior
 from ...numerics.quadrature import Quadrature
 from ...models.multiclass import GPMulticlass, Softmax, default_quadrature
 from ...models.priors import check_prior_choice, prior_log_prob, prior_name, resolve_prior
-from ...posteriors.multiclass import MulticlassPosterior
 from ...validation import check_bool, check_interval, check_nonnegative_int, check_positive, check_positive_int
 from ...numerics.lbfgs import lbfgs_maximise
 from ..progress import warn_interrupted
@@ -326,7 +326,7 @@ class MulticlassTypeII:
 
     def run(self, model: GPMulticlass, init: Any = None, *, state: Any = None,
             generator: torch.Generator | None = None, callback: Callable[..., None] | None = None
-            ) -> MulticlassPosterior:
+            ) -> LatentPosterior:
         """CVI runs and hyperparameter phases until a phase stops improving the objective; the final posterior.
 
         ``info`` adds ``learn_hyperparameters`` (True), ``type_ii`` (settings), ``theta_phases``,
