@@ -29,6 +29,7 @@ __all__ = [
     "CholeskyResult",
     "cholesky_with_jitter",
     "cholesky_in_place",
+    "cholesky_plain",
     "gaussian_log_marginal",
     "cholesky_update",
     "cholesky_site_update_",
@@ -222,6 +223,35 @@ def cholesky_in_place(
                 raise NotPSDError(f"{what}{th}: not positive definite even with jitter {max_jitter:g} x mean(diag)",
                                   theta=theta, jitter=max_jitter)
             return None, math.nan
+
+
+def cholesky_plain(A: torch.Tensor, *, raise_on_failure: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Cholesky factors :math:`A = L L^\top` **without** jitter, for the places where jitter would change the
+    algorithm rather than rescue it.
+
+    Those are: EP's cavity and tilted covariances (a matrix that is not positive definite means the EP step is
+    invalid, and the caller backs off its damping), the small per-site covariance matrices of the softmax
+    quadrature (a zero variance falls back to the diagonal square roots), the whitened NUTS target and the batched
+    CVI bound targets (which add their own documented jitter or give a failed row :math:`-\infty`). Everything
+    else factorises through :func:`cholesky_with_jitter`.
+
+    Parameters
+    ----------
+    A : torch.Tensor of shape (..., n, n)
+    raise_on_failure : bool
+        Raise ``torch.linalg.LinAlgError`` (as ``torch.linalg.cholesky``) when a member is not positive definite;
+        otherwise report it in ``ok`` (its rows of ``L`` are then meaningless).
+
+    Returns
+    -------
+    L : torch.Tensor of shape (..., n, n)
+    ok : torch.Tensor of shape (...), bool
+    """
+    if raise_on_failure:
+        L = torch.linalg.cholesky(A)
+        return L, torch.ones(A.shape[:-2], dtype=torch.bool, device=A.device)
+    L, info = torch.linalg.cholesky_ex(A)
+    return L, info == 0
 
 
 def logdet_from_cholesky(L: torch.Tensor) -> torch.Tensor:

@@ -66,6 +66,7 @@ import numpy as np
 import torch
 
 from ..rng import resolve_generator
+from ..linalg import cholesky_plain
 from ..validation import check_fraction, check_positive_int
 from .classification import LatentGP
 from .likelihoods import Likelihood
@@ -151,9 +152,9 @@ class Softmax(Likelihood):
         my, vy = m.gather(1, y.unsqueeze(-1)), v.gather(1, y.unsqueeze(-1))
         mu = m.gather(1, oth) - my
         cov = torch.diag_embed(v.gather(1, oth)) + vy.unsqueeze(-1)
-        Lc, info = torch.linalg.cholesky_ex(cov)
-        if bool((info != 0).any()):                     # a zero variance: fall back to square roots of the diagonal
-            Lc = torch.where((info != 0).view(-1, 1, 1), torch.diag_embed(torch.sqrt(cov.diagonal(dim1=-2, dim2=-1)
+        Lc, ok = cholesky_plain(cov)
+        if not bool(ok.all()):                     # a zero variance: fall back to square roots of the diagonal
+            Lc = torch.where((~ok).view(-1, 1, 1), torch.diag_embed(torch.sqrt(cov.diagonal(dim1=-2, dim2=-1)
                                                                                      .clamp_min(0.0))), Lc)
         return mu, Lc, oth
 

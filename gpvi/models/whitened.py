@@ -46,8 +46,10 @@ from typing import Any
 
 import torch
 
+from ..linalg import cholesky_plain
 from .scaled_rbf import scaled_rbf_covariance
 from .priors import prior_log_prob, resolve_prior
+from ..numerics.quadrature import Quadrature, gaussian_expectation
 
 __all__ = ["WhitenedLatentGP", "WHITENING_JITTER"]
 
@@ -139,8 +141,7 @@ class WhitenedLatentGP:
             K = m.kernel_params.matrix(theta, m._Xc)
         jit = WHITENING_JITTER * K.diagonal(dim1=-2, dim2=-1).mean(-1)
         eye = torch.eye(K.shape[-1], dtype=K.dtype, device=K.device)
-        L, info = torch.linalg.cholesky_ex(K + jit[..., None, None] * eye)
-        return L, info == 0
+        return cholesky_plain(K + jit[..., None, None] * eye)
 
     def _latent(self, L: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """:math:`L v` with ``L`` (..., N, N): ``(..., N)``; multi-class ``v`` (..., K, N) gives ``(..., N, K)``."""
@@ -200,7 +201,6 @@ class WhitenedLatentGP:
         """:math:`p(y_* = 1\\mid\\mathcal D)` averaged over the draws, shape ``(n,)`` (binary likelihoods);
         multi-class: :math:`p(y_* = k\\mid\\mathcal D)`, shape ``(n, K)`` (columns in the order of
         ``model.classes``)."""
-        from ..numerics.quadrature import Quadrature, gaussian_expectation
         lik = self.model.likelihood
         if self.num_classes > 1:
             m, var = self.predict_latent(draws, X_new)

@@ -50,6 +50,7 @@ from typing import Any, NamedTuple
 import torch
 
 from .quadrature import Quadrature
+from ..linalg import cholesky_plain
 from ..validation import check_positive, check_positive_int
 
 __all__ = ["EPResult", "expectation_propagation"]
@@ -95,8 +96,7 @@ def _marginals(K: torch.Tensor, tau: torch.Tensor, nu: torch.Tensor):
     sW = tau.sqrt()
     B = sW.unsqueeze(-1) * K * sW.unsqueeze(-2)
     B.diagonal(dim1=-2, dim2=-1).add_(1.0)
-    LB, info = torch.linalg.cholesky_ex(B)
-    ok = info == 0
+    LB, ok = cholesky_plain(B)
     eye = torch.eye(K.shape[-1], dtype=K.dtype, device=K.device)
     LB = torch.where(ok[:, None, None], LB, eye)
     V = torch.linalg.solve_triangular(LB, sW.unsqueeze(-1) * K, upper=False)          # LB^{-1} S^{1/2} K

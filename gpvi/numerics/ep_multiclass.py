@@ -63,7 +63,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..linalg import logdet_from_cholesky
+from ..linalg import cholesky_plain, logdet_from_cholesky
 from .anderson import Anderson
 from .quadrature import Quadrature
 from .softmax_rules import _others, default_quadrature, nested_nodes
@@ -117,7 +117,7 @@ def _posterior(K: torch.Tensor, pi: torch.Tensor, nu: torch.Tensor):
     Sn = _psd_sqrt(pi)[0]
     B = (torch.einsum("nkl,mlj->knjm", Sn, Sn) * K.view(1, N, 1, N)).reshape(C * N, C * N)
     B.diagonal().add_(1.0)
-    LB = torch.linalg.cholesky(B)
+    LB, _ = cholesky_plain(B, raise_on_failure=True)
     SK = torch.einsum("nkj,nm->knjm", Sn, K).reshape(C * N, C * N)       # S (I_K x K)
     V = torch.linalg.solve_triangular(LB, SK, upper=False)
     nu_f = nu.T.reshape(-1)
@@ -138,7 +138,7 @@ def _tilted(y: torch.Tensor, mc: torch.Tensor, Cc: torch.Tensor, quad: Quadratur
     CAt = Cc @ A.mT                                                         # (N, K, K-1)
     cov_d = A @ CAt
     cov_d = 0.5 * (cov_d + cov_d.mT)
-    Ld = torch.linalg.cholesky(cov_d)
+    Ld, _ = cholesky_plain(cov_d, raise_on_failure=True)
     d, w = nested_nodes(mu_d, Ld, quad)                                     # (K-1, N, P), (N, P)
     mx = d.amax(0).clamp_min(0.0)
     lp = -(mx + torch.log(torch.exp(-mx) + torch.exp(d - mx).sum(0)))      # log p(y | d) at the nodes
@@ -179,11 +179,11 @@ def _sweep(K: torch.Tensor, y: torch.Tensor, pi: torch.Tensor, nu: torch.Tensor,
     N, C, _ = pi.shape
     LB, Sn, mu, Snn, nu_f = _posterior(K, pi, nu)
     mun = mu.view(C, N).T
-    Ls = torch.linalg.cholesky(Snn)
+    Ls, _ = cholesky_plain(Snn, raise_on_failure=True)
     Pnn = torch.cholesky_inverse(Ls)
     lam_c = Pnn - pi
     eta_c = (Pnn @ mun.unsqueeze(-1)).squeeze(-1) - nu
-    Lc = torch.linalg.cholesky(0.5 * (lam_c + lam_c.mT))                    # raises when a cavity is not PD
+    Lc, _ = cholesky_plain(0.5 * (lam_c + lam_c.mT), raise_on_failure=True)  # raises when a cavity is not PD
     Cc = torch.cholesky_inverse(Lc)
     mc = (Cc @ eta_c.unsqueeze(-1)).squeeze(-1)
     log_z_hat, m_hat, C_hat = _tilted(y, mc, Cc, quad)
@@ -193,7 +193,7 @@ def _sweep(K: torch.Tensor, y: torch.Tensor, pi: torch.Tensor, nu: torch.Tensor,
 
 def _new_sites(st: _Sweep) -> tuple[torch.Tensor, torch.Tensor]:
     """The undamped EP update F(x): sites that match the tilted moments of :func:`_sweep`'s state."""
-    P_hat = torch.cholesky_inverse(torch.linalg.cholesky(st.C_hat))
+    P_hat = torch.cholesky_inverse(cholesky_plain(st.C_hat, raise_on_failure=True)[0])
     pi_new = _psd_sqrt(P_hat - st.lam_c)[1]
     nu_new = (P_hat @ st.m_hat.unsqueeze(-1)).squeeze(-1) - st.eta_c
     if not (bool(torch.isfinite(pi_new).all()) and bool(torch.isfinite(nu_new).all())):

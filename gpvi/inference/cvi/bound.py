@@ -69,7 +69,7 @@ import torch
 from ...exceptions import NotPSDError
 from ...numerics import sites
 from ...numerics.sites import MIN_SITE_PRECISION
-from ...linalg import logdet_from_cholesky
+from ...linalg import cholesky_plain, logdet_from_cholesky
 from ...validation import check_bool, check_positive, check_positive_int, check_theta
 from ...models.scaled_rbf import scaled_rbf_covariance
 from ...models.likelihoods import expected_log_lik, mean_parameter_gradients
@@ -380,8 +380,7 @@ class CVIBoundTarget(AnchoredBoundTarget):
         ytilde = s * lam1
         A = K.clone()
         A.diagonal(dim1=-2, dim2=-1).add_(s)
-        L, info = torch.linalg.cholesky_ex(A)
-        ok = info == 0
+        L, ok = cholesky_plain(A)
         eye = torch.eye(N, dtype=K.dtype, device=K.device)
         L = torch.where(ok[:, None, None], L, eye)
         alpha = torch.cholesky_solve(ytilde.unsqueeze(-1), L).squeeze(-1)
