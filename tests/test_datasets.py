@@ -13,7 +13,6 @@ import io
 import math
 import random
 import re
-import sys
 from importlib import resources
 
 import numpy as np
@@ -327,13 +326,6 @@ def test_breast_cancer_matches_sklearn_and_keeps_its_label_coding() -> None:
     assert list(bunch.target_names) == ["malignant", "benign"]  # label 1 = benign
     assert int(ds.y_train.sum() + ds.y_test.sum()) == 357
     assert (int((ds.y_test == 0).sum()), int(ds.y_test.sum())) == (64, 107)
-
-
-def test_breast_cancer_without_sklearn_raises_helpful_import_error(monkeypatch) -> None:
-    monkeypatch.setitem(sys.modules, "sklearn", None)
-    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
-    with pytest.raises(ImportError, match=r"scikit-learn.*pip install gpvi\[test\]"):
-        datasets.load_breast_cancer()
 
 
 # ---------------------------------------------------------------------------------------------

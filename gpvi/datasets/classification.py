@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from sklearn.datasets import load_breast_cancer as _sklearn_load
 
 from ._dataset import Dataset, _check_bool, _check_fraction, _check_seed
 from ._files import _original_classification, _random, _random_classification
@@ -182,9 +183,6 @@ def load_breast_cancer(
 
     Raises
     ------
-    ImportError
-        If scikit-learn is not installed (``pip install gpvi[test]`` or
-        ``pip install scikit-learn``).
     TypeError, ValueError
         If ``seed``, ``test_fraction`` or ``stratify`` is invalid.
 
@@ -200,17 +198,9 @@ def load_breast_cancer(
     >>> ds.n_train, ds.n_test, ds.feature_names[0]
     (398, 171, 'mean radius')
     """
-    # Validate first so that argument errors do not depend on scikit-learn being installed.
     _check_seed(seed)
     _check_fraction(test_fraction)
     _check_bool(stratify, "stratify")
-    try:
-        from sklearn.datasets import load_breast_cancer as _sklearn_load
-    except ImportError as err:
-        raise ImportError(
-            "load_breast_cancer needs scikit-learn, an optional dependency of gpvi; "
-            "install it with `pip install gpvi[test]` or `pip install scikit-learn`"
-        ) from err
     bunch = _sklearn_load()
     X = np.asarray(bunch.data, dtype=np.float64)
     y = np.asarray(bunch.target, dtype=np.float64)
