@@ -74,7 +74,7 @@ class Table:
     def to_pandas(self):  # pragma: no cover - optional dependency
         """Convert to a ``pandas.DataFrame`` (pandas must be installed)."""
         try:
-            import pandas as pd
+            import pandas as pd                      # imported on use: pandas is not a dependency of gpvi
         except ImportError as exc:
             raise ImportError("to_pandas needs pandas: pip install pandas") from exc
         return pd.DataFrame(self.columns, index=self.index)

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from scipy.stats import wasserstein_distance
 
 from ..table import Table
 from ..validation import as_float_tensor, check_binary_labels, check_positive_int
@@ -119,8 +120,6 @@ def compare(a: Any, b: Any, *, num_draws: int = 20000) -> Table:
     ValueError
         The two posteriors have different parameter names.
     """
-    from scipy.stats import wasserstein_distance
-
     if list(a.names) != list(b.names):
         raise ValueError(f"posteriors have different parameters: {list(a.names)} vs {list(b.names)}")
     num_draws = check_positive_int(num_draws, "num_draws")

@@ -19,8 +19,13 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
+from scipy.stats import gaussian_kde
 
+from ..numerics.families import StandardNormal
+from ..posteriors.gaussian import GaussianPosterior
+from ..posteriors.point import PointPosterior
 from ..validation import as_float_tensor, check_positive_int
 
 __all__ = ["compare_marginals", "trace", "bound"]
@@ -30,7 +35,7 @@ _COLOURS = ("C0", "C1", "C2", "C3", "C4", "C5", "C6", "C7", "C8", "C9")
 
 def _figure(nrows: int, ncols: int, panel: tuple[float, float], **kw: Any):
     try:
-        from matplotlib.figure import Figure
+        from matplotlib.figure import Figure         # imported on use: matplotlib is an optional extra
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError("gpvi.plots needs matplotlib, an optional extra: pip install 'gpvi[plots]'") from exc
     fig = Figure(figsize=(panel[0] * ncols, panel[1] * nrows), layout="constrained")
@@ -62,15 +67,11 @@ def _draws(post: Any, num_draws: int, seed: int) -> torch.Tensor:
 
 
 def _is_gaussian(post: Any) -> bool:
-    from ..posteriors.gaussian import GaussianPosterior
-    from ..numerics.families import StandardNormal
     return isinstance(post, GaussianPosterior) and isinstance(post.base, StandardNormal)
 
 
 def _kde(x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor | None:
     """Gaussian kernel density estimate (Scott's rule) of 1-D draws on ``grid``; None if degenerate."""
-    import numpy as np
-    from scipy.stats import gaussian_kde
     xs = x.numpy()
     if xs.size < 2 or not np.isfinite(xs).all() or float(np.std(xs)) == 0.0:
         return None
@@ -95,7 +96,7 @@ def compare_marginals(q: Any, mc: Any, names: Sequence[str] | str | None = None,
     q : posterior
         The approximation (DSVI, Salimans-Knowles, ML-II, or another sample posterior).
     mc : posterior
-        The reference, typically the :class:`~gpvi.posteriors.samples.SamplePosterior` from :class:`gpvi.inference.mcmc.hmc.NUTS`
+        The reference, typically the :class:`~gpvi.posteriors.samples.SamplePosterior` from :class:`gpvi.NUTS`
         (any posterior works: non-sample posteriors contribute ``num_draws`` seeded draws).
     names : str or sequence of str, optional
         Parameters to show (default all), by name.
@@ -136,8 +137,6 @@ def compare_marginals(q: Any, mc: Any, names: Sequence[str] | str | None = None,
     >>> len(fig.axes)
     2
     """
-    from ..posteriors.point import PointPosterior
-
     if list(q.names) != list(mc.names):
         raise ValueError(f"q and mc have different parameters: {list(q.names)} vs {list(mc.names)}")
     bins = check_positive_int(bins, "bins")
@@ -202,7 +201,7 @@ def trace(mc: Any, names: Sequence[str] | str | None = None, *, warmup: bool = F
     Parameters
     ----------
     mc : SamplePosterior
-        Draws ``(C, S, D)`` (e.g. from :class:`gpvi.inference.mcmc.hmc.NUTS`).
+        Draws ``(C, S, D)`` (e.g. from :class:`gpvi.NUTS`).
     names : str or sequence of str, optional
         Parameters to show (default all).
     warmup : bool

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from ..exceptions import InterruptedRunWarning
 
@@ -49,7 +50,6 @@ class Progress:
         self._pending: dict[str, Any] | None = None     # newest postfix not yet shown (throttled)
         self.min_interval = min_interval
         if self.enabled:
-            from tqdm.auto import tqdm
             self._bar = tqdm(total=total, desc=desc, initial=initial, leave=leave, dynamic_ncols=True)
 
     def update(self, n: int = 1, **postfix: Any) -> None:

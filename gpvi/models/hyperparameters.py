@@ -360,8 +360,7 @@ class KernelParametrisation:
         make every prediction at another value of that column fall back to the prior. A lengthscale shared by all
         columns (isotropic) starts at the sum of the non-constant columns' variances (``d var`` when none is
         constant: the mean squared distance between two rows is twice that sum); constant columns add nothing to
-        distances, and before 2026-11-24 they entered this sum at 100 times the largest variance (on standardised
-        digits: lengthscale^2 e^6.75 instead of e^4.11).
+        distances, so they add nothing to this sum.
         """
         theta = torch.zeros(self.dim, dtype=X.dtype, device=X.device)
         d = X.shape[1]

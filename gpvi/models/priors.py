@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from ..exceptions import InputScaleWarning
+
 __all__ = ["default_prior", "scaled_prior", "prior_log_prob", "check_prior", "check_prior_choice", "resolve_prior",
            "prior_name"]
 
@@ -108,8 +110,6 @@ def _warn_if_not_unit_scale(model: Any) -> None:
     shift = scale()
     worst = int(shift.abs().argmax()) if shift.numel() else 0
     if shift.numel() and float(shift[worst].abs()) > _UNIT_SCALE_LOG_VAR:
-        from ..exceptions import InputScaleWarning
-
         names = list(getattr(model, "names", []))
         what = names[worst] if worst < len(names) else f"theta[{worst}]"
         warnings.warn(f"the default prior N(0, 10 I) on the log-hyperparameters is centred at lengthscale 1, but the "
