@@ -272,8 +272,8 @@ def test_bad_theta_and_settings():
 
 
 def test_memory_guard_refuses_huge_n_before_allocating(monkeypatch):
-    from gpvi import validation
-    monkeypatch.setattr(validation, "_available_memory_bytes", lambda device: 10 * 2**20)   # pretend 10 MiB free
+    from gpvi.validation import memory
+    monkeypatch.setattr(memory, "available_memory_bytes", lambda device: 10 * 2**20)   # pretend 10 MiB free
     X, y = make_gp_data(2000, 1)
     with pytest.raises(MemoryError, match="N = 2000"):
         gpvi.GPRegression(X, y)

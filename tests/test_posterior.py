@@ -244,11 +244,12 @@ def test_state_dict_round_trip_every_kind(which, tmp_path):
         gpvi.posteriors.Posterior.from_state_dict({**state, "version": 99})
 
 
-def test_state_dict_without_version_or_storage_reads_as_full():
-    q = _gaussian()
-    old = {k: v for k, v in q.state_dict().items() if k not in ("version", "storage")}
-    q2 = gpvi.GaussianPosterior.from_state_dict(old)
-    assert q2.storage == "full" and torch.equal(q2.scale_tril, q.scale_tril)
+def test_a_state_dict_of_another_version_or_missing_an_entry_is_refused():
+    state = _gaussian().state_dict()
+    with pytest.raises(ValueError, match="version None"):
+        gpvi.GaussianPosterior.from_state_dict({k: v for k, v in state.items() if k != "version"})
+    with pytest.raises(ValueError, match="lacks the entry 'storage'"):
+        gpvi.GaussianPosterior.from_state_dict({k: v for k, v in state.items() if k != "storage"})
 
 
 # ---------------------------------------------------------------------------------------------- storages
@@ -354,12 +355,12 @@ def test_lowrank_validation():
 
 
 def test_dense_properties_check_memory_first(monkeypatch):
-    import gpvi.posteriors.base as pb
+    from gpvi.validation import memory
     mu, c, W = _parts(D=50, K=3)
     names = [f"t{i}" for i in range(50)]
     qd = gpvi.GaussianPosterior(mu, c, names)
     ql = gpvi.GaussianPosterior.lowrank(mu, W, c, names)
-    monkeypatch.setattr(pb, "_available_memory_bytes", lambda device: 1000)
+    monkeypatch.setattr(memory, "available_memory_bytes", lambda device: 1000)
     for q in (qd, ql):
         for attr in ("scale_tril", "covariance"):
             with pytest.raises(MemoryError, match="D = 50"):
@@ -402,7 +403,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
 # ---------------------------------------------------------------------------------------------- engine state
 def test_posterior_keeps_its_own_copy_of_the_engine_state():
     from gpvi.inference.dsvi.engine import DSVI, SGD
-    from gpvi.inference.mcmc.hmc import MCMCState
+    from gpvi.inference.mcmc.state import MCMCState
     target = gpvi.Target(lambda th: -0.5 * (th ** 2).sum(-1), names=2)
     eng = DSVI(num_steps=10, optimizer=SGD(lr=0.1), progress_bar=False, seed=0)
     st = eng.init(target)

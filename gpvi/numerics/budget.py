@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..validation import _available_memory_bytes
+from ..validation.memory import available_memory_bytes
 
 __all__ = ["MemoryBudget", "DEFAULT_BUDGET_BYTES", "memory_per_draw"]
 
@@ -67,7 +67,7 @@ class MemoryBudget:
         """The budget in bytes on ``device``."""
         if self.max_bytes is not None:
             return self.max_bytes
-        free = _available_memory_bytes(torch.device(device) if device is not None else torch.device("cpu"))
+        free = available_memory_bytes(torch.device(device) if device is not None else torch.device("cpu"))
         return DEFAULT_BUDGET_BYTES if free is None else max(1, min(DEFAULT_BUDGET_BYTES, free // 4))
 
     def draws_per_call(self, target: Any, wanted: int, device: torch.device | str | None = None) -> int:

@@ -28,16 +28,17 @@ from __future__ import annotations
 import copy
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 from ..table import Table
-from ..validation import _available_memory_bytes, check_fraction, check_positive_int
+from ..validation import check_fraction, check_positive_int
 from ..numerics.predictive import MixturePredictive, _check_probs
 
 __all__ = ["Posterior", "posterior_from_state_dict", "STATE_VERSION"]
 
 STATE_VERSION = 1
-"""Version written under ``"version"`` by every posterior's ``state_dict`` (a dict without one reads as 1)."""
+"""Version written under ``"version"`` by every posterior's ``state_dict``; ``from_state_dict`` reads only it."""
 
 _SUMMARY_SEED = 20140621  # fixed seed for Monte Carlo parts of summaries (deterministic output)
 _KINDS: dict[str, type] = {}
@@ -53,14 +54,10 @@ def _plain(obj: Any) -> Any:
         return [_plain(v) for v in obj]
     if isinstance(obj, (torch.Tensor, str, int, float, bool)) or obj is None:
         return obj
-    try:
-        import numpy as np
-        if isinstance(obj, np.ndarray):
-            return torch.from_numpy(obj)
-        if isinstance(obj, np.generic):
-            return obj.item()
-    except ImportError:  # pragma: no cover
-        pass
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(obj)
+    if isinstance(obj, np.generic):
+        return obj.item()
     return repr(obj)
 
 
@@ -80,26 +77,6 @@ def snapshot_engine_state(state: Any) -> Any:
     if callable(getattr(state, "copy", None)) and not isinstance(state, dict):
         return state.copy()
     return copy.deepcopy(state)
-
-
-def check_dense_memory(D: int, *, what: str, copies: int = 1, dtype: torch.dtype = torch.float64,
-                       device: torch.device | str | None = None, storage: str = "") -> None:
-    """Refuse, before allocating, a dense ``(D, D)`` matrix (``copies`` of them) that exceeds free memory.
-
-    Raises
-    ------
-    MemoryError
-        Naming D, the bytes needed and the bytes free, and what to use instead.
-    """
-    dev = torch.device(device) if device is not None else torch.device("cpu")
-    need = copies * D * D * torch.empty((), dtype=dtype).element_size()
-    avail = _available_memory_bytes(dev)
-    if avail is not None and need > avail:
-        via = f" from its {storage} storage" if storage else ""
-        raise MemoryError(
-            f"{what} is a dense ({D}, {D}) matrix: with D = {D} it needs about {need / 2**30:.2f} GiB but only "
-            f"{avail / 2**30:.2f} GiB is free on {dev}; mean, std, quantile, sample, log_prob and summary work"
-            f"{via} without it")
 
 
 class Posterior:
@@ -349,7 +326,7 @@ class Posterior:
         TypeError
             ``state`` is not a dict.
         ValueError
-            Unknown or mismatched ``kind``, or a ``version`` newer than this gpvi writes.
+            Unknown or mismatched ``kind``, a ``version`` other than :data:`STATE_VERSION`, or a missing entry.
         """
         if not isinstance(state, dict):
             raise TypeError(f"state must be the dict returned by a posterior's state_dict(); got "
@@ -360,12 +337,17 @@ class Posterior:
         if cls.kind and kind != cls.kind:
             raise ValueError(f"state has kind {kind!r} but {cls.__name__} reads kind {cls.kind!r}; use "
                              f"Posterior.from_state_dict to pick the class from the kind")
-        version = int(state.get("version", 1))
-        if version > STATE_VERSION:
-            raise ValueError(f"state has version {version} but this gpvi reads versions up to {STATE_VERSION}")
+        version = state.get("version")
+        if version != STATE_VERSION:
+            raise ValueError(f"state has version {version!r} but this gpvi reads version {STATE_VERSION} only (a "
+                             f"state_dict() written by another gpvi: rebuild the posterior and save it again)")
         klass = _KINDS[kind]
         common = {"info": state.get("info"), "engine_state": state.get("engine_state")}
-        return klass._from_state(state, target, common)
+        try:
+            return klass._from_state(state, target, common)
+        except KeyError as exc:
+            raise ValueError(f"state of kind {kind!r} lacks the entry {exc}: not a state_dict() of this gpvi's "
+                             f"{klass.__name__}") from None
 
     def __repr__(self) -> str:
         return repr(self.summary(natural=False))

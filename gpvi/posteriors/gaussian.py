@@ -35,7 +35,8 @@ from ..numerics.families import (Factorised, StandardMultivariateT, StandardNorm
 from ..linalg import cholesky_with_jitter, solve_lower
 from ..rng import resolve_generator
 from ..validation import as_float_tensor, check_positive_int, check_theta
-from .base import _SUMMARY_SEED, Posterior, _plain, check_dense_memory
+from ..validation.memory import check_dense_memory
+from .base import _SUMMARY_SEED, Posterior, _plain
 from .weighted import psis
 
 __all__ = ["GaussianPosterior"]
@@ -422,13 +423,11 @@ class GaussianPosterior(Posterior):
     @classmethod
     def from_state_dict(cls, state: dict[str, Any], target: Any = None) -> GaussianPosterior:
         """Rebuild from :meth:`state_dict` (normal and Student-t bases; factorised bases need ``base=`` in the
-        constructor). A dict without ``storage`` (older files) is read as ``"full"``.
+        constructor).
 
         ``state_dict()`` holds only tensors, numbers, strings, lists and dicts, so it can be saved with
         ``torch.save`` and read back with ``torch.load(path, weights_only=True)``.
         """
-        if isinstance(state, dict) and "kind" not in state:
-            state = {**state, "kind": "gaussian"}
         return super().from_state_dict(state, target)
 
     @classmethod
@@ -437,12 +436,12 @@ class GaussianPosterior(Posterior):
         if spec["kind"] == "factorised":
             raise ValueError("a factorised base cannot be rebuilt from its description; construct "
                              "GaussianPosterior(mean, scale_tril, names, base=...) directly")
-        if spec["kind"] == "t":                          # the product of univariate t's (and files before 0.2)
+        if spec["kind"] == "t":                          # the product of univariate t's (make_standard's "t" is mvt)
             base = StandardStudentT(int(spec["dim"]), float(spec["df"]))
         else:
             base = make_standard(spec["kind"], spec["dim"], df=spec.get("df"))
-        storage = state.get("storage", "full")
-        kw = dict(base=base, elbo=state.get("elbo", math.nan), elbo_se=state.get("elbo_se", math.nan), **common)
+        storage = state["storage"]
+        kw = dict(base=base, elbo=state["elbo"], elbo_se=state["elbo_se"], **common)
         names = list(state["names"])
         if storage == "lowrank":
             return cls.lowrank(state["mean"], state["factor"], state["diag"], names, target, **kw)

@@ -1,50 +1,25 @@
-"""The input-validation layer used by every public entry point.
+"""Arrays at the public boundary: data, targets, labels, weights and parameter vectors, converted once.
 
-Everything that crosses the public boundary (data, hyperparameter vectors, labels, settings) is checked
-here and converted once: numeric arrays become float64 tensors on the requested device, never downcast.
-Errors are ``TypeError`` (wrong kind of object) or ``ValueError`` (right kind, bad value) and always name
-the argument and what was wrong, e.g. ``"X has 120 rows but y has 119"``.
+Numeric arrays become float64 tensors on the requested device, never downcast; shapes, finiteness and label sets
+are checked, and the columns' spread, feature names and a predictive's finiteness are checked where they matter.
 """
 
 from __future__ import annotations
 
-import math
 import numbers
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = [
-    "as_float_tensor",
-    "check_X",
-    "check_X_y",
-    "check_theta",
-    "check_binary_labels",
-    "check_sample_weight",
-    "check_real",
-    "check_interval",
-    "check_positive",
-    "check_positive_int",
-    "check_nonnegative_int",
-    "check_fraction",
-    "check_choice",
-    "check_bool",
-    "check_memory",
-    "check_device",
-    "check_column_spread",
-    "feature_names_of",
-    "check_feature_names",
-    "check_finite_prediction",
-]
+from .settings import _describe
+
+__all__ = ["as_float_tensor", "check_device", "check_X", "check_X_y", "check_theta", "check_sample_weight",
+           "check_binary_labels", "check_column_spread", "feature_names_of", "check_feature_names",
+           "check_finite_prediction"]
 
 _MAX_EXACT_INT = 2**53
-
-
-def _describe(x: Any) -> str:
-    return type(x).__name__
 
 
 _NO_ENTRY = object()
@@ -415,134 +390,3 @@ def check_binary_labels(y: Any, name: str = "y", *, device: torch.device | str |
         raise ValueError(f"{name} must use labels {{0, 1}} or {{-1, +1}}; got {{{values[0]:g}, {values[1]:g}}}")
     y01 = (t == 1.0).to(torch.float64)
     return y01, classes
-
-
-def _is_real_number(value: Any) -> bool:
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, torch.Tensor):
-        return value.numel() == 1 and not value.is_complex()
-    return isinstance(value, numbers.Real)
-
-
-def check_real(value: Any, name: str, *, allow_inf: bool = True) -> float:
-    """Check a real number (not a bool, a string or NaN) and return it as float; ``inf`` only if ``allow_inf``."""
-    if not _is_real_number(value):
-        raise TypeError(f"{name} must be a real number; got {_describe(value)}")
-    v = float(value)
-    if math.isnan(v) or (math.isinf(v) and not allow_inf):
-        raise ValueError(f"{name} must be {'a number' if allow_inf else 'finite'}; got {v}")
-    return v
-
-
-def check_interval(value: Any, name: str) -> tuple[float, float]:
-    """Check a pair ``(low, high)`` of real numbers with ``low < high`` (a box for every coordinate) and return it
-    as floats."""
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
-        raise TypeError(f"{name} must be a pair (low, high) of numbers; got {value!r}")
-    lo, hi = (check_real(b, name) for b in value)
-    if not lo < hi:
-        raise ValueError(f"{name} must be (low, high) with low < high; got {value!r}")
-    return lo, hi
-
-
-def check_positive(value: Any, name: str, *, allow_zero: bool = False, allow_inf: bool = False) -> float:
-    """Check a positive real setting (step size, variance, tolerance) and return it as float."""
-    if not _is_real_number(value):
-        raise TypeError(f"{name} must be a real number; got {_describe(value)}")
-    v = float(value)
-    if math.isnan(v) or (math.isinf(v) and not allow_inf):
-        raise ValueError(f"{name} must be finite; got {v}")
-    if v < 0 or (v == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} must be {bound}; got {v:g}")
-    return v
-
-
-def check_positive_int(value: Any, name: str, *, minimum: int = 1) -> int:
-    """Check an integer count (number of steps, draws, chains...) ``>= minimum``."""
-    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, np.integer)):
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        else:
-            raise TypeError(f"{name} must be an int; got {_describe(value)}")
-    v = int(value)
-    if v < minimum:
-        raise ValueError(f"{name} must be >= {minimum}; got {v}")
-    return v
-
-
-def check_nonnegative_int(value: Any, name: str) -> int:
-    """Check an integer ``>= 0``."""
-    return check_positive_int(value, name, minimum=0)
-
-
-def check_fraction(value: Any, name: str, *, low_open: bool = True, high_closed: bool = True) -> float:
-    """Check a number in (0, 1] (default), e.g. a CVI step size beta or a test fraction."""
-    if not _is_real_number(value):
-        raise TypeError(f"{name} must be a real number; got {_describe(value)}")
-    v = float(value)
-    lo_ok = v > 0 if low_open else v >= 0
-    hi_ok = v <= 1 if high_closed else v < 1
-    if math.isnan(v) or not (lo_ok and hi_ok):
-        interval = ("(" if low_open else "[") + "0, 1" + ("]" if high_closed else ")")
-        raise ValueError(f"{name} must be in {interval}; got {v:g}")
-    return v
-
-
-def check_choice(value: Any, name: str, choices: Sequence[str]) -> str:
-    """Check a string option against its allowed values."""
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be one of {list(choices)}; got {_describe(value)}")
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {list(choices)}; got {value!r}")
-    return value
-
-
-def check_bool(value: Any, name: str) -> bool:
-    """Check a boolean flag (numpy booleans accepted)."""
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    raise TypeError(f"{name} must be True or False; got {_describe(value)}")
-
-
-def _available_memory_bytes(device: torch.device) -> int | None:
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def check_memory(
-    n: int,
-    *,
-    batch: int = 1,
-    copies: int = 4,
-    dtype: torch.dtype = torch.float64,
-    device: torch.device | str | None = None,
-    what: str = "exact GP inference",
-) -> None:
-    """Refuse, before allocating, work whose ``copies`` dense ``batch x n x n`` matrices exceed free memory.
-
-    Exact inference keeps a few N x N matrices alive at once (kernel matrix, its Cholesky factor, the
-    inverse needed by the gradient); ``copies`` counts them.
-
-    Raises
-    ------
-    MemoryError
-        With the requested and the available sizes, and what to reduce.
-    """
-    dev = torch.device(device) if device is not None else torch.device("cpu")
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    need = copies * batch * n * n * itemsize
-    avail = _available_memory_bytes(dev)
-    if avail is not None and need > avail:
-        raise MemoryError(
-            f"{what} with N = {n} (batch {batch}) needs about {need / 2**30:.1f} GiB for {copies} dense "
-            f"N x N float64 matrices, but only {avail / 2**30:.1f} GiB is free on {dev}; the largest N that "
-            f"fits is about {math.isqrt(avail // (copies * batch * itemsize))}: reduce N (subsample the data) or "
-            f"the batch size"
-        )
