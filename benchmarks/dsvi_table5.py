@@ -58,7 +58,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gpvi  # noqa: E402
 from benchmarks._common import RESULTS, machine_info, write  # noqa: E402
 from benchmarks.runner import Job, run_jobs  # noqa: E402
-from gpvi.inference.dsvi.engine import DSVI, Convergence, laplace_approximation  # noqa: E402
+from gpvi.inference.dsvi.engine import DSVI, Convergence  # noqa: E402
+from gpvi.inference.laplace import laplace_approximation  # noqa: E402
 from gpvi.inference.mcmc import NUTS  # noqa: E402
 from gpvi.posteriors import GaussianPosterior  # noqa: E402
 

@@ -6,7 +6,7 @@ import numbers
 
 import torch
 
-__all__ = ["check_seed", "resolve_generator", "generator_from_state"]
+__all__ = ["check_seed", "resolve_generator", "generator_from_state", "copy_generator"]
 
 
 def check_seed(seed: object, name: str = "seed", *, allow_none: bool = True) -> int | None:
@@ -76,8 +76,15 @@ def resolve_generator(
 
 
 def generator_from_state(state: dict) -> torch.Generator:
-    """A new generator in the state saved under ``"generator_state"`` (device ``"generator_device"``, default CPU)
-    of an engine's ``state_dict`` — the inverse of storing ``gen.get_state()`` and ``str(gen.device)``."""
-    gen = torch.Generator(device=state.get("generator_device", "cpu"))
+    """A new generator in the state saved under ``"generator_state"`` (on the device ``"generator_device"``) of an
+    engine's ``state_dict`` — the inverse of storing ``gen.get_state()`` and ``str(gen.device)``."""
+    gen = torch.Generator(device=state["generator_device"])
     gen.set_state(state["generator_state"])
+    return gen
+
+
+def copy_generator(generator: torch.Generator) -> torch.Generator:
+    """A new generator in ``generator``'s state: drawing from the copy leaves ``generator`` where it was."""
+    gen = torch.Generator(device=generator.device)
+    gen.set_state(generator.get_state())
     return gen

@@ -6,13 +6,8 @@ import pytest
 import torch
 
 import gpvi
-from gpvi.inference.derivatives import (
-    call_log_joint,
-    finite_difference_hessian,
-    is_minibatch_target,
-    log_joint_and_grad,
-    value_grad_hessian,
-)
+from gpvi.inference.derivatives import finite_difference_hessian, log_joint_and_grad, value_grad_hessian
+from gpvi.models.target import call_log_joint, is_minibatch_target
 
 
 def _quartic():

@@ -22,9 +22,11 @@ import torch
 
 import gpvi
 from gpvi.inference.dsvi.starts import MAP_RESTARTS
-from gpvi.inference.dsvi.engine import DSVI, DSVIState, finite_difference_hessian, laplace_approximation
+from gpvi.inference.derivatives import finite_difference_hessian
+from gpvi.inference.dsvi.engine import DSVI, DSVIState
+from gpvi.inference.laplace import laplace_approximation
 from gpvi.exceptions import ConvergenceWarning, NumericalWarning
-from gpvi.inference.mcmc.hmc import NUTS
+from gpvi.inference.mcmc.nuts import NUTS
 from gpvi.posteriors import PointPosterior
 from gpvi.numerics.predictive import MixturePredictive
 from gpvi.inference.dsvi import Convergence, Natural

@@ -99,16 +99,16 @@ def test_engine_by_name_sk_and_the_starts_in_the_report():
 def test_a_failed_sk_run_falls_back_to_dsvi_from_the_same_starts(monkeypatch):
     """When the default S&K engine fails from every start (NumericalFaultError), infer warns and runs DSVI from
     the same starts; the report says so."""
-    import gpvi.inference.dsvi.starts as starts
+    import gpvi.inference.infer as infer_module
     from gpvi.exceptions import NumericalFaultError, NumericalWarning
-    real = starts.run_starts
+    real = infer_module.run_starts
 
     def failing(engine, target, start, **kw):
         if type(engine).__name__ == "SKGaussian":
             raise NumericalFaultError("averaged precision not positive definite (forced)")
         return real(engine, target, start, **kw)
 
-    monkeypatch.setattr(starts, "run_starts", failing)
+    monkeypatch.setattr(infer_module, "run_starts", failing)
     g = torch.Generator().manual_seed(1)
     X = torch.rand(20, 1, generator=g, dtype=torch.float64)
     model = gpvi.GPRegression(X, torch.sin(6 * X[:, 0]) + 0.1 * torch.randn(20, generator=g, dtype=torch.float64))

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import gpvi
+from gpvi.inference.quadrature_fit import fit_gaussian_quadrature
 from tests.conftest import make_gp_data
 
 
@@ -150,11 +151,11 @@ def test_ml2_and_the_logistic_reference_use_the_shared_wrapper(monkeypatch):
         calls.append(kwargs.get("bounds"))
         return real(*args, **kwargs)
     monkeypatch.setattr("gpvi.inference.ml2.lbfgs_maximise", spy)
-    monkeypatch.setattr(lbfgs_mod, "lbfgs_maximise", spy)
+    monkeypatch.setattr("gpvi.inference.quadrature_fit.lbfgs_maximise", spy)
     X, y = make_gp_data(15, 1, seed=4)
     gpvi.ML2(num_restarts=2, seed=0).run(gpvi.GPRegression(X, y))
     ds = gpvi.datasets.load_pima()
-    gpvi.BayesianLogisticRegression(ds.X_train[:50], ds.y_train[:50]).fit_gaussian_quadrature(max_iter=5)
+    fit_gaussian_quadrature(gpvi.BayesianLogisticRegression(ds.X_train[:50], ds.y_train[:50]), max_iter=5)
     assert calls == [(-25.0, 25.0), (-25.0, 25.0), None]
 
 

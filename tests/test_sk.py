@@ -32,6 +32,7 @@ from gpvi.numerics.budget import MemoryBudget
 from gpvi.inference.derivatives import value_grad_hessian
 from gpvi.inference.driver import run as driver_run
 from gpvi.inference.engine import FaultPolicy
+from gpvi.inference.quadrature_fit import fit_gaussian_quadrature
 from gpvi.inference.sk import (
     Exponential,
     Gamma,
@@ -83,7 +84,7 @@ def run_quiet(engine: SKGaussian, target, *args, **kw):
 def pima():
     ds = gpvi.datasets.load_pima()
     model = BayesianLogisticRegression(ds.X_train, ds.y_train)
-    return model, model.fit_gaussian_quadrature()
+    return model, fit_gaussian_quadrature(model)
 
 
 # ================================================================================= exact recovery (noise free)

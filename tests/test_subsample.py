@@ -10,6 +10,7 @@ import torch
 
 from gpvi.inference.dsvi.engine import DSVI, SGD
 from gpvi.exceptions import ConvergenceWarning
+from gpvi.inference.quadrature_fit import fit_gaussian_quadrature
 from gpvi.models.logistic import BayesianLogisticRegression
 from gpvi.models.minibatch import MinibatchTarget
 
@@ -58,7 +59,7 @@ def test_minibatch_log_joint_and_gradient_are_unbiased(logistic_data, replace):
 def test_minibatch_dsvi_reaches_full_batch_answer(logistic_data):
     """Doubly stochastic DSVI (fresh minibatch of M = 100 each step) -> the unique optimum of the concave bound."""
     model = logistic_data
-    ref = model.fit_gaussian_quadrature()
+    ref = fit_gaussian_quadrature(model)
     T, frac = 4000, 0.5
     iterates = []
     eng = DSVI(num_steps=T, polyak=frac, optimizer=SGD(lr=0.5 / (0.25 * model.num_data), schedule="constant"),

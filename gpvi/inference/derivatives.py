@@ -13,26 +13,10 @@ from typing import Any
 
 import torch
 
-from ..models.target import as_target
+from ..models.target import as_target, call_log_joint
 from ..validation import as_float_tensor, check_choice, check_positive, check_positive_int
 
-__all__ = ["is_minibatch_target", "call_log_joint", "log_joint_and_grad", "value_grad_hessian",
-           "finite_difference_hessian"]
-
-
-def is_minibatch_target(target: Any) -> bool:
-    """Whether ``target`` draws minibatches (has ``sample_minibatch``), e.g. :class:`gpvi.models.minibatch.MinibatchTarget`."""
-    return callable(getattr(target, "sample_minibatch", None))
-
-
-def call_log_joint(target: Any, theta: torch.Tensor, batch: Any = None) -> torch.Tensor:
-    """``target.log_joint(theta[, batch=batch])``, checked to map ``(S, D) -> (S,)``."""
-    lj = target.log_joint(theta) if batch is None else target.log_joint(theta, batch=batch)
-    if not isinstance(lj, torch.Tensor) or lj.shape != theta.shape[:1]:
-        shape = tuple(lj.shape) if isinstance(lj, torch.Tensor) else type(lj).__name__
-        raise ValueError(f"target.log_joint returned {shape} for theta of shape {tuple(theta.shape)}; expected "
-                         f"shape ({theta.shape[0]},): log_joint must map (S, D) -> (S,)")
-    return lj
+__all__ = ["log_joint_and_grad", "value_grad_hessian", "finite_difference_hessian"]
 
 
 def log_joint_and_grad(target: Any, theta: torch.Tensor, batch: Any = None, *, chunk: int | None = None

@@ -27,7 +27,7 @@ from ..exceptions import NumericalFaultError
 from ..rng import resolve_generator
 from ..numerics.budget import MemoryBudget
 from .engine import RunReport
-from .init import resolve_init
+from .init import find_start
 from .progress import Progress, warn_interrupted
 
 __all__ = ["run"]
@@ -81,10 +81,7 @@ def run(engine: Any, target: Any, init: Any = None, *, state: Any = None, genera
             raise ValueError("state cannot be combined with init or generator (the state carries both)")
         state = engine.resume(target, state)                # a copy: the caller's state is never changed
     else:
-        strategy = resolve_init(init, engine.default_init(target), seed=0 if engine.seed is None else engine.seed)
-        t_init = time.perf_counter()
-        start = strategy(target)
-        start.info.setdefault("time_s", time.perf_counter() - t_init)
+        start = find_start(target, init, engine.default_init(target), seed=engine.seed)
         state = engine.init(target, start, resolve_generator(engine.seed, generator))
     stop = engine.stop_rule()
     counters_before = dict(getattr(state, "counters", {}))

@@ -34,11 +34,12 @@ import torch
 
 from ..exceptions import NumericalWarning
 from ..rng import generator_from_state
-from ..validation import check_nonnegative_int
+from ..validation import check_nonnegative_int, check_positive_int
 from .progress import trace_from_tensor, trace_to_tensor
 
 __all__ = ["EngineState", "StopRule", "IterativeEngine", "RunReport", "FaultPolicy", "NeverStop", "RunState",
-           "resume_copy", "count_draws", "skip_step", "record_bound", "clone_tensors", "run_state_dict", "run_state_fields"]
+           "resume_copy", "count_draws", "skip_step", "record_bound", "clone_tensors", "run_state_dict", "run_state_fields",
+           "warn_faults", "bound_draws"]
 
 
 @runtime_checkable
@@ -166,10 +167,14 @@ class FaultPolicy:
 # ------------------------------------------------------------------ shared by the Monte Carlo engines' states
 def resume_copy(state: Any, cls: type, dim: int | None = None) -> Any:
     """What ``engine.resume`` starts from: a copy of ``state`` (an instance of the engine's state class ``cls``) or
-    ``cls.from_state_dict(state)`` for its ``state_dict``; ``TypeError`` for anything else, ``ValueError`` when
-    ``dim`` is given and the state's ``dim`` differs (the target's D)."""
+    ``cls.from_state_dict(state)`` for its ``state_dict``; ``TypeError`` for anything else, ``ValueError`` for a
+    dict that lacks an entry of this gpvi's ``state_dict`` or when ``dim`` is given and the state's ``dim`` differs
+    (the target's D)."""
     if isinstance(state, dict):
-        state = cls.from_state_dict(state)
+        try:
+            state = cls.from_state_dict(state)
+        except KeyError as exc:
+            raise ValueError(f"state lacks the entry {exc}: not a state_dict() of this gpvi's {cls.__name__}") from None
     elif isinstance(state, cls):
         state = state.copy()
     else:
@@ -209,6 +214,26 @@ def count_draws(state: Any, name: str, what: str, *, resampled: int, dropped: in
     cnt["resampled_draws"] += resampled
     cnt["dropped_draws"] += dropped
     cnt["log_joint_calls"] += calls
+
+
+def bound_draws(num_draws: int | None, num_elbo_draws: int) -> int:
+    """The draws of a public ``estimate_bound`` call: ``num_draws`` (>= 1), else the engine's ``num_elbo_draws``
+    (``ValueError`` when that is 0)."""
+    n = num_elbo_draws if num_draws is None else check_positive_int(num_draws, "num_draws")
+    if n == 0:
+        raise ValueError("num_draws must be >= 1 for a bound estimate (num_elbo_draws is 0)")
+    return n
+
+
+def warn_faults(name: str, counters: dict[str, int], before: dict[str, int], keys: tuple[str, ...], *,
+                stacklevel: int) -> None:
+    """One :class:`~gpvi.exceptions.NumericalWarning` at the end of a run whose fault ``counters`` (those named in
+    ``keys``) grew since ``before`` (the counters when the run started), naming each that did."""
+    diff = {k: counters.get(k, 0) - before.get(k, 0) for k in keys}
+    if any(v > 0 for v in diff.values()):
+        parts = ", ".join(f"{k}={v}" for k, v in diff.items() if v > 0)
+        warnings.warn(f"{name} survived numerical faults in this run: {parts} (see q.info)", NumericalWarning,
+                      stacklevel=stacklevel)
 
 
 def skip_step(state: Any, info: dict[str, Any], name: str, finite: str, max_resample: int) -> None:
@@ -256,16 +281,15 @@ def run_state_dict(state: Any) -> dict[str, Any]:
     }
 
 
-def run_state_fields(saved: dict[str, Any], counters: tuple[str, ...]) -> dict[str, Any]:
-    """The constructor arguments rebuilt from :func:`run_state_dict`'s keys (``counters`` missing from an older
-    state start at 0)."""
+def run_state_fields(saved: dict[str, Any]) -> dict[str, Any]:
+    """The constructor arguments rebuilt from :func:`run_state_dict`'s keys."""
     return {
         "generator": generator_from_state(saved),
-        "window": deque(saved["window"], maxlen=saved.get("window_size")),
+        "window": deque(saved["window"], maxlen=saved["window_size"]),
         "trace": {k: trace_from_tensor(v) for k, v in saved["trace"].items()},
-        "counters": {**{k: 0 for k in counters}, **saved["counters"]},
+        "counters": dict(saved["counters"]),
         "consecutive_failures": int(saved["consecutive_failures"]), "wall_time": float(saved["wall_time"]),
-        "init_info": copy.deepcopy(saved.get("init_info", {})),
+        "init_info": copy.deepcopy(saved["init_info"]),
     }
 
 

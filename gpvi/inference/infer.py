@@ -7,8 +7,8 @@ importance sampling*, JMLR 2024):
    regression (2013, section 6.2; :class:`gpvi.SKGaussian`) from every distinct MAP optimum with its Laplace scale
    (DSVI's default starts for exact GP targets), the best final bound kept; ``engine="dsvi"``: DSVI's default
    (Titsias & Lázaro-Gredilla 2014; natural-gradient steps, convergence stop and finish). On Boston, Bodyfat and
-   pendulum S&K reached an equal or higher bound than DSVI in 0.35-0.5 of its time, and ``infer``'s answers stayed
-   within 0.2 NUTS sd (``benchmarks/results/nuts_fidelity_engines.md``).
+   pendulum S&K reaches an equal or higher bound than DSVI in less time, and ``infer``'s answers stay within
+   0.2 NUTS sd (``benchmarks/results/nuts_fidelity_engines.md``).
 2. **Diagnosis**: PSIS of q against the exact (Cholesky) log joint gives :math:`\hat k`
    (:func:`gpvi.posteriors.weighted.psis`).
 3. **Basins**: when the starts (one per distinct MAP optimum) ended in different basins, PSIS cannot see the
@@ -29,14 +29,23 @@ convergence, which answer was chosen and why, and the wall time of each stage.
 from __future__ import annotations
 
 import copy
+import html
 import math
 import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..exceptions import NumericalFaultError, NumericalWarning
+from ..models.target import as_target
+from ..posteriors.mixture import GaussianMixture
+from ..posteriors.weighted import KHAT_GOOD, KHAT_USABLE, psis
 from ..rng import check_seed
-from ..validation import check_bool, check_nonnegative_int, check_positive, check_positive_int
+from ..validation import check_bool, check_choice, check_nonnegative_int, check_positive, check_positive_int
+from .dsvi.engine import DSVI
+from .dsvi.starts import run_starts
+from .mcmc.nuts import NUTS
+from .sk.engine import SKGaussian
 
 __all__ = ["infer", "default_sk", "InferenceReport", "starts_mixture", "BASIN_MASS_TOL"]
 
@@ -136,7 +145,6 @@ class InferenceReport:
         return "\n".join(self.lines())
 
     def _repr_html_(self) -> str:
-        import html
         rows = "".join(f"<li>{html.escape(x.strip())}</li>" for x in self.lines()[1:])
         return f"<b>{html.escape(self.lines()[0])}</b><ul>{rows}</ul>"
 
@@ -150,7 +158,6 @@ def starts_mixture(q: Any, target: Any) -> Any:
     r"""The mixture of the starts' Gaussians (``q.start_posteriors``, set by DSVI's multi-start run) that lie in
     distinct basins (every mean component more than ``BASIN_SEPARATION`` sds apart), q first, weights
     :math:`\propto e^{\mathcal L_k}`; None when there is one basin."""
-    from ..posteriors.mixture import GaussianMixture
     posts = [p for p in getattr(q, "start_posteriors", None) or [q] if p is not None]
     posts = sorted(posts, key=lambda p: (p is not q, -float(getattr(p, "elbo", -math.inf))))
     kept: list[Any] = []
@@ -166,7 +173,6 @@ def starts_mixture(q: Any, target: Any) -> Any:
 
 
 def _choose(khat: float, mixture: bool = False) -> tuple[str, str]:
-    from ..posteriors.weighted import KHAT_GOOD, KHAT_USABLE
     if mixture and math.isfinite(khat) and khat <= KHAT_USABLE:
         return "psis", (f"several basins; k-hat {khat:.2f} <= {KHAT_USABLE} for the mixture of the starts' "
                         "Gaussians: its PSIS-weighted draws")
@@ -184,17 +190,14 @@ def default_sk(dim: int, *, seed: int = 0, progress_bar: bool = True) -> Any:
 
     Two antithetic pairs per step, :math:`N = \max(500, 40D)` steps (step size :math:`1/\sqrt N`, the second half
     averaged) and randomised quasi-Monte Carlo draws: from the same start, the bound of the returned q is within
-    0.01 nats of a run 10x longer on the pendulum, Bodyfat and Boston GP hyperparameter posteriors (+0.0000 ±
-    0.0003, +0.0007 ± 0.0010, +0.0069 ± 0.0037 nats, paired estimates; ``benchmarks/results/sk_length.md``). The
-    default before 2026-11-25 (``max(250, 20 D)`` pseudo-random steps) left +0.0025, +0.010 and +0.043; either
-    change alone missed 0.01 on Boston (Sobol' draws: +0.023, twice the steps: +0.016).
+    0.01 nats of a run 10x longer on the pendulum, Bodyfat and Boston GP hyperparameter posteriors
+    (``benchmarks/results/sk_length.md``).
 
     Examples
     --------
     >>> default_sk(15, progress_bar=False)
     SKGaussian(num_steps=600, method='gradient', num_draws=4, draws='sobol', step_size=0.04082)
     """
-    from .sk.engine import SKGaussian
     return SKGaussian(num_steps=max(500, 40 * dim), method="gradient", num_draws=4, draws="sobol", seed=seed,
                       progress_bar=progress_bar)
 
@@ -225,9 +228,8 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
         :class:`~gpvi.exceptions.NumericalFaultError` (a non-positive-definite averaged precision) rather than a
         wrong answer; when that happens from every start, ``infer`` warns and runs DSVI from the same starts (the
         report's ``engine`` and ``reason`` say so). ``"dsvi"``: ``gpvi.DSVI(scale="full", seed=seed)``, the best
-        Gaussian from the same starts with its plateau stop and the finish to 0.01 nats (the default before
-        2026-11-24). An engine object is run
-        as it is.
+        Gaussian from the same starts with its plateau stop and the finish to 0.01 nats. An engine object is run as
+        it is.
     nuts : optional
         The sampler used when :math:`\hat k > 0.7` (default ``gpvi.NUTS(num_chains=4, num_warmup=200,
         num_draws=500, seed=seed)``: a short warm-up suffices because q supplies the mass matrix).
@@ -255,10 +257,6 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
     >>> post.report.answer, bool((post.mean - m).abs().max() < 0.1)
     ('q', True)
     """
-    from ..posteriors.weighted import psis
-    from .dsvi.engine import DSVI
-    from .mcmc.nuts import NUTS
-
     seed = check_seed(seed)
     num_psis_draws = check_positive_int(num_psis_draws, "num_psis_draws")
     min_ess = check_positive(min_ess, "min_ess", allow_zero=True)
@@ -266,7 +264,6 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
     progress_bar = check_bool(progress_bar, "progress_bar")
     init = None
     if engine is None or isinstance(engine, str):
-        from ..validation import check_choice
         name = check_choice("sk" if engine is None else engine, "engine", ("sk", "dsvi"))
         engine = DSVI(scale="full", seed=seed, progress_bar=progress_bar)
         if name == "sk":
@@ -276,17 +273,14 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
     t0 = time.perf_counter()
     fallback = ""
     if init is not None:                                      # S&K from every distinct MAP optimum
-        from . import dsvi as _dsvi
-        from ..exceptions import NumericalFaultError, NumericalWarning
-        from ..models.target import as_target
         start = init(as_target(target))
         try:
-            q = _dsvi.starts.run_starts(engine, target, start)
+            q = run_starts(engine, target, start)
         except NumericalFaultError as err:                    # every start's S&K run failed: DSVI, same starts
             fallback = f"S&K failed from every start ({str(err)[:120]}); DSVI from the same starts"
             warnings.warn(f"gpvi.infer: {fallback}", NumericalWarning, stacklevel=2)
             engine = DSVI(scale="full", seed=seed, progress_bar=progress_bar)
-            q = _dsvi.starts.run_starts(engine, target, start)
+            q = run_starts(engine, target, start)
     else:
         q = engine.run(target, init=init)
     times["q"] = time.perf_counter() - t0

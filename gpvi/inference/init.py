@@ -13,10 +13,10 @@ resulting :class:`Start`. A strategy is any callable ``strategy(target) -> Start
   :math:`C_0 = \operatorname{chol}((-\nabla^2\log g(\hat\theta))^{-1})` (Hessian by central differences);
 * :func:`init_to_prior_draw` -- a seeded draw from the target's prior.
 
-:func:`laplace_scale` is the one place that turns a Hessian into a scale, :func:`laplace_approximation` the
-Laplace approximation as a posterior. Every engine's ``init`` takes its start through :func:`start_point` (a
-:class:`Start` as it is, anything else through the strategy ``run(init=...)`` would use, checked against D), and
-refuses a start where the log joint cannot be evaluated with :func:`check_start`.
+:func:`laplace_scale` is the one place that turns a Hessian into a scale (the Laplace approximation as a posterior
+is :func:`gpvi.inference.laplace.laplace_approximation`). Every engine's ``init`` takes its start through
+:func:`start_point` (a :class:`Start` as it is, anything else through the strategy ``run(init=...)`` would use,
+checked against D), and refuses a start where the log joint cannot be evaluated with :func:`check_start`.
 """
 
 from __future__ import annotations
@@ -30,14 +30,16 @@ from typing import Any, Callable
 import torch
 
 from ..exceptions import NumericalWarning
-from ..models.target import as_target
-from ..validation import as_float_tensor, check_positive, check_positive_int
+from ..models.target import as_target, is_minibatch_target
 from ..numerics.budget import MemoryBudget
-from .derivatives import finite_difference_hessian, is_minibatch_target, log_joint_and_grad
+from ..posteriors.base import Posterior
+from ..validation import as_float_tensor, check_positive, check_positive_int
+from .derivatives import finite_difference_hessian, log_joint_and_grad
+from .ml2 import ML2, _check_scales
 
-__all__ = ["Start", "resolve_init", "start_point", "check_start", "init_to_value", "init_to_posterior",
-           "init_to_default", "init_to_map", "init_to_ml2", "distinct_optima", "init_to_laplace", "init_to_prior_draw", "laplace_scale",
-           "laplace_scale_at", "laplace_approximation", "LAPLACE_MAX_DIM"]
+__all__ = ["Start", "resolve_init", "find_start", "start_point", "check_start", "init_to_value", "init_to_posterior",
+           "init_to_default", "init_to_map", "init_to_ml2", "distinct_optima", "init_to_laplace", "init_to_prior_draw",
+           "laplace_scale", "laplace_scale_at", "check_laplace_possible", "LAPLACE_MAX_DIM"]
 
 LAPLACE_MAX_DIM = 200
 """Largest D for which a Laplace scale is built by finite differences (2D gradient evaluations)."""
@@ -178,12 +180,9 @@ class init_to_map:  # noqa: N801
         self.prior = bool(prior)
         self.max_starts = check_positive_int(max_starts, "max_starts")
         self.theta_tol = check_positive(theta_tol, "theta_tol")
-        from .ml2 import _check_scales
         self.init_scale = _check_scales(init_scale)
 
     def __call__(self, target: Any) -> Start:
-        from .ml2 import ML2
-
         as_target(target)
         t0 = time.perf_counter()
         with warnings.catch_warnings(record=True) as rec:
@@ -385,13 +384,22 @@ def resolve_init(init: Any, default: Callable[[Any], Start], *, seed: int = 0) -
         if init != "laplace":
             raise ValueError(f"init must be None, 'laplace', a point, a posterior or an init strategy; got {init!r}")
         return init_to_laplace(init_to_map(seed=seed))
-    from ..posteriors.base import Posterior
-
     if isinstance(init, Posterior):
         return init_to_posterior(init)
     if callable(init) and not isinstance(init, torch.Tensor):
         return init
     return init_to_value(init)
+
+
+def find_start(target: Any, init: Any, default: Callable[[Any], Start], *, seed: int | None = 0) -> Start:
+    """The :class:`Start` a run begins from: ``init`` turned into a strategy by :func:`resolve_init` (``default``
+    for ``None``, ``seed`` for ``"laplace"``'s MAP restarts), called once on ``target``; ``info["time_s"]`` is the
+    time it took unless the strategy recorded one."""
+    strategy = resolve_init(init, default, seed=0 if seed is None else seed)
+    t0 = time.perf_counter()
+    start = strategy(target)
+    start.info.setdefault("time_s", time.perf_counter() - t0)
+    return start
 
 
 def start_point(target: Any, start: Any, default: Callable[[Any], Start], *, seed: int | None = 0,
@@ -448,61 +456,3 @@ def check_start(target: Any, theta: torch.Tensor, batch: Any = None) -> tuple[to
         raise ValueError(f"the gradient of the log joint is not finite in {names} at the start theta={_show(theta)} "
                          f"(log joint {value:.6g}); start where the model can be differentiated (init=...)")
     return lj, g
-
-
-def laplace_approximation(target: Any, mode: Any = None, *, map_restarts: int = 1, step: float = 1e-4,
-                          fallback_scale: float = 0.1, seed: int = 0) -> Any:
-    r"""Laplace approximation :math:`\mathcal N(\hat\theta, (-\nabla^2\log g(\hat\theta))^{-1})` at the MAP.
-
-    The mode :math:`\hat\theta = \arg\max\log g` is found by :func:`init_to_map` (``gpvi.ML2(prior=True)``)
-    unless ``mode`` is given; the Hessian by central differences of the gradient. When :math:`-H` is not
-    positive definite, the scale falls back to a diagonal: :math:`1/\sqrt{-H_{dd}}` where :math:`-H_{dd} > 0`
-    and ``fallback_scale`` elsewhere (``info["scale"]``). On GP hyperparameters this is a baseline, not a
-    substitute for DSVI: the posterior is skewed, and the Laplace mean is the mode, not the mean.
-
-    Parameters
-    ----------
-    target : target
-    mode : array-like (D,) or PointPosterior, optional
-        Point at which to expand (default: the MAP found here).
-    map_restarts : int
-    step : float
-        Relative finite-difference step.
-    fallback_scale : float
-        Scale of directions with no usable curvature.
-    seed : int
-        Seed of the MAP restarts.
-
-    Returns
-    -------
-    GaussianPosterior
-        ``info``: ``mode`` ("map" or "given"), ``scale`` ("laplace", "laplace_diagonal" or "fallback"),
-        ``map_value``, ``map_time_s``, ``hessian_time_s``, ``hessian`` (D, D), ``map_warnings``.
-
-    Examples
-    --------
-    >>> import gpvi
-    >>> from gpvi.inference.init import laplace_approximation
-    >>> ds = gpvi.datasets.load_bodyfat(seed=0)
-    >>> lap = laplace_approximation(gpvi.GPRegression(ds.X_train, ds.y_train))
-    >>> lap.info["scale"], lap.mean.shape
-    ('laplace', torch.Size([16]))
-    """
-    from ..posteriors.gaussian import GaussianPosterior
-
-    target = as_target(target)
-    D = len(target.names)
-    map_restarts = check_positive_int(map_restarts, "map_restarts")
-    fallback_scale = check_positive(fallback_scale, "fallback_scale")
-    if mode is None:
-        start = init_to_map(map_restarts, seed=seed)(target)
-        info = {k: v for k, v in start.info.items() if k != "mean"}
-    else:
-        start = init_to_posterior(mode)(target) if hasattr(mode, "theta") else init_to_value(mode)(target)
-        info = {"mode": "given"}
-    C, how = laplace_scale_at(target, start.theta, fallback_scale=fallback_scale, step=step)
-    info.update(how)
-    if C is None:
-        C = torch.diag(torch.full((D,), fallback_scale, dtype=torch.float64))
-    return GaussianPosterior(start.theta, C, list(target.names), target, info=info)
-

@@ -18,9 +18,9 @@ Besides the target protocol (``names``, ``log_joint`` batched over ``(S, D)``), 
   :meth:`~BayesianLogisticRegression.minibatch`, which wraps them in a :class:`gpvi.models.minibatch.MinibatchTarget`;
 * :meth:`~BayesianLogisticRegression.gaussian_bound` — the Gaussian bound (paper eq. 10) computed
   deterministically, with Gauss–Hermite quadrature for each one-dimensional
-  :math:`\mathbb E_q[\log s(y_n x_n^\top\theta)]`, and :meth:`~BayesianLogisticRegression.fit_gaussian_quadrature`,
-  its L-BFGS maximiser over :math:`(\mu, C)`: the deterministic reference DSVI is compared against (the
-  paper's Figure 2 uses Challis & Barber's code for the same purpose);
+  :math:`\mathbb E_q[\log s(y_n x_n^\top\theta)]`; its maximiser over :math:`(\mu, C)`,
+  :func:`gpvi.inference.quadrature_fit.fit_gaussian_quadrature`, is the deterministic reference DSVI is compared
+  against (the paper's Figure 2 uses Challis & Barber's code for the same purpose);
 * :meth:`~BayesianLogisticRegression.predict_proba` — :math:`p(y_*=1 \mid x_*)` under a point or a posterior.
 
 Names: ``prior_var`` = :math:`v`, ``Phi`` = the design matrix with rows :math:`x_n^\top`, ``y_pm`` = labels in
@@ -37,6 +37,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .minibatch import MinibatchTarget
 from ..validation import (
     as_float_tensor,
     check_binary_labels,
@@ -210,8 +211,6 @@ class BayesianLogisticRegression:
         >>> mb.log_joint(torch.zeros(5, 4, dtype=torch.float64), batch=mb.sample_minibatch(g)).shape
         torch.Size([5])
         """
-        from .minibatch import MinibatchTarget
-
         prior = None if self.prior_var is None else self.log_prior
         return MinibatchTarget(self.log_likelihood_terms, self.num_data, self.names, log_prior=prior,
                                batch_size=batch_size, replace=replace, chunk_size=chunk_size,
@@ -253,56 +252,6 @@ class BayesianLogisticRegression:
             v = self.prior_var
             val = val - 0.5 * ((mu * mu).sum() + (C * C).sum()) / v - 0.5 * D * math.log(2 * math.pi * v)
         return val + torch.log(torch.diagonal(C)).sum() + 0.5 * D * (1.0 + math.log(2 * math.pi))
-
-    def fit_gaussian_quadrature(self, *, num_points: int = 64, max_iter: int = 10_000, gtol: float = 1e-10):
-        r"""Maximise :meth:`gaussian_bound` over :math:`(\mu, C)` with L-BFGS: a deterministic reference.
-
-        C is parametrised by its strictly lower part and the log of its diagonal; SciPy's L-BFGS-B
-        (:func:`gpvi.numerics.lbfgs.lbfgs_maximise`) uses the exact autograd gradient. The bound is concave in
-        :math:`(\mu, C)` (paper section 2), so the optimum is the unique answer stochastic DSVI must converge to.
-
-        Returns
-        -------
-        GaussianPosterior
-            ``mean``, ``scale_tril``, ``elbo`` (the maximised bound, exact up to quadrature error) and
-            ``info`` with the optimiser's result (``iterations``, ``evaluations``, ``converged``, ``message``).
-
-        Examples
-        --------
-        >>> import gpvi
-        >>> from gpvi.models.logistic import BayesianLogisticRegression
-        >>> ds = gpvi.datasets.load_pima()
-        >>> ref = BayesianLogisticRegression(ds.X_train, ds.y_train).fit_gaussian_quadrature()
-        >>> ref.info["converged"]
-        True
-        """
-        from ..numerics.lbfgs import lbfgs_maximise
-        from ..posteriors.gaussian import GaussianPosterior
-
-        max_iter = check_positive_int(max_iter, "max_iter")
-        gtol = check_positive(gtol, "gtol")
-        D = self.dim
-        il = torch.tril_indices(D, D, offset=-1)
-
-        def unpack(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            mu = x[:D]
-            C = torch.zeros(D, D, dtype=x.dtype)
-            C = C.index_put((il[0], il[1]), x[D:D + il.shape[1]])
-            C = C + torch.diag(torch.exp(x[D + il.shape[1]:]))
-            return mu, C
-
-        def bound(x: torch.Tensor) -> torch.Tensor:
-            mu, C = unpack(x)
-            return self.gaussian_bound(mu, C, num_points=num_points)
-
-        x0 = torch.zeros(D + il.shape[1] + D, dtype=torch.float64)
-        x0[D + il.shape[1]:] = math.log(0.1)
-        res = lbfgs_maximise(bound, x0, max_iter=max_iter, gtol=gtol, ftol=1e-15, history=30, catch=())
-        mu, C = unpack(res.x)
-        info = {"iterations": res.iterations, "evaluations": res.evaluations, "converged": res.converged,
-                "message": res.message, "num_points": num_points,
-                "method": "L-BFGS-B on the Gauss-Hermite Gaussian bound"}
-        return GaussianPosterior(mu, C, self.names, self, elbo=res.value, elbo_se=0.0, info=info)
 
     # ------------------------------------------------------------------ prediction
     def predict_proba(self, X: Any, q: Any, *, num_points: int = 64, num_draws: int = 4000,

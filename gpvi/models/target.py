@@ -7,13 +7,13 @@ DSVI, ML-II, NUTS and the Salimans-Knowles engine all take a *target*. ``gpvi.GP
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from ..validation import check_bool, check_positive_int, check_theta
 
-__all__ = ["TargetLike", "Target", "as_target"]
+__all__ = ["TargetLike", "Target", "as_target", "call_log_joint", "is_minibatch_target"]
 
 
 @runtime_checkable
@@ -98,3 +98,18 @@ def as_target(target: object, name: str = "target") -> TargetLike:
         raise TypeError(f"{name} must have a log_joint(theta) method and a names attribute "
                         f"(e.g. gpvi.GPRegression or gpvi.Target(fn, names)); got {type(target).__name__}")
     return target  # type: ignore[return-value]
+
+
+def is_minibatch_target(target: Any) -> bool:
+    """Whether ``target`` draws minibatches (has ``sample_minibatch``), e.g. :class:`gpvi.models.minibatch.MinibatchTarget`."""
+    return callable(getattr(target, "sample_minibatch", None))
+
+
+def call_log_joint(target: Any, theta: torch.Tensor, batch: Any = None) -> torch.Tensor:
+    """``target.log_joint(theta[, batch=batch])``, checked to map ``(S, D) -> (S,)``."""
+    lj = target.log_joint(theta) if batch is None else target.log_joint(theta, batch=batch)
+    if not isinstance(lj, torch.Tensor) or lj.shape != theta.shape[:1]:
+        shape = tuple(lj.shape) if isinstance(lj, torch.Tensor) else type(lj).__name__
+        raise ValueError(f"target.log_joint returned {shape} for theta of shape {tuple(theta.shape)}; expected "
+                         f"shape ({theta.shape[0]},): log_joint must map (S, D) -> (S,)")
+    return lj

@@ -27,9 +27,9 @@ from typing import Any
 import scipy.special
 import torch
 
-from ..validation import check_positive, check_positive_int
+from ..validation import check_choice, check_positive, check_positive_int
 
-__all__ = ["StandardNormal", "StandardMultivariateT", "StandardStudentT", "Factorised", "make_standard"]
+__all__ = ["StandardNormal", "StandardMultivariateT", "StandardStudentT", "Factorised", "make_standard", "check_base"]
 
 _U_LO = 2.0 ** -60
 _U_HI = 1.0 - 2.0 ** -53
@@ -126,14 +126,19 @@ class StandardMultivariateT:
                      + a * (scipy.special.digamma(a) - scipy.special.digamma(b)))
 
     def variance(self) -> torch.Tensor:
-        v = self.df / (self.df - 2.0) if self.df > 2 else math.inf
-        return torch.full((self.dim,), v, dtype=torch.float64)
+        return _t_variance(self.df, self.dim)
 
     def spec(self) -> dict[str, Any]:
         return {"kind": "mvt", "dim": self.dim, "df": self.df}
 
     def __repr__(self) -> str:
         return f"StandardMultivariateT(dim={self.dim}, df={self.df:g})"
+
+
+def _t_variance(df: float, dim: int) -> torch.Tensor:
+    r"""Marginal variances ``(dim,)`` of a standard Student-t: :math:`\nu/(\nu - 2)` for :math:`\nu > 2`, else inf."""
+    v = df / (df - 2.0) if df > 2 else math.inf
+    return torch.full((dim,), v, dtype=torch.float64)
 
 
 class StandardStudentT:
@@ -167,8 +172,7 @@ class StandardStudentT:
         return float(self._t.entropy()) * self.dim
 
     def variance(self) -> torch.Tensor:
-        v = self.df / (self.df - 2.0) if self.df > 2 else math.inf
-        return torch.full((self.dim,), v, dtype=torch.float64)
+        return _t_variance(self.df, self.dim)
 
     def spec(self) -> dict[str, Any]:
         return {"kind": "t", "dim": self.dim, "df": self.df}
@@ -254,6 +258,21 @@ def _param_dtype(c: Any) -> torch.dtype:
         if isinstance(v, torch.Tensor):
             return v.dtype
     return torch.get_default_dtype()
+
+
+def check_base(base: Any) -> Any:
+    """A base setting checked where it can be without D (an engine's constructor): the names, and the degrees of
+    freedom of ``("t", df)``; :func:`make_standard` builds it once D is known."""
+    if isinstance(base, str):
+        if base in ("t", "student_t", "studentt", "mvt"):
+            raise TypeError(f"base={base!r} needs its degrees of freedom: base=('t', df), e.g. ('t', 5.0)")
+        check_choice(base, "base", ("normal",))
+    elif isinstance(base, tuple) and len(base) == 2 and base[0] == "t":
+        base = ("t", check_positive(base[1], "df"))
+    elif base is None:
+        raise TypeError("base must be 'normal', ('t', df), a sequence of univariate distributions or a standard "
+                        "distribution object; got None")
+    return base
 
 
 def make_standard(base: Any, dim: int, *, df: float | None = None) -> Any:

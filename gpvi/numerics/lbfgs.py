@@ -1,7 +1,7 @@
 r"""The one L-BFGS-B wrapper: SciPy's optimiser on a float64 torch objective, maximised.
 
 ML-II and MAP restarts (:class:`gpvi.ML2`), the deterministic Gaussian bound of Bayesian logistic regression
-(:meth:`gpvi.models.logistic.BayesianLogisticRegression.fit_gaussian_quadrature`) and the type-II phases of CVI
+(:func:`gpvi.inference.quadrature_fit.fit_gaussian_quadrature`) and the type-II phases of CVI
 (:mod:`gpvi.inference.cvi.typeii`) all maximise a smooth function of a float64 vector with SciPy's L-BFGS-B
 (Byrd, Lu, Nocedal & Zhu 1995) and the exact gradient. :func:`lbfgs_maximise` is the shared code: conversion
 between NumPy (SciPy's side) and torch, the gradient by autograd or from the objective itself, an optional box on
@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from scipy.optimize import minimize
 
 from ..exceptions import NotPSDError
 from ..validation import check_interval, check_positive, check_positive_int
@@ -109,8 +110,6 @@ def lbfgs_maximise(fn: Callable[[torch.Tensor], Any], x0: Any, *, bounds: tuple[
     >>> [round(v, 6) for v in res.x.tolist()], res.converged
     ([3.0, 3.0], True)
     """
-    from scipy.optimize import minimize
-
     max_iter = check_positive_int(max_iter, "max_iter")
     gtol = check_positive(gtol, "gtol")
     ftol = check_positive(ftol, "ftol")

@@ -105,4 +105,4 @@ class PointPosterior(Posterior):
 
     @classmethod
     def _from_state(cls, state, target, common):
-        return cls(state["theta"], list(state["names"]), target, value=state.get("value", math.nan), **common)
+        return cls(state["theta"], list(state["names"]), target, value=state["value"], **common)

@@ -14,6 +14,7 @@ import torch
 from ..rng import resolve_generator
 from ..validation import check_positive_int
 from .base import Posterior, _plain
+from .diagnostics import diagnostics
 
 __all__ = ["SamplePosterior"]
 
@@ -34,7 +35,7 @@ class SamplePosterior(Posterior):
         when present, are exported to ArviZ's ``warmup_posterior`` / ``warmup_sample_stats``.
     engine_state : optional
         The sampler's final state (for resuming or extending the run, e.g.
-        :class:`gpvi.inference.mcmc.hmc.MCMCState`); a private copy is kept and ``state_dict()`` includes its
+        :class:`gpvi.inference.mcmc.state.MCMCState`); a private copy is kept and ``state_dict()`` includes its
         ``state_dict()``.
 
     Examples
@@ -113,8 +114,7 @@ class SamplePosterior(Posterior):
 
     def diagnostics(self) -> dict[str, torch.Tensor]:
         """ArviZ's ``ess_bulk``, ``ess_tail``, ``r_hat``, ``mcse_mean``, ``mcse_sd`` per parameter (each ``(D,)``;
-        :func:`gpvi.inference.mcmc.diagnostics.diagnostics`)."""
-        from ..inference.mcmc.diagnostics import diagnostics
+        :func:`gpvi.posteriors.diagnostics.diagnostics`)."""
         return diagnostics(self.draws)
 
     def ess(self, method: str = "bulk") -> torch.Tensor:
@@ -152,4 +152,4 @@ class SamplePosterior(Posterior):
 
     @classmethod
     def _from_state(cls, state, target, common):
-        return cls(state["draws"], list(state["names"]), target, stats=state.get("stats"), **common)
+        return cls(state["draws"], list(state["names"]), target, stats=state["stats"], **common)

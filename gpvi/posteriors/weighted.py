@@ -30,6 +30,8 @@ import numpy as np
 import torch
 
 from ..exceptions import NumericalWarning, PSISWarning
+from ..models.target import call_log_joint
+from ..numerics.budget import MemoryBudget
 from ..rng import resolve_generator
 from ..validation import check_positive_int
 from .base import Posterior
@@ -195,8 +197,8 @@ class WeightedPosterior(Posterior):
     @classmethod
     def _from_state(cls, state, target, common):
         return cls(state["draws"], state["log_weights"], list(state["names"]), target, khat=state["khat"],
-                   log_evidence=state.get("log_evidence", math.nan),
-                   log_evidence_se=state.get("log_evidence_se", math.nan), info=common.get("info"))
+                   log_evidence=state["log_evidence"], log_evidence_se=state["log_evidence_se"],
+                   info=common.get("info"))
 
     def __repr__(self) -> str:
         return (f"WeightedPosterior(D={self.dim}, draws={self.draws.shape[0]}, khat={self.khat:.3f}, "
@@ -254,9 +256,6 @@ def psis(q: Any, target: Any = None, num_draws: int = 1000, *, seed: int | None 
     >>> w.khat < 0.5, bool((w.mean - 1.0).abs().max() < 0.1)
     (True, True)
     """
-    from ..numerics.budget import MemoryBudget
-    from ..inference.derivatives import call_log_joint
-
     if not (callable(getattr(q, "log_prob", None)) and callable(getattr(q, "sample", None))):
         raise TypeError(f"q must be a posterior with sample and log_prob (e.g. a GaussianPosterior); got "
                         f"{type(q).__name__}")

@@ -9,8 +9,8 @@ sizes and schedules (:mod:`~gpvi.inference.dsvi.options`), :class:`Convergence` 
 from ..engine import FaultPolicy
 from .ard import ARDTerm, DSVIARD
 from .convergence import Convergence
-from .engine import DSVI, DSVIState, EntropyTerm, GradientEstimate, finite_difference_hessian, laplace_approximation
+from .engine import DSVI, DSVIState, EntropyTerm, GradientEstimate
 from .options import SGD, Adam, BlockDiagonal, Natural
 
 __all__ = ["DSVI", "DSVIARD", "DSVIState", "SGD", "Natural", "Adam", "Convergence", "BlockDiagonal", "FaultPolicy",
-           "ARDTerm", "EntropyTerm", "GradientEstimate", "laplace_approximation", "finite_difference_hessian"]
+           "ARDTerm", "EntropyTerm", "GradientEstimate"]

@@ -22,8 +22,9 @@ expected shortfall of the average of B batch means :math:`x_b` is estimated by
 
 and the run is *converged* (and stops) once at least ``min_batches`` batches are averaged and
 ``GAP_CALIBRATION`` :math:`\times\,\widehat{\mathrm{gap}} \le` ``gap_tol`` nats (the factor 2.5 corrects
-for the correlation between adjacent batch means, measured on Gaussian targets where the gap is known). Its cost adapts to the problem: about
-:math:`(D + D(D+1)/2\cdot c)/(2 S\,\mathrm{gap\_tol})` averaged steps (S draws per step, c ~ 1-2).
+for the correlation between adjacent batch means, calibrated on Gaussian targets where the gap is known). Its
+cost adapts to the problem: about :math:`(D + D(D+1)/2\cdot c)/(2 S\,\mathrm{gap\_tol})` averaged steps
+(S draws per step, c ~ 1-2).
 """
 
 from __future__ import annotations
@@ -44,9 +45,8 @@ DEFAULT_WINDOW = 200
 """Window W of the paper, used by the other optimizers with ``window="auto"``."""
 GAP_CALIBRATION = 2.5
 """Factor on the batch-means gap estimate. Means of adjacent windows of 100 iterates are positively correlated at
-the decaying step sizes, so the plain batch-means variance is too small: on Gaussian targets (D = 8, exact gap =
-KL(q || p), 8 seeds) the plain estimate was 1.5-3x below the true gap; with the factor the true gaps of runs
-stopped at 0.01 were 0.006-0.011 nats."""
+the decaying step sizes, so the plain batch-means variance is too small; the factor is calibrated on Gaussian
+targets, where the gap is known exactly (it is KL(q || p))."""
 
 
 class Convergence:
@@ -80,13 +80,12 @@ class Convergence:
     gap_tol : float or None
         For runs the rule ends: after the plateau, keep averaging windows until the estimated shortfall of the
         average's bound below the optimum is at most ``gap_tol`` nats (default 0.01; module docstring).
-        ``None``: stop at the plateau (gpvi 0.2's rule, which leaves about 0.03-0.09 nats on D = 15 GP
-        posteriors).
+        ``None``: stop at the plateau, returning the average of the last ``patience`` windows.
     min_batches : int
         Fewest windows averaged (>= 2, default 3; the plateau's ``patience`` windows count) before the gap
         estimate may end the run. With the default the run can end at the plateau itself, with the plateau's
-        windows averaged, when their estimated gap is already small (small D: the run costs what gpvi 0.2's
-        rule cost); otherwise it goes on until the estimate, from more batch means, is below ``gap_tol``.
+        windows averaged, when their estimated gap is already small (small D: the run costs no more than a stop at
+        the plateau); otherwise it goes on until the estimate, from more batch means, is below ``gap_tol``.
 
     Examples
     --------

@@ -33,10 +33,9 @@ Monitoring and the stop rule: :mod:`~gpvi.inference.dsvi.convergence`. The updat
 option objects carrying their step sizes (:mod:`~gpvi.inference.dsvi.options`); their maths and what departs
 from the paper is in :mod:`~gpvi.inference.dsvi.updates`.
 
-GP hyperparameters (paper section 3.4). For an exact GP regression target (:class:`gpvi.GPRegression`), the
-default ``optimizer="auto"`` resolves to :class:`Natural` started at the MAP/Laplace point, and the convergence
-rule ends the run, returning the average of the windows over which it held. Every other target keeps Algorithm 1
-(:class:`SGD`). ``info["optimizer"]`` and ``info["auto"]`` record what ``"auto"`` resolved to and why.
+GP hyperparameters (paper section 3.4): on an exact GP regression target the default ``optimizer="auto"`` runs
+:class:`Natural` from the MAP/Laplace starts, stopped by the convergence rule (:class:`DSVI`, Notes); every other
+target keeps Algorithm 1 (:class:`SGD`).
 
 Data subsampling (the "doubly" of section 3.3): a target that implements the *minibatch protocol*
 (``sample_minibatch(generator)`` and ``log_joint(theta, batch=...)``, e.g. :class:`gpvi.models.minibatch.MinibatchTarget`)
@@ -56,37 +55,33 @@ from __future__ import annotations
 
 import math
 import numbers
-import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ...models.target import as_target
-from ...rng import check_seed, resolve_generator
-from ...validation import as_float_tensor, check_bool, check_choice, check_fraction, check_nonnegative_int
-from ...validation import check_positive, check_positive_int
-from .. import driver
 from ...numerics.budget import MemoryBudget
-from ..derivatives import finite_difference_hessian, is_minibatch_target
-from ..engine import FaultPolicy, RunReport, count_draws, resume_copy, skip_step
-from ...numerics.families import make_standard
-from ..init import (LAPLACE_MAX_DIM, Start, check_start, init_to_default, init_to_laplace, init_to_map,
-                    laplace_approximation, resolve_init, start_point)
+from ...numerics.families import check_base, make_standard
+from ...rng import check_seed, resolve_generator
+from ...validation import (check_bool, check_choice, check_fraction, check_nonnegative_int,
+                           check_positive, check_positive_int)
+from .. import driver
+from ..engine import FaultPolicy, RunReport, bound_draws, count_draws, resume_copy, skip_step
+from ..init import Start, find_start, init_to_default, start_point
 from .convergence import Convergence
 from .gradient import estimate_gradient
 from .options import OPTIMIZERS, RULES, Adam, BlockDiagonal, Natural, SGD, UpdateRule, as_rule
-from .result import build_posterior
-from .starts import MAP_INIT_SCALE, MAP_RESTARTS, MAX_STARTS, run_starts
+from .result import build_posterior, check_moments
 from .result import estimate_bound as _estimate_bound
+from .setup import auto_optimizer, initial_state, resumed_state
 from .setup import block_mask as _block_mask
-from .setup import initial_moments
+from .starts import map_laplace_starts, run_starts
 from .state import DSVIState, EntropyTerm, GradientEstimate
 from .updates import keep_diagonal_positive, polyak_update
 
 __all__ = ["DSVI", "DSVIState", "GradientEstimate", "EntropyTerm", "SGD", "Natural", "Adam", "BlockDiagonal",
-           "Convergence", "laplace_approximation", "finite_difference_hessian", "OPTIMIZERS"]
+           "Convergence", "OPTIMIZERS"]
 
 
 class DSVI:
@@ -145,9 +140,6 @@ class DSVI:
     progress_bar : bool
         tqdm bar with the rolling bound in its postfix.
 
-    The arguments of gpvi 0.1 that these objects now hold (``lr=``, ``schedule=``, ``window=``, ``max_resample=``,
-    ``blocks=``, ``df=``, ...) raise a ``TypeError`` naming the new spelling.
-
     Notes
     -----
     *The start.* A start where the log joint or its gradient is NaN/inf is refused at :meth:`init` with a
@@ -170,10 +162,11 @@ class DSVI:
     **GP hyperparameter posterior** (paper section 3.4). ``DSVI(scale="full").run(model)`` on a
     :class:`gpvi.GPRegression` model (:math:`\theta` = log lengthscales², log signal and noise variances, prior
     N(0, 10) each by default; S = 4 draws of :math:`\theta` per step through one batched Cholesky) does, with
-    every default: (1) the distinct MAP optima of ``gpvi.ML2(num_restarts=5, prior=True, seed=seed)`` (end points
+    every default: (1) the distinct MAP optima of 30 seeded L-BFGS restarts of ``gpvi.ML2(prior=True)`` (end points
     more than 0.1 apart in some component; at most 3) and (2) :math:`C_0` = the Laplace scale at each -- the init
-    strategy ``init_to_laplace(init_to_map(5, seed=seed, max_starts=3))`` (:mod:`gpvi.inference.init`) that runs
-    before the engine starts (pass ``init=`` to start elsewhere); (3) :class:`Natural` steps with
+    strategy ``init_to_laplace(init_to_map(30, seed=seed, max_starts=3, init_scale=(1, 2, 3)))``
+    (:mod:`gpvi.inference.init`, :mod:`gpvi.inference.dsvi.starts`) that runs before the engine starts (pass
+    ``init=`` to start elsewhere); (3) :class:`Natural` steps with
     :math:`\rho_t = 0.05/(1+t/200)^{0.6}`, trust region 0.1; (4) the convergence rule every 100 steps: once the
     bound stops changing by more than its Monte Carlo error (and q by 0.2 sd) at 3 checks, the run averages its
     windows until the estimated shortfall of the average's bound is at most 0.01 nats
@@ -225,7 +218,7 @@ class DSVI:
         if isinstance(scale, BlockDiagonal):
             scale, self.blocks = "full", scale.blocks
         self.scale = check_choice(scale, "scale", ("full", "diag"))
-        self.base = _check_base(base)
+        self.base = check_base(base)
         self.num_draws = check_positive_int(num_draws, "num_draws")
         self.num_steps = check_positive_int(num_steps, "num_steps")
         self.optimizer = as_rule(optimizer)
@@ -313,14 +306,7 @@ class DSVI:
     def _resolve(self, target: Any) -> tuple[str, str]:
         if not isinstance(self.optimizer, str):
             return self.optimizer.name, "given"
-        target = as_target(target)
-        laplace_ok = (self.analytic_term is None and not is_minibatch_target(target)
-                      and callable(getattr(target, "log_marginal_likelihood", None))
-                      and len(target.names) <= LAPLACE_MAX_DIM)
-        if laplace_ok:
-            return "natural", "the target has an exact log_marginal_likelihood and D <= 200: MAP/Laplace start"
-        return "sgd", "no cheap MAP/Laplace start (not an exact GP target, a minibatch target, D > 200 or an " \
-                      "analytic term): Algorithm 1"
+        return auto_optimizer(as_target(target), self.analytic_term)
 
     def _block_mask(self, D: int) -> torch.Tensor | None:
         if self.blocks is None:
@@ -337,8 +323,7 @@ class DSVI:
         MAP_RESTARTS, seed=seed, max_starts=MAX_STARTS, init_scale=MAP_INIT_SCALE))``; else
         :func:`init_to_default`."""
         if self.resolve_optimizer(target) == "natural":
-            return init_to_laplace(init_to_map(MAP_RESTARTS, seed=0 if self.seed is None else self.seed,
-                                               max_starts=MAX_STARTS, init_scale=MAP_INIT_SCALE))
+            return map_laplace_starts(0 if self.seed is None else self.seed)
         return init_to_default()
 
     def init(self, target: Any, start: Any = None, generator: torch.Generator | None = None) -> DSVIState:
@@ -351,40 +336,11 @@ class DSVI:
         """
         target = as_target(target)
         start = start_point(target, start, self.default_init(target), seed=self.seed)
-        generator = resolve_generator(self.seed, generator)
-        D = len(target.names)
-        base = self.make_base(D)
-        if base.dim != D:
-            raise ValueError(f"base has dimension {base.dim} but the target has D = {D}")
-        optimizer, why = self._resolve(target)
-        rule = self.rule_for(optimizer)
-        if rule.fixed_mean is not None and rule.fixed_mean.shape[0] != D:
-            raise ValueError(f"fixed_mean must have length D = {D}; got {rule.fixed_mean.shape[0]}")
-        batch = target.sample_minibatch(generator) if is_minibatch_target(target) else None
-        check_start(target, start.theta, batch)
-        mu0, C0, init_info = initial_moments(self, target, start, D, optimizer)
-        init_info["time_s"] = start.info.get("time_s", init_info.get("time_s", 0.0))
-        init_info["auto"] = {"optimizer": optimizer, "why": why}
-        rho0 = rule.initial_rate(target, mu0, generator, batch)
-        return DSVIState(mu=mu0, C=C0, t=0, generator=generator, scale=self.scale, rho0_mu=rho0,
-                         rho0_C=rho0 * rule.lr_scale, opt=rule.init_opt(mu0, C0),
-                         window=deque(maxlen=self.convergence.window_for(optimizer)), optimizer=optimizer,
-                         init_info=init_info)
+        return initial_state(self, target, start, resolve_generator(self.seed, generator))
 
     def resume(self, target: Any, state: DSVIState | dict[str, Any]) -> DSVIState:
         """A checked copy of ``state`` (a :class:`DSVIState` or its ``state_dict``) to continue on ``target``."""
-        state = resume_copy(state, DSVIState, len(as_target(target).names))
-        if state.scale != self.scale:
-            raise ValueError(f"state was made with scale={state.scale!r} but this engine has scale={self.scale!r}")
-        if not isinstance(self.optimizer, str) and state.optimizer != self.optimizer.name:
-            raise ValueError(f"state was made with optimizer={state.optimizer!r} but this engine has "
-                             f"optimizer={self.optimizer!r}")
-        if state.window.maxlen != self.convergence.window_for(state.optimizer):
-            state.window = deque(state.window, maxlen=self.convergence.window_for(state.optimizer))
-        state.check["stopped"] = False
-        if self.convergence.finishes(state) and state.check.get("batches") is None:
-            state.converged = False                   # stopped at its plateau: the finish is still to come
-        return state
+        return resumed_state(self, resume_copy(state, DSVIState, len(as_target(target).names)))
 
     def stop_rule(self) -> Convergence:
         """The convergence rule (:class:`~gpvi.inference.dsvi.convergence.Convergence`)."""
@@ -480,20 +436,10 @@ class DSVI:
         >>> abs(est) < 5 * se, bad                      # q = target: the bound is log Z = 0
         (True, 0)
         """
-        n = self.num_elbo_draws if num_draws is None else check_positive_int(num_draws, "num_draws")
-        if n == 0:
-            raise ValueError("num_draws must be >= 1 for a bound estimate (num_elbo_draws is 0)")
+        n = bound_draws(num_draws, self.num_elbo_draws)
         target = as_target(target)
-        mu = as_float_tensor(mu, "mu", ndim=1)
-        C = as_float_tensor(C, "C", ndim=(1, 2))
-        D = mu.shape[0]
-        if D != len(target.names):
-            raise ValueError(f"mu has length {D} but the target has D = {len(target.names)}")
-        if C.shape not in ((D,), (D, D)):
-            raise ValueError(f"C must be ({D}, {D}) lower triangular or ({D},) diagonal; got {tuple(C.shape)}")
-        if not bool(((torch.diagonal(C) if C.dim() == 2 else C) > 0).all()):
-            raise ValueError("C must have a strictly positive diagonal")
-        base = self.make_base(D)
+        mu, C = check_moments(target, mu, C)
+        base = self.make_base(mu.shape[0])
         gen = resolve_generator(seed if seed is not None else 0, generator)
         est, se, bad, _ = _estimate_bound(target, base, self.term(base), mu, C, n, gen, budget or MemoryBudget())
         return est, se, bad
@@ -543,10 +489,7 @@ class DSVI:
         """
         if state is not None:
             return driver.run(self, target, init, state=state, generator=generator, callback=callback, budget=budget)
-        strategy = resolve_init(init, self.default_init(target), seed=0 if self.seed is None else self.seed)
-        t0 = time.perf_counter()
-        start = strategy(as_target(target))
-        start.info.setdefault("time_s", time.perf_counter() - t0)
+        start = find_start(as_target(target), init, self.default_init(target), seed=self.seed)
         return run_starts(self, target, start, generator=generator, callback=callback, budget=budget)
 
     def __repr__(self) -> str:
@@ -555,16 +498,3 @@ class DSVI:
         return (f"DSVI(scale={scale!r}, base={base!r}, num_draws={self.num_draws}, num_steps={self.num_steps}, "
                 f"optimizer={self.optimizer!r})")
 
-
-def _check_base(base: Any) -> Any:
-    """``base`` checked where it can be without D: the names, and the degrees of freedom of ``("t", df)``."""
-    if isinstance(base, str):
-        if base in ("t", "student_t", "studentt", "mvt"):
-            raise TypeError(f"base={base!r} needs its degrees of freedom: base=('t', df), e.g. ('t', 5.0)")
-        check_choice(base, "base", ("normal",))
-    elif isinstance(base, tuple) and len(base) == 2 and base[0] == "t":
-        base = ("t", check_positive(base[1], "df"))
-    elif base is None:
-        raise TypeError("base must be 'normal', ('t', df), a sequence of univariate distributions or a standard "
-                        "distribution object; got None")
-    return base

@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-from ..derivatives import is_minibatch_target, log_joint_and_grad
+from ...models.target import is_minibatch_target
+from ..derivatives import log_joint_and_grad
 from .setup import theta_from
 from .state import DSVIState, GradientEstimate
 

@@ -15,12 +15,15 @@ import torch
 from ...exceptions import ConvergenceWarning, NumericalWarning
 from ...posteriors.gaussian import GaussianPosterior
 from ...numerics.budget import MemoryBudget
-from ..derivatives import call_log_joint
+from ...models.target import call_log_joint
+from ...rng import copy_generator
+from ...validation import as_float_tensor
+from ..engine import warn_faults
 from ..progress import Progress, trace_to_tensor
 from .convergence import batch_average
 from .state import COUNTERS, DSVIState
 
-__all__ = ["estimate_bound", "build_posterior", "DRAW_BLOCK"]
+__all__ = ["estimate_bound", "check_moments", "build_posterior", "DRAW_BLOCK"]
 
 DRAW_BLOCK = 250
 """Draws of z generated at a time for the bound estimate (their evaluation is chunked by the memory budget)."""
@@ -64,6 +67,21 @@ def estimate_bound(target: Any, base: Any, term: Any, mu: torch.Tensor, C: torch
     return float(v.mean()) + term_value, se, bad, record
 
 
+def check_moments(target: Any, mu: Any, C: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``mu`` (D,) and ``C`` -- ``(D, D)`` lower triangular or the ``(D,)`` diagonal, strictly positive diagonal --
+    as float64 tensors, checked against the target's D."""
+    mu = as_float_tensor(mu, "mu", ndim=1)
+    C = as_float_tensor(C, "C", ndim=(1, 2))
+    D = mu.shape[0]
+    if D != len(target.names):
+        raise ValueError(f"mu has length {D} but the target has D = {len(target.names)}")
+    if C.shape not in ((D,), (D, D)):
+        raise ValueError(f"C must be ({D}, {D}) lower triangular or ({D},) diagonal; got {tuple(C.shape)}")
+    if not bool(((torch.diagonal(C) if C.dim() == 2 else C) > 0).all()):
+        raise ValueError("C must have a strictly positive diagonal")
+    return mu, C
+
+
 def _returned(state: DSVIState, stopped: bool) -> tuple[torch.Tensor, torch.Tensor, str]:
     ck = state.check
     batches = ck.get("batches")
@@ -83,19 +101,16 @@ def _returned(state: DSVIState, stopped: bool) -> tuple[torch.Tensor, torch.Tens
     return state.mu, state.C, "final iterate"
 
 
-def _warn_counters(name: str, state: DSVIState, before: dict[str, int]) -> None:
-    diff = {k: state.counters.get(k, 0) - before.get(k, 0) for k in COUNTERS
-            if k not in ("log_joint_calls", "trust_clips", "c_shrinks")}   # a damped C step is no fault
-    if any(v > 0 for v in diff.values()):
-        parts = ", ".join(f"{k}={v}" for k, v in diff.items() if v > 0)
-        warnings.warn(f"{name} survived numerical faults in this run: {parts} (see q.info)", NumericalWarning,
-                      stacklevel=5)
+FAULT_COUNTERS = tuple(k for k in COUNTERS if k not in ("log_joint_calls", "trust_clips", "c_shrinks"))
+"""The counters whose increase in a run ends it with a :class:`~gpvi.exceptions.NumericalWarning` (a damped or
+trust-region-clipped step is part of the iteration, not a fault)."""
 
 
 def build_posterior(engine: Any, target: Any, state: DSVIState, report: Any) -> GaussianPosterior:
     """The posterior of a DSVI run (see :meth:`gpvi.DSVI.run` for what it holds); ``state`` is copied."""
     if not report.faulted:
-        _warn_counters(engine.name, state, report.extra.get("counters_before", {}))
+        warn_faults(engine.name, state.counters, report.extra.get("counters_before", {}), FAULT_COUNTERS,
+                    stacklevel=5)
     if not report.partial and not state.converged:
         last = state.check.get("last")
         detail = "" if last is None else (f" (last check at step {last['t']}: bound change {last['dbound']:.3g} "
@@ -108,12 +123,10 @@ def build_posterior(engine: Any, target: Any, state: DSVIState, report: Any) -> 
     base = engine.make_base(state.dim)
     elbo_method, elbo, se, invalid, chunks, t_est = "rolling window average", state.bound_average(), math.nan, 0, {}, 0.0
     if not report.partial and engine.num_elbo_draws > 0:
-        g = torch.Generator(device=state.generator.device)
-        g.set_state(state.generator.get_state())        # a copy: the state's stream is not advanced
         t0 = time.perf_counter()
-        elbo, se, invalid, chunks = estimate_bound(target, base, engine.term(base), mu, C, engine.num_elbo_draws, g,
-                                                   report.budget, progress_bar=report.progress_bar,
-                                                   desc=f"{engine.name} bound")
+        elbo, se, invalid, chunks = estimate_bound(target, base, engine.term(base), mu, C, engine.num_elbo_draws,
+                                                   copy_generator(state.generator), report.budget,
+                                                   progress_bar=report.progress_bar, desc=f"{engine.name} bound")
         t_est = time.perf_counter() - t0
         elbo_method = f"Monte Carlo, {engine.num_elbo_draws} draws at the returned (mu, C)"
         if invalid:

@@ -1,20 +1,76 @@
-"""Setting up a DSVI run: the initial (mu, C) from a start and ``init_scale``, the block mask, the SGD rate."""
+"""Setting up a DSVI run: what ``optimizer="auto"`` resolves to, the initial (mu, C) from a start and
+``init_scale``, the block mask, the SGD rate."""
 
 from __future__ import annotations
 
 import math
 import numbers
 import warnings
+from collections import deque
 from typing import Any
 
 import torch
 
 from ...exceptions import NumericalWarning
 from ...validation import as_float_tensor
-from ..derivatives import is_minibatch_target, log_joint_and_grad
-from ..init import LAPLACE_MAX_DIM, Start, laplace_scale_at
+from ...models.target import is_minibatch_target
+from ..derivatives import log_joint_and_grad
+from ..init import LAPLACE_MAX_DIM, Start, check_start, laplace_scale_at
+from .state import DSVIState
 
-__all__ = ["initial_moments", "block_mask", "curvature_rate"]
+__all__ = ["auto_optimizer", "initial_state", "resumed_state", "initial_moments", "block_mask", "curvature_rate"]
+
+
+def auto_optimizer(target: Any, analytic_term: Any) -> tuple[str, str]:
+    """What ``optimizer="auto"`` resolves to on ``target``, and why: ``"natural"`` when the target offers a cheap
+    MAP/Laplace start (an exact ``log_marginal_likelihood``, full data, D <= ``LAPLACE_MAX_DIM``, no analytic term
+    of the bound's own), else ``"sgd"`` (Algorithm 1)."""
+    laplace_ok = (analytic_term is None and not is_minibatch_target(target)
+                  and callable(getattr(target, "log_marginal_likelihood", None))
+                  and len(target.names) <= LAPLACE_MAX_DIM)
+    if laplace_ok:
+        return "natural", "the target has an exact log_marginal_likelihood and D <= 200: MAP/Laplace start"
+    return "sgd", "no cheap MAP/Laplace start (not an exact GP target, a minibatch target, D > 200 or an " \
+                  "analytic term): Algorithm 1"
+
+
+def initial_state(engine: Any, target: Any, start: Start, generator: torch.Generator) -> DSVIState:
+    """The state of a fresh run of ``engine`` at ``start`` (see :meth:`gpvi.DSVI.init`): the base and the rule
+    checked against D, the start against the log joint, the initial moments, the resolved step sizes."""
+    D = len(target.names)
+    base = engine.make_base(D)
+    if base.dim != D:
+        raise ValueError(f"base has dimension {base.dim} but the target has D = {D}")
+    optimizer, why = engine._resolve(target)
+    rule = engine.rule_for(optimizer)
+    if rule.fixed_mean is not None and rule.fixed_mean.shape[0] != D:
+        raise ValueError(f"fixed_mean must have length D = {D}; got {rule.fixed_mean.shape[0]}")
+    batch = target.sample_minibatch(generator) if is_minibatch_target(target) else None
+    check_start(target, start.theta, batch)
+    mu0, C0, init_info = initial_moments(engine, target, start, D, optimizer)
+    init_info["time_s"] = start.info.get("time_s", init_info.get("time_s", 0.0))
+    init_info["auto"] = {"optimizer": optimizer, "why": why}
+    rho0 = rule.initial_rate(target, mu0, generator, batch)
+    return DSVIState(mu=mu0, C=C0, t=0, generator=generator, scale=engine.scale, rho0_mu=rho0,
+                     rho0_C=rho0 * rule.lr_scale, opt=rule.init_opt(mu0, C0),
+                     window=deque(maxlen=engine.convergence.window_for(optimizer)), optimizer=optimizer,
+                     init_info=init_info)
+
+
+def resumed_state(engine: Any, state: DSVIState) -> DSVIState:
+    """``state`` (a copy) checked against ``engine``'s scale and update rule and made ready to continue: the
+    window resized to the engine's, a run stopped at its plateau set to go on to the finish."""
+    if state.scale != engine.scale:
+        raise ValueError(f"state was made with scale={state.scale!r} but this engine has scale={engine.scale!r}")
+    if not isinstance(engine.optimizer, str) and state.optimizer != engine.optimizer.name:
+        raise ValueError(f"state was made with optimizer={state.optimizer!r} but this engine has "
+                         f"optimizer={engine.optimizer!r}")
+    if state.window.maxlen != engine.convergence.window_for(state.optimizer):
+        state.window = deque(state.window, maxlen=engine.convergence.window_for(state.optimizer))
+    state.check["stopped"] = False
+    if engine.convergence.finishes(state) and state.check.get("batches") is None:
+        state.converged = False                   # stopped at its plateau: the finish is still to come
+    return state
 
 
 def initial_moments(engine: Any, target: Any, start: Start, D: int, optimizer: str

@@ -22,40 +22,40 @@ from __future__ import annotations
 import copy
 import math
 import warnings
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from ...exceptions import NumericalFaultError
 from ...rng import resolve_generator
-from ..init import Start
+from .. import driver
+from ..init import Start, init_to_laplace, init_to_map, init_to_start
 
-__all__ = ["run_starts", "MAP_RESTARTS", "MAP_INIT_SCALE", "MAX_STARTS"]
+__all__ = ["run_starts", "map_laplace_starts", "MAP_RESTARTS", "MAP_INIT_SCALE", "MAX_STARTS"]
 
 MAP_RESTARTS = 30
 """L-BFGS restarts of the MAP behind DSVI's default start for exact GP targets."""
 MAP_INIT_SCALE = (1.0, 2.0, 3.0)
-"""Spreads (sd, log scale) of those restarts around the data-scaled first start, cycled over the restarts.
-Bodyfat has a second basin (Chest relevant, Wrist irrelevant: 27% of the NUTS reference's mass, MAP log joint 1.9
-nats below the best). Seeds (of 8, or 4) whose restarts found it: 5 restarts at :class:`gpvi.ML2`'s default spread
-1.0, 0 of 4; 20 at 2.0, 6 of 8; 10 at 3.0, 6 of 8 (but 5 at 3.0 missed Boston's best optimum in 3 of 4 seeds);
-20 cycling (1, 2, 3), 7 of 8; 30 cycling (1, 2, 3), 8 of 8, with Boston's three optima in 4 of 4 seeds. Cost of
-the 30: about 5-8 s on Bodyfat, 13 s on pendulum, 27 s on Boston (2 cores, under load), against 40-220 s of DSVI."""
+"""Spreads (sd, log scale) of those restarts around the data-scaled first start, cycled over the restarts: the
+wider spreads reach basins far from the data-scaled start (e.g. Bodyfat's second basin), the narrow one keeps
+restarts near it."""
 MAX_STARTS = 3
 """Most distinct MAP optima DSVI's default runs from (the best three by log joint)."""
 FINISH_MARGIN = 0.1
-"""Nats a start's plateau bound may lie below the best one's (beyond 2 se) and still be finished: the most the
-finish gains over the plateau (0.03-0.09 nats measured on D = 15 GP posteriors)."""
+"""Nats a start's plateau bound may lie below the best one's (beyond 2 se) and still be finished: a bound on what
+the finish gains over the plateau."""
 
 
-class _given:  # noqa: N801 - an init strategy, read as a function
-    """The init strategy that returns a :class:`Start` found earlier (without its alternatives)."""
+def map_laplace_starts(seed: int) -> init_to_laplace:
+    """DSVI's default start for exact GP targets: the distinct MAP optima of ``MAP_RESTARTS`` seeded restarts
+    spread by ``MAP_INIT_SCALE`` (at most ``MAX_STARTS``), each with its Laplace scale."""
+    return init_to_laplace(init_to_map(MAP_RESTARTS, seed=seed, max_starts=MAX_STARTS, init_scale=MAP_INIT_SCALE))
 
-    def __init__(self, start: Start) -> None:
-        self.start = Start(start.theta, start.scale_tril, start.scale_source, start.info)
 
-    def __call__(self, target: Any) -> Start:
-        return self.start
+def _given(start: Start) -> init_to_start:
+    """The init strategy that returns ``start`` without its alternatives (one run from that start alone)."""
+    return init_to_start(replace(start, alternatives=()))
 
 
 def _record(k: int, start: Start, q: Any, failed: str | None = None) -> dict[str, Any]:
@@ -127,8 +127,6 @@ def run_starts(engine: Any, target: Any, start: Start, *, generator: torch.Gener
     NumericalFaultError
         When every start's run failed (the first failure); a failed alternative is recorded and skipped.
     """
-    from .. import driver
-
     starts = [start, *start.alternatives]
     kw = dict(callback=callback, budget=budget)
     if len(starts) == 1:

@@ -167,8 +167,8 @@ class DSVIState(RunState):
             polyak_mu=None if state["polyak_mu"] is None else state["polyak_mu"].clone(),
             polyak_C=None if state["polyak_C"] is None else state["polyak_C"].clone(),
             polyak_n=int(state["polyak_n"]), check=clone_tensors(state["check"]), converged=bool(state["converged"]),
-            optimizer=str(state.get("optimizer", "adam" if state["opt"] else "sgd")),
-            **run_state_fields(state, COUNTERS),
+            optimizer=str(state["optimizer"]),
+            **run_state_fields(state),
         )
 
 

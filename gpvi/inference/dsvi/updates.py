@@ -27,7 +27,7 @@ step is shrunk by halving until the Gaussian KL divergence between the old and t
 ``Natural(max_step_kl=...)`` (a trust region; counted in ``info["trust_clips"]``), which also keeps the diagonal of C
 positive. Cost per step :math:`O(D^3)` for the products with a full C (negligible next to a GP log joint).
 It is meant to start from a good scale: by default at the MAP with the Laplace scale
-:math:`C_0 = \operatorname{chol}((-\nabla^2\log g(\hat\theta))^{-1})` (:func:`gpvi.inference.init.laplace_approximation`, Hessian by
+:math:`C_0 = \operatorname{chol}((-\nabla^2\log g(\hat\theta))^{-1})` (:func:`gpvi.inference.laplace.laplace_approximation`, Hessian by
 central differences of the gradient). ``"adam"`` feeds the gradients
 to Adam (per-coordinate rates, also a departure).
 """

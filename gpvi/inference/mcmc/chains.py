@@ -193,9 +193,7 @@ def _sample(engine: Any, c: int, st: MCMCState, potential: Potential, callback: 
                                      torch.int64 if k == "n_steps" else torch.float64)
                      for k in SAMPLE_STATS}
         new_stats.update(engine._extra_stats(new_stats))
-        old = {k: cs.stats.get(k, torch.full((cs.draws.shape[0],), math.nan, dtype=torch.float64, device="cpu"))
-               for k in new_stats} if cs.stats else None         # states saved before "energy" was recorded
-        stats = ({k: torch.cat([old[k], v]) for k, v in new_stats.items()} if old is not None else new_stats)
+        stats = {k: torch.cat([cs.stats[k], v]) for k, v in new_stats.items()} if cs.stats else new_stats
         new_draws = torch.stack([e[0] for e in committed]) if committed else cs.draws[:0]
         return replace(cs, draws=torch.cat([cs.draws, new_draws]), stats=stats,
                        position=committed[-1][0].clone() if committed else cs.position,

@@ -1,14 +1,12 @@
-r"""Summaries of a NUTS/HMC run: the block of chains returned, ESS / split R-hat, divergences, per-chain table.
+r"""Summaries of a NUTS/HMC run: the block of chains returned, divergences, E-BFMI, per-chain table, warnings.
 
-ESS (bulk and tail), :math:`\hat R` and MCSE are ArviZ's (rank-normalised, folded split :math:`\hat R` and
-bulk/tail ESS of Vehtari et al. 2021), over the post-warm-up draws ``(C, S, D)``. The thresholds of the
-end-of-run :class:`~gpvi.exceptions.ConvergenceWarning` come from
-:class:`~gpvi.inference.mcmc.settings.ConvergenceChecks`.
+ESS (bulk and tail), :math:`\hat R` and MCSE of the post-warm-up draws ``(C, S, D)`` are
+:func:`gpvi.posteriors.diagnostics.diagnostics` (ArviZ's). The thresholds of the end-of-run
+:class:`~gpvi.exceptions.ConvergenceWarning` come from :class:`~gpvi.inference.mcmc.settings.ConvergenceChecks`.
 
 References
 ----------
-A. Vehtari, A. Gelman, D. Simpson, B. Carpenter, P.-C. Bürkner (2021). Rank-normalization, folding, and
-localization: an improved R-hat for assessing convergence of MCMC. Bayesian Analysis 16(2).
+M. Betancourt (2016). Diagnosing suboptimal cotangent disintegrations in Hamiltonian Monte Carlo. arXiv:1604.00695.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from ...exceptions import ConvergenceWarning
 from .settings import ConvergenceChecks
 from .state import ChainState
 
-__all__ = ["usable_block", "diagnostics", "DIAGNOSTICS", "chain_table", "convergence_problems", "warn_convergence",
+__all__ = ["usable_block", "chain_table", "convergence_problems", "warn_convergence",
            "e_bfmi", "MIN_E_BFMI"]
 
 MIN_E_BFMI = 0.3
@@ -34,9 +32,9 @@ distribution poorly (heavy tails, funnels)."""
 
 def e_bfmi(energy: torch.Tensor) -> list[float]:
     r"""Energy Bayesian fraction of missing information per chain, ArviZ's ``bfmi`` (Betancourt 2016, eq. 3):
-    :math:`\sum_n (E_n - E_{n-1})^2 / \sum_n (E_n - ar E)^2` over a chain's energies ``(C, S)``; NaN where the
+    :math:`\sum_n (E_n - E_{n-1})^2 / \sum_n (E_n - \bar E)^2` over a chain's energies ``(C, S)``; NaN where the
     energies were not recorded or a chain has fewer than 3 draws."""
-    import arviz as az
+    import arviz as az                                           # imported on use: importing ArviZ takes seconds
 
     out = []
     for row in energy.detach().cpu().double():
@@ -62,37 +60,6 @@ def usable_block(chains: list[ChainState], num_draws: int) -> tuple[int, int]:
             if k * m >= best_k * length:
                 best_k, length = k, m
     return best_k, length
-
-
-DIAGNOSTICS = ("ess_bulk", "ess_tail", "r_hat", "mcse_mean", "mcse_sd")
-"""What :func:`diagnostics` returns, named as ArviZ's ``summary`` names its columns."""
-
-
-def diagnostics(draws: torch.Tensor) -> dict[str, torch.Tensor]:
-    """ArviZ's convergence diagnostics per parameter of ``draws`` ``(C, S, D)``; NaN for fewer than 4 draws per
-    chain.
-
-    Returns
-    -------
-    dict of str to torch.Tensor of shape (D,)
-        ``ess_bulk``, ``ess_tail`` (``arviz.ess``, methods "bulk" and "tail"), ``r_hat`` (``arviz.rhat``, rank
-        normalised split R-hat), ``mcse_mean``, ``mcse_sd`` (``arviz.mcse``).
-    """
-    D = draws.shape[-1]
-    out = {k: torch.full((D,), math.nan, dtype=torch.float64, device="cpu") for k in DIAGNOSTICS}
-    if draws.shape[1] >= 4:
-        import arviz as az
-
-        x = draws.detach().cpu().double().numpy()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")                      # constant chains: ArviZ warns and returns NaN
-            for j in range(D):
-                a = x[:, :, j]
-                vals = (az.ess(a, method="bulk"), az.ess(a, method="tail"), az.rhat(a), az.mcse(a),
-                        az.mcse(a, method="sd"))
-                for k, v in zip(DIAGNOSTICS, vals):
-                    out[k][j] = float(v)
-    return {k: v.to(device=draws.device) for k, v in out.items()}
 
 
 def chain_table(name: str, use: list[ChainState], stats: dict[str, torch.Tensor], length: int,

@@ -36,7 +36,8 @@ from ..engine import RunReport
 from ..init import Start, init_to_default, resolve_init
 from ..progress import warn_interrupted
 from .chains import Potential, run_chain
-from .diagnostics import chain_table, convergence_problems, diagnostics, e_bfmi, usable_block, warn_convergence
+from ...posteriors.diagnostics import diagnostics
+from .diagnostics import chain_table, convergence_problems, e_bfmi, usable_block, warn_convergence
 from .settings import Adaptation, ConvergenceChecks
 from .starts import chain_starts, init_to_chains
 from .state import ChainState, MCMCState
@@ -174,7 +175,7 @@ class HamiltonianEngine:
         return MCMCState(names, self._settings(), chains, {**info, **how})
 
     def _mass_from(self, start: Start) -> torch.Tensor | None:
-        """:math:`M^{-1} = CC^\top` from a Gaussian-posterior start (see ``Adaptation.mass_from_init``), else None."""
+        r""":math:`M^{-1} = CC^\top` from a Gaussian-posterior start (see ``Adaptation.mass_from_init``), else None."""
         if not self.adaptation.mass_from_init or start.scale_source != "posterior" or start.scale_tril is None:
             return None
         L = start.scale_tril.detach().to(torch.float64).cpu()

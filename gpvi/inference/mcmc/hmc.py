@@ -4,9 +4,6 @@ Each transition draws :math:`r \sim \mathcal N(0, M)`, takes :math:`L` leapfrog 
 :math:`H(\theta, r) = -\log g(\theta) + \tfrac12 r^\top M^{-1} r` (Neal 2011, eqs. 5.18-5.20) and accepts with
 probability :math:`\min(1, e^{-\Delta H})` (Neal 2011, eq. 5.23).
 
-This module also re-exports :class:`~gpvi.inference.mcmc.nuts.NUTS` and the states, the import path of the
-engines before the package was split (``from gpvi.inference.mcmc.hmc import NUTS`` keeps working).
-
 References
 ----------
 R. M. Neal (2011). MCMC using Hamiltonian dynamics. Handbook of Markov Chain Monte Carlo, ch. 5.
@@ -15,17 +12,16 @@ R. M. Neal (2011). MCMC using Hamiltonian dynamics. Handbook of Markov Chain Mon
 from __future__ import annotations
 
 import math
-
 from typing import Any
+
+from pyro.infer.mcmc import HMC as PyroHMC
 
 from ...validation import check_positive_int
 from .chains import Potential
 from .engine import HamiltonianEngine
-from .nuts import NUTS
 from .settings import Adaptation, ConvergenceChecks
-from .state import ChainState, MCMCState
 
-__all__ = ["HMC", "NUTS", "MCMCState", "ChainState"]
+__all__ = ["HMC"]
 
 
 class HMC(HamiltonianEngine):
@@ -76,7 +72,6 @@ class HMC(HamiltonianEngine):
         return {"num_leapfrog_steps": self.num_leapfrog_steps}
 
     def _make_kernel(self, potential: Potential, step_size: float, adapt: bool, fixed_mass: bool = False) -> Any:
-        from pyro.infer.mcmc import HMC as PyroHMC
         a = self.adaptation
         return PyroHMC(potential_fn=potential, step_size=step_size, trajectory_length=self.trajectory_length,
                        adapt_step_size=adapt and a.adapt_step_size,

@@ -32,6 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from pyro.infer.mcmc import NUTS as PyroNUTS
 
 from ...validation import check_positive_int
 from .chains import Potential, tree_depth
@@ -109,7 +110,6 @@ class NUTS(HamiltonianEngine):
         return {"max_tree_depth": self.max_tree_depth}
 
     def _make_kernel(self, potential: Potential, step_size: float, adapt: bool, fixed_mass: bool = False) -> Any:
-        from pyro.infer.mcmc import NUTS as PyroNUTS
         a = self.adaptation
         return PyroNUTS(potential_fn=potential, step_size=step_size,
                         adapt_step_size=adapt and a.adapt_step_size,

@@ -178,7 +178,7 @@ class MCMCState:
         if not isinstance(state, dict) or state.get("kind") != "mcmc":
             raise ValueError("state must be an MCMCState or the dict returned by MCMCState.state_dict()")
         return cls(list(state["names"]), dict(state["settings"]),
-                   [ChainState.from_state_dict(c) for c in state["chains"]], dict(state.get("init_info", {})))
+                   [ChainState.from_state_dict(c) for c in state["chains"]], dict(state["init_info"]))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace this state's contents by ``state`` (from :meth:`state_dict`)."""

@@ -45,21 +45,20 @@ from typing import Any
 
 import torch
 
-from ...exceptions import ConvergenceWarning, NumericalFaultError, NumericalWarning
-from ...models.target import as_target
+from ...exceptions import NumericalFaultError, NumericalWarning
+from ...models.target import as_target, is_minibatch_target
+from ...numerics.budget import MemoryBudget
 from ...posteriors.gaussian import GaussianPosterior
 from ...rng import check_seed, resolve_generator
 from ...validation import check_bool, check_choice, check_memory, check_nonnegative_int, check_positive_int
 from .. import driver
-from ...numerics.budget import MemoryBudget
-from ..derivatives import _autograd_hessian, _NoDoubleBackward, is_minibatch_target
-from ..engine import NeverStop, RunReport, count_draws, record_bound, resume_copy, skip_step
+from ..engine import NeverStop, RunReport, bound_draws, count_draws, record_bound, resume_copy, skip_step
 from ..init import Start, check_start, init_to_default, start_point
-from ..progress import trace_to_tensor
-from .estimates import averaged, draw_statistics, estimate_bound, scale_from_precision, solve, strict_cholesky
-from .estimates import window_drift
+from .estimates import draw_statistics, estimate_bound, solve
 from .options import HessianSource, SKFaultPolicy, SKSchedule
-from .start import check_gaussian_warm_start, check_init_scale, initial_scale
+from .result import build_posterior
+from .start import (check_gaussian_warm_start, check_init_scale, initial_precision, initial_scale,
+                    initial_statistics, probe_hessian)
 from .state import COUNTERS, SKState
 
 __all__ = ["SKGaussian"]
@@ -73,17 +72,15 @@ class SKGaussian:
     num_steps : int
         N, the total number of iterations (default 500). It fixes the step size :math:`w = 1/\sqrt N` and the
         averaging window (the last ``schedule.average_fraction`` of the steps), so it is part of the algorithm,
-        not a budget to extend. In ``benchmarks/results/sk_vs_dsvi.md`` N = 50 reaches the optimal bound on Pima
-        logistic regression (D = 8) and N = 125-250 (Hessian-free) or 200-400 (Algorithm 2) on the Boston GP
-        hyperparameter posterior (D = 15); the window-split check warns when N was too small.
+        not a budget to extend (``benchmarks/results/sk_vs_dsvi.md`` measures the N each target needs); the
+        window-split check warns when N was too small.
     method : {"hessian", "gradient"}
         Regression statistics: ``"hessian"`` is Algorithm 2 (gradient and Hessian of log g at each draw);
         ``"gradient"`` the Hessian-free variant of section 6.2 (gradients only; see
         :mod:`gpvi.inference.sk.estimates`). Prefer ``"gradient"`` when Hessians need finite differences (e.g.
         :class:`gpvi.GPRegression`: 2D + 1 log-joint rows per draw against 2 per antithetic pair); ``"hessian"``
         needs the fewest log-joint evaluations when autograd Hessians are available. ``"gradient"`` needs at
-        least D antithetic pairs in the averaging window (more in practice: N = 50 failed and N = 125 worked on
-        the D = 15 Boston posterior with 2 pairs per step).
+        least D antithetic pairs in the averaging window (several times more in practice).
     hessian : {"auto", "autograd", "fd"} or HessianSource, optional
         Source of Hessians for ``method="hessian"`` (default ``HessianSource("auto")``; rejected for
         ``method="gradient"``, which needs none except for ``init_scale="laplace"``, then by ``"auto"``).
@@ -99,11 +96,8 @@ class SKGaussian:
         the paper's pseudo-random draws from the run's generator) or ``"sobol"``: consecutive points of one
         scrambled Sobol' sequence per run (scramble seed drawn from the generator) through the normal quantile
         (randomised quasi-Monte Carlo). The averaged statistics of the window are then a quasi-Monte Carlo
-        average over the slowly moving :math:`q_t`, with a smaller error: on the Boston GP hyperparameter
-        posterior (D = 15, 2 antithetic pairs per step) the bound of the returned q was, at N = 300, 0.043 nats below
-        that of a 6,000-step run with pseudo-random draws and 0.023 with Sobol' draws; at N = 600, 0.016 and
-        0.007 (paired estimates, ``benchmarks/results/sk_length.md``). Minibatches still come from the
-        generator.
+        average over the slowly moving :math:`q_t`, with a smaller error at the same N
+        (``benchmarks/results/sk_length.md``). Minibatches still come from the generator.
     schedule : SKSchedule, optional
         The step size :math:`w` (default :math:`1/\sqrt N`), the averaged fraction of the final steps (0.5: the
         paper's second half) and the window-split drift check (``drift_tol``): see :class:`SKSchedule`.
@@ -208,13 +202,6 @@ class SKGaussian:
                 "max_consecutive": self.faults.max_consecutive, "num_elbo_draws": self.num_elbo_draws,
                 "seed": self.seed}
 
-    def _empty_sums(self, D: int, like: torch.Tensor) -> dict[str, Any]:
-        keys = ("a", "z", "P") if self.method == "hessian" else ("a", "z", "A", "B")
-        out: dict[str, Any] = {k: torch.zeros((D, D) if k in ("P", "A", "B") else (D,), dtype=like.dtype,
-                                              device=like.device) for k in keys}
-        out["n"] = 0
-        return out
-
     # ------------------------------------------------------------------ the engine contract
     def default_init(self, target: Any) -> init_to_default:
         """The start when ``run`` gets no ``init``: ``target.initial_theta()`` when the target has it, else zeros
@@ -265,11 +252,7 @@ class SKGaussian:
         counters["log_joint_calls"] += 1
         counters["log_joint_evals"] += 1
         C0, how = initial_scale(target, start, self.init_scale, self.hessian)
-        P0 = torch.cholesky_inverse(C0)                     # (C0 C0^T)^-1
-        P0 = 0.5 * (P0 + P0.T)
-        L0 = strict_cholesky(P0)
-        if L0 is None:
-            raise ValueError("the initial scale is too ill-conditioned: V_1^-1 is not numerically positive definite")
+        P0, L0 = initial_precision(C0)
         gen = resolve_generator(self.seed, generator)
         qmc_seed = (int(torch.randint(0, 2 ** 31 - 1, (1,), generator=gen, device=gen.device))
                     if self.draws == "sobol" else None)
@@ -285,19 +268,9 @@ class SKGaussian:
                 batch = target.sample_minibatch(gen) if is_minibatch_target(target) else None
                 counters["log_joint_calls"] += 1
                 counters["log_joint_evals"] += 1
-                try:
-                    _autograd_hessian(target, m0.unsqueeze(0), batch)
-                    hessian, note = "autograd", "auto: the target supports double backward"
-                except _NoDoubleBackward as exc:
-                    hessian = "fd"
-                    note = f"auto: finite differences because autograd refused second derivatives ({exc})"[:400]
-        stats: dict[str, torch.Tensor] = {"a": torch.zeros_like(m0), "z": m0.clone()}
-        if self.method == "hessian":
-            stats["P"] = P0
-        else:
-            eye = torch.eye(D, dtype=m0.dtype, device=m0.device)
-            stats.update(A=torch.linalg.solve_triangular(L0.T, eye, upper=True), B=-L0.clone())   # R_1 = L^-T
-        return SKState(m=m0, L=L0, stats=stats, sums=[self._empty_sums(D, m0), self._empty_sums(D, m0)], t=0,
+                hessian, note = probe_hessian(target, m0, batch)
+        stats, sums = initial_statistics(self.method, m0, P0, L0)
+        return SKState(m=m0, L=L0, stats=stats, sums=sums, t=0,
                        num_steps=self.num_steps, w=self.w, method=self.method, hessian=hessian, hessian_note=note,
                        generator=gen, window=deque(maxlen=self.window), counters=counters, init_info=init_info,
                        qmc_seed=qmc_seed)
@@ -432,9 +405,7 @@ class SKGaussian:
         >>> abs(est) < 1e-12, se < 1e-12, bad           # q = target: log g - log q = log Z = 0 for every draw
         (True, True, 0)
         """
-        n = self.num_elbo_draws if num_draws is None else check_positive_int(num_draws, "num_draws")
-        if n == 0:
-            raise ValueError("num_draws must be >= 1 for a bound estimate (num_elbo_draws is 0)")
+        n = bound_draws(num_draws, self.num_elbo_draws)
         gen = resolve_generator(seed if seed is not None else 0, generator)
         return estimate_bound(target, mean, scale_tril, n, generator=gen, budget=budget)
 
@@ -443,82 +414,15 @@ class SKGaussian:
 
         A faulted run gives the current :math:`q_t`; an interrupted one the average so far (the current
         :math:`q_t` before the averaging window, ``info["averaged"] = False``) and no final estimate. Issues the
-        end-of-run warnings (faults survived, the window-split drift check).
+        end-of-run warnings (faults survived, the window-split drift check); see
+        :func:`gpvi.inference.sk.result.build_posterior`.
 
         Raises
         ------
         NumericalFaultError
             The averaged :math:`\bar P` is not positive definite; ``err.partial`` is the current :math:`q_t`.
         """
-        averaged_ok, n_avg = False, 0
-        drift_mean, drift_sd = math.nan, math.nan
-        if not report.faulted:
-            self._warn_counters(state, report.extra.get("counters_before", {}))
-        if report.faulted:
-            m, L = state.m, state.L
-        else:
-            sol, n_avg = averaged(state)
-            if n_avg == 0:
-                m, L = state.m, state.L              # interrupted before the averaging window
-            elif sol is None:
-                partial = self.result(target, state, RunReport(
-                    interrupted=report.interrupted, stopped_early=report.stopped_early, time_s=report.time_s,
-                    steps_this_run=report.steps_this_run, budget=report.budget, faulted=True, extra=report.extra))
-                raise NumericalFaultError(
-                    f"SKGaussian: the averaged precision P_bar over {n_avg} steps is not positive definite "
-                    f"(N = {state.num_steps}, w = {state.w:.3g}, {state.counters['non_pd_steps']} non-PD steps); "
-                    f"increase num_steps (smaller w, longer average) or start closer to the posterior (init=, e.g. "
-                    f"an ML-II/MAP point or a DSVI posterior). err.state holds the final state and err.partial the "
-                    f"current q_t", state=state, partial=partial)
-            else:
-                (m, L), averaged_ok = sol, True
-                if not report.interrupted and state.sums[0]["n"] > 0 and state.sums[1]["n"] > 0:
-                    drift_mean, drift_sd = window_drift(state, L)
-                    self._warn_drift(drift_mean, drift_sd)
-        scale_tril = scale_from_precision(L)
-        elbo_method = "rolling window average of the instantaneous bound"
-        elbo, se, invalid = state.bound_average(), math.nan, 0
-        if not report.partial and self.num_elbo_draws > 0:
-            g = torch.Generator(device=state.generator.device)
-            g.set_state(state.generator.get_state())        # a copy: the state's stream is not advanced
-            elbo, se, invalid = estimate_bound(target, m, scale_tril, self.num_elbo_draws, generator=g,
-                                               budget=report.budget, progress_bar=report.progress_bar,
-                                               desc=f"{self.name} bound")
-            elbo_method = f"Monte Carlo, {self.num_elbo_draws} draws at the returned (m, V)"
-            if invalid:
-                warnings.warn(f"SKGaussian: {invalid} of {self.num_elbo_draws} draws for the final bound estimate "
-                              f"had a non-finite log joint and were left out", NumericalWarning, stacklevel=4)
-        tol = self.schedule.drift_tol
-        info: dict[str, Any] = dict(state.counters)
-        info.update(
-            method=state.method, hessian=state.hessian, hessian_note=state.hessian_note, init=dict(state.init_info),
-            converged=averaged_ok and drift_mean <= tol and drift_sd <= tol,
-            averaged=averaged_ok, num_averaged=n_avg, drift_mean_sd=drift_mean, drift_log_sd=drift_sd,
-            steps=state.t, steps_this_run=report.steps_this_run, time_s=report.time_s,
-            total_time_s=state.wall_time, step_size=state.w, interrupted=report.interrupted,
-            faulted=report.faulted, elbo_method=elbo_method, elbo_invalid=invalid, settings=self.settings(),
-            memory=report.budget.describe(target, self.num_elbo_draws) if report.budget is not None else None,
-        )
-        trace = {k: trace_to_tensor(v) for k, v in state.trace.items()}
-        return GaussianPosterior(m.clone(), scale_tril.clone(), list(target.names), target, elbo=elbo, elbo_se=se,
-                                 trace=trace, info=info, engine_state=state.copy())
-
-    def _warn_counters(self, state: SKState, before: dict[str, int]) -> None:
-        keys = ("resampled_draws", "dropped_draws", "skipped_steps", "non_pd_steps")
-        diff = {k: state.counters[k] - before.get(k, 0) for k in keys}
-        if any(v > 0 for v in diff.values()):
-            parts = ", ".join(f"{k}={v}" for k, v in diff.items() if v > 0)
-            warnings.warn(f"SKGaussian survived numerical faults in this run: {parts} (see q.info)", NumericalWarning,
-                          stacklevel=5)
-
-    def _warn_drift(self, drift_mean: float, drift_sd: float) -> None:
-        if drift_mean <= self.schedule.drift_tol and drift_sd <= self.schedule.drift_tol:
-            return
-        what = ("one half of the averaging window gives an indefinite precision" if math.isinf(drift_mean) else
-                f"means differ by up to {drift_mean:.3g} sd, sds by a factor up to exp({drift_sd:.3g})")
-        warnings.warn(f"SKGaussian: the two halves of the averaging window disagree ({what}); q may still be moving "
-                      f"or unstable: do not trust it without more steps or a start closer to the posterior",
-                      ConvergenceWarning, stacklevel=5)
+        return build_posterior(self, target, state, report)
 
     def run(self, target: Any, init: Any = None, *, state: SKState | dict[str, Any] | None = None,
             generator: torch.Generator | None = None,

@@ -25,8 +25,8 @@ from ...linalg import cholesky_solve, cholesky_with_jitter
 from ...models.target import as_target
 from ...validation import as_float_tensor, check_positive_int
 from ...numerics.budget import MemoryBudget
-from ..derivatives import _autograd_hessian, _fd_hessian, _NoDoubleBackward, call_log_joint, is_minibatch_target
-from ..derivatives import log_joint_and_grad
+from ...models.target import call_log_joint, is_minibatch_target
+from ..derivatives import _autograd_hessian, _fd_hessian, _NoDoubleBackward, log_joint_and_grad
 from ..progress import Progress
 from .options import HessianSource
 from .state import SKState

@@ -27,9 +27,11 @@ from ...exceptions import NumericalWarning
 from ...validation import as_float_tensor, check_choice, check_positive
 from ..derivatives import _autograd_hessian, _fd_hessian, _NoDoubleBackward
 from ..init import Start, laplace_scale
+from .estimates import strict_cholesky
 from .options import HessianSource
 
-__all__ = ["DEFAULT_INIT_SCALE", "check_init_scale", "check_gaussian_warm_start", "initial_scale"]
+__all__ = ["DEFAULT_INIT_SCALE", "check_init_scale", "check_gaussian_warm_start", "initial_scale",
+           "initial_precision", "initial_statistics", "probe_hessian"]
 
 DEFAULT_INIT_SCALE = 0.1
 """Scale of :math:`V_1 = (0.1)^2 I` when neither ``init_scale`` nor the start sets one."""
@@ -130,3 +132,52 @@ def initial_scale(target: Any, start: Start, init_scale: Any, hessian: HessianSo
         raise ValueError("init_scale must be finite with a strictly positive diagonal")
     return C0, how
 
+
+def initial_precision(C0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    r""":math:`P_1 = V_1^{-1} = (C_0 C_0^\top)^{-1}` (symmetrised) and its Cholesky factor :math:`L_1`.
+
+    Raises
+    ------
+    ValueError
+        :math:`P_1` is not numerically positive definite (an ill-conditioned initial scale).
+    """
+    P0 = torch.cholesky_inverse(C0)                     # (C0 C0^T)^-1
+    P0 = 0.5 * (P0 + P0.T)
+    L0 = strict_cholesky(P0)
+    if L0 is None:
+        raise ValueError("the initial scale is too ill-conditioned: V_1^-1 is not numerically positive definite")
+    return P0, L0
+
+
+def probe_hessian(target: Any, m0: torch.Tensor, batch: Any) -> tuple[str, str]:
+    """``HessianSource("auto")`` resolved at the initial mean: ``("autograd", note)`` when the target supports
+    double backward, else ``("fd", note)`` (central finite differences), with the reason as ``note``."""
+    try:
+        _autograd_hessian(target, m0.unsqueeze(0), batch)
+        return "autograd", "auto: the target supports double backward"
+    except _NoDoubleBackward as exc:
+        return "fd", f"auto: finite differences because autograd refused second derivatives ({exc})"[:400]
+
+
+def initial_statistics(method: str, m0: torch.Tensor, P0: torch.Tensor, L0: torch.Tensor
+                       ) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
+    r"""The running statistics at the start and the two empty window sums (one per half of the window).
+
+    Algorithm 2: :math:`a_1 = 0`, :math:`z_1 = m_1`, :math:`P_1`; the Hessian-free variant (in section 6.4's
+    parametrisation): :math:`a_1 = 0`, :math:`z_1 = m_1`, :math:`A_1 = L_1^{-\top}`, :math:`B_1 = -L_1`. The sums
+    hold the same keys, zero, and their count ``n``.
+    """
+    D = m0.shape[0]
+    stats: dict[str, torch.Tensor] = {"a": torch.zeros_like(m0), "z": m0.clone()}
+    if method == "hessian":
+        stats["P"] = P0
+    else:
+        eye = torch.eye(D, dtype=m0.dtype, device=m0.device)
+        stats.update(A=torch.linalg.solve_triangular(L0.T, eye, upper=True), B=-L0.clone())   # R_1 = L^-T
+
+    def empty() -> dict[str, Any]:
+        out: dict[str, Any] = {k: torch.zeros_like(v) for k, v in stats.items()}
+        out["n"] = 0
+        return out
+
+    return stats, [empty(), empty()]

@@ -137,8 +137,8 @@ class SKState(RunState):
             m=state["m"].clone(), L=state["L"].clone(), stats=clone_tensors(state["stats"]),
             sums=[clone_tensors(s) for s in state["sums"]], t=int(state["t"]), num_steps=int(state["num_steps"]),
             w=float(state["w"]), method=state["method"], hessian=state["hessian"],
-            hessian_note=state.get("hessian_note", ""), qmc_seed=state.get("qmc_seed"),
-            qmc_drawn=int(state.get("qmc_drawn", 0)), **run_state_fields(state, COUNTERS),
+            hessian_note=state["hessian_note"], qmc_seed=state["qmc_seed"], qmc_drawn=int(state["qmc_drawn"]),
+            **run_state_fields(state),
         )
 
     def standard_normals(self, k: int) -> torch.Tensor:
