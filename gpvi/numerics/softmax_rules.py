@@ -111,10 +111,8 @@ def two_level_moments(mu: torch.Tensor, Lc: torch.Tensor, quadrature: Quadrature
     :math:`\sigma_1, a_1, c`. Every term is a sum of positive parts (no cancellation). Node-major layout
     (:meth:`~gpvi.numerics.quadrature.Quadrature.nodes_by_node`). Against :func:`nested_nodes` and
     :meth:`gpvi.models.multiclass.Softmax._quadrature_moments` on the same rule: the same numbers to 3e-14
-    relative; on 105 sites with 28 nodes per level (the iris inner rule) 2.9 ms against 4.6 ms per call
-    (1 thread, 2026-11-25). Without autograd, K = 3 sums the second level in the reused scratch buffer
-    (:func:`_second_level_sums_inplace`, same numbers to 1e-13): inside the iris MAP-II fit 3.6 -> 2.0 ms per call,
-    the fit 0.54 -> 0.36 s (2026-11-25).
+    relative, in less time. Without autograd, K = 3 sums the second level in the reused scratch buffer
+    (:func:`_second_level_sums_inplace`, same numbers to 1e-13).
     """
     B, D = mu.shape
     f1, w1 = quadrature.nodes_by_node(mu[:, 0], Lc[:, 0, 0] ** 2)          # (P, B): d_1, its rule centred at 0

@@ -53,17 +53,12 @@ class FullyBayesianCVI:
         ``SKGaussian(num_steps=max(200, 4 D), method="gradient", num_draws=4, num_elbo_draws=100, seed=seed)``,
         Salimans & Knowles' Hessian-free stochastic linear regression (section 6.2; D the number of
         log-hyperparameters: the averaged second half then holds at least 4 D antithetic pairs). Every
-        evaluation of the target costs a CVI run, so the engine that needs the fewest is the default: measured
-        on the N = 100 subsamples of ``benchmarks/classification_bayes.py`` against the DSVI default used before
-        (``DSVI(scale="full", optimizer=Natural(), num_draws=4, convergence=Convergence(gap_tol=0.05))``), S&K
-        with 200 steps reached a bound at least as high within its standard error (Pima -67.51 +- 0.07 vs
-        -67.94 +- 0.26; Ionosphere -65.39 +- 0.19 vs -65.50 +- 0.44; Sonar -69.72 +- 0.04 vs -69.63 +- 0.45;
-        Ripley -45.61 +- 0.04 vs -45.50 +- 0.09) and the same q (means within 0.15 of DSVI's sds) with 901
-        target evaluations against 2,518 / 13,772 / 23,824 / 1,708. Where the posterior is informative in many
-        dimensions the default can stop short: on the Sonar subsample under ``prior="scaled"`` (D = 61) its
-        244 steps (15.6 s) ended at a bound of -66.91 with the log signal variance 0.47 long-NUTS sd low and test
-        probabilities 0.071 from NUTS's; 1,000 steps (45.5 s): -66.68, 0.37 sd, 0.060; DSVI (299 s): 0.27 sd,
-        0.043 (``benchmarks/results/classification_nuts_ref_scaled.md``; ad-hoc runs, 2026-11-25).
+        evaluation of the target costs a CVI run, so the engine that needs the fewest is the default: on the
+        N = 100 subsamples of ``benchmarks/classification_bayes.py`` S&K reaches a bound as high as DSVI-Natural's
+        within its standard error, with the same q, in a third to a twenty-sixth of the target evaluations
+        (``benchmarks/results/classification_bayes.md``). Where the posterior is informative in many dimensions
+        the default can stop short (the Sonar subsample under ``prior="scaled"``, D = 61:
+        ``benchmarks/results/classification_nuts_ref_scaled.md``); pass an engine with more steps there.
     prior : "default", "scaled" or torch.distributions.Distribution
         Prior on the log-hyperparameters (default independent :math:`\mathcal N(0, 10)`; ``"scaled"``: the same
         variance centred at the model's data-scaled start, :func:`gpvi.models.priors.resolve_prior`). ``None`` is
@@ -84,12 +79,12 @@ class FullyBayesianCVI:
         Draws of :math:`\theta` in the predictive mixture (default 32).
     evidence : {"auto", "ep", "cvi"}
         What stands in for :math:`\log p(\mathbf y\mid\theta)` in :math:`q(\theta)`'s target. ``"auto"``
-        (default): ``"ep"`` wherever EP applies -- binary models (since 2026-11-24) and multi-class softmax models
-        with at most 3 classes (since 2026-11-25; on the CVI bound before) -- and ``"cvi"`` otherwise
+        (default): ``"ep"`` wherever EP applies -- binary models and multi-class softmax models with at most 3
+        classes -- and ``"cvi"`` otherwise
         (robust-max, K > 3). ``"ep"``: EP's approximation :math:`\log Z_{EP}(\theta)`
         (:class:`~gpvi.inference.cvi.ep_evidence.EPEvidenceTarget`); the run then moves from the CVI MAP-II point to the
         maximiser of :math:`\log Z_{EP} + \log p(\theta)` (L-BFGS-B) and takes the Laplace scale there.
-        ``"cvi"``: the profiled CVI bound (:class:`~gpvi.inference.cvi.bound.CVIBoundTarget`; the only choice before),
+        ``"cvi"``: the profiled CVI bound (:class:`~gpvi.inference.cvi.bound.CVIBoundTarget`),
         a lower bound whose gap grows with the signal variance, so its :math:`q(\theta)` sits at too small signal
         variances where the likelihood saturates (measured against long NUTS runs in
         ``benchmarks/classification_nuts_ref.md``: on Ionosphere 1.5 posterior sds too low). Either way the latent
@@ -179,7 +174,7 @@ class FullyBayesianCVI:
                           seed=self.seed, progress_bar=self.progress_bar)
 
     def fallback_engine(self) -> Any:
-        """DSVI-Natural with its convergence rule (the default before 2026-11-24): run when the default S&K run
+        """DSVI-Natural with its convergence rule: run when the default S&K run
         fails with :class:`~gpvi.exceptions.NumericalFaultError` (``info["engine_fallback"]`` says why)."""
 
         return DSVI(scale="full", optimizer=Natural(), num_draws=4, convergence=Convergence(gap_tol=0.05),

@@ -87,7 +87,7 @@ class MulticlassCVI:
         Monte Carlo draws per site and step (``"mc"``; default 10).
     num_fixed_draws : int
         Fixed quasi-Monte Carlo points of the ``"fixed"`` rule (default 1024, scrambled Sobol'; see
-        :func:`gpvi.models.multiclass.fixed_draws`: more accurate than the 2000 pseudo-random draws used before).
+        :func:`gpvi.numerics.softmax_rules.fixed_draws`).
     beta_schedule : {"auto", "constant", "robbins_monro"} or callable
         ``"auto"``: constant for deterministic estimators, ``"robbins_monro"`` for ``"mc"``, which is
         :math:`\beta_t = \beta / (1 + t/\tau)^\kappa` with :math:`\tau = 10`, :math:`\kappa = 0.7`

@@ -85,9 +85,8 @@ def profiled_objective(eng: MulticlassCVI, model: Any, theta: torch.Tensor, lam1
     returns ``(state, value, gradient)`` (``(state, -inf, None)`` where it cannot be evaluated); the state holds
     the sites the run ended at (one CVI step past those), the warm start of the next evaluation.
 
-    Until 2026-11-25 the value and gradient were those of the sites the run ended at, which cost one more
-    factorisation, marginals and expectations per evaluation (of 7.5 on iris). Both sets of sites are within the
-    run's ``tol`` of the fixed point, where the gradient with the sites held fixed is :math:`dF/d\theta` (the
+    Using the best evaluated sites saves the factorisation, marginals and expectations of the end sites. Both sets
+    of sites are within the run's ``tol`` of the fixed point, where the gradient with the sites held fixed is :math:`dF/d\theta` (the
     envelope theorem); the accepted bound of a monotone run is never below the one the run started from.
     """
     best: dict[str, Any] = {}
@@ -159,33 +158,24 @@ class MulticlassTypeII:
     ftol : float
         L-BFGS-B's tolerance on the relative change of the objective between its iterations (default 1e-8, ten
         times the default ``inner_tol``). Runs to ``inner_tol`` make the objective reproducible only to about
-        1.5 ``inner_tol``: on digits, four evaluations at the same theta to 5 decimals spread by 3e-7 in 202. A
-        tolerance at or below that compares noise: at 1e-10 (before 2026-11-25) the final phase on digits ended
-        with 8 evaluations of 2 inner steps each at the same theta to 3 decimals, at 1e-9 (until 2026-11-25)
-        with 4. Measured at 1e-9 -> 1e-8 on the benchmark splits (1 thread, medians of 3): iris 0.37 -> 0.34 s,
-        wine 0.46 -> 0.42 s, digits 1.65 -> 1.47 s; objectives lower by 1e-10, 7e-9 and 2.3e-8 relative, test
-        log loss within 1e-5.
+        1.5 ``inner_tol``, so a tolerance at or below that compares noise (L-BFGS-B then spends evaluations at the
+        same theta).
     coarse : bool
         Start with a **coarse phase** (default True): the first CVI run stops at a relative change of
-        :data:`COARSE` ``["cvi_tol"]`` (with the inner runs' rule, ``inner_quadrature``, since 2026-11-25: its sites
-        only start the coarse phase, whose inner runs use that rule; before, the engine's rule: same objectives to
-        1e-13 on the benchmark splits, iris 0.343 -> 0.321 s, wine 0.425 -> 0.400 s, medians of 7, 1 thread) and the
-        first L-BFGS-B phase uses ``inner_tol`` = :data:`COARSE`
+        :data:`COARSE` ``["cvi_tol"]`` (with the inner runs' rule, ``inner_quadrature``: its sites only start the
+        coarse phase, whose inner runs use that rule) and the first L-BFGS-B phase uses ``inner_tol`` = :data:`COARSE`
         ``["inner_tol"]``, ``gtol`` = :data:`COARSE` ``["gtol"]`` and ``ftol`` = :data:`COARSE` ``["ftol"]``; the
         phases after it use the settings above,
         and only they can end the loop. Far from the optimum the inner runs need not reach 1e-9: the steps of
-        L-BFGS-B there change the objective by far more than a 1e-6 error. The optimum is unchanged (measured on
-        the benchmark's iris split: objective -34.779614827 against -34.779614841 without, 1.2 s against 2.0-2.8 s;
-        wine -66.016448465 against -66.016448424, 1.8 s against 2.1 s). ``False``: every phase at the settings
-        above (the loop before 2026-11-24).
+        L-BFGS-B there change the objective by far more than a 1e-6 error. The optimum is unchanged (to about
+        1e-9 relative on the benchmark splits, ``benchmarks/results/multiclass.md``). ``False``: every phase at the
+        settings above.
     anderson : int
         Memory of the Anderson acceleration of the inner runs (default 5; 0: plain damped steps). The inner runs
         converge linearly, the bound's gap shrinking by about 0.55 per step on iris (23 steps for the coarse
         phase's 1e-6 after its largest move in theta); extrapolating from the last ``anderson + 1`` steps
         (:class:`gpvi.numerics.anderson.Anderson`, each extrapolation kept only if the bound does not go down:
-        :func:`gpvi.inference.cvi.typeii.monotone_run`) takes 15 there. Same fixed point and stop rule; measured
-        on the benchmark splits (with the coarse ``ftol``): inner steps 114 -> 100 (iris), 142 -> 103 (wine),
-        176 -> 117 (digits), objectives within 5e-8 relative.
+        :func:`gpvi.inference.cvi.typeii.monotone_run`) takes 15 there. Same fixed point and stop rule.
     max_iter, inner_tol, inner_num_steps, theta_bounds
         As for :class:`~gpvi.inference.cvi.typeii.TypeII` (the box moves with each input's scale).
 

@@ -27,7 +27,7 @@ COUNTERS = ("sites_shrunk", "sites_rejected", "sites_nonfinite", "sites_floored"
             "factor_faults", "jitter_events")
 TRACE_KEYS = ("step", "sweep", "elbo", "residual", "drift", "time_s")
 STATE_VERSION = 2
-"""Version of :meth:`CVIState.state_dict` (version 1, before the engine contract, had ``step`` and ``rng_state``)."""
+"""Version of :meth:`CVIState.state_dict`; :meth:`CVIState.from_state_dict` refuses other versions."""
 
 
 def _counters() -> dict[str, float]:
@@ -158,14 +158,13 @@ class CVIState:
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> CVIState:
-        """Build a state from :meth:`state_dict` output (e.g. after ``torch.load``).
-
-        Dicts written before the engine contract (``step`` and ``rng_state`` instead of ``t`` and
-        ``generator_state``) are read too; without a saved generator state the generator is seeded with 0.
-        """
+        """Build a state from :meth:`state_dict` output (e.g. after ``torch.load``)."""
         if not isinstance(state, dict):
             raise TypeError(f"state must be a {cls.__name__} or its state_dict(); got {type(state).__name__}")
-        missing = {"lam1", "lam2", "theta"} - set(state)
+        if state.get("version") != cls.VERSION:
+            raise ValueError(f"state has version {state.get('version')!r}; this gpvi reads {cls.__name__} states of "
+                             f"version {cls.VERSION} (written by {cls.__name__}.state_dict)")
+        missing = {"lam1", "lam2", "theta", "generator_state"} - set(state)
         if missing:
             raise ValueError(f"state is missing {sorted(missing)}")
         lam1 = as_float_tensor(state["lam1"], "state['lam1']", ndim=cls.SITE_NDIM)
@@ -183,15 +182,10 @@ class CVIState:
         if factor is not None:              # the layout the in-place rank-one updates need: contiguous upper storage
             factor = factor.mT.contiguous().mT
 
-        if state.get("generator_state") is not None:
-            gen = generator_from_state(state)
-        else:
-            gen = torch.Generator().manual_seed(0)
-            if state.get("rng_state") is not None:
-                gen.set_state(torch.as_tensor(state["rng_state"]).to(torch.uint8).clone())
+        gen = generator_from_state(state)
         trace = {k: [] for k in TRACE_KEYS}
         trace.update({k: list(v) for k, v in dict(state.get("trace", {})).items()})
-        return cls(lam1.clone(), lam2.clone(), theta.clone(), gen, t=int(state.get("t", state.get("step", 0))),
+        return cls(lam1.clone(), lam2.clone(), theta.clone(), gen, t=int(state.get("t", 0)),
                    sites_updated=int(state.get("sites_updated", 0)), initialised=bool(state.get("initialised", False)),
                    factor=factor, since_refactor=int(state.get("since_refactor", 0)),
                    order=opt("order", torch.long), order_pos=int(state.get("order_pos", 0)),

@@ -252,28 +252,19 @@ class TypeII:
     inner_num_steps : int
         Cap on the steps of one inner CVI run.
     anderson : int
-        Memory of the Anderson acceleration of the inner runs (default 5; 0: plain damped steps, the runs before
-        2026-11-25): :func:`monotone_run`, each extrapolation kept only if the ELBO does not go down. Same fixed
-        point and stop rule. Measured with ``benchmarks/classifier_speed.py`` (one fit each, idle machine), inner
-        steps and wall time without -> with: iris setosa vs versicolor 619 -> 296 (0.85 -> 0.61 s), versicolor vs
-        virginica 340 -> 192 (0.36 -> 0.25 s), separable40 337 -> 184, pima 129 -> 91, sonar 335 -> 164
-        (0.55 -> 0.32 s); the same test log loss, accuracy and hyperparameters to the printed digits.
+        Memory of the Anderson acceleration of the inner runs (default 5; 0: plain damped steps):
+        :func:`monotone_run`, each extrapolation kept only if the ELBO does not go down. Same fixed point and stop
+        rule, about half the inner steps (``benchmarks/results/classifier_speed.md``).
     ftol : float
         L-BFGS-B's tolerance on the relative change of the objective between its iterations (default 1e-8, ten
         times ``inner_tol``, as :class:`~gpvi.inference.cvi.multiclass_typeii.MulticlassTypeII`'s). Runs to
-        ``inner_tol`` reproduce the profiled objective only to about that, so a smaller tolerance compares noise:
-        at 1e-13 (before 2026-11-25) the pima fit ended with 5 evaluations at the same theta to 5 decimals.
-        Measured 1e-13 -> 1e-8 on the ``classification_peers`` splits (1 thread, medians of 3, a NUTS run on the
-        other core): theta evaluations / wall time pima 30 -> 26 / 0.160 -> 0.145 s, ionosphere 34 -> 22 /
-        0.237 -> 0.195 s, sonar 24 -> 21 / 0.166 -> 0.150 s, ripley 20 -> 14 / 0.132 -> 0.109 s; objectives lower
-        by at most 1.7e-9 relative, test log loss within 1e-5.
+        ``inner_tol`` reproduce the profiled objective only to about that, so a smaller tolerance compares noise
+        (L-BFGS-B then spends evaluations at the same theta).
     theta_bounds : tuple of float
         Box on every log-hyperparameter during learning (default (-11.5, 11.5), i.e. 1e-5..1e5 on the natural
         scale of variances), relative to the inputs' scale for lengthscales: lengthscale^2 of input j within
         :math:`\operatorname{var}(x_j)\,[e^{-11.5}, e^{11.5}]` (:meth:`~gpvi.models.classification.LatentGP.theta_box`;
-        the same box for standardised inputs; in absolute units before 2026-11-25, where inputs x 1e3 ran their
-        lengthscales into the box: ripley, 100 rows, ML-II test log loss 0.2755 -> 0.4038, and inputs x 1e5
-        predicted 1/2 everywhere).
+        the same box for standardised inputs, and a box that moves with the inputs' units).
     prior : "default", "scaled", torch.distributions.Distribution or None
         Prior :math:`p(\theta)` on the kernel log-hyperparameters, added to the objective. ``"default"``:
         independent :math:`\mathcal N(0, 10)` on each (:func:`gpvi.models.priors.default_prior`, the regression
