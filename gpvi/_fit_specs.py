@@ -5,11 +5,19 @@ labels and CVI sites. Only the default kernel can be described; anything else is
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+import gpytorch
 import numpy as np
 import torch
+
+from .models.classification import GPClassification
+from .models.multiclass import GPMulticlass
+from .models.regression import GPRegression
+from .numerics.quadrature import Quadrature
+from .posteriors import posterior_from_state_dict
+from .posteriors.latent import LatentPosterior
+from .sklearn import GPClassifier
 
 
 class _Invalid(Exception):
@@ -17,8 +25,6 @@ class _Invalid(Exception):
 
 
 def _check_default_kernel(kernel_params: Any, d: int, what: str) -> None:
-    import gpytorch
-
     k = kernel_params.kernel
     ok = (type(k) is gpytorch.kernels.ScaleKernel and type(k.base_kernel) is gpytorch.kernels.RBFKernel
           and k.base_kernel.ard_num_dims == d and getattr(k.base_kernel, "active_dims", None) is None)
@@ -39,8 +45,6 @@ def _prior_spec(prior: Any) -> dict[str, Any]:
 
 
 def _regression_spec(model: Any) -> dict[str, Any]:
-    from .models.regression import GPRegression
-
     if not isinstance(model, GPRegression):
         raise TypeError(f"a regression fit's posterior must have a gpvi.GPRegression target; got "
                         f"{type(model).__name__}")
@@ -51,8 +55,6 @@ def _regression_spec(model: Any) -> dict[str, Any]:
 
 
 def _regression_from(spec: dict[str, Any]) -> Any:
-    from .models.regression import GPRegression
-
     pr = spec["prior"]
     if pr.get("kind") != "normal":
         raise _Invalid(f"unknown prior kind {pr.get('kind')!r}")
@@ -68,25 +70,9 @@ def _regression_from(spec: dict[str, Any]) -> Any:
 
 
 def _posterior_from(state: dict[str, Any], model: Any) -> Any:
-    from . import posteriors
-
     if not isinstance(state, dict):
         raise _Invalid("the posterior description is not a dict")
-    rebuild = getattr(posteriors, "posterior_from_state_dict", None)
-    if rebuild is not None:                          # the class is chosen by state["kind"]
-        return rebuild(state, target=model)
-    from .posteriors import GaussianPosterior, PointPosterior, SamplePosterior
-
-    kind = state.get("kind")
-    if kind == "gaussian":
-        return GaussianPosterior.from_state_dict(state, target=model)
-    if kind == "point":
-        return PointPosterior(state["theta"], list(state["names"]), model, value=state.get("value", math.nan),
-                              info=state.get("info"))
-    if kind == "samples":
-        return SamplePosterior(state["draws"], list(state["names"]), model, stats=state.get("stats"),
-                               info=state.get("info"))
-    raise _Invalid(f"unknown posterior kind {kind!r}")
+    return posterior_from_state_dict(state, target=model)          # the class is chosen by state["kind"]
 
 
 _PLAIN_PRIORS = ("default", "scaled", None)
@@ -139,16 +125,7 @@ def _names(model: Any) -> list[str] | None:
 
 
 def _classifier_from(spec: dict[str, Any]) -> Any:
-    from .models.classification import GPClassification
-    from .numerics.quadrature import Quadrature
-    from .models.multiclass import GPMulticlass
-    from .posteriors.latent import LatentPosterior
-    from .posteriors.multiclass import MulticlassPosterior
-    from .sklearn import GPClassifier
-
     params = dict(spec["params"])
-    if "num_mc" in params:                                  # files written by gpvi 0.1
-        params["num_draws"] = params.pop("num_mc")
     if params.get("kernel") is not None:
         raise _Invalid("a saved classifier must use the default kernel")
     valid = set(GPClassifier._get_param_names())
@@ -162,32 +139,28 @@ def _classifier_from(spec: dict[str, Any]) -> Any:
     classes = np.asarray(spec["classes"])
     if classes.ndim != 1 or classes.shape[0] < 2:
         raise _Invalid(f"classes must be a list of at least two labels; got {spec['classes']!r}")
-    if "y_index" not in spec:                               # binary files written before multi-class (labels in y)
-        model = GPClassification(spec["X"], spec["y"], likelihood=spec["link"], theta=params.get("theta"),
-                                 feature_names=spec.get("feature_names"))
-        if [int(c) for c in np.asarray(model.classes)] != [int(c) for c in classes]:
-            raise _Invalid(f"the labels give classes {np.asarray(model.classes).tolist()}, not {spec['classes']}")
-        classes = np.asarray(model.classes)
+    if "y_index" not in spec:
+        raise _Invalid("the classifier's targets are not saved as class indices (y_index): a file written by an "
+                       "earlier gpvi; fit the classifier and save it again")
+    idx = torch.as_tensor(spec["y_index"])
+    if idx.dim() != 1 or idx.dtype != torch.int64 or not bool(((idx >= 0) & (idx < len(classes))).all()):
+        raise _Invalid(f"y_index must hold class indices in 0..{len(classes) - 1}")
+    kind = spec.get("model")
+    if kind == "binary":
+        if len(classes) != 2:
+            raise _Invalid(f"a binary classifier needs two classes; got {len(classes)}")
+        model = GPClassification(spec["X"], idx.numpy(), likelihood=spec["link"], theta=params.get("theta"),
+                                 feature_names=spec.get("feature_names"), weights=spec.get("weights"))
+    elif kind == "multiclass":
+        model = GPMulticlass(spec["X"], classes[idx.numpy()], likelihood=spec["likelihood"],
+                             theta=params.get("theta"), feature_names=spec.get("feature_names"),
+                             weights=spec.get("weights"))
+        if model.num_classes != len(classes):
+            raise _Invalid(f"the class indices use {model.num_classes} of the {len(classes)} classes")
     else:
-        idx = torch.as_tensor(spec["y_index"])
-        if idx.dim() != 1 or idx.dtype != torch.int64 or not bool(((idx >= 0) & (idx < len(classes))).all()):
-            raise _Invalid(f"y_index must hold class indices in 0..{len(classes) - 1}")
-        kind = spec.get("model")
-        if kind == "binary":
-            if len(classes) != 2:
-                raise _Invalid(f"a binary classifier needs two classes; got {len(classes)}")
-            model = GPClassification(spec["X"], idx.numpy(), likelihood=spec["link"], theta=params.get("theta"),
-                                     feature_names=spec.get("feature_names"), weights=spec.get("weights"))
-        elif kind == "multiclass":
-            model = GPMulticlass(spec["X"], classes[idx.numpy()], likelihood=spec["likelihood"],
-                                 theta=params.get("theta"), feature_names=spec.get("feature_names"),
-                                 weights=spec.get("weights"))
-            if model.num_classes != len(classes):
-                raise _Invalid(f"the class indices use {model.num_classes} of the {len(classes)} classes")
-        else:
-            raise _Invalid(f"unknown classifier model {kind!r}")
+        raise _Invalid(f"unknown classifier model {kind!r}")
     if _is_multiclass(model):
-        post = MulticlassPosterior.from_state_dict(spec["posterior"], target=model)
+        post = LatentPosterior.from_state_dict(spec["posterior"], target=model)
     else:
         post = LatentPosterior.from_state_dict(spec["posterior"], model)
         q = (post.info or {}).get("quadrature")

@@ -20,11 +20,16 @@ import warnings
 from collections.abc import Iterator
 from typing import Any, TextIO
 
+import gpvi
+
+from .exceptions import InterruptedRunWarning
+from .table import Table
+
 __all__ = ["run_demo", "demo", "DEMO_DSVI_STEPS"]
 
 DEMO_DSVI_STEPS = 6000
-"""Cap on the DSVI steps of the full demo (at ~8 ms per step on Bodyfat the whole demo stays under ~2 minutes on a
-loaded 2-core machine even if every step is taken; DSVI may stop earlier by its convergence rule)."""
+"""Cap on the DSVI steps of the full demo, which bounds its run time (DSVI may stop earlier by its convergence
+rule)."""
 
 _QUICK = {"restarts": 1, "dsvi_steps": 150, "elbo_draws": 100, "pred_draws": 20, "max_sweeps": 20}
 _FULL = {"restarts": 5, "dsvi_steps": DEMO_DSVI_STEPS, "elbo_draws": 1000, "pred_draws": 200, "max_sweeps": 500}
@@ -36,8 +41,6 @@ def _fmt(v: float, spec: str = ".4f") -> str:
 
 def _top_marginals(fit: Any, q: Any, feature_names: tuple[str, ...], k: int = 4):
     """Table of the k most relevant lengthscales (smallest DSVI mean) plus signal and noise variance."""
-    from .table import Table
-
     sq, sf = q.summary(), fit.summary()
     names = list(q.names)
     ls = [i for i, n in enumerate(names) if n.startswith("log_lengthscale")]
@@ -65,8 +68,6 @@ def _stop_on_interrupt() -> Iterator[None]:
     """Record warnings, but end the whole demo on Ctrl-C: an engine's partial result
     (:class:`~gpvi.exceptions.InterruptedRunWarning`) becomes :class:`KeyboardInterrupt`, so the next stage does
     not start (the CLI then exits with status 130)."""
-    from .exceptions import InterruptedRunWarning
-
     warnings.simplefilter("always")
     warnings.simplefilter("error", InterruptedRunWarning)
     try:
@@ -102,9 +103,6 @@ def demo(*, quick: bool = False, seed: int = 0, progress_bar: bool = True, out: 
     >>> t.index                                                        # doctest: +SKIP
     ['bodyfat  ML-II', 'bodyfat  DSVI', 'pima  CVI GPClassifier']
     """
-    import gpvi
-    from .table import Table
-
     out = sys.stdout if out is None else out
     cfg = _QUICK if quick else _FULL
 

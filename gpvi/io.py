@@ -13,14 +13,13 @@ A fit file is written by :func:`torch.save` and holds exactly four entries:
 tensors, numbers, strings and containers and refuses every other Python object, so nothing a file carries is
 ever run. It then checks the layout, decodes the JSON and rebuilds the fit from that plain data: the
 :class:`gpvi.GPRegression` model and its posterior (through the posteriors' ``from_state_dict``), or a fitted
-:class:`gpvi.GPClassifier` whose posterior (:class:`~gpvi.posteriors.latent.LatentPosterior` for a binary link,
-:class:`~gpvi.posteriors.multiclass.MulticlassPosterior` for the softmax / robust-max) is refactorised from the
+:class:`gpvi.GPClassifier` whose posterior (a :class:`~gpvi.posteriors.latent.LatentPosterior`, for a binary link or the softmax /
+robust-max) is refactorised from the
 saved sites :math:`\tilde\lambda^{(1)}, \tilde\lambda^{(2)}` and hyperparameters :math:`\theta` exactly as the CVI
 run finalised it, so ``predict_proba`` gives the same numbers. A classifier's labels (``classes_``: strings,
-numbers or booleans) are saved in the JSON and the training targets as class indices ``y_index`` into them;
-binary files written before multi-class support (targets as labels ``y``) still load. Any other file — not a gpvi fit, a pickle of other
-objects, a file whose unpickling would run code, a truncated or corrupt file, another format version — raises a
-``ValueError`` that names the path and the reason.
+numbers or booleans) are saved in the JSON and the training targets as class indices ``y_index`` into them. Any
+other file — not a gpvi fit, a pickle of other objects, a file whose unpickling would run code, a truncated or
+corrupt file, another format version or layout — raises a ``ValueError`` that names the path and the reason.
 
 What is saved: the training inputs and targets (a GP predicts from them), the hyperparameter posterior or the CVI
 sites, the standardisation of the CSV columns, and the settings of the model. Models are rebuilt with the default
@@ -34,6 +33,7 @@ Names: ``theta`` (log-hyperparameters), ``lam1``/``lam2`` (CVI sites), ``x_mean`
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
 import os
@@ -50,6 +50,7 @@ import torch
 
 from ._fit_specs import (_classifier_from, _classifier_spec, _Invalid, _posterior_from, _regression_from,
                          _regression_spec)
+from .sklearn import GPClassifier
 
 __all__ = ["SavedFit", "save_fit", "load_fit", "FORMAT", "FORMAT_VERSION"]
 
@@ -57,7 +58,7 @@ FORMAT = "gpvi-fit"
 """Value of the ``"format"`` entry of every fit file."""
 
 FORMAT_VERSION = 2
-"""Version of the layout (version 1 files, written by earlier ``gpvi --save``, pickled classifiers and are refused)."""
+"""Version of the layout; a file of any other version is refused."""
 
 _TENSOR, _FLOAT = "$tensor", "$float"
 _TENSOR_DTYPES = (torch.float64, torch.float32, torch.int64, torch.int32, torch.uint8, torch.bool)
@@ -242,8 +243,6 @@ def _no_constant(token: str) -> Any:
 
 # ============================================================================ save / load
 def _as_saved_fit(fit: Any) -> SavedFit:
-    from .sklearn import GPClassifier
-
     if isinstance(fit, SavedFit):
         return fit
     if isinstance(fit, GPClassifier):
@@ -259,6 +258,14 @@ def _as_saved_fit(fit: Any) -> SavedFit:
                         posterior=fit)
     raise TypeError(f"fit must be a SavedFit, a fitted GPClassifier or a posterior with a GPRegression target; got "
                     f"{type(fit).__name__}")
+
+
+def _installed_version() -> str:
+    """The installed gpvi's version (recorded in the file's description), "unknown" when gpvi is not installed."""
+    try:
+        return importlib.metadata.version("gpvi")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def save_fit(path: str | os.PathLike, fit: Any) -> None:
@@ -293,13 +300,11 @@ def save_fit(path: str | os.PathLike, fit: Any) -> None:
     >>> bool(abs(fit.predict_proba(ds.X_test) - clf.predict_proba(ds.X_test)).max() < 1e-12)
     True
     """
-    from . import __version__
-
     fit = _as_saved_fit(fit)
     if fit.kind not in ("regression", "classification"):
         raise ValueError(f"fit.kind must be 'regression' or 'classification'; got {fit.kind!r}")
     meta: dict[str, Any] = {
-        "gpvi_version": __version__, "kind": fit.kind, "method": str(fit.method),
+        "gpvi_version": _installed_version(), "kind": fit.kind, "method": str(fit.method),
         "features": [str(f) for f in fit.features], "target": str(fit.target),
         "x_mean": torch.as_tensor(np.asarray(fit.x_mean, dtype=np.float64)),
         "x_std": torch.as_tensor(np.asarray(fit.x_std, dtype=np.float64)),

@@ -167,7 +167,7 @@ def test_multiclass_classifier_round_trip_with_string_labels(likelihood, tmp_pat
     np.testing.assert_allclose(back.predict(Xnew), clf.predict_proba(Xnew), rtol=0, atol=1e-12)   # (n, K)
 
 
-def test_binary_string_labels_round_trip_and_older_binary_files_still_load(cls_data, tmp_path):
+def test_binary_string_labels_round_trip_and_a_file_without_class_indices_is_refused(cls_data, tmp_path):
     X, lab = cls_data
     words = np.where(lab == 1, "spam", "ham")
     clf = gpvi.GPClassifier(hyperparameters="fixed", max_sweeps=30).fit(X, words)
@@ -176,7 +176,7 @@ def test_binary_string_labels_round_trip_and_older_binary_files_still_load(cls_d
     assert back.classes_.tolist() == ["ham", "spam"]
     np.testing.assert_allclose(back.predict_proba(X), clf.predict_proba(X), rtol=0, atol=1e-12)
     np.testing.assert_array_equal(back.predict(X), clf.predict(X))
-    # a file as written before multi-class support: targets as labels "y", no model kind, no hyperparameters option
+    # a file whose targets are labels "y" instead of class indices (an earlier layout) is refused, not guessed at
     old = gpvi.GPClassifier(hyperparameters="fixed", max_sweeps=30).fit(X, lab)
     save_fit(tmp_path / "old.pt", old)
     payload = torch.load(tmp_path / "old.pt", weights_only=True)
@@ -192,9 +192,8 @@ def test_binary_string_labels_round_trip_and_older_binary_files_still_load(cls_d
     spec["params"]["likelihood"] = "logit"
     payload["meta"] = json.dumps(meta)
     torch.save(payload, tmp_path / "old.pt")
-    legacy = load_fit(tmp_path / "old.pt").classifier
-    assert legacy.classes_.tolist() == [-1, 1] and legacy.link_ == "logit"
-    np.testing.assert_array_equal(legacy.predict_proba(X), old.predict_proba(X))
+    with pytest.raises(ValueError, match=r"old\.pt: not a valid gpvi fit .*y_index.*save it again"):
+        load_fit(tmp_path / "old.pt")
 
 
 def test_cli_names_are_the_io_objects():
