@@ -7,7 +7,7 @@ rule, :math:`E_n = \\mathbb E[\\log p(y_n \\mid \\mathbf f_n)]`, :math:`\\partia
 sequences of 65,536 points each (262,144 points). Reported: the largest absolute error over sites (and classes),
 the error of the sum of :math:`E_n` over the sites (what the bound sees), and the wall time of one evaluation.
 Rules: 2,000 pseudo-random standard-normal draws (the old default, seed ``FIXED_DRAWS_SEED``), and
-:func:`gpvi.models.multiclass.fixed_draws` with 256, 512, 1,024 (the default) and 2,048 points.
+:func:`gpvi.numerics.softmax_rules.fixed_draws` with 256, 512, 1,024 (the default) and 2,048 points.
 
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.multiclass_fixed_rule``.
 """
@@ -20,7 +20,8 @@ import time
 import torch
 
 from benchmarks._common import header, write
-from gpvi.models.multiclass import FIXED_DRAWS_SEED, Softmax, fixed_draws
+from gpvi.models.multiclass_likelihoods import Softmax
+from gpvi.numerics.softmax_rules import FIXED_DRAWS_SEED, fixed_draws
 
 N, K = 200, 10
 

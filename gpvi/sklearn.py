@@ -36,7 +36,8 @@ from .inference.cvi.multiclass_typeii import MulticlassTypeII
 from .inference.cvi.options import MonteCarlo, SingleSite, num_steps_for_sweeps
 from .inference.cvi.typeii import TypeII
 from .models.classification import GPClassification
-from .models.multiclass import GPMulticlass, default_quadrature
+from .models.multiclass import GPMulticlass
+from .numerics.softmax_rules import default_quadrature
 from .models.priors import check_prior_choice
 from .numerics.quadrature import Quadrature
 from .rng import check_seed
@@ -122,7 +123,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         decreasing step). ``"fixed"``: multi-class softmax only.
     num_quadrature : int, optional
         Quadrature nodes (per dimension for the softmax); default 96 for the binary links, and the multi-class
-        engine's rule (:func:`gpvi.models.multiclass.default_quadrature`) for the softmax. Robust-max has its own
+        engine's rule (:func:`gpvi.numerics.softmax_rules.default_quadrature`) for the softmax. Robust-max has its own
         1-D rule and ignores it.
     num_draws : int
         Monte Carlo draws per site and step for ``estimator="mc"``.

@@ -16,7 +16,9 @@ from gpvi.exceptions import InterruptedRunWarning
 from gpvi.inference.cvi.multiclass import MulticlassCVI
 from gpvi.inference.cvi.multiclass_typeii import MulticlassTypeII
 from gpvi.models.likelihoods import BernoulliLogit, expected_log_lik
-from gpvi.models.multiclass import GPMulticlass, RobustMax, Softmax, fixed_draws
+from gpvi.models.multiclass import GPMulticlass
+from gpvi.models.multiclass_likelihoods import RobustMax, Softmax
+from gpvi.numerics.softmax_rules import fixed_draws
 from gpvi.posteriors.base import Posterior
 
 F64 = torch.float64
@@ -93,7 +95,7 @@ def test_sample_averages_equal_log_softmax_on_the_same_points(method):
     """The class-major averages of ``"fixed"`` and ``"mc"`` against ``torch.log_softmax`` on the very same points
     (the same Sobol' set; the same generator stream for ``"mc"``), with sites far apart in scale (a near-certain
     class included): equal to rounding."""
-    from gpvi.models.multiclass import fixed_draws
+    from gpvi.numerics.softmax_rules import fixed_draws
 
     K, n = 5, 256
     y, m, v = sites(11, n=7, K=K, scale=6.0)
@@ -120,7 +122,7 @@ def test_scratch_buffer_paths_equal_the_differentiable_paths():
     same numbers, repeated calls do not alias the buffer, and autograd through the fixed rule's average gives
     Bonnet's dE/dm = e_y - mean_s p(f_s) exactly (the rule's own derivative in m)."""
     from gpvi.models.likelihoods import Quadrature
-    from gpvi.models.multiclass import fixed_draws
+    from gpvi.numerics.softmax_rules import fixed_draws
 
     y, m, v = sites(5, n=9, K=3, scale=5.0)
     lik, q = Softmax(), Quadrature(20, width=6.0)
@@ -147,7 +149,7 @@ def test_sample_moments_in_blocks_equal_the_differentiable_path():
     each point's maximum when a standard deviation exceeds _SHIFT_SAFE_SD): equal to the out-of-place log_softmax
     path to 1e-12 for shared (S, K) points and per-site (N, S, K) draws, many blocks, means hundreds apart
     (saturated probabilities), a standard deviation of 40, and y=None."""
-    from gpvi.models import multiclass as mcm
+    from gpvi.models import multiclass_likelihoods as mcm
 
     y, m, v = sites(30, n=53, K=10, scale=3.0)
     m[:5] *= 200.0
@@ -730,7 +732,7 @@ def test_profiled_objective_reuses_the_best_evaluated_step_exactly():
     tightly converged objective)."""
     from gpvi.inference.cvi import multiclass_sites as ms
     from gpvi.inference.cvi.multiclass_typeii import converge_sites, profiled_objective
-    from gpvi.models.multiclass import Softmax
+    from gpvi.models.multiclass_likelihoods import Softmax
     from gpvi.models.priors import check_prior
 
     model, eng, st, th = _inner_start()
@@ -804,7 +806,7 @@ def test_two_level_moments_equal_the_nested_grid_of_the_same_rule():
     variance (a point mass), K = 2 and 3; equal to 1e-12 relative; differentiable (autograd through it gives the
     same gradient of E as through the grid)."""
     from gpvi.models.likelihoods import Quadrature
-    from gpvi.models.multiclass import nested_nodes, two_level_moments
+    from gpvi.numerics.softmax_rules import nested_nodes, two_level_moments
 
     lik = Softmax()
     for K, mscale, q in [(3, 1.0, Quadrature(28, width=6.0)), (3, 60.0, Quadrature(40, width=6.5)),
@@ -837,7 +839,7 @@ def test_two_level_moments_in_place_path_equals_the_differentiable_one():
     ordinary sites, saturated ones (means in the hundreds) and tiny variances, and to the nested grid to 1e-12;
     a zero variance (degenerate window) falls back to the out-of-place path with the same result."""
     from gpvi.models.likelihoods import Quadrature
-    from gpvi.models.multiclass import nested_nodes, two_level_moments
+    from gpvi.numerics.softmax_rules import nested_nodes, two_level_moments
 
     lik = Softmax()
     q = Quadrature(28, width=6.5)

@@ -11,7 +11,8 @@ import torch
 from gpvi.inference.cvi import SingleSite
 from gpvi.inference.cvi.multiclass import MulticlassCVI
 from gpvi.inference.cvi.multiclass_sites import MulticlassCVIState
-from gpvi.models.multiclass import GPMulticlass, RobustMax
+from gpvi.models.multiclass import GPMulticlass
+from gpvi.models.multiclass_likelihoods import RobustMax
 from gpvi.sklearn import GPClassifier
 
 F64 = torch.float64

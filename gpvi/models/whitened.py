@@ -36,7 +36,7 @@ robust-max): one whitened vector per class, :math:`\mathbf f_k = L_\theta\mathbf
 
 Given a draw, the K latent values at a new input are independent with the per-class mean
 :math:`K_{*X}L^{-\top}\mathbf v_k` and the common variance above; :math:`p(y_* = k\mid\mathcal D)` averages the
-likelihood's :meth:`~gpvi.models.multiclass.Softmax.predict_proba` of those Gaussians over the draws.
+likelihood's :meth:`~gpvi.models.multiclass_likelihoods.Softmax.predict_proba` of those Gaussians over the draws.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ sweep: fine for the benchmark sets, N K of a few hundred).
 :math:`\mathbf d = A\mathbf f_n` (:math:`d_j = f_j - f_y`): :math:`\log p(y\mid\mathbf f) = -\log(1 + \sum_j
 e^{d_j})`. Under the cavity, :math:`\mathbf d\sim\mathcal N(A\mathbf m_{-n}, AC_{-n}A^\top)`; the normaliser
 :math:`\hat Z_n` and the tilted mean and covariance of :math:`\mathbf d` come from the nested quadrature of
-:func:`gpvi.models.multiclass.nested_nodes` (:math:`Q^{K-1}` nodes, so :math:`K\le 3` by default), and those of
+:func:`gpvi.numerics.softmax_rules.nested_nodes` (:math:`Q^{K-1}` nodes, so :math:`K\le 3` by default), and those of
 :math:`\mathbf f_n` follow exactly, since :math:`\mathbf f_n\mid\mathbf d` is the cavity's Gaussian conditional:
 with :math:`G = C_{-n}A^\top(AC_{-n}A^\top)^{-1}`,
 :math:`\hat{\mathbf m} = \mathbf m_{-n} + G(\mathbb E[\mathbf d] - A\mathbf m_{-n})`,
@@ -224,7 +224,7 @@ def multiclass_ep(K: torch.Tensor, y: torch.Tensor, num_classes: int, *, quadrat
         K >= 2.
     quadrature : Quadrature, optional
         The 1-D rule of the nested quadrature (default
-        :func:`~gpvi.models.multiclass.default_quadrature`: :math:`40^{K-1}` nodes per point).
+        :func:`~gpvi.numerics.softmax_rules.default_quadrature`: :math:`40^{K-1}` nodes per point).
     damping : float in (0, 1]
         :math:`\delta` (default 0.5).
     anderson : int

@@ -7,7 +7,7 @@ r"""The deterministic rules behind the softmax expectations of :mod:`gpvi.models
 * :func:`fixed_draws`: the fixed quasi-Monte Carlo points of ``method="fixed"`` (K > 3);
 * ``_workspace``: the reused scratch buffer of the no-autograd averages.
 
-The likelihoods that use them (:class:`~gpvi.models.multiclass.Softmax`) live in :mod:`gpvi.models.multiclass`.
+The likelihoods that use them (:class:`~gpvi.models.multiclass_likelihoods.Softmax`) live in :mod:`gpvi.models.multiclass_likelihoods`.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def two_level_moments(mu: torch.Tensor, Lc: torch.Tensor, quadrature: Quadrature
     (:math:`1, \log(1+e^t), \sigma_2, a_2, a_2^2, \sigma_2 a_2`), combined with the first level's
     :math:`\sigma_1, a_1, c`. Every term is a sum of positive parts (no cancellation). Node-major layout
     (:meth:`~gpvi.numerics.quadrature.Quadrature.nodes_by_node`). Against :func:`nested_nodes` and
-    :meth:`gpvi.models.multiclass.Softmax._quadrature_moments` on the same rule: the same numbers to 3e-14
+    :meth:`gpvi.models.multiclass_likelihoods.Softmax._quadrature_moments` on the same rule: the same numbers to 3e-14
     relative, in less time. Without autograd, K = 3 sums the second level in the reused scratch buffer
     (:func:`_second_level_sums_inplace`, same numbers to 1e-13).
     """

@@ -48,7 +48,7 @@ import torch
 
 from ...validation import check_positive, check_positive_int
 from .bound import AnchoredBoundTarget, envelope_log_joint
-from ...models.multiclass import Softmax
+from ...models.multiclass_likelihoods import Softmax
 from ...numerics.ep import expectation_propagation
 from ...numerics.ep_multiclass import multiclass_ep
 

@@ -45,7 +45,9 @@ import torch
 from ...exceptions import ConvergenceWarning, NotPSDError, NumericalWarning
 from ...posteriors.latent import LatentPosterior
 from ...numerics.quadrature import Quadrature
-from ...models.multiclass import GPMulticlass, Softmax, default_quadrature
+from ...models.multiclass import GPMulticlass
+from ...models.multiclass_likelihoods import Softmax
+from ...numerics.softmax_rules import default_quadrature
 from ...rng import check_seed, resolve_generator
 from ...validation import (as_float_tensor, check_bool, check_choice, check_fraction, check_positive,
                            check_positive_int)
@@ -80,7 +82,7 @@ class MulticlassCVI:
         See the module docstring.
     quadrature : Quadrature, optional
         The 1-D rule per dimension of the softmax quadrature (default
-        :func:`gpvi.models.multiclass.default_quadrature`).
+        :func:`gpvi.numerics.softmax_rules.default_quadrature`).
     max_quadrature_classes : int
         Largest K for softmax quadrature (default 3: :math:`Q^{K-1}` nodes per site).
     num_draws : int

@@ -7,7 +7,7 @@ with the class factors :math:`L_k` of :math:`K + S_k` cached:
 
 1. computes their marginals for every class from the factors, one batched triangular solve with the columns
    :math:`\mathbf k_n` and :math:`\tilde{\mathbf y}_k` (O(K N^2 B));
-2. evaluates the expectations of the selected points only (:meth:`~gpvi.models.multiclass.Softmax.expected_log_lik`,
+2. evaluates the expectations of the selected points only (:meth:`~gpvi.models.multiclass_likelihoods.Softmax.expected_log_lik`,
    the engine's estimator) and applies eq. 13 to their K sites;
 3. keeps every class factor current **in place**: a new site of point :math:`n` in class :math:`k` changes one
    diagonal entry of :math:`K + S_k`, a rank-one update :math:`\alpha\,e_n e_n^\top` of that class's factor

@@ -22,7 +22,9 @@ import torch
 from ...exceptions import NotPSDError, NumericalWarning
 from ...posteriors.latent import LatentPosterior
 from ...numerics.quadrature import Quadrature
-from ...models.multiclass import GPMulticlass, Softmax, default_quadrature
+from ...models.multiclass import GPMulticlass
+from ...models.multiclass_likelihoods import Softmax
+from ...numerics.softmax_rules import default_quadrature
 from ...models.priors import check_prior_choice, prior_log_prob, prior_name, resolve_prior
 from ...validation import check_bool, check_interval, check_nonnegative_int, check_positive, check_positive_int
 from ...numerics.lbfgs import lbfgs_maximise
@@ -116,7 +118,7 @@ def secant_step(pairs: list[tuple[float, torch.Tensor, torch.Tensor]]) -> float 
 def inner_quadrature(num_classes: int) -> Quadrature:
     r"""The cheaper softmax rule of :class:`MulticlassTypeII`'s inner runs: 28 asinh-mapped Gauss-Legendre nodes per
     dimension on a window of 6 sd (784 per site at K = 3, against 1600 for
-    :func:`gpvi.models.multiclass.default_quadrature`). Largest error in :math:`E_n` and its derivatives against a
+    :func:`gpvi.numerics.softmax_rules.default_quadrature`). Largest error in :math:`E_n` and its derivatives against a
     200-node rule: 6e-6 on iris sites at the MAP-II optimum (2e-6 in the sum over sites); 2e-4 (value), 8e-4
     (:math:`\partial_m`), 6e-5 (:math:`\partial_v`) for means of sd 4 and per-class variances 0.1..10 (the
     1600-node rule: 1.4e-6, 1.6e-5, 4.9e-6)."""
