@@ -35,6 +35,9 @@ into an error, so the run stops there and **nothing is saved**. A second Ctrl-C 
 A saved fit holds only tensors and a JSON description and is read back, without executing anything in the file,
 by :func:`gpvi.io.load_fit` (``gpvi.cli.load_fit`` and ``gpvi.cli.SavedFit`` are the same objects), which rebuilds
 the posterior (regression) or the fitted :class:`gpvi.GPClassifier` and predicts in the CSV's original units.
+
+The commands import numpy and the rest of gpvi (torch, GPyTorch) inside the function that needs them, so that
+``gpvi --help`` and the argument errors answer without loading torch; no import here dodges a cycle.
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ from .models.priors import check_prior_choice
 from .numerics.quadrature import Quadrature
 from .rng import check_seed
 from .validation import check_bool, check_choice, check_device, check_nonnegative_int, check_positive_int
+from .inference.cvi.bayes import FullyBayesianCVI
 
 __all__ = ["GPClassifier"]
 
@@ -356,7 +357,6 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     def _fully_bayesian(self, seed: int | None, prior: Any) -> Any:
         """``hyperparameters="bayes"``: FullyBayesianCVI with its defaults (evidence: EP), this estimator's draws."""
-        from .inference.cvi.bayes import FullyBayesianCVI
 
         return FullyBayesianCVI(prior=prior, num_draws=max(int(self.num_draws), 32), seed=0 if seed is None else seed,
                                 progress_bar=self._progress_bar())
