@@ -4,6 +4,14 @@
 scale=BlockDiagonal([2, 3]))``: the update rules :class:`SGD`, :class:`Natural`, :class:`Adam` carry their step
 sizes and schedules (:mod:`~gpvi.inference.dsvi.options`), :class:`Convergence` is the monitoring and stop rule
 (:mod:`~gpvi.inference.dsvi.convergence`), :class:`~gpvi.inference.engine.FaultPolicy` is shared by the engines.
+
+Modules: :mod:`~gpvi.inference.dsvi.engine` (:class:`DSVI`: Algorithm 1 and the engine contract),
+:mod:`~gpvi.inference.dsvi.state` (the state), :mod:`~gpvi.inference.dsvi.options` (update rules and block
+structure as settings), :mod:`~gpvi.inference.dsvi.updates` (their maths), :mod:`~gpvi.inference.dsvi.gradient`
+(the stochastic gradient of one step), :mod:`~gpvi.inference.dsvi.convergence` (monitoring and stop rule),
+:mod:`~gpvi.inference.dsvi.setup` (the initial and the resumed state, what ``optimizer="auto"`` resolves to),
+:mod:`~gpvi.inference.dsvi.starts` (runs from several starts), :mod:`~gpvi.inference.dsvi.result` (what is
+returned, the final bound estimate), :mod:`~gpvi.inference.dsvi.ard` (DSVI-ARD).
 """
 
 from ..engine import FaultPolicy

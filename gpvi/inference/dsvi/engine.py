@@ -45,10 +45,7 @@ Names in code: ``mu`` = :math:`\mu`; ``C`` = :math:`C` (``(D, D)`` lower triangu
 the ``(D,)`` vector :math:`c` for ``scale="diag"``); ``z``, ``theta``, ``g`` as above; ``rho`` =
 :math:`\rho_\mu`, ``rho * lr_scale`` = :math:`\rho_C`; ``S`` = ``num_draws``; ``base`` = :math:`\phi`.
 
-Modules: :mod:`~gpvi.inference.dsvi.state` (the state), :mod:`~gpvi.inference.dsvi.options` (update rules and
-block structure as settings), :mod:`~gpvi.inference.dsvi.updates` (their maths),
-:mod:`~gpvi.inference.dsvi.convergence` (monitoring and stop rule), :mod:`~gpvi.inference.dsvi.setup` (the
-initial q), :mod:`~gpvi.inference.dsvi.result` (what is returned, the final bound estimate); the run loop is
+The other modules of the package are listed in :mod:`gpvi.inference.dsvi`; the run loop is
 :func:`gpvi.inference.driver.run`.
 """
 from __future__ import annotations

@@ -8,7 +8,8 @@
 :mod:`.starts`         chain starts from an init strategy's ``Start``; :class:`init_to_chains`
 :mod:`.chains`         the per-chain loop around Pyro's kernel
 :mod:`.state`          :class:`MCMCState`, :class:`ChainState`
-:mod:`.diagnostics`    ESS, split R-hat, divergences, per-chain table, convergence warnings
+:mod:`.diagnostics`    divergences, E-BFMI, per-chain table, convergence warnings (ESS and split R-hat:
+                       :mod:`gpvi.posteriors.diagnostics`)
 =====================  ======================================================================================
 """
 
