@@ -12,15 +12,21 @@ real input such as a time step, so it is kept). Notes are :class:`InputColumnWar
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
 import os
 import shlex
+import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+
+from .validation import check_column_spread, check_sample_weight
 
 __all__ = ["CLIError", "InputColumnWarning", "CSVData", "read_csv", "load_csv", "load_features", "standardise",
            "check_output", "write_csv"]
@@ -65,8 +71,6 @@ def _read_columns(path: str | os.PathLike, choose: Callable[[Path, list[str]], t
                   min_rows: int) -> tuple[Any, list[str], list[str]]:
     """Parse the columns ``choose(path, header)`` selects, ``(numeric, text)``: the numeric ones as finite floats,
     the text one (or None) as stripped strings; ``(data (n, k), texts, header)``."""
-    import numpy as np
-
     p = Path(path)
     if not p.is_file():
         raise CLIError(f"{p}: no such file")
@@ -138,8 +142,6 @@ def _duplicates(p: Path, header: list[str], among: list[str] | None = None) -> N
 def _class_labels(texts: list[str], p: Path, target: str) -> Any:
     """Labels as int64 when every label is an integer (``1`` and ``1.0`` are one class), else the text; at least
     two classes."""
-    import numpy as np
-
     try:
         values = np.array([_as_float(t) for t in texts])
     except ValueError:
@@ -157,8 +159,6 @@ def _class_labels(texts: list[str], p: Path, target: str) -> Any:
 
 def _index_notes(X: Any, names: list[str]) -> list[str]:
     """Notes on inputs that hold the row numbers 1..N or 0..N-1 in order."""
-    import numpy as np
-
     n, notes = X.shape[0], []
     for j, name in enumerate(names):
         for start in (0, 1):
@@ -194,8 +194,6 @@ def read_csv(path: str | os.PathLike, target: str, *, features: list[str] | None
         or weight column named as an input; duplicate names among the columns used; ragged rows; empty,
         non-numeric, NaN/inf cells; fewer than 2 rows; no input column; bad weights or labels.
     """
-    import numpy as np
-
     if features is not None and exclude is not None:
         raise CLIError("--features and --exclude cannot be used together")
     auto: list[str] = []
@@ -244,7 +242,6 @@ def read_csv(path: str | os.PathLike, target: str, *, features: list[str] | None
     notes += _index_notes(X, inputs) if features is None else []
     weights = None
     if weight is not None:
-        from .validation import check_sample_weight
 
         weights = data[:, d]
         try:
@@ -312,7 +309,6 @@ def standardise(X, y=None, names=None, target=None, path=None, weights=None):
     (a constant input keeps sd 1; a constant target is refused); a column whose sd overflows is a
     :class:`CLIError` naming ``path`` and the column (``names``, ``target``). ``weights`` (inputs only): the weighted
     mean and sd, as of the rows repeated."""
-    from .validation import check_column_spread
 
     try:        # a cell such as 1e308 makes a column's sd overflow: it would silently become all zeros
         check_column_spread(X, "input", names)
@@ -355,8 +351,6 @@ def check_output(path: str, flag: str) -> Path:
 
 def write_csv(out: Path | None, header: list[str], rows: list[list[str]]) -> None:
     """Write a table as CSV to ``out`` (checked by :func:`check_output`), or to stdout when ``out`` is None."""
-    import contextlib
-    import sys
 
     try:
         with open(out, "w", newline="", encoding="utf-8") if out is not None else contextlib.nullcontext(sys.stdout) \

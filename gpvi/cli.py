@@ -35,9 +35,6 @@ into an error, so the run stops there and **nothing is saved**. A second Ctrl-C 
 A saved fit holds only tensors and a JSON description and is read back, without executing anything in the file,
 by :func:`gpvi.io.load_fit` (``gpvi.cli.load_fit`` and ``gpvi.cli.SavedFit`` are the same objects), which rebuilds
 the posterior (regression) or the fitted :class:`gpvi.GPClassifier` and predicts in the CSV's original units.
-
-The commands import numpy and the rest of gpvi (torch, GPyTorch) inside the function that needs them, so that
-``gpvi --help`` and the argument errors answer without loading torch; no import here dodges a cycle.
 """
 
 from __future__ import annotations
@@ -54,7 +51,14 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+import gpvi
+
+from . import __version__
 from ._cli_csv import CLIError, check_output, load_csv, load_features, read_csv, standardise, write_csv
+from .demo import run_demo
+from .exceptions import InterruptedRunWarning, NumericalFaultError
 from .io import SavedFit, load_fit, save_fit
 
 __all__ = ["main", "build_parser", "load_csv", "load_fit", "save_fit", "SavedFit", "CLIError"]
@@ -97,7 +101,6 @@ def _cmd_fit_regression(args: argparse.Namespace) -> int:
     X, y, names = data.X, data.y, data.names
     Xs, ys, (mu, sd, ym, ysd) = standardise(X, y, names, args.target, args.csv)
     data.warn()
-    import gpvi
 
     model = gpvi.GPRegression(Xs, ys, feature_names=names)       # theta names carry the CSV header
     progress = not args.no_progress
@@ -164,9 +167,6 @@ def _cmd_fit_classifier(args: argparse.Namespace) -> int:
     X, labels, names, weights = data.X, data.y, data.names, data.weights
     Xs, _, (mu, sd, _, _) = standardise(X, None, names, path=args.csv, weights=weights)
     data.warn()
-    import numpy as np
-
-    import gpvi
 
     clf = gpvi.GPClassifier(likelihood=args.likelihood, mode=args.mode, random_state=args.seed,
                             hyperparameters=args.hyperparameters, prior=None if args.prior == "none" else args.prior,
@@ -224,8 +224,6 @@ def _print_hyperparameters(clf: Any, names: list[str], how: str) -> None:
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    import numpy as np
-
     out = check_output(args.out, "--out") if args.out else None
     fit = load_fit(args.fit)                          # ValueError (refused file) -> one line, exit 2
     if fit.kind == "classification" and args.num_draws is not None:
@@ -290,7 +288,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
     return run_demo(quick=args.quick, seed=args.seed, progress_bar=not args.no_progress)
 
 
@@ -322,7 +319,6 @@ def _columns(s: str) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The :class:`argparse.ArgumentParser` of the ``gpvi`` command (all subcommands)."""
-    from . import __version__
 
     parser = argparse.ArgumentParser(
         prog="gpvi", description="Gaussian-process inference: DSVI hyperparameter posteriors, CVI classification, "
@@ -459,7 +455,6 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:           # --help, --version, usage errors: argparse has printed its message
         return int(exc.code or 0) if not isinstance(exc.code, str) else 2
-    from .exceptions import InterruptedRunWarning, NumericalFaultError
 
     interrupted: list[bool] = []
     args.interrupted = interrupted
