@@ -270,7 +270,7 @@ READING = """## Reading
 
 Measured on a shared 2-core machine under a load of 3-8 (other jobs): wall times are inflated and noisy, the
 log-joint rows are not. Reference runs: 3x the new finish on pendulum and Bodyfat, 2x on Boston (10x did not fit
-the time available on this machine; on the synthetic D = 4 GP of tests/test_dsvi_gp.py a 50x run (20000 steps)
+the time available on this machine; on the synthetic D = 4 GP of tests/inference/dsvi/test_dsvi_gp.py a 50x run (20000 steps)
 was used: the new finish's gaps over 6 seeds were 0.002-0.011 nats, the old stop's 0.006-0.011).
 
 - **The finish does what it says.** Gap of DSVI's returned q to the longer run from the same start (common random

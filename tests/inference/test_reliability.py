@@ -19,7 +19,7 @@ import torch
 import gpvi
 from gpvi.exceptions import ConvergenceWarning, InterruptedRunWarning
 
-from conftest import make_gp_data
+from tests.conftest import make_gp_data
 
 
 def _target():

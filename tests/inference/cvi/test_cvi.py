@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import gpvi
-from conftest import make_gp_data
+from tests.conftest import make_gp_data
 from gpvi.models.classification import GPClassification, LatentGP
 from gpvi.inference.cvi import (CVI, CVIState, MonteCarlo, SingleSite, TypeII, num_steps_for_sweeps,
                                 theta_objective)

@@ -45,7 +45,7 @@ from gpvi.inference.sk import (
     SKState,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def gaussian_target(mu: torch.Tensor, Lam: torch.Tensor, normalised: bool = True) -> gpvi.Target:

@@ -22,7 +22,7 @@ from gpvi.inference.mcmc import HMC, NUTS, Adaptation, ConvergenceChecks, MCMCSt
 from gpvi.evaluation.metrics import compare
 from gpvi.posteriors import GaussianPosterior, PointPosterior
 
-from conftest import make_gp_data
+from tests.conftest import make_gp_data
 
 MEAN = torch.tensor([1.0, -2.0], dtype=torch.float64)
 COV = torch.tensor([[1.0, 1.8], [1.8, 4.0]], dtype=torch.float64)      # correlation 0.9, scales 1 and 2

@@ -1,6 +1,6 @@
 """Input centring of gpvi.models.scaled_rbf: which kernels are centred, and exactness under shifts on every path.
 
-The property tests (random data, permutations, rescaling) are in ``tests/test_invariances.py``; these are the
+The property tests (random data, permutations, rescaling) are in ``tests/models/test_invariances.py``; these are the
 unit checks: the stationarity rule, the centre itself, and predictions (cross-covariances through GPyTorch's
 generic kernels, where ``torch.cdist`` does not centre) at inputs shifted by 1e9.
 """

@@ -23,7 +23,7 @@ from gpvi.inference.dsvi.convergence import average_gap
 from gpvi.inference.dsvi.engine import DSVI
 from gpvi.inference.init import Start, distinct_optima, init_to_laplace, init_to_map
 
-from conftest import TWO_BASIN_CENTERS as CENTERS, TWO_BASIN_SDS as SDS, TwoBasins as Mixture
+from tests.conftest import TWO_BASIN_CENTERS as CENTERS, TWO_BASIN_SDS as SDS, TwoBasins as Mixture
 
 
 def exact_bound(target, q, n: int = 20_000, seed: int = 1) -> float:

@@ -23,7 +23,7 @@ import torch
 import gpvi
 from gpvi.cli import CLIError, load_csv, load_fit, main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:

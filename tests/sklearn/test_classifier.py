@@ -1,5 +1,5 @@
 """GPClassifier: the scikit-learn estimator contract, predictions, labels of any type, binary and multi-class fits,
-input types and error messages (scikit-learn's own estimator checks: tests/test_sklearn_checks.py)."""
+input types and error messages (scikit-learn's own estimator checks: tests/sklearn/test_estimator_checks.py)."""
 
 from __future__ import annotations
 

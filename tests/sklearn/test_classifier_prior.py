@@ -13,7 +13,7 @@ from gpvi.models.multiclass import GPMulticlass
 from gpvi.models.priors import check_prior_choice, default_prior, resolve_prior, scaled_prior
 from gpvi.numerics.quadrature import Quadrature
 from gpvi.sklearn import GPClassifier
-from conftest import iris_rows
+from tests.conftest import iris_rows
 
 F64 = torch.float64
 

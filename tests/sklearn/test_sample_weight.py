@@ -21,7 +21,7 @@ from gpvi.inference.cvi.bound import CVIBoundTarget
 from gpvi.models.multiclass import GPMulticlass
 from gpvi.models.whitened import WhitenedLatentGP
 from gpvi.sklearn import GPClassifier
-from conftest import iris_rows
+from tests.conftest import iris_rows
 
 F64 = torch.float64
 

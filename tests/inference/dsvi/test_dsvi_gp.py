@@ -32,7 +32,7 @@ from gpvi.numerics.predictive import MixturePredictive
 from gpvi.inference.dsvi import Convergence, Natural
 from gpvi.inference.schedules import DecayEveryK, RobbinsMonro
 
-from conftest import make_gp_data
+from tests.conftest import make_gp_data
 
 
 def quiet_run(engine: DSVI, target, *args, **kw):

@@ -16,7 +16,7 @@ import gpvi
 from gpvi.numerics.lbfgs import lbfgs_maximise
 from gpvi.models.whitened import WhitenedLatentGP
 from gpvi.sklearn import GPClassifier
-from conftest import iris_rows
+from tests.conftest import iris_rows
 
 F64 = torch.float64
 

@@ -29,7 +29,7 @@ from gpvi.models.logistic import BayesianLogisticRegression
 from gpvi.posteriors import GaussianPosterior, PointPosterior
 from gpvi.inference.schedules import Constant, DecayEveryK, RobbinsMonro, make_schedule
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def gaussian_target(m: torch.Tensor, A: torch.Tensor | None = None, normalised: bool = True) -> gpvi.Target:

@@ -24,7 +24,7 @@ from gpvi.inference.init import init_to_laplace, init_to_map
 from gpvi.posteriors import GaussianPosterior, posterior_from_state_dict, psis
 from gpvi.posteriors.mixture import GaussianMixture
 
-from conftest import TWO_BASIN_CENTERS as CENTERS, TWO_BASIN_SDS as SDS, TWO_BASIN_WEIGHTS as W, TwoBasins
+from tests.conftest import TWO_BASIN_CENTERS as CENTERS, TWO_BASIN_SDS as SDS, TWO_BASIN_WEIGHTS as W, TwoBasins
 
 
 class MultiStartDSVI(DSVI):
