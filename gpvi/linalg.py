@@ -232,8 +232,9 @@ def cholesky_plain(A: torch.Tensor, *, raise_on_failure: bool = False) -> tuple[
     Those are: EP's cavity and tilted covariances (a matrix that is not positive definite means the EP step is
     invalid, and the caller backs off its damping), the small per-site covariance matrices of the softmax
     quadrature (a zero variance falls back to the diagonal square roots), the whitened NUTS target and the batched
-    CVI bound targets (which add their own documented jitter or give a failed row :math:`-\infty`). Everything
-    else factorises through :func:`cholesky_with_jitter`.
+    CVI bound targets (which add their own documented jitter or give a failed row :math:`-\infty`), and the Laplace
+    scale of a start (a Hessian that is not negative definite falls back to its diagonal). Everything else
+    factorises through :func:`cholesky_with_jitter`.
 
     Parameters
     ----------

@@ -30,6 +30,7 @@ from typing import Any, Callable
 import torch
 
 from ..exceptions import NumericalWarning
+from ..linalg import cholesky_plain
 from ..models.target import as_target, is_minibatch_target
 from ..numerics.budget import MemoryBudget
 from ..posteriors.base import Posterior
@@ -259,11 +260,11 @@ def laplace_scale(H: torch.Tensor) -> tuple[torch.Tensor | None, str]:
     entry is usable.
     """
     P = -H
-    L, info = torch.linalg.cholesky_ex(torch.nan_to_num(P, nan=0.0, posinf=0.0, neginf=0.0))
-    if bool(torch.isfinite(H).all()) and int(info) == 0:
+    L, ok = cholesky_plain(torch.nan_to_num(P, nan=0.0, posinf=0.0, neginf=0.0))
+    if bool(torch.isfinite(H).all()) and bool(ok):
         Pinv = torch.cholesky_inverse(L)      # C C^T = P^-1 with C lower triangular (symmetrised inverse)
-        C, info2 = torch.linalg.cholesky_ex(0.5 * (Pinv + Pinv.T))
-        if int(info2) == 0 and bool(torch.isfinite(C).all()):
+        C, ok2 = cholesky_plain(0.5 * (Pinv + Pinv.T))
+        if bool(ok2) and bool(torch.isfinite(C).all()):
             return C, "laplace"
     d = torch.nan_to_num(torch.diagonal(P), nan=0.0, posinf=0.0, neginf=0.0)
     if bool((d > 0).any()):

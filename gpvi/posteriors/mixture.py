@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ..linalg import cholesky_with_jitter
 from ..rng import resolve_generator
 from ..validation import check_positive_int
 from .base import Posterior, posterior_from_state_dict
@@ -109,7 +110,7 @@ class GaussianMixture(Posterior):
         """Cholesky factor of :attr:`covariance`, (D, D): the scale of the moment-matched Gaussian, which is how a
         mixture warm-starts an engine (``gpvi.NUTS(...).run(target, init=mixture)``: chains from that Gaussian's
         draws, the mixture's covariance as the dense inverse mass matrix)."""
-        return torch.linalg.cholesky(self.covariance)
+        return cholesky_with_jitter(self.covariance, what="mixture covariance").L
 
     @property
     def std(self) -> torch.Tensor:

@@ -366,7 +366,7 @@ class CVIBoundTarget(AnchoredBoundTarget):
         return val, grad
 
     def _kernel(self, theta: torch.Tensor) -> torch.Tensor:
-        """Batched :math:`K_\theta` ``(S, N, N)``, the same values as ``model.kernel_matrix`` row by row."""
+        r"""Batched :math:`K_\theta` ``(S, N, N)``, the same values as ``model.kernel_matrix`` row by row."""
         m = self.model
         if m.kernel_params.fast_path and m.use_fast_path:
             pad = torch.full((*theta.shape[:-1], 1), -math.inf, dtype=theta.dtype, device=theta.device)
