@@ -4,9 +4,9 @@ Synthetic 3-class data (d = 2, inputs uniform on [-2, 2]^2, labels ``(x0 > -0.5)
 random), softmax likelihood, quadrature expectations, the default kernel at its data-scaled start (no
 hyperparameter learning). For each N:
 
-* full-batch step: ``MulticlassCVI(mode="full").step`` (K batched factorisations of K + S_k, all marginals, the
+* full-batch step: ``CVI(mode="full").step`` (K batched factorisations of K + S_k, all marginals, the
   expectations of every point, the site update), median of ``--repeats`` steps after one warm-up;
-* single-site step: ``MulticlassCVI(mode="stochastic").step`` with one point per step (a triangular solve per
+* single-site step: ``CVI(mode="stochastic").step`` with one point per step (a triangular solve per
   class for its marginals, its K site updates, K in-place rank-one factor updates), timed over blocks of steps
   that contain no refactorisation (median per-step time of the blocks);
 * a sweep of single-site steps costs N of them plus one refactorisation; the columns give both per-step ratios;
@@ -27,7 +27,7 @@ import torch
 
 from benchmarks._common import header, write
 from gpvi.inference.cvi import SingleSite
-from gpvi.inference.cvi.multiclass import MulticlassCVI
+from gpvi.inference.cvi.engine import CVI
 from gpvi.models.multiclass import GPMulticlass
 
 
@@ -41,7 +41,7 @@ def make_model(n: int, seed: int = 0) -> GPMulticlass:
 
 
 def full_step_time(model: GPMulticlass, repeats: int) -> float:
-    eng = MulticlassCVI(progress_bar=False)
+    eng = CVI(progress_bar=False)
     eng._configure(model)
     st = eng.init(model)
     st, _ = eng.step(model, st)                                 # leave the prior; warm-up
@@ -54,7 +54,7 @@ def full_step_time(model: GPMulticlass, repeats: int) -> float:
 
 
 def single_step_time(model: GPMulticlass, blocks: int, block: int) -> float:
-    eng = MulticlassCVI(mode="stochastic", single_site=SingleSite(refactor_every=10**9), progress_bar=False)
+    eng = CVI(mode="stochastic", single_site=SingleSite(refactor_every=10**9), progress_bar=False)
     eng._configure(model)
     st = eng.init(model)
     st, _ = eng.step(model, st)                                 # the full-batch first step and the factors
@@ -71,7 +71,7 @@ def single_step_time(model: GPMulticlass, blocks: int, block: int) -> float:
 
 def converge(model: GPMulticlass, mode: str) -> tuple[float, float, int, float]:
     steps = 3000 if mode == "full" else 1 + 400 * model.num_data
-    eng = MulticlassCVI(mode=mode, tol=1e-9, num_steps=steps, progress_bar=False)
+    eng = CVI(mode=mode, tol=1e-9, num_steps=steps, progress_bar=False)
     t0 = time.perf_counter()
     post = eng.run(model)
     return time.perf_counter() - t0, post.elbo, int(post.info["steps"]), float(post.info["sweeps"])

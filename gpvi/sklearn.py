@@ -13,7 +13,7 @@ What ``fit`` runs, by the number of classes K in ``y`` and the ``likelihood``:
   :class:`gpvi.models.classification.GPClassification`, fitted by :class:`gpvi.inference.cvi.engine.CVI`
   (``hyperparameters="fixed"``) or by the type-II loop :class:`gpvi.inference.cvi.typeii.TypeII` around it;
 * K >= 2 with ``"softmax"``/``"robustmax"`` (``"auto"`` picks softmax for K >= 3): K latent GPs sharing one kernel,
-  :class:`gpvi.models.multiclass.GPMulticlass`, fitted by :class:`gpvi.inference.cvi.multiclass.MulticlassCVI` or
+  :class:`gpvi.models.multiclass.GPMulticlass`, fitted by :class:`gpvi.inference.cvi.engine.CVI` or
   :class:`~gpvi.inference.cvi.multiclass_typeii.MulticlassTypeII`, with the same settings.
 
 Inputs may be numpy arrays, pandas DataFrames or torch tensors; scikit-learn's validation turns them into float64
@@ -31,7 +31,6 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import _check_sample_weight, check_is_fitted, validate_data
 
 from .inference.cvi.engine import CVI
-from .inference.cvi.multiclass import MulticlassCVI
 from .inference.cvi.multiclass_typeii import MulticlassTypeII
 from .inference.cvi.options import MonteCarlo, SingleSite, num_steps_for_sweeps
 from .inference.cvi.typeii import TypeII
@@ -252,7 +251,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                    num_steps=self._num_steps(num_data, mode, batch_size), tol=self.tol, seed=seed,
                    progress_bar=self._progress_bar())
 
-    def _multiclass_engine(self, num_data: int, num_classes: int, seed: int | None) -> MulticlassCVI:
+    def _multiclass_engine(self, num_data: int, num_classes: int, seed: int | None) -> CVI:
         mode = check_choice(self.mode, "mode", ["full", "stochastic"])
         batch_size = check_positive_int(self.batch_size, "batch_size")
         estimator = check_choice(self.estimator, "estimator", ["auto", "quadrature", "mc", "fixed"])
@@ -260,10 +259,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if self.num_quadrature is not None:
             base = default_quadrature(num_classes)
             quad = Quadrature(self.num_quadrature, base.rule, scale=base.scale, width=base.width)
-        return MulticlassCVI(beta=self.beta, estimator=estimator, quadrature=quad, num_draws=self.num_draws,
-                             num_steps=self._num_steps(num_data, mode, batch_size), tol=self.tol, seed=seed,
-                             progress_bar=self._progress_bar(), mode=mode,
-                             single_site=SingleSite(batch_size=batch_size))
+        return CVI(mode=mode, beta=self.beta,
+                   estimator=MonteCarlo(num_draws=self.num_draws) if estimator == "mc" else estimator,
+                   quadrature=quad, single_site=SingleSite(batch_size=batch_size),
+                   num_steps=self._num_steps(num_data, mode, batch_size), tol=self.tol, seed=seed,
+                   progress_bar=self._progress_bar())
 
     # ------------------------------------------------------------------ fitting
     def fit(self, X: Any, y: Any, sample_weight: Any = None) -> GPClassifier:

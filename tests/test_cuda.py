@@ -115,8 +115,8 @@ def _mcl(dev):
 
 @pytest.mark.parametrize("mode", ["full", "stochastic"])
 def test_multiclass_cvi_matches_cpu(mode):
-    from gpvi.inference.cvi.multiclass import MulticlassCVI
-    a, b = _both(lambda dev: MulticlassCVI(mode=mode, num_steps=1 + 150 * 90, tol=1e-11, seed=0,
+    from gpvi.inference.cvi.engine import CVI
+    a, b = _both(lambda dev: CVI(mode=mode, num_steps=1 + 150 * 90, tol=1e-11, seed=0,
                                            progress_bar=False).run(_mcl(dev)))
     assert float(b.elbo) == pytest.approx(float(a.elbo), rel=1e-7)
     torch.testing.assert_close(_on(b.m), a.m, rtol=1e-4, atol=1e-5)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import gpvi
-from gpvi.inference.cvi.multiclass import MulticlassCVI
+from gpvi.inference.cvi.engine import CVI
 from gpvi.models.multiclass import GPMulticlass
 
 G = torch.Generator().manual_seed(0)
@@ -26,7 +26,7 @@ MCL = GPMulticlass(X, (X[:, 0] > 0.3).long() + (X[:, 1] > 0.6).long() + (X[:, 0]
 
 
 def _multiclass(**kw):
-    post = MulticlassCVI(seed=0, progress_bar=False, **kw).run(MCL)
+    post = CVI(seed=0, progress_bar=False, **kw).run(MCL)
     return [post.m, post.var, post.predict_proba(X[:4])]
 
 

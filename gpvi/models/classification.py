@@ -158,6 +158,11 @@ class LatentGP:
         return self.X.shape[0]
 
     @property
+    def site_shape(self) -> tuple[int, ...]:
+        """Shape of CVI's site parameters: ``(N,)`` (one latent function)."""
+        return (self.num_data,)
+
+    @property
     def link(self) -> str:
         return self.likelihood.name
 

@@ -112,6 +112,11 @@ class GPMulticlass(LatentGP):
         """K."""
         return int(self.classes.shape[0])
 
+    @property
+    def site_shape(self) -> tuple[int, ...]:
+        """Shape of CVI's site parameters: ``(N, K)`` (K class-factorised latent functions)."""
+        return (self.num_data, self.num_classes)
+
     def _expectations(self, y: torch.Tensor, m: torch.Tensor, v: torch.Tensor, **rule: Any) -> Any:
         return self.likelihood.expected_log_lik(y, m, v, **rule)            # (N, K) marginals: Softmax / RobustMax
 

@@ -53,7 +53,7 @@ def test_evidence_gradient_matches_central_differences():
 def test_evidence_is_near_importance_sampling_and_above_the_cvi_bound():
     """log p(y | theta) by 2,000,000 prior draws (ESS > 5,000) against EP: within 0.15 nats (EP is not exact); the
     profiled CVI bound at the same theta is lower than both (it is a lower bound, and a looser one here)."""
-    from gpvi.inference.cvi.multiclass import MulticlassCVI
+    from gpvi.inference.cvi.engine import CVI
     from gpvi.models.multiclass import GPMulticlass
 
     y, K = labels3(), kern(1.0)
@@ -72,7 +72,7 @@ def test_evidence_is_near_importance_sampling_and_above_the_cvi_bound():
     model = GPMulticlass(X[:, None], y)
     theta = torch.tensor([0.0, math.log(4.0)], dtype=F64)          # log lengthscale^2 = 0, log signal variance
     torch.testing.assert_close(model.kernel_matrix(theta), K, atol=1e-8, rtol=0)
-    bound = MulticlassCVI(progress_bar=False, tol=1e-12).run(GPMulticlass(X[:, None], y, theta=theta)).elbo
+    bound = CVI(progress_bar=False, tol=1e-12).run(GPMulticlass(X[:, None], y, theta=theta)).elbo
     assert bound < exact and bound < float(res.log_z)
 
 

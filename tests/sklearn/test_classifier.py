@@ -341,7 +341,7 @@ def iris_fit(iris):
 
 
 def test_multiclass_iris_with_string_labels(iris, iris_fit):
-    from gpvi.inference.cvi import MulticlassCVI
+    from gpvi.inference.cvi import CVI
     from gpvi.posteriors import LatentPosterior
     from gpvi.models.multiclass import GPMulticlass
 
@@ -367,7 +367,7 @@ def test_multiclass_iris_with_string_labels(iris, iris_fit):
     np.testing.assert_array_equal(clf.predict_latent(X), mean)
     assert (mean.argmax(1) == P.argmax(1)).mean() > 0.95
     # the classifier is the engine: same model and engine settings give the same posterior, bit for bit
-    direct = MulticlassCVI(num_steps=500, progress_bar=False).run(GPMulticlass(Xtr, ytr))
+    direct = CVI(num_steps=500, progress_bar=False).run(GPMulticlass(Xtr, ytr))
     assert torch.equal(direct.lam1, clf.posterior_.lam1) and direct.elbo == clf.elbo_
 
 
@@ -470,7 +470,7 @@ def test_hyperparameters_option():
 
 
 def test_multiclass_type2_is_the_map_ii_loop(iris):
-    from gpvi.inference.cvi import MulticlassCVI, MulticlassTypeII
+    from gpvi.inference.cvi import CVI, MulticlassTypeII
     from gpvi.models.multiclass import GPMulticlass
 
     Xtr, ytr, _, _ = iris
@@ -489,7 +489,7 @@ def test_multiclass_type2_is_the_map_ii_loop(iris):
     assert not torch.equal(clf.theta_, fixed.theta_)
     from gpvi.models.likelihoods import Quadrature
 
-    eng = MulticlassCVI(quadrature=Quadrature(20, width=6.5), num_steps=500, progress_bar=False)
+    eng = CVI(quadrature=Quadrature(20, width=6.5), num_steps=500, progress_bar=False)
     direct = MulticlassTypeII(eng, inner_num_steps=500).run(GPMulticlass(X2, y2))
     assert torch.equal(direct.theta, clf.theta_) and direct.elbo == clf.elbo_
 
@@ -555,13 +555,13 @@ def test_verbose_zero_prints_nothing_and_verbose_one_shows_the_progress_bars(cap
 def test_an_interrupted_fit_does_not_report_convergence(monkeypatch, multiclass, where):
     """Ctrl-C (a KeyboardInterrupt) during a type-II hyperparameter phase, or during a CVI step after the first
     run: the fit returns its partial posterior with a warning, and its info says interrupted, not converged."""
-    from gpvi.inference.cvi import CVI, MulticlassCVI, MulticlassTypeII, TypeII
+    from gpvi.inference.cvi import CVI, MulticlassTypeII, TypeII
 
     X, y = small(40, seed=12)
     if multiclass:
         y = (X[:, 0] > -0.5).long() + (X[:, 1] > 0.5).long()
     target = {"phase": MulticlassTypeII if multiclass else TypeII,
-              "engine step": MulticlassCVI if multiclass else CVI}[where]
+              "engine step": CVI if multiclass else CVI}[where]
     name = "phase" if where == "phase" else "step"
     calls = {"n": 0}
     original = getattr(target, name)

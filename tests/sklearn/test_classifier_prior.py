@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import gpvi
-from gpvi.inference.cvi import CVI, MulticlassCVI, MulticlassTypeII, TypeII
+from gpvi.inference.cvi import CVI, MulticlassTypeII, TypeII
 from gpvi.models.multiclass import GPMulticlass
 from gpvi.models.priors import check_prior_choice, default_prior, resolve_prior, scaled_prior
 from gpvi.numerics.quadrature import Quadrature
@@ -58,7 +58,7 @@ def test_multiclass_prior_none_is_the_multiclass_loop_without_prior():
     X2, y2, _ = iris_rows(24)
     clf = GPClassifier(prior=None, num_quadrature=20).fit(X2, y2)
     assert clf.posterior_.info["log_prior"] == 0.0
-    eng = MulticlassCVI(quadrature=Quadrature(20, width=6.5), num_steps=500, progress_bar=False)
+    eng = CVI(quadrature=Quadrature(20, width=6.5), num_steps=500, progress_bar=False)
     direct = MulticlassTypeII(eng, inner_num_steps=500, prior=None).run(GPMulticlass(X2, y2))
     assert torch.equal(direct.theta, clf.theta_) and direct.elbo == clf.elbo_
     mapii = GPClassifier(num_quadrature=20).fit(X2, y2)

@@ -166,12 +166,12 @@ def test_type_ii_on_the_model_directly_takes_the_weights():
 def test_multiclass_single_site_steps_reach_the_weighted_fixed_point():
     """Multi-class single-site steps (K rank-one-updated class factors) with weights 0..3 against full-batch CVI on
     the repeated rows."""
-    from gpvi.inference.cvi.multiclass import MulticlassCVI
+    from gpvi.inference.cvi.engine import CVI
 
     X, y, w = data(True)
     Xr, yr = np.repeat(X, w, axis=0), np.repeat(y, w)
     model = GPMulticlass(X, y, weights=w)
-    sto = MulticlassCVI(mode="stochastic", num_steps=len(y) * 150, tol=1e-12, seed=0, progress_bar=False).run(model)
-    rep = MulticlassCVI(tol=1e-12, progress_bar=False).run(GPMulticlass(Xr, yr, theta=model.initial_theta()))
+    sto = CVI(mode="stochastic", num_steps=len(y) * 150, tol=1e-12, seed=0, progress_bar=False).run(model)
+    rep = CVI(tol=1e-12, progress_bar=False).run(GPMulticlass(Xr, yr, theta=model.initial_theta()))
     np.testing.assert_allclose(sto.predict_proba(X).numpy(), rep.predict_proba(X).numpy(), atol=1e-5)
     assert sto.elbo == pytest.approx(rep.elbo, rel=1e-7)

@@ -26,7 +26,6 @@ from ...posteriors.bayes_classification import BayesClassificationPosterior
 from ...rng import check_seed
 from ...validation import check_bool, check_choice, check_positive_int
 from .engine import CVI
-from .multiclass import MulticlassCVI
 from ..sk import SKGaussian
 from .multiclass_typeii import MulticlassTypeII
 from .typeii import TypeII
@@ -64,13 +63,13 @@ class FullyBayesianCVI:
         variance centred at the model's data-scaled start, :func:`gpvi.models.priors.resolve_prior`). ``None`` is
         refused: a flat prior on the log-hyperparameters is improper here (the bound tends to a constant as a
         lengthscale grows without limit), so :math:`q(\theta)` would have nothing to settle on.
-    cvi : CVI or MulticlassCVI, optional
+    cvi : CVI, optional
         The engine of the inner CVI runs and of MAP-II. Binary default ``CVI(beta=0.7, progress_bar=False)``: the
         inner runs are ELBO-monotone (:func:`~gpvi.inference.cvi.typeii.converge_sites` halves the step where a
         full step would lower the ELBO), and a longer step than CVI's default 0.5 reaches ``inner_tol`` in fewer
         steps (measured per draw of :math:`q` at tolerance 1e-9: Pima 8.2 steps at beta 0.8, 14 at 0.5; a
         24-point 1-D set 19 at 0.7, 27 at 0.5 and 26 at 1.0, where beta = 1 keeps backtracking). Multi-class
-        default: ``MulticlassCVI(progress_bar=False)`` (its own default step, 0.5).
+        default: ``CVI(progress_bar=False)`` (its own default step, 0.5).
     inner_tol : float
         Inner CVI tolerance of the DSVI phase (default 1e-9: gradient error about 1e-5 relative, far below the
         Monte Carlo noise of DSVI's gradient). The Laplace scale uses ``min(inner_tol, 1e-12)`` (finite
@@ -128,8 +127,8 @@ class FullyBayesianCVI:
         self.progress_bar = check_bool(progress_bar, "progress_bar")
         if engine is not None and not isinstance(engine, (DSVI, SKGaussian)):
             raise TypeError(f"engine must be a gpvi.SKGaussian or gpvi.DSVI engine; got {type(engine).__name__}")
-        if cvi is not None and not isinstance(cvi, (CVI, MulticlassCVI)):
-            raise TypeError(f"cvi must be a gpvi.CVI or MulticlassCVI engine; got {type(cvi).__name__}")
+        if cvi is not None and not isinstance(cvi, CVI):
+            raise TypeError(f"cvi must be a gpvi.CVI engine; got {type(cvi).__name__}")
         self.engine = engine
         self.cvi = cvi
         if check_prior_choice(prior) is None:
@@ -149,15 +148,12 @@ class FullyBayesianCVI:
 
     def _setup(self, model: Any) -> tuple[Any, str, Any, Any]:
         """``(cvi engine, evidence, MAP-II loop class, bound target class)`` for ``model`` (binary or multi-class);
-        ``TypeError`` / ``ValueError`` where the settings do not fit the model."""
-
+        ``ValueError`` where the settings do not fit the model."""
         if getattr(getattr(model, "likelihood", None), "multiclass", False):
-            if self.cvi is not None and not isinstance(self.cvi, MulticlassCVI):
-                raise TypeError(f"a multi-class model needs cvi=MulticlassCVI(...); got {type(self.cvi).__name__}")
             if self.evidence == "ep" and not multiclass_ep_applies(model):
                 raise ValueError("evidence='ep' on a multi-class model needs the softmax likelihood with at most 3 "
                                  "classes; use 'cvi' or 'auto'")
-            cvi = self.cvi if self.cvi is not None else MulticlassCVI(progress_bar=False)
+            cvi = self.cvi if self.cvi is not None else CVI(progress_bar=False)
             evidence = self.evidence
             if evidence == "auto":
                 evidence = "ep" if multiclass_ep_applies(model) else "cvi"

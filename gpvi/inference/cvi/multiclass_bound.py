@@ -39,7 +39,7 @@ from ...exceptions import NotPSDError
 from ...validation import check_nonnegative_int
 from .bound import AnchoredBoundTarget, refuse_weights
 from ...models.multiclass import GPMulticlass
-from .multiclass import MulticlassCVI
+from .engine import CVI
 from .multiclass_typeii import MulticlassTypeII
 from .multiclass_typeii import converge_sites
 from .multiclass_typeii import profiled_objective
@@ -59,9 +59,9 @@ class MulticlassBoundTarget(AnchoredBoundTarget):
     model : GPMulticlass
     prior : "default", torch.distributions.Distribution or None
         Prior on the log-hyperparameters (``"default"``: independent :math:`\mathcal N(0, 10)`).
-    cvi : MulticlassCVI, optional
+    cvi : CVI, optional
         The engine whose ``beta``, estimator and rule the inner runs and the bound use (default
-        ``MulticlassCVI(progress_bar=False)``: quadrature for K <= 3, 1,024 fixed Sobol' points above).
+        ``CVI(progress_bar=False)``: quadrature for K <= 3, 1,024 fixed Sobol' points above).
     inner_quadrature : "auto", Quadrature or None
         The softmax rule of the inner runs and of the bound, as for
         :class:`~gpvi.inference.cvi.multiclass_typeii.MulticlassTypeII`: ``"auto"`` (default) the cheaper
@@ -105,11 +105,11 @@ class MulticlassBoundTarget(AnchoredBoundTarget):
 
         if not isinstance(model, GPMulticlass):
             raise TypeError(f"model must be a gpvi GPMulticlass; got {type(model).__name__}")
-        if cvi is not None and not isinstance(cvi, MulticlassCVI):
-            raise TypeError(f"cvi must be a MulticlassCVI engine; got {type(cvi).__name__}")
+        if cvi is not None and not isinstance(cvi, CVI):
+            raise TypeError(f"cvi must be a gpvi.CVI engine; got {type(cvi).__name__}")
         refuse_weights(model, type(self).__name__)
         self.model = model
-        base = cvi if cvi is not None else MulticlassCVI(progress_bar=False)
+        base = cvi if cvi is not None else CVI(progress_bar=False)
         # the engine of the inner runs and of the bound: ``base`` with MulticlassTypeII's choice of rule
         self.cvi = MulticlassTypeII(base, inner_quadrature=inner_quadrature)._inner_engine(model)
         self.anderson = check_nonnegative_int(anderson, "anderson")

@@ -130,7 +130,7 @@ def stochastic_step(eng: Any, model: Any, st: ms.MulticlassCVIState, K: torch.Te
             st.since_refactor += 1
         except NotPSDError:
             st.counters["factor_faults"] += 1
-            warnings.warn("MulticlassCVI: a rank-one downdate of a cached class factor failed; refactorising from "
+            warnings.warn("CVI: a rank-one downdate of a cached class factor failed; refactorising from "
                           "scratch", NumericalWarning, stacklevel=4)
             refactor(st, K, measure=False)
         st.t += 1

@@ -206,7 +206,7 @@ def keep_monotone(st: MulticlassCVIState, info: dict[str, Any], tol: float) -> N
     -46,176 against -22.9). An ELBO-monotone sequence converges to the fixed point, as the inner runs of
     :func:`gpvi.inference.cvi.typeii.monotone_run` do.
 
-    For the quadrature estimator only (:attr:`gpvi.inference.cvi.multiclass.MulticlassCVI.monotone`): the fixed
+    For the quadrature estimator only (:attr:`gpvi.inference.cvi.engine.CVI.monotone`): the fixed
     quasi-Monte Carlo rule's :math:`\partial_v E` is Price's average, consistent with the rule's own value only to
     the rule's error, so near the fixed point its bound wobbles (relative decreases of 1e-11 in a K = 4 run);
     undoing those moved the sites 2e-5 away from the CVI fixed point that single-site runs reach, and a slack large

@@ -4,7 +4,7 @@ r"""MAP-II (type-II) learning of the shared kernel log-hyperparameters of multi-
 (MAP-II; default prior :math:`\mathcal N(0, 10 I)`, :func:`gpvi.models.priors.default_prior`) over :math:`\theta`
 by L-BFGS-B on the profiled bound, as :class:`gpvi.inference.cvi.typeii.TypeII` does for binary CVI; its inner
 runs are the ELBO-monotone deterministic CVI runs of :func:`converge_sites` with the cheaper rule of
-:func:`inner_quadrature`. The engine is :class:`gpvi.inference.cvi.multiclass.MulticlassCVI`.
+:func:`inner_quadrature`. The engine is :class:`gpvi.inference.cvi.engine.CVI`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from ...numerics.lbfgs import lbfgs_maximise
 from ..progress import warn_interrupted
 from . import multiclass_sites as ms
 from ...numerics import sites
-from .multiclass import MulticlassCVI
+from .engine import CVI
 from .multiclass_sites import MulticlassCVIState
 from .typeii import _NO_DRAWS, monotone_run, report_box
 
@@ -46,7 +46,7 @@ accuracy, ``inner_tol``; at 1e-10 the digits benchmark's coarse phase spent 8 mo
 each on changes the inner runs cannot resolve)."""
 
 
-def converge_sites(eng: MulticlassCVI, model: Any, theta: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor,
+def converge_sites(eng: CVI, model: Any, theta: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor,
                    counters: dict[str, float], *, tol: float, max_steps: int, anderson: int = 0,
                    best: dict[str, Any] | None = None) -> MulticlassCVIState:
     r"""Deterministic full-batch CVI at ``theta`` from the given sites until the relative change of the bound is
@@ -78,7 +78,7 @@ def converge_sites(eng: MulticlassCVI, model: Any, theta: torch.Tensor, lam1: to
     return monotone_run(inner, step, tol=tol, max_steps=max_steps, anderson=anderson, weights=model.weights)
 
 
-def profiled_objective(eng: MulticlassCVI, model: Any, theta: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor,
+def profiled_objective(eng: CVI, model: Any, theta: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor,
                        counters: dict[str, float], *, tol: float, max_steps: int, anderson: int = 0,
                        prior: Any = None) -> tuple[MulticlassCVIState, float, torch.Tensor | None]:
     r"""One evaluation of the profiled objective :math:`F(\theta) + \log p(\theta)`: :func:`converge_sites` from
@@ -139,7 +139,7 @@ class MulticlassTypeII:
 
     Parameters
     ----------
-    cvi : MulticlassCVI, optional
+    cvi : CVI, optional
     prior : "default", "scaled", None or distribution
         ``"default"``: :func:`gpvi.models.priors.default_prior` (:math:`\mathcal N(0, 10 I)` on the
         log-hyperparameters); ``"scaled"``: the same variance centred at ``model.initial_theta()``
@@ -187,18 +187,18 @@ class MulticlassTypeII:
     >>> from gpvi.models.multiclass import GPMulticlass
     >>> X = torch.linspace(-2, 2, 30, dtype=torch.float64).unsqueeze(-1)
     >>> y = (X[:, 0] > -0.7).long() + (X[:, 0] > 0.7).long()
-    >>> post = MulticlassTypeII(MulticlassCVI(progress_bar=False)).run(GPMulticlass(X, y))
+    >>> post = MulticlassTypeII(CVI(progress_bar=False)).run(GPMulticlass(X, y))
     >>> post.info["learn_hyperparameters"], post.info["theta_phases"] >= 1
     (True, True)
     """
 
-    def __init__(self, cvi: MulticlassCVI | None = None, *, prior: Any = "default", tol: float = 1e-7,
+    def __init__(self, cvi: CVI | None = None, *, prior: Any = "default", tol: float = 1e-7,
                  gtol: float = 1e-5, max_iter: int = 100, inner_tol: float = 1e-9, inner_num_steps: int = 500,
                  theta_bounds: tuple[float, float] = (-11.5, 11.5), ftol: float = 1e-8,
                  inner_quadrature: Quadrature | str | None = "auto", coarse: bool = True, anderson: int = 5) -> None:
-        if cvi is not None and not isinstance(cvi, MulticlassCVI):
-            raise TypeError(f"cvi must be a MulticlassCVI engine; got {type(cvi).__name__}")
-        self.cvi = cvi if cvi is not None else MulticlassCVI()
+        if cvi is not None and not isinstance(cvi, CVI):
+            raise TypeError(f"cvi must be a gpvi.CVI engine; got {type(cvi).__name__}")
+        self.cvi = cvi if cvi is not None else CVI()
         self.prior = check_prior_choice(prior)
         self.tol = check_positive(tol, "tol")
         self.gtol = check_positive(gtol, "gtol")
@@ -216,7 +216,7 @@ class MulticlassTypeII:
     def _prior(self, model: Any) -> Any:
         return resolve_prior(self.prior, model)
 
-    def _inner_engine(self, model: Any) -> MulticlassCVI:
+    def _inner_engine(self, model: Any) -> CVI:
         """The engine of the phases' inner runs and gradients: ``self.cvi`` with ``inner_quadrature``'s rule."""
         cvi = self.cvi
         cvi._configure(model)
@@ -346,7 +346,7 @@ class MulticlassTypeII:
                 theta, lam1, lam2, obj_new, obj_old, stationary, step = self.phase(model, new, prior,
                                                                                    coarse=coarse, step=step)
             except KeyboardInterrupt:
-                warn_interrupted("MulticlassCVI type-II", st.t, cvi.num_steps)
+                warn_interrupted("CVI type-II", st.t, cvi.num_steps)
                 post = post._with_info({"interrupted": True, "converged": False, "stopped_early": False},
                                     converged=False)
                 break

@@ -194,7 +194,7 @@ class init_to_sites:  # noqa: N801 - strategies read as functions, as in gpvi.in
     Parameters
     ----------
     theta : array-like of shape (D,), optional
-    lam1, lam2 : array-like of shape (N,), optional
+    lam1, lam2 : array-like of the model's ``site_shape``, (N,) or (N, K), optional
         Both or neither; ``lam2 < 0`` everywhere.
     source : str
         Recorded in ``info["init"]["mean"]``.
@@ -212,11 +212,14 @@ class init_to_sites:  # noqa: N801 - strategies read as functions, as in gpvi.in
             raise ValueError("init (theta) must be a finite vector of length D")
         if self.lam1 is None:
             return SiteStart(th, info={"mean": self.source, "sites": "zeros (q = prior)"})
-        n = model.num_data
-        l1 = as_float_tensor(self.lam1, "lam1", ndim=1, device=model.device)
-        l2 = as_float_tensor(self.lam2, "lam2", ndim=1, device=model.device)
-        if l1.shape[0] != n or l2.shape[0] != n:
-            raise ValueError(f"lam1 and lam2 must have length N = {n}; got {l1.shape[0]} and {l2.shape[0]}")
+        shape = tuple(model.site_shape)
+        l1 = as_float_tensor(self.lam1, "lam1", ndim=len(shape), device=model.device)
+        l2 = as_float_tensor(self.lam2, "lam2", ndim=len(shape), device=model.device)
+        if tuple(l1.shape) != shape or tuple(l2.shape) != shape:
+            what = f"length N = {shape[0]}" if len(shape) == 1 else f"shape (N, K) = {shape}"
+            got = (f"{l1.shape[0]} and {l2.shape[0]}" if len(shape) == 1
+                   else f"{tuple(l1.shape)}, {tuple(l2.shape)}")
+            raise ValueError(f"lam1 and lam2 must have {what}; got {got}")
         if not bool((l2 < 0).all()):
             raise ValueError(f"lam2 must be < 0 for every site; {int((l2 >= 0).sum())} are not")
         return SiteStart(th, info={"mean": self.source, "sites": "given"}, lam1=l1.clone(), lam2=l2.clone())

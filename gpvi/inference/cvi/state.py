@@ -77,7 +77,7 @@ class CVIState:
         ``refactorisations``, ``factor_faults``, ``jitter_events``, ``max_drift`` (the type-II loop adds
         ``theta_phases``, ``theta_evaluations``, ``inner_steps``).
     kept_lam1, kept_lam2, redo
-        The ELBO-monotone full-batch runs of :class:`~gpvi.inference.cvi.multiclass.MulticlassCVI`: the last
+        The ELBO-monotone full-batch runs of :class:`~gpvi.inference.cvi.engine.CVI`: the last
         accepted sites (their ELBO is ``elbo``, the last check) and whether the next step starts from them again
         after a step that lowered the ELBO was undone (``None``, False elsewhere).
     trace : dict of str to list

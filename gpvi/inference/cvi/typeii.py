@@ -416,7 +416,7 @@ class TypeII:
             on the box, each named in one :class:`~gpvi.exceptions.BoundWarning`; :func:`report_box`).
         """
         cvi = self.cvi
-        model = cvi._check_model(model)
+        model = cvi._configure(model)
         t0 = time.perf_counter()
         post = cvi.run(model, init, state=state, generator=generator, callback=callback)
         while True:

@@ -764,7 +764,7 @@ def test_bad_input_gives_clear_errors():
     model = GPClassification(X, y)
     with pytest.raises(ValueError, match="lam2 must be < 0"):
         CVI().initial_state(model, lam1=torch.zeros(20), lam2=torch.zeros(20))
-    with pytest.raises(ValueError, match="state has 20 sites but the model has N = 19"):
+    with pytest.raises(ValueError, match=r"state has sites of shape \(20,\) but the model's are \(19,\)"):
         CVI(progress_bar=False).run(GPClassification(X[:19], y[:19]), state=CVI().initial_state(model))
     with pytest.raises(ValueError, match="cannot be combined"):
         CVI(progress_bar=False).run(model, init=model.theta, state=CVI().initial_state(model))

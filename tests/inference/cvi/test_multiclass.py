@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from gpvi.exceptions import InterruptedRunWarning
-from gpvi.inference.cvi.multiclass import MulticlassCVI
+from gpvi.inference.cvi.engine import CVI
+from gpvi.inference.cvi.options import MonteCarlo
 from gpvi.inference.cvi.multiclass_typeii import MulticlassTypeII
 from gpvi.models.likelihoods import BernoulliLogit, expected_log_lik
 from gpvi.models.multiclass import GPMulticlass
@@ -33,9 +34,9 @@ def mc_data(n: int = 24, *, seed: int = 0, K: int = 3):
     return X, y
 
 
-def engine(**kw) -> MulticlassCVI:
+def engine(**kw) -> CVI:
     kw.setdefault("progress_bar", False)
-    return MulticlassCVI(**kw)
+    return CVI(**kw)
 
 
 def sites(seed: int, n: int = 6, K: int = 3, scale: float = 3.0):
@@ -386,8 +387,8 @@ def test_monte_carlo_run_converges_to_the_quadrature_bound():
     exact = engine(tol=1e-12, num_steps=2000).run(model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        noisy = engine(estimator="mc", num_draws=10, num_steps=400, tol=0, seed=3).run(model)
-        const = engine(estimator="mc", num_draws=10, num_steps=400, tol=0, seed=3,
+        noisy = engine(estimator=MonteCarlo(num_draws=10), num_steps=400, tol=0, seed=3).run(model)
+        const = engine(estimator=MonteCarlo(num_draws=10), num_steps=400, tol=0, seed=3,
                        beta_schedule="constant").run(model)
     assert noisy.info["beta_schedule"] == "robbins_monro"
     gap = abs(noisy.elbo - exact.elbo) / abs(exact.elbo)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gpvi.inference.cvi import SingleSite
-from gpvi.inference.cvi.multiclass import MulticlassCVI
+from gpvi.inference.cvi.engine import CVI
 from gpvi.inference.cvi.multiclass_sites import MulticlassCVIState
 from gpvi.models.multiclass import GPMulticlass
 from gpvi.models.multiclass_likelihoods import RobustMax
@@ -28,13 +28,13 @@ def data(n: int = 48, seed: int = 0, classes: int = 3) -> tuple[torch.Tensor, to
 
 
 def full_run(model, **kw):
-    return MulticlassCVI(tol=1e-13, num_steps=3000, progress_bar=False, **kw).run(model)
+    return CVI(tol=1e-13, num_steps=3000, progress_bar=False, **kw).run(model)
 
 
 def single_run(model, sweeps: int = 200, single_site: SingleSite | None = None, tol: float = 1e-13, **kw):
     ss = single_site if single_site is not None else SingleSite()
     steps = 1 + sweeps * ss.steps_per_sweep(model.num_data)
-    return MulticlassCVI(mode="stochastic", single_site=ss, tol=tol, num_steps=steps, progress_bar=False,
+    return CVI(mode="stochastic", single_site=ss, tol=tol, num_steps=steps, progress_bar=False,
                          **kw).run(model)
 
 
@@ -70,7 +70,7 @@ def test_robustmax_single_site_ends_on_a_full_batch_fixed_point():
     model = GPMulticlass(*data(), likelihood=RobustMax(0.05))
     sto = single_run(model, sweeps=150, tol=1e-12)
     assert sto.converged
-    again = MulticlassCVI(tol=1e-13, num_steps=200, progress_bar=False).run(model, init=sto)
+    again = CVI(tol=1e-13, num_steps=200, progress_bar=False).run(model, init=sto)
     assert abs(again.elbo - sto.elbo) <= 1e-9 * abs(sto.elbo)
     assert float((again.m - sto.m).abs().max()) <= 1e-5
     assert sto.info["unstable_updates"] > 0 and sto.info["max_drift"] <= 1e-8
@@ -78,10 +78,10 @@ def test_robustmax_single_site_ends_on_a_full_batch_fixed_point():
 
 def test_single_site_resume_is_bit_for_bit():
     model = GPMulticlass(*data(30, seed=5))
-    eng = MulticlassCVI(mode="stochastic", single_site=SingleSite(batch_size=2), tol=0, num_steps=70,
+    eng = CVI(mode="stochastic", single_site=SingleSite(batch_size=2), tol=0, num_steps=70,
                         progress_bar=False, seed=4)
     whole = eng.run(model)
-    part = MulticlassCVI(mode="stochastic", single_site=SingleSite(batch_size=2), tol=0, num_steps=33,
+    part = CVI(mode="stochastic", single_site=SingleSite(batch_size=2), tol=0, num_steps=33,
                          progress_bar=False, seed=4).run(model)
     state = MulticlassCVIState.from_state_dict(part.engine_state.state_dict())
     assert state.factor is not None and state.factor.mT.is_contiguous()
@@ -126,8 +126,8 @@ def test_gpclassifier_stochastic_multiclass_matches_full_mode():
 
 def test_bad_single_site_settings_are_named():
     with pytest.raises(ValueError, match="mode must be one of"):
-        MulticlassCVI(mode="single")
+        CVI(mode="single")
     with pytest.raises(TypeError, match="single_site must be a gpvi.inference.cvi.SingleSite"):
-        MulticlassCVI(mode="stochastic", single_site=3)
+        CVI(mode="stochastic", single_site=3)
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
         GPClassifier(mode="stochastic", batch_size=0).fit(np.random.rand(12, 2), np.arange(12) % 3)
