@@ -17,23 +17,17 @@ states in :mod:`gpvi.inference.cvi.state`. Learning the kernel hyperparameters (
 an outer loop over CVI runs (:class:`~gpvi.inference.cvi.typeii.TypeII`,
 :class:`~gpvi.inference.cvi.multiclass_typeii.MulticlassTypeII`); the engine itself keeps :math:`\theta` fixed.
 
-Estimators of the site gradients (``estimator``):
-
-* ``"quadrature"``: deterministic; one latent function: a 1-D rule; softmax with :math:`K \le`
-  ``max_quadrature_classes`` an iterated rule over the K - 1 logit differences; robust-max a 1-D rule, any K;
-* ``"mc"`` or :class:`~gpvi.inference.cvi.options.MonteCarlo`: reparameterised Monte Carlo (the paper's default;
-  one latent function or the softmax), ``num_draws`` draws per site and step from the run's seeded generator on the
-  data's device. With a constant step the sites keep fluctuating, so the default schedule for Monte Carlo decreases
-  the step (Robbins-Monro: :math:`\sum\beta_t = \infty`, :math:`\sum\beta_t^2 < \infty`), which converges to the
-  fixed point of the exact expectations;
-* ``"fixed"`` (softmax): a deterministic quasi-Monte Carlo average over ``num_fixed_draws`` fixed Sobol' points,
-  any K.
-
-``"auto"`` (default) is ``"quadrature"`` where it exists, else ``"fixed"``. The bound reported (``elbo``, the stop
-rule, the type-II objective) always uses the deterministic rule (``elbo_method``). With K latent functions each step
-first moves the sites to the exact maximiser of the bound along the **common mode** (all classes' means shifted
-together, along which softmax and robust-max are flat; ``center``,
-:func:`gpvi.inference.cvi.multiclass_sites.center`), and full-batch quadrature steps are kept ELBO-monotone.
+Site gradients (``estimator``): ``"quadrature"`` (deterministic: a 1-D rule for one latent function and robust-max,
+an iterated rule over the K - 1 logit differences for the softmax with :math:`K \le` ``max_quadrature_classes``),
+``"mc"`` / :class:`~gpvi.inference.cvi.options.MonteCarlo` (reparameterised Monte Carlo, the paper's default; one
+latent function or the softmax; with a Robbins-Monro step, :math:`\sum\beta_t = \infty`,
+:math:`\sum\beta_t^2 < \infty`, it converges to the fixed point of the exact expectations) or ``"fixed"`` (softmax,
+any K: a quasi-Monte Carlo average over fixed Sobol' points); ``"auto"`` is ``"quadrature"`` where it exists, else
+``"fixed"`` (:mod:`gpvi.models.multiclass_likelihoods`). The bound reported (``elbo``, the stop rule, the type-II
+objective) always uses the deterministic rule (``elbo_method``). With K latent functions each step first moves the
+sites to the exact maximiser of the bound along the **common mode** (all classes' means shifted together, along which
+softmax and robust-max are flat; :func:`gpvi.inference.cvi.multiclass_sites.center`), and full-batch quadrature steps
+are kept ELBO-monotone.
 
 Faults: a failed factorisation or a non-finite ELBO inside a step rolls the state back to where the step began
 (the generator excepted: its draws are spent), halves the step size for the next step, warns with a
@@ -60,7 +54,6 @@ from ...models.multiclass_likelihoods import Softmax
 from ...numerics import sites
 from ...numerics.budget import MemoryBudget
 from ...numerics.quadrature import Quadrature
-from ...numerics.sites import site_elbo
 from ...numerics.softmax_rules import default_quadrature
 from ...posteriors.latent import LatentPosterior
 from ...rng import check_seed, resolve_generator
@@ -438,18 +431,9 @@ class CVI:
             lam1, lam2 = torch.zeros_like(state.lam1), torch.full_like(state.lam2, -1e-12)
         else:
             lam1, lam2 = state.lam1, state.lam2
-        if self.class_factorised:
-            elbo, parts = ms.elbo_from_sites(self, model, lam1, lam2, state.theta)
-            L, alpha, m, v = parts["L"], parts["alpha"], parts["m"], parts["v"]
-            kind = {"num_classes": model.num_classes, "backtracks": 0}
-        else:
-            K = model.kernel_matrix(state.theta)
-            ytilde, s = sites.pseudo_data(lam1, lam2)
-            L, _ = sites.site_factor(K, s, state.theta)
-            m, v, alpha = sites.marginals(K, L, ytilde)
-            elbo = float(site_elbo(sites.expected_value_sum(model, m, v, self.quadrature), lam1, lam2, m, v, L,
-                                   alpha))
-            kind = {}
+        elbo, parts = (ms if self.class_factorised else steps).elbo_from_sites(self, model, lam1, lam2, state.theta)
+        L, alpha, m, v = parts["L"], parts["alpha"], parts["m"], parts["v"]
+        kind = {"num_classes": model.num_classes, "backtracks": 0} if self.class_factorised else {}
         info = {**self.settings(model.num_data), "link": model.link, **kind, "learn_hyperparameters": False,
                 "steps": state.t, "sweeps": state.sweeps, "converged": state.converged, "interrupted": False,
                 "wall_time": state.wall_time, "step_time_s": state.step_time_s, **state.counters, **(extra or {})}
@@ -503,14 +487,9 @@ class CVI:
     def elbo(self, model: LatentGP, state: CVIState) -> float:
         """ELBO (eq. 5) of the state's :math:`q` by the deterministic rule (O(K N^3): factorisations and marginals)."""
         model = self._configure(model)
-        if self.class_factorised:
-            return ms.elbo_from_sites(self, model, state.lam1, state.lam2, state.theta)[0]
-        K = model.kernel_matrix(state.theta)
-        if not state.initialised:
+        if not (state.initialised or self.class_factorised):
+            K = model.kernel_matrix(state.theta)
             return float(sites.expected_value_sum(model, torch.zeros_like(state.lam1), K.diagonal().clone(),
                                                   self.quadrature))
-        ytilde, s = sites.pseudo_data(state.lam1, state.lam2)
-        L, _ = sites.site_factor(K, s, state.theta)
-        m, v, alpha = sites.marginals(K, L, ytilde)
-        return float(site_elbo(sites.expected_value_sum(model, m, v, self.quadrature), state.lam1, state.lam2, m, v,
-                               L, alpha))
+        family = ms if self.class_factorised else steps
+        return family.elbo_from_sites(self, model, state.lam1, state.lam2, state.theta)[0]

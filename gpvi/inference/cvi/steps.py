@@ -52,7 +52,8 @@ from ...models.likelihoods import mean_parameter_gradients
 from ...numerics import sites
 from .options import flat_elbo_window
 
-__all__ = ["beta_at", "expectations", "full_step", "stochastic_step", "refactor", "update_factor_", "record_check"]
+__all__ = ["beta_at", "expectations", "elbo_from_sites", "full_step", "stochastic_step", "refactor", "update_factor_",
+           "record_check"]
 
 
 def beta_at(cvi: Any, state: Any) -> float:
@@ -71,6 +72,18 @@ def expectations(cvi: Any, model: Any, idx: torch.Tensor | None, m: torch.Tensor
     mc = cvi.monte_carlo
     return model.site_expectations(m, v, idx, method=method or cvi.estimator, quadrature=cvi.quadrature,
                                    num_mc=mc.num_draws, mc_variance_grad=mc.variance_grad, generator=gen)
+
+
+def elbo_from_sites(cvi: Any, model: Any, lam1: torch.Tensor, lam2: torch.Tensor, theta: torch.Tensor
+                    ) -> tuple[float, dict[str, torch.Tensor]]:
+    """The ELBO (eq. 5, by quadrature) of one latent function's sites at ``theta`` and the pieces (``m``, ``v``,
+    ``L``, ``alpha``); :func:`gpvi.inference.cvi.multiclass_sites.elbo_from_sites` is that of K."""
+    K = model.kernel_matrix(theta)
+    ytilde, s = sites.pseudo_data(lam1, lam2)
+    L, _ = sites.site_factor(K, s, theta)
+    m, v, alpha = sites.marginals(K, L, ytilde)
+    elbo = sites.site_elbo(sites.expected_value_sum(model, m, v, cvi.quadrature), lam1, lam2, m, v, L, alpha)
+    return float(elbo), {"m": m, "v": v, "L": L, "alpha": alpha}
 
 
 def full_step(cvi: Any, model: Any, st: Any, K: torch.Tensor, gen: torch.Generator | None,
