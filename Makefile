@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test test-slow clean
 
 setup: $(STAMP)
 
@@ -23,6 +23,9 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+test-slow: setup
+	$(BIN)/python -m pytest -q -m slow
 
 clean:
 	rm -rf $(VENV) .pytest_cache

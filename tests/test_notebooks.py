@@ -41,6 +41,7 @@ def test_committed_notebooks_match_the_generator_and_have_no_outputs():
                 assert cell.outputs == [] and cell.execution_count is None, f"{name} was committed with outputs"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_notebook_runs_in_quick_mode(name, monkeypatch):
     monkeypatch.setenv("GPVI_QUICK", "1")           # the kernel inherits this process's environment

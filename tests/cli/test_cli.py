@@ -276,6 +276,7 @@ def test_fit_classifier_prior_option_reaches_the_classifier(cls_csv, tmp_path, c
     assert "invalid choice: 'flat'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_fit_classifier_integrates_hyperparameters_out_and_refuses_the_flags_that_do_not_apply(cls_csv, tmp_path,
                                                                                                 capsys):
     p, X, lab = cls_csv

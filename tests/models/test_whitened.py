@@ -43,6 +43,7 @@ def test_log_joint_matches_a_direct_computation_and_gradient_is_finite_differenc
     torch.testing.assert_close(gr, fd, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_nuts_on_the_whitened_target_matches_prior_importance_sampling():
     """E[theta | y], E[sigmoid(f) | y] and p(y* | y) by NUTS vs self-normalised importance sampling from the prior.
 
@@ -114,6 +115,7 @@ def test_multiclass_log_joint_matches_a_direct_computation_and_finite_difference
     torch.testing.assert_close(gr, fd, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_multiclass_nuts_matches_prior_importance_sampling():
     """Three classes: E[theta | y], E[softmax(f) | y] at the data and p(y* = k | y) at new inputs by NUTS vs
     self-normalised importance sampling from the prior (tight N(0, 1) prior on theta, as in the binary test)."""

@@ -143,6 +143,7 @@ def bayes_classifier():
     return X, y, clf
 
 
+@pytest.mark.slow
 def test_gpclassifier_bayes_is_fully_bayesian_cvi_with_scikit_learn_shapes(bayes_classifier):
     import numpy as np
     X, y, clf = bayes_classifier
@@ -199,6 +200,7 @@ def test_a_failed_default_sk_run_falls_back_to_dsvi(monkeypatch):
         FullyBayesianCVI(SKGaussian(num_steps=20, method="gradient", progress_bar=False)).run(model)
 
 
+@pytest.mark.slow
 def test_gpclassifier_bayes_three_classes_is_fully_bayesian_cvi_on_multiclass_ep(monkeypatch):
     """3 classes (softmax): hyperparameters='bayes' is FullyBayesianCVI's default run (seen through a spy: one fit,
     about 30 s), on multi-class EP's evidence, with K probability columns in classes_ order that are the

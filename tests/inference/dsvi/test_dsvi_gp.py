@@ -154,6 +154,7 @@ def test_default_run_is_close_to_the_bound_optimum(default_q, saa):
     assert (default_q.stddev / sd - 1).abs().max() < 0.1
 
 
+@pytest.mark.slow
 def test_default_run_agrees_with_nuts(synth, default_q):
     """Marginal means and sds of the default DSVI posterior against a short NUTS run.
 
@@ -179,6 +180,7 @@ def test_default_run_agrees_with_nuts(synth, default_q):
     assert table.index == model.names
 
 
+@pytest.mark.slow
 def test_paper_sgd_from_the_same_start_has_the_same_fixed_point(synth, saa):
     """optimizer="sgd" (Algorithm 1 exactly) from the Laplace start ends at the same optimum (same bound).
 

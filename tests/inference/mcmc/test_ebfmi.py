@@ -6,6 +6,7 @@ import warnings
 
 import arviz as az
 import numpy as np
+import pytest
 import torch
 
 import gpvi
@@ -29,6 +30,7 @@ def test_energy_is_the_hamiltonian_and_ebfmi_matches_arviz():
     assert min(mc.info["e_bfmi"]) > 0.5 and not any("E-BFMI" in p for p in mc.info["problems"])
 
 
+@pytest.mark.slow
 def test_ebfmi_flags_neals_funnel():
     def funnel(z):
         v, x = z[..., 0], z[..., 1:]

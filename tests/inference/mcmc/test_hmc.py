@@ -83,6 +83,7 @@ def test_nuts_recovers_correlated_gaussian(gauss_run):
     assert bool((inv_mass[:, 1] > inv_mass[:, 0]).all())
 
 
+@pytest.mark.slow
 def test_hmc_recovers_correlated_gaussian(gauss):
     mc = quiet(HMC(step_size=0.3, num_leapfrog_steps=10, num_chains=2, num_warmup=200, num_draws=1200, seed=3,
                    progress_bar=False), gauss)
@@ -91,6 +92,7 @@ def test_hmc_recovers_correlated_gaussian(gauss):
     assert set(mc.stats) == {"diverging", "acceptance_rate", "step_size", "n_steps", "lp", "energy"}
 
 
+@pytest.mark.slow
 def test_gp_four_chains_converge():
     X, y = make_gp_data(n=50, d=1, seed=2)
     model = gpvi.GPRegression(X, y)
