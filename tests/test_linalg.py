@@ -131,3 +131,16 @@ def test_downdate_to_indefinite_raises(generator):
     e[2] = 1.0
     with pytest.raises(NotPSDError, match="indefinite"):
         cholesky_update(L, e, -1.5)
+
+
+def test_cholesky_plain_adds_no_jitter_and_reports_or_raises():
+    from gpvi.linalg import cholesky_plain
+
+    A = torch.tensor([[4.0, 2.0], [2.0, 3.0]], dtype=torch.float64)
+    bad = torch.tensor([[1.0, 2.0], [2.0, 1.0]], dtype=torch.float64)          # eigenvalues 3 and -1
+    L, ok = cholesky_plain(torch.stack([A, bad]))
+    assert ok.tolist() == [True, False]
+    expected = torch.tensor([[2.0, 0.0], [1.0, math.sqrt(2.0)]], dtype=torch.float64)   # by hand
+    torch.testing.assert_close(L[0], expected, rtol=0, atol=1e-15)
+    with pytest.raises(torch.linalg.LinAlgError):
+        cholesky_plain(bad, raise_on_failure=True)

@@ -212,7 +212,7 @@ class LatentPosterior(Posterior):
     def _refactor(model: Any, theta: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(L, alpha)`` of the sites at ``theta`` (checks the sites' shape against the model first)."""
-        shape = (model.num_data,) if lam1.dim() == 1 else (model.num_data, getattr(model, "num_classes", -1))
+        shape = tuple(model.site_shape)
         if tuple(lam1.shape) != shape:
             raise ValueError(f"state has sites of shape {tuple(lam1.shape)} but the model has {shape}")
         K = model.kernel_matrix(theta)

@@ -99,3 +99,18 @@ def test_bad_levels_and_non_finite_predictives_are_refused():
         MixturePredictive(torch.tensor([0.0, float("nan")], dtype=torch.float64), torch.ones(2, dtype=torch.float64))
     with pytest.raises(ValueError, match="not finite"):
         MixturePredictive(torch.zeros(2, dtype=torch.float64), torch.tensor([1.0, float("inf")], dtype=torch.float64))
+
+
+def test_categorical_predictive_log_prob_labels_and_bad_labels():
+    from gpvi.posteriors.latent import CategoricalPredictive
+
+    probs = torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.3, 0.6]], dtype=torch.float64)
+    pred = CategoricalPredictive(probs, np.array(["cat", "dog", "emu"]))
+    # independent answer: the log of the probability of each point's label, read off by hand
+    torch.testing.assert_close(pred.log_prob(["dog", "emu"]), torch.log(torch.tensor([0.2, 0.6], dtype=torch.float64)),
+                               rtol=0, atol=1e-15)
+    assert pred.labels.tolist() == ["cat", "emu"] and pred.mean is probs
+    with pytest.raises(ValueError, match=r"y holds labels that are not among the classes .*'owl'"):
+        pred.log_prob(["cat", "owl"])
+    with pytest.raises(ValueError, match=r"y must hold 2 labels"):
+        pred.log_prob(["cat"])

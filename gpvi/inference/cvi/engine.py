@@ -194,6 +194,7 @@ class CVI:
         self.center = check_bool(center, "center")
         self.max_quadrature_classes = check_positive_int(max_quadrature_classes, "max_quadrature_classes", minimum=2)
         self.num_fixed_draws = check_positive_int(num_fixed_draws, "num_fixed_draws")
+        self._one_function_rule = quadrature if quadrature is not None else Quadrature()
         self._resolve(class_factorised=False, quad_ok=True)      # one latent function until a model says otherwise
 
     # ------------------------------------------------------------------ settings resolved for a model
@@ -206,7 +207,7 @@ class CVI:
         self.estimator = est
         self.elbo_method = "quadrature" if quad_ok else "fixed"
         self.class_factorised = class_factorised
-        self.quadrature = self.user_quadrature
+        self.quadrature = self.user_quadrature if class_factorised else self._one_function_rule
         sched = self.requested_schedule
         if sched == "auto":
             sched = "robbins_monro" if est == "mc" else "constant"
@@ -224,8 +225,6 @@ class CVI:
                 raise ValueError("estimator='fixed' is for the multi-class softmax; one latent function uses "
                                  "'quadrature' or 'mc'")
             self._resolve(class_factorised=False, quad_ok=True)
-            if self.quadrature is None:
-                self.quadrature = Quadrature()
             return model
         lik, K = model.likelihood, model.num_classes
         quad_ok = lik.has_quadrature(K, self.max_quadrature_classes)
@@ -381,8 +380,7 @@ class CVI:
             state.beta_scale = 0.5 * snap["beta_scale"]
             state.counters["faults"] += 1
             state.t += 1
-            if not self.class_factorised:
-                state.step_time_s += time.perf_counter() - t0
+            state.step_time_s += time.perf_counter() - t0
             warnings.warn(f"CVI: numerical fault ({exc}); rolled back to the last good state and halved the step",
                           NumericalWarning, stacklevel=3)
             return state, {"skipped": True, "fault": str(exc), "beta": state.beta_scale * self.beta,
