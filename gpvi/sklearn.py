@@ -37,6 +37,7 @@ from .inference.cvi.typeii import TypeII
 from .models.classification import GPClassification
 from .models.multiclass import GPMulticlass
 from .numerics.softmax_rules import default_quadrature
+from .models.gpytorch_likelihoods import link_of_gpytorch
 from .models.priors import check_prior_choice
 from .numerics.quadrature import Quadrature
 from .rng import check_seed
@@ -71,8 +72,13 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     ----------
     kernel : gpytorch.kernels.Kernel, optional
         Covariance function; default ``ScaleKernel(RBFKernel(ard_num_dims=n_features))`` started at
-        lengthscale^2 = d var(x_j), signal variance 1. A given kernel starts at its current values.
-    likelihood : {"auto", "logit", "probit", "softmax", "robustmax"}
+        lengthscale^2 = d var(x_j), signal variance 1. A given kernel starts at its current values; its frozen
+        parameters (``requires_grad=False``) stay fixed and are not in ``theta_``; its registered priors
+        (``lengthscale_prior=`` ...) are the prior of those hyperparameters (see ``prior``); ``GreaterThan`` /
+        ``Interval`` constraints are honoured.
+    likelihood : {"auto", "logit", "probit", "softmax", "robustmax"} or a GPyTorch likelihood
+        ``gpytorch.likelihoods.BernoulliLikelihood()`` is ``"probit"``, ``SoftmaxLikelihood(num_classes=K,
+        mixing_weights=False)`` is ``"softmax"`` (:mod:`gpvi.models.gpytorch_likelihoods`; others are refused).
         ``"auto"`` (default): ``"logit"`` for two classes, ``"softmax"`` for more. ``"logit"``/``"probit"`` need
         exactly two classes. ``"softmax"``/``"robustmax"`` work for any K >= 2; with two classes they fit **two**
         latent GPs (``p(y = classes_[1]) = sigma(f_1 - f_0)`` for the softmax: the difference has prior covariance
@@ -93,9 +99,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         not apply (FullyBayesianCVI's own full-batch engine), and the fit cannot be saved with
         :func:`gpvi.io.save_fit`. Robust-max and K > 3 raise ``ValueError`` (their q(theta) would sit on the
         multi-class CVI bound, which predicted no better than MAP-II in the benchmarks).
-    prior : "default", "scaled", None or torch.distributions.Distribution
+    prior : "default", "scaled", None, dict or torch.distributions.Distribution
         Prior :math:`p(\theta)` on the kernel log-hyperparameters (theta's order: ``model_.names``) for ``"type2"``
-        and ``"bayes"``; ignored by ``"fixed"``.
+        and ``"bayes"``; ignored by ``"fixed"``. Priors registered on ``kernel`` always apply to their
+        hyperparameters; the setting below is the prior of the others (:mod:`gpvi.models.model_prior`).
 
         * ``"default"``: independent :math:`\mathcal N(0, 10)` on each (:func:`gpvi.models.priors.default_prior`),
           centred at signal variance 1 and lengthscale 1 on every input (an input whose standard deviation is
@@ -107,7 +114,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
           ELBO alone (ML-II, as scikit-learn's GPC does with its Laplace evidence); irrelevant inputs may then run to
           the box bound (lengthscale^2 = 1e5 var(x_j)). ``None`` and ``"scaled"`` give the same predictions in any
           units of the inputs (the type-II box moves with each input's scale).
-        * Any object with ``log_prob`` on a ``(D,)`` vector.
+        * ``{name: distribution}``: priors on natural-scale quantities (``"lengthscale"``, ``"lengthscale[nox]"``,
+          ``"signal_sd"``, ``"signal_var"``), with the log-Jacobian; ``"default"`` on the rest.
+        * Any object with ``log_prob`` on a ``(D,)`` vector (not with registered priors: refused).
 
         With d standardised inputs two points are about 2d apart in squared distance, so at the default prior's
         centre the kernel between them is about :math:`e^{-d}`, and with many inputs and few points that prior
@@ -225,7 +234,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         return check_nonnegative_int(self.verbose, "verbose") >= 1
 
     def _link(self, num_classes: int) -> str:
-        lik = check_choice(self.likelihood, "likelihood", ["auto", *_BINARY_LINKS, *_MULTICLASS_LINKS])
+        lik = check_choice(link_of_gpytorch(self.likelihood, num_classes=num_classes), "likelihood",
+                           ["auto", *_BINARY_LINKS, *_MULTICLASS_LINKS])
         if lik == "auto":
             return "logit" if num_classes == 2 else "softmax"
         if lik in _BINARY_LINKS and num_classes != 2:

@@ -21,6 +21,7 @@ import gpytorch
 import numpy as np
 import torch
 
+from .gpytorch_likelihoods import link_of_gpytorch
 from .likelihoods import Likelihood, expected_log_lik, make_likelihood
 from .scaled_rbf import centre_inputs, input_centre, scaled_rbf_covariance
 from .hyperparameters import KernelParametrisation
@@ -42,9 +43,13 @@ class LatentGP:
         Targets. For a binary likelihood they must be labels in {0, 1} or {-1, +1} (stored as 0/1 floats);
         otherwise real values.
     kernel : gpytorch.kernels.Kernel, optional
-        Covariance function (deep-copied); default ``ScaleKernel(RBFKernel(ard_num_dims=n_features))``.
-    likelihood : {"logit", "probit"} or Likelihood
-        Site likelihood (a :mod:`gpvi.models.likelihoods` object such as ``Gaussian(noise_var)`` is accepted too).
+        Covariance function (deep-copied); default ``ScaleKernel(RBFKernel(ard_num_dims=n_features))``. Frozen
+        parameters (``requires_grad=False``) are held at their values and are not in theta; registered priors are
+        the hyperparameters' prior in the type-II and fully Bayesian fits (:func:`gpvi.models.priors.resolve_prior`);
+        ``GreaterThan`` / ``Interval`` constraints are honoured (:mod:`gpvi.models.parameters`).
+    likelihood : {"logit", "probit"}, Likelihood or gpytorch.likelihoods.BernoulliLikelihood
+        Site likelihood (a :mod:`gpvi.models.likelihoods` object such as ``Gaussian(noise_var)`` is accepted too;
+        GPyTorch's ``BernoulliLikelihood()`` is the probit, :mod:`gpvi.models.gpytorch_likelihoods`).
     theta : array-like of shape (D,), optional
         Log-hyperparameters of the kernel at which :math:`K_\theta` is evaluated by default (the starting
         point when they are learned). Default: the user kernel's current values when ``kernel`` is given,
@@ -97,7 +102,7 @@ class LatentGP:
     def __init__(self, X: Any, y: Any, kernel: gpytorch.kernels.Kernel | None = None,
                  likelihood: str | Likelihood = "logit", theta: Any = None, *,
                  device: torch.device | str | None = None, feature_names: Any = None, weights: Any = None) -> None:
-        self.likelihood = make_likelihood(likelihood)
+        self.likelihood = make_likelihood(link_of_gpytorch(likelihood))
         names_in = feature_names_of(X) if feature_names is None else feature_names
         Xt = check_X(X, "X", device=device)
         self._set_targets(y, Xt)
@@ -112,6 +117,7 @@ class LatentGP:
             kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=d))
         self.kernel_params = KernelParametrisation(kernel, dtype=torch.float64, device=Xt.device)
         self.kernel_params.bind_inputs(Xt, self.feature_names)
+        self.kernel_params.registered_priors()             # a prior gpvi cannot tie to theta: refused here
         self.kernel_template = copy.deepcopy(kernel)
         # stationary kernels see centred inputs (same centre for X_new): shift-exact, see gpvi.models.scaled_rbf
         self._centre = input_centre(Xt, self.kernel_params.kernel)
@@ -231,6 +237,15 @@ class LatentGP:
         the weighted variances: weights act as repeated rows)."""
         return self.kernel_params.initial_theta(self._Xc, self.weights).to(torch.float64)
 
+    def prior_parts(self) -> tuple[list[Any], list[Any]]:
+        """theta's blocks and the priors registered on the kernel (:func:`gpvi.models.priors.resolve_prior`)."""
+        return list(self.kernel_params.blocks), self.kernel_params.registered_priors()
+
+    @property
+    def fixed(self) -> dict:
+        """``{natural name: value}`` of the kernel's frozen parameters (held fixed, not in theta)."""
+        return dict(self.kernel_params.fixed)
+
     def log_input_scale(self) -> torch.Tensor:
         """:meth:`~gpvi.models.hyperparameters.KernelParams.log_input_scale` at this model's inputs (weighted as
         :meth:`initial_theta`), shape (D,)."""
@@ -287,8 +302,11 @@ class LatentGP:
             with torch.no_grad():
                 if b.log:
                     setattr(owner, stem, torch.exp(b.natural_power * vals))
-                else:
+                elif b.bijection.kind == "raw":
                     raw.copy_(vals)
+                else:                           # GreaterThan / Interval: the template's own constraint
+                    c = owner.constraint_for_parameter_name(pname)
+                    raw.copy_(c.inverse_transform(b.bijection.forward(vals)))
         return k
 
     def __repr__(self) -> str:
@@ -307,9 +325,9 @@ class GPClassification(LatentGP):
         ``ValueError`` naming ``y``.
     kernel : gpytorch.kernels.Kernel, optional
         Default ``ScaleKernel(RBFKernel(ard_num_dims=n_features))``.
-    likelihood : {"logit", "probit"}
-        The link (default ``"logit"``, the CVI paper's and scikit-learn's; GPyTorch's ``BernoulliLikelihood``
-        is probit). Every result records it.
+    likelihood : {"logit", "probit"} or gpytorch.likelihoods.BernoulliLikelihood
+        The link (default ``"logit"``, the CVI paper's and scikit-learn's; GPyTorch's ``BernoulliLikelihood()``
+        is accepted and is the probit). Every result records it.
     theta : array-like of shape (D,), optional
         Kernel log-hyperparameters; see :class:`LatentGP`.
     device : torch.device or str, optional
@@ -336,7 +354,7 @@ class GPClassification(LatentGP):
     def __init__(self, X: Any, y: Any, kernel: gpytorch.kernels.Kernel | None = None,
                  likelihood: str | Likelihood = "logit", theta: Any = None, *,
                  device: torch.device | str | None = None, feature_names: Any = None, weights: Any = None) -> None:
-        lik = make_likelihood(likelihood)
+        lik = make_likelihood(link_of_gpytorch(likelihood))
         if not getattr(lik, "binary", False):
             raise ValueError(f"likelihood must be a binary likelihood ('logit' or 'probit'); got {lik.name!r} "
                              f"(use gpvi.models.classification.LatentGP for other likelihoods)")

@@ -5,14 +5,16 @@ The DSVI paper (section 3.4) works with log-hyperparameters
 GPyTorch kernel's own parameters so that any kernel built from GPyTorch parts (RBF, Matern, RQ, periodic,
 linear, sums and products, ScaleKernel wrappers) gets one:
 
-* every constrained parameter whose constraint is positivity (``Positive()``, lower bound 0, no upper bound)
-  becomes ``log`` of its value; lengthscales become ``log lengthscale^2`` (the paper's choice);
-* unconstrained parameters enter as they are;
-* other constraints (intervals, non-zero lower bounds) are refused with a clear error rather than silently
-  reparametrised.
+* each trainable parameter becomes a block of theta through the bijection of its constraint
+  (:mod:`gpvi.models.parameters`): ``log`` of its value for ``Positive()`` (lengthscales: ``log lengthscale^2``, the
+  paper's choice), ``log(value - a)`` for ``GreaterThan(a)``, ``logit`` for ``Interval(a, b)``; unconstrained
+  parameters enter as they are;
+* a frozen parameter (``requires_grad=False``) is held at its value and is not in theta;
+* priors registered on the kernel are found and tied to their blocks (:class:`gpvi.models.model_prior.ModelPrior`
+  makes them the model's prior).
 
 GPyTorch's hidden softplus transform is removed: the kernel is deep-copied and its constraints replaced by
-``exp``, so ``raw_lengthscale = theta / 2`` exactly and no round trip through softplus occurs. Values enter
+their bijections, so ``raw_lengthscale = theta / 2`` exactly and no round trip through softplus occurs. Values enter
 GPyTorch differentiably through :func:`torch.func.functional_call`, always with
 ``gpytorch.settings.lazily_evaluate_kernels(False)``: with lazy evaluation on, the kernel matrix would be
 evaluated after ``functional_call`` has restored the module's own parameters (silently wrong values).
@@ -29,71 +31,19 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import gpytorch
 import torch
 from torch.func import functional_call
 
+from .parameters import HyperparameterBlock, ModuleParametrisation, strip_raw
 from .scaled_rbf import is_scaled_rbf
 
 __all__ = ["HyperparameterBlock", "KernelParametrisation"]
 
-_NAMES = {"lengthscale": "log_lengthscale_sq", "outputscale": "log_signal_var"}
-_NATURAL = {"lengthscale": "lengthscale", "outputscale": "signal_var"}
 
-
-@dataclass(frozen=True)
-class HyperparameterBlock:
-    """One GPyTorch parameter tensor mapped to a slice of theta.
-
-    Attributes
-    ----------
-    path : str
-        Parameter path inside the kernel (e.g. ``"base_kernel.raw_lengthscale"``).
-    shape : torch.Size
-        Shape of the raw parameter (without a batch dimension).
-    start, stop : int
-        Slice of theta that holds it.
-    raw_per_theta : float
-        ``raw = raw_per_theta * theta``: 0.5 for lengthscales (theta = log l^2, raw = log l), 1 otherwise.
-    log : bool
-        Whether theta is a log value (positivity-constrained parameter) or the raw value itself.
-    names : tuple of str
-        Names of the theta entries.
-    natural_names : tuple of str
-        Names on the natural scale (``lengthscale[0]``, ``signal_var``...).
-    natural_power : float
-        natural value = ``exp(natural_power * theta)`` for log parameters (0.5 for lengthscales).
-    """
-
-    path: str
-    shape: torch.Size
-    start: int
-    stop: int
-    raw_per_theta: float
-    log: bool
-    names: tuple[str, ...]
-    natural_names: tuple[str, ...]
-    natural_power: float
-
-
-def _strip_raw(name: str) -> str:
-    return name[4:] if name.startswith("raw_") else name
-
-
-def _walk(module: torch.nn.Module, prefix: str = ""):
-    """Post-order walk yielding (owner module, param name, full path); skips constraint and prior modules."""
-    for child_name, child in module.named_children():
-        if isinstance(child, (gpytorch.constraints.Interval, gpytorch.priors.Prior)):
-            continue
-        yield from _walk(child, f"{prefix}{child_name}.")
-    for pname, param in module._parameters.items():
-        if param is not None:
-            yield module, pname, f"{prefix}{pname}"
-
-
-class KernelParametrisation:
+class KernelParametrisation(ModuleParametrisation):
     """Map theta (log-hyperparameters) to a GPyTorch kernel's matrices, differentiably and batched.
 
     Parameters
@@ -110,6 +60,11 @@ class KernelParametrisation:
         Names of the theta entries, in order.
     dim : int
         Number of kernel hyperparameters (length of the kernel part of theta).
+    fixed : dict
+        ``{natural name: value}`` of the frozen parameters (``requires_grad=False``), held at their values.
+    fast_path : bool
+        ``ScaleKernel(RBFKernel)`` with every parameter trainable and ``Positive()``: the models may use
+        :mod:`gpvi.models.scaled_rbf` (registered priors do not change the covariance, so they keep it).
     """
 
     def __init__(self, kernel: gpytorch.kernels.Kernel, *, dtype: torch.dtype = torch.float64,
@@ -118,57 +73,10 @@ class KernelParametrisation:
             raise TypeError(f"kernel must be a gpytorch.kernels.Kernel; got {type(kernel).__name__}")
         if len(kernel.batch_shape) != 0:
             raise ValueError(f"kernel must have an empty batch_shape; got {tuple(kernel.batch_shape)}")
-        self.original_values = self._current_values(kernel)
-        k = copy.deepcopy(kernel).to(dtype=dtype, device=device)
-        blocks: list[HyperparameterBlock] = []
-        offset = 0
-        entries = list(_walk(k))
-        base_names = [_NAMES.get(_strip_raw(p), None) for _, p, _ in entries]
-        for (owner, pname, path), special in zip(entries, base_names):
-            param = owner._parameters[pname]
-            stem = _strip_raw(pname)
-            constraint = owner.constraint_for_parameter_name(pname) if hasattr(owner, "constraint_for_parameter_name") else None
-            if constraint is None:
-                is_log, theta_name, nat_name = False, stem, stem
-            else:
-                lb = torch.as_tensor(constraint.lower_bound).float()
-                ub = torch.as_tensor(constraint.upper_bound).float()
-                if not (bool((lb == 0).all()) and bool(torch.isinf(ub).all())):
-                    raise ValueError(
-                        f"kernel parameter {path!r} has constraint {constraint!r}; gpvi parametrises positive "
-                        f"hyperparameters as log values and supports only Positive() constraints (lower bound 0, "
-                        f"no upper bound). Rebuild the kernel with e.g. "
-                        f"{stem}_constraint=gpytorch.constraints.Positive()"
-                    )
-                owner.register_constraint(pname, gpytorch.constraints.Positive(transform=torch.exp,
-                                                                               inv_transform=torch.log))
-                is_log = True
-                theta_name = special or f"log_{stem}"
-                nat_name = _NATURAL.get(stem, stem)
-            size = param.numel()
-            indexed = size > 1 or (stem == "lengthscale" and getattr(owner, "ard_num_dims", None) is not None)
-            names = tuple(f"{theta_name}[{i}]" if indexed else theta_name for i in range(size))
-            nat_names = tuple(f"{nat_name}[{i}]" if indexed else nat_name for i in range(size))
-            power = 0.5 if (is_log and stem == "lengthscale") else 1.0
-            blocks.append(HyperparameterBlock(path, param.shape, offset, offset + size,
-                                              power if is_log else 1.0, is_log, names, nat_names, power))
-            offset += size
-        # make names unique by prefixing module paths where needed
-        all_names = [n for b in blocks for n in b.names]
-        if len(set(all_names)) != len(all_names):
-            fixed = []
-            for b in blocks:
-                owner_path = b.path.rsplit(".", 1)[0] + "." if "." in b.path else ""
-                fixed.append(HyperparameterBlock(b.path, b.shape, b.start, b.stop, b.raw_per_theta, b.log,
-                                                 tuple(owner_path + n for n in b.names),
-                                                 tuple(owner_path + n for n in b.natural_names), b.natural_power))
-            blocks = fixed
-        self.kernel = k
-        self.fast_path = is_scaled_rbf(k)
-        self.blocks = blocks
-        self.names = [n for b in blocks for n in b.names]
-        self.natural_names = [n for b in blocks for n in b.natural_names]
-        self.dim = offset
+        super().__init__(kernel, dtype=dtype, device=device, what="kernel")
+        self.kernel = self.module
+        self.fast_path = (is_scaled_rbf(self.kernel) and not self.fixed
+                          and all(b.bijection.kind == "log" for b in self.blocks))
         self._batched: dict[int, gpytorch.kernels.Kernel] = {}
 
     def bind_inputs(self, X: torch.Tensor, feature_names: Sequence[str] | None = None, *, name: str = "X") -> None:
@@ -251,7 +159,7 @@ class KernelParametrisation:
             owner, _, pname = b.path.rpartition(".")
             cols = seen.get(owner)
             size = b.stop - b.start
-            if (_strip_raw(pname) == "lengthscale" and cols is not None and cols.numel() == size and size == len(b.names)
+            if (strip_raw(pname) == "lengthscale" and cols is not None and cols.numel() == size and size == len(b.names)
                     and all(n.endswith(f"[{i}]") for i, n in enumerate(b.names))):
                 idx = cols.tolist()
                 if all(float(c).is_integer() and 0 <= c < d for c in idx):
@@ -264,23 +172,9 @@ class KernelParametrisation:
         self.names = [n for b in blocks for n in b.names]
         self.natural_names = [n for b in blocks for n in b.natural_names]
 
-    @staticmethod
-    def _current_values(kernel: gpytorch.kernels.Kernel) -> dict[str, torch.Tensor]:
-        out = {}
-        for owner, pname, path in _walk(kernel):
-            constraint = owner.constraint_for_parameter_name(pname) if hasattr(owner, "constraint_for_parameter_name") else None
-            raw = owner._parameters[pname].detach()
-            out[path] = (constraint.transform(raw) if constraint is not None else raw).clone()
-        return out
-
     def theta_from_kernel(self) -> torch.Tensor:
         """theta at the values the user's kernel held when this object was built, shape ``(dim,)``."""
-        dtype = next(iter(self.kernel.parameters())).dtype if self.dim else torch.float64
-        theta = torch.zeros(self.dim, dtype=dtype)
-        for b in self.blocks:
-            v = self.original_values[b.path].to(dtype).reshape(-1)
-            theta[b.start:b.stop] = torch.log(v) / b.natural_power if b.log else v
-        return theta
+        return self.theta_from_module()
 
     def _module_for(self, batch: int | None) -> gpytorch.kernels.Kernel:
         if batch is None:
@@ -290,17 +184,6 @@ class KernelParametrisation:
             mod = copy.deepcopy(self.kernel).expand_batch(torch.Size([batch]))
             self._batched[batch] = mod
         return mod
-
-    def raw_parameters(self, theta_k: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Raw GPyTorch parameter values for theta of shape ``(dim,)`` or ``(S, dim)``."""
-        lead = theta_k.shape[:-1]
-        out = {}
-        for b in self.blocks:
-            v = theta_k[..., b.start:b.stop]
-            if b.log:
-                v = v * b.raw_per_theta
-            out[b.path] = v.reshape(tuple(lead) + tuple(b.shape))
-        return out
 
     def matrix(self, theta_k: torch.Tensor, x1: torch.Tensor, x2: torch.Tensor | None = None,
                *, diag: bool = False) -> torch.Tensor:
@@ -320,14 +203,6 @@ class KernelParametrisation:
             want = (batch, x1.shape[0]) if diag else (batch, x1.shape[0], x2_.shape[0])
             if tuple(out.shape) != want:
                 out = out.expand(*want)
-        return out
-
-    def natural(self, theta_k: torch.Tensor) -> torch.Tensor:
-        """Natural-scale values (``lengthscale = exp(theta / 2)``, variances ``exp(theta)``), same shape."""
-        out = theta_k.clone()
-        for b in self.blocks:
-            if b.log:
-                out[..., b.start:b.stop] = torch.exp(b.natural_power * theta_k[..., b.start:b.stop])
         return out
 
     def log_input_scale(self, X: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
@@ -360,13 +235,17 @@ class KernelParametrisation:
         make every prediction at another value of that column fall back to the prior. A lengthscale shared by all
         columns (isotropic) starts at the sum of the non-constant columns' variances (``d var`` when none is
         constant: the mean squared distance between two rows is twice that sum); constant columns add nothing to
-        distances, so they add nothing to this sum.
+        distances, so they add nothing to this sum. A parameter with a ``GreaterThan`` or ``Interval`` constraint
+        starts at the user's value (GPyTorch keeps it inside the constraint).
         """
         theta = torch.zeros(self.dim, dtype=X.dtype, device=X.device)
         d = X.shape[1]
         var, shared, _ = _column_scales(X, weights)
+        user = self.theta_from_module().to(theta)
         for b in self.blocks:
-            if b.log and b.natural_power == 0.5:
+            if b.bijection.kind in ("greater", "interval"):
+                theta[b.start:b.stop] = user[b.start:b.stop]
+            elif b.log and b.natural_power == 0.5:
                 size = b.stop - b.start
                 if size == d:
                     theta[b.start:b.stop] = torch.log(d * var)

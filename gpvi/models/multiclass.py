@@ -26,6 +26,7 @@ import torch
 
 from .classification import LatentGP
 from .likelihoods import Likelihood
+from .gpytorch_likelihoods import link_of_gpytorch
 from .multiclass_likelihoods import make_multiclass_likelihood
 
 __all__ = ["GPMulticlass", "check_class_labels"]
@@ -68,8 +69,10 @@ class GPMulticlass(LatentGP):
         classes.
     kernel : gpytorch.kernels.Kernel, optional
         Shared by the K latent functions; default ``ScaleKernel(RBFKernel(ard_num_dims=n_features))``.
-    likelihood : {"softmax", "robustmax"} or Softmax or RobustMax
-        Default ``"softmax"``; ``RobustMax(epsilon)`` sets the label-noise probability (default 1e-3).
+    likelihood : {"softmax", "robustmax"}, Softmax, RobustMax or gpytorch.likelihoods.SoftmaxLikelihood
+        Default ``"softmax"``; ``RobustMax(epsilon)`` sets the label-noise probability (default 1e-3). GPyTorch's
+        ``SoftmaxLikelihood(num_classes=K, mixing_weights=False)`` is the softmax (with mixing weights: refused;
+        :mod:`gpvi.models.gpytorch_likelihoods`).
     theta : array-like of shape (D,), optional
         Kernel log-hyperparameters (see :class:`~gpvi.models.classification.LatentGP`).
     device : torch.device or str, optional
@@ -98,6 +101,9 @@ class GPMulticlass(LatentGP):
     def __init__(self, X: Any, y: Any, kernel: gpytorch.kernels.Kernel | None = None,
                  likelihood: str | Likelihood = "softmax", theta: Any = None, *,
                  device: torch.device | str | None = None, feature_names: Any = None, weights: Any = None) -> None:
+        if isinstance(likelihood, gpytorch.likelihoods.Likelihood):
+            _, classes = check_class_labels(y, "y")
+            likelihood = link_of_gpytorch(likelihood, num_classes=len(classes))
         super().__init__(X, y, kernel, make_multiclass_likelihood(likelihood), theta, device=device,
                          feature_names=feature_names, weights=weights)
 

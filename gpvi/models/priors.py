@@ -2,7 +2,9 @@
 
 The default is the DSVI paper's vague prior (section 3.4; the slides write it as N(theta | 0, 10 I)):
 independent normals with mean 0 and **variance 10** (sd sqrt(10)) on every log-hyperparameter.
-Any object with a ``log_prob`` method (a ``torch.distributions.Distribution``) can replace it.
+Any object with a ``log_prob`` method (a ``torch.distributions.Distribution``) can replace it. Priors registered
+on the GPyTorch kernel and priors on named natural-scale quantities (``prior={"lengthscale": HalfNormal(1.0)}``)
+are combined with it by :class:`gpvi.models.model_prior.ModelPrior` (one rule, stated there).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 import torch
 
 from ..exceptions import InputScaleWarning
+from .model_prior import ModelPrior
 
 __all__ = ["default_prior", "scaled_prior", "prior_log_prob", "check_prior", "check_prior_choice", "resolve_prior",
            "prior_name"]
@@ -49,34 +52,62 @@ def prior_log_prob(prior: Any, theta: torch.Tensor) -> torch.Tensor:
 
 
 def check_prior(prior: Any, dim: int, *, dtype: torch.dtype = torch.float64,
-                device: torch.device | str | None = None) -> Any:
-    """Validate a user prior (has ``log_prob``; finite at 0; right shape) or build the default."""
+                device: torch.device | str | None = None, start: torch.Tensor | None = None,
+                names: list[str] | None = None, arg: str = "prior") -> Any:
+    """Validate a user prior over theta (has ``log_prob``; one value per theta; finite at ``start``, default 0) or
+    build the default.
+
+    Raises
+    ------
+    TypeError
+        No ``log_prob``.
+    ValueError
+        ``log_prob`` fails or gives the wrong shape at ``start``, or is -inf or NaN there (naming the components
+        when ``log_prob`` gives one value per component): e.g. a ``GammaPrior`` meant for a natural-scale value,
+        given as a prior on the log values theta, is -inf at theta = 0 and below.
+    """
     if prior is None:
         return default_prior(dim, dtype=dtype, device=device)
     if not callable(getattr(prior, "log_prob", None)):
-        raise TypeError(f"prior must have a log_prob method (e.g. a torch.distributions.Distribution); "
+        raise TypeError(f"{arg} must have a log_prob method (e.g. a torch.distributions.Distribution); "
                         f"got {type(prior).__name__}")
-    theta0 = torch.zeros(dim, dtype=dtype, device=device)
+    theta0 = torch.zeros(dim, dtype=dtype, device=device) if start is None else start.detach().to(dtype)
     try:
+        raw = prior.log_prob(theta0)
         lp = prior_log_prob(prior, theta0)
     except Exception as exc:
-        raise ValueError(f"prior.log_prob failed on a theta of shape ({dim},): {exc}") from None
+        raise ValueError(f"{arg}.log_prob failed on a theta of shape ({dim},): {exc}") from None
     if lp.dim() != 0:
-        raise ValueError(f"prior.log_prob must give one value per theta of length {dim}; got shape {tuple(lp.shape)}")
+        raise ValueError(f"{arg}.log_prob must give one value per theta of length {dim}; got shape {tuple(lp.shape)}")
+    if not math.isfinite(float(lp)):
+        where = "theta = 0" if start is None else "the model's start"
+        bad = ""
+        if raw.shape == theta0.shape:
+            idx = [j for j in range(dim) if not math.isfinite(float(raw[j]))]
+            labels = [names[j] if names is not None and j < len(names) else f"theta[{j}]" for j in idx]
+            bad = f" (component(s) {', '.join(labels)})"
+        raise ValueError(f"{arg} ({type(prior).__name__}) has log_prob {float(lp)} at {where}{bad}, theta = "
+                         f"{theta0.tolist()}: a prior must be finite where the fit starts. {arg}= is a prior on "
+                         f"theta, the log values; for a prior on a natural-scale value (lengthscale, signal or "
+                         f"noise sd/variance) give it by name, {arg}={{'lengthscale': ...}}, or register it on the "
+                         f"kernel (lengthscale_prior=...)")
     return prior
 
 
 def check_prior_choice(prior: Any, name: str = "prior") -> Any:
-    """Check the ``prior`` setting of the type-II loops and bounds: ``"default"``, ``"scaled"``, ``None`` (no prior)
-    or an object with a ``log_prob`` method; returns it unchanged. Its shape is checked later, by
-    :func:`resolve_prior`, once the model's theta length is known."""
+    """Check the ``prior`` setting of the type-II loops and bounds: ``"default"``, ``"scaled"``, ``None`` (no prior),
+    a ``{name: distribution}`` dict of priors on natural-scale quantities, or an object with a ``log_prob`` method;
+    returns it unchanged. Its shape and names are checked later, by :func:`resolve_prior`, once the model is
+    known."""
+    if isinstance(prior, dict):
+        return prior
     if isinstance(prior, str):
         if prior not in ("default", "scaled"):
             raise ValueError(f"{name} must be 'default', 'scaled', None or a distribution with log_prob; got "
                              f"{prior!r}")
     elif prior is not None and not callable(getattr(prior, "log_prob", None)):
         raise TypeError(f"{name} must have a log_prob method (e.g. a torch.distributions.Distribution), or be "
-                        f"'default', 'scaled' or None; got {type(prior).__name__}")
+                        f"'default', 'scaled', None or a dict of named priors; got {type(prior).__name__}")
     return prior
 
 
@@ -86,8 +117,32 @@ def resolve_prior(prior: Any, model: Any) -> Any:
     ``"default"``: :func:`default_prior`, :math:`\mathcal N(0, 10 I)`. ``"scaled"``: :func:`scaled_prior` centred at
     ``model.initial_theta()`` (for the GP classifiers: lengthscale^2 = d var(x_j) on every input, signal variance
     1), the same variance 10. ``None`` stays ``None`` (no prior). A user prior is checked by :func:`check_prior`.
+
+    When the model's kernel has registered priors, or ``prior`` is a ``{name: distribution}`` dict, the result is a
+    :class:`~gpvi.models.model_prior.ModelPrior`: those priors on their natural values (with the log-Jacobian),
+    and ``"default"`` / ``"scaled"`` / none (``None``) on the other components (a dict: ``"default"``). A
+    distribution over all of theta together with registered priors is refused (``ValueError``). Every prior is
+    checked to be finite at the model's start (``model.theta`` when it has one, else ``model.initial_theta()``).
     """
     check_prior_choice(prior)
+    parts = getattr(model, "prior_parts", None)
+    blocks, registered = parts() if parts is not None else ([], [])
+    start = getattr(model, "theta", None)
+    if start is None or not isinstance(start, torch.Tensor):
+        start = model.initial_theta()
+    if isinstance(prior, dict) or registered:
+        if not (prior is None or isinstance(prior, (str, dict))):
+            raise ValueError(f"prior is a {type(prior).__name__} over all of theta, but the kernel registers priors "
+                             f"({', '.join(r.name for r in registered)}): give one or the other (named priors, "
+                             f"prior={{name: distribution}}, combine with registered ones)")
+        base = "default" if isinstance(prior, dict) else prior
+        center = model.initial_theta().to(torch.float64) if base == "scaled" else None
+        if base == "default":
+            _warn_if_not_unit_scale(model)
+        mp = ModelPrior(blocks, registered, prior if isinstance(prior, dict) else None, base, dim=model.dim,
+                        names=list(model.names), center=center)
+        mp.check(start.to(torch.float64))
+        return mp
     if prior is None:
         return None
     if prior == "scaled":
@@ -95,7 +150,8 @@ def resolve_prior(prior: Any, model: Any) -> Any:
     if isinstance(prior, str):
         _warn_if_not_unit_scale(model)
         return default_prior(model.dim, device=model.device)
-    return check_prior(prior, model.dim, device=model.device)
+    return check_prior(prior, model.dim, device=model.device, start=start.to(torch.float64),
+                       names=list(getattr(model, "names", [])))
 
 
 _UNIT_SCALE_LOG_VAR = math.log(100.0)

@@ -11,7 +11,11 @@ Model (Rasmussen & Williams 2006, ch. 2 and 5; DSVI paper section 3.4):
 For the default kernel ``ScaleKernel(RBFKernel(ard_num_dims=d))``,
 ``theta = [log l_1^2, ..., log l_d^2, log sigma_f^2, log sigma^2]`` exactly as in the paper; other GPyTorch
 kernels get their own log-parametrised names (see :mod:`gpvi.models.hyperparameters`). The noise variance is the
-model's own last component ``log_noise_var`` (no GPyTorch likelihood, hence no hidden noise floor).
+model's own component ``log_noise_var`` after the kernel's (no GPyTorch likelihood, hence no hidden noise floor)
+unless a ``GaussianLikelihood`` is given: then its noise parameter, with its constraint (``GreaterThan(1e-4)`` by
+default: theta = ``log_excess_noise_var`` = log(noise - 1e-4)) and its registered prior. A ``ConstantMean`` adds
+its constant :math:`c` as the last component ``mean_constant`` (a hyperparameter with its prior, not integrated
+out): :math:`y \sim \mathcal N(c\mathbf 1, K_\theta + \sigma^2 I)`. Priors: :class:`gpvi.models.model_prior.ModelPrior`.
 
 The marginal likelihood is exact: one Cholesky factorisation per theta, batched for ``(S, D)`` input
 (never CG/Lanczos), with the backward pass of :func:`gpvi.linalg.gaussian_log_marginal`.
@@ -29,7 +33,8 @@ from .scaled_rbf import centre_inputs, input_centre, scaled_rbf_covariance
 from .hyperparameters import KernelParametrisation
 from ..linalg import DEFAULT_JITTER, DEFAULT_MAX_JITTER, cholesky_with_jitter, gaussian_log_marginal
 from ..numerics.predictive import MixturePredictive
-from .priors import check_prior, prior_log_prob
+from .priors import prior_log_prob
+from .regression_parts import NoiseMeanPrior
 from .scaled_rbf import LEAN_COPIES, LEAN_MIN_N, lean_log_marginal
 from ..validation import (check_column_spread, check_feature_names, check_finite_prediction, check_memory,
                           check_positive, check_positive_int, check_theta, check_X, check_X_y, feature_names_of)
@@ -37,7 +42,7 @@ from ..validation import (check_column_spread, check_feature_names, check_finite
 __all__ = ["GPRegression"]
 
 
-class GPRegression:
+class GPRegression(NoiseMeanPrior):
     r"""Exact GP regression as an inference target over log-hyperparameters.
 
     Parameters
@@ -47,10 +52,20 @@ class GPRegression:
     y : array-like of shape (n_samples,)
         Training targets. gpvi does not standardise them for you (the bundled loaders do).
     kernel : gpytorch.kernels.Kernel, optional
-        Covariance function; default ``ScaleKernel(RBFKernel(ard_num_dims=n_features))``. Only its
-        structure is used (it is deep-copied); hyperparameter values come from theta.
-    prior : torch.distributions.Distribution, optional
-        Prior over theta (anything with ``log_prob``); default independent N(0, 10) per component.
+        Covariance function; default ``ScaleKernel(RBFKernel(ard_num_dims=n_features))``. It is deep-copied;
+        hyperparameter values come from theta, except frozen parameters (``requires_grad=False``), held at their
+        values (:attr:`fixed`). Priors registered on it are part of the model's prior; ``GreaterThan`` and
+        ``Interval`` constraints are honoured (:mod:`gpvi.models.parameters`).
+    prior : torch.distributions.Distribution or dict, optional
+        Prior over theta (anything with ``log_prob``); or ``{name: distribution}`` on natural-scale quantities
+        (``"lengthscale"``, ``"lengthscale[nox]"``, ``"signal_sd"``, ``"signal_var"``, ``"noise_sd"``,
+        ``"noise_var"``, ...: :func:`gpvi.models.model_prior.resolve_names`), with the Jacobian; default
+        independent N(0, 10) per component not covered by a registered or named prior. The rule:
+        :mod:`gpvi.models.model_prior`. A prior that is -inf or NaN at :meth:`initial_theta` is refused.
+    likelihood : gpytorch.likelihoods.GaussianLikelihood, optional
+        The noise, with its constraint, prior or frozen value; default gpvi's own ``log_noise_var`` (no floor).
+    mean : gpytorch.means.ConstantMean or ZeroMean, optional
+        A constant mean adds its constant to theta (``mean_constant``, with its registered prior); default zero.
     jitter, max_jitter : float
         Relative jitter policy of :func:`gpvi.linalg.cholesky_with_jitter`.
     batch_size : int
@@ -80,6 +95,8 @@ class GPRegression:
         The same on the natural scale (``lengthscale[0]``, ``signal_var``, ``noise_var``).
     dim : int
         D = len(names).
+    fixed : dict
+        ``{natural name: value}`` of frozen parameters (kernel, likelihood, mean): held fixed, not in theta.
     X, y : torch.Tensor
         Training data (float64).
 
@@ -114,6 +131,8 @@ class GPRegression:
         batch_size: int = 32,
         device: torch.device | str | None = None,
         feature_names: Any = None,
+        likelihood: Any = None,
+        mean: Any = None,
     ) -> None:
         names_in = feature_names_of(X) if feature_names is None else feature_names
         X, y = check_X_y(X, y, device=device)
@@ -142,15 +161,40 @@ class GPRegression:
         # stationary kernels see centred inputs (same centre for X_new): shift-exact, see gpvi.models.scaled_rbf
         self._centre = input_centre(X, self.kernel_params.kernel)
         self._Xc = centre_inputs(X, self._centre)
-        self.names = list(self.kernel_params.names) + ["log_noise_var"]
-        self.natural_names = list(self.kernel_params.natural_names) + ["noise_var"]
-        self.prior = check_prior(prior, self.dim, device=X.device)
+        self._set_noise_and_mean(likelihood, mean)
+        self.names = [n for b in self._blocks for n in b.names]
+        self.natural_names = [n for b in self._blocks for n in b.natural_names]
+        self.fixed = {**self.kernel_params.fixed, **self._lik_fixed, **self._mean_fixed}
+        self.prior = self._make_prior(prior)
 
     # ------------------------------------------------------------------ basics
     @property
     def dim(self) -> int:
         """Number of hyperparameters D."""
-        return self.kernel_params.dim + 1
+        return sum(b.stop - b.start for b in self._blocks)
+
+    def noise_var(self, theta: torch.Tensor) -> torch.Tensor:
+        """The noise variance at theta, shape ``theta.shape[:-1]`` (differentiable)."""
+        b = self._noise_block
+        if b is None:
+            return torch.full(theta.shape[:-1], self._fixed_noise, dtype=theta.dtype, device=theta.device)
+        return b.bijection.forward(theta[..., b.start])
+
+    def mean_constant(self, theta: torch.Tensor) -> torch.Tensor | None:
+        """The constant mean at theta, shape ``theta.shape[:-1]``; None without a mean."""
+        b = self._mean_block
+        if b is not None:
+            return theta[..., b.start]
+        if self._fixed_mean is not None:
+            return torch.full(theta.shape[:-1], self._fixed_mean, dtype=theta.dtype, device=theta.device)
+        return None
+
+    def _fast_theta(self, theta: torch.Tensor) -> torch.Tensor:
+        """``[kernel theta, log noise]`` for the fast path (theta itself for gpvi's own noise and no mean)."""
+        kd = self.kernel_params.dim
+        if self._noise_block is not None and self._noise_block.bijection.kind == "log" and self.dim == kd + 1:
+            return theta
+        return torch.cat([theta[..., :kd], torch.log(self.noise_var(theta)).unsqueeze(-1)], -1)
 
     @property
     def num_data(self) -> int:
@@ -174,7 +218,9 @@ class GPRegression:
         return 5 * n * n * self.X.element_size()
 
     def _lean(self) -> bool:
-        return bool(self.kernel_params.fast_path and self.use_fast_path and self.num_data >= self.lean_min_n)
+        # the two-buffer path has no gradient in y, so a mean (y - c) takes the batched path
+        return bool(self.kernel_params.fast_path and self.use_fast_path and self.num_data >= self.lean_min_n
+                    and self.mean_constant(torch.zeros(self.dim, dtype=torch.float64)) is None)
 
     def _theta(self, theta: Any, name: str = "theta") -> torch.Tensor:
         return check_theta(theta, self.dim, name, device=self.X.device)
@@ -183,11 +229,15 @@ class GPRegression:
         r"""Training covariance :math:`K_\theta + \sigma^2 I`: ``(N, N)`` or ``(S, N, N)``."""
         theta = self._theta(theta)
         if self.kernel_params.fast_path and self.use_fast_path:
-            return scaled_rbf_covariance(theta, self._Xc)
+            return scaled_rbf_covariance(self._fast_theta(theta), self._Xc)
         # clone: GPyTorch's output may be an expanded view, or saved by autograd (exp), so never add in place to it
-        K = self.kernel_params.matrix(theta[..., :-1], self._Xc).clone()
-        K.diagonal(dim1=-2, dim2=-1).add_(torch.exp(theta[..., -1:]))
+        K = self.kernel_params.matrix(theta[..., :self.kernel_params.dim], self._Xc).clone()
+        K.diagonal(dim1=-2, dim2=-1).add_(self.noise_var(theta).unsqueeze(-1))
         return K
+
+    def _centred_y(self, theta: torch.Tensor) -> torch.Tensor:
+        c = self.mean_constant(theta)
+        return self.y if c is None else self.y - c.unsqueeze(-1)
 
     # ------------------------------------------------------------------ densities
     def log_marginal_likelihood(self, theta: Any) -> torch.Tensor:
@@ -209,8 +259,8 @@ class GPRegression:
             return self._finite_rows_only(self.log_marginal_likelihood, theta)
         if self._lean():
             def one(t: torch.Tensor, strict: bool) -> torch.Tensor:
-                return lean_log_marginal(t, self._Xc, self.y, jitter=self.jitter, max_jitter=self.max_jitter,
-                                         raise_on_failure=strict)
+                return lean_log_marginal(self._fast_theta(t), self._Xc, self.y, jitter=self.jitter,
+                                         max_jitter=self.max_jitter, raise_on_failure=strict)
             return one(theta, True) if theta.dim() == 1 else torch.stack([one(t, False) for t in theta])
         Ky = self.covariance(theta)
         chol = cholesky_with_jitter(Ky, jitter=self.jitter, max_jitter=self.max_jitter,
@@ -219,7 +269,7 @@ class GPRegression:
             # Failed members (value -inf) must give zero, not NaN, gradients: rebuild K with those rows detached
             # (0 * inf in a kernel's backward would otherwise produce NaN).
             Ky = self.covariance(torch.where(chol.ok[:, None], theta, theta.detach()))
-        return gaussian_log_marginal(Ky, self.y, chol=chol)
+        return gaussian_log_marginal(Ky, self._centred_y(theta), chol=chol)
 
     @staticmethod
     def _finite_rows_only(fn, theta: torch.Tensor) -> torch.Tensor:
@@ -304,14 +354,17 @@ class GPRegression:
         chol = cholesky_with_jitter(Ky, jitter=self.jitter, max_jitter=self.max_jitter, raise_on_failure=True,
                                     theta=theta)
         L = chol.L
-        Ksx = kp.matrix(theta[:, :-1], Xs, self._Xc)                    # (S, n, N)
-        alpha = torch.cholesky_solve(self.y.expand(theta.shape[0], -1).unsqueeze(-1), L)   # (S, N, 1)
+        tk, c = theta[:, :kp.dim], self.mean_constant(theta)
+        Ksx = kp.matrix(tk, Xs, self._Xc)                    # (S, n, N)
+        alpha = torch.cholesky_solve(self._centred_y(theta).expand(theta.shape[0], -1).unsqueeze(-1), L)  # (S, N, 1)
         mean = (Ksx @ alpha).squeeze(-1)
+        if c is not None:
+            mean = mean + c.unsqueeze(-1)
         V = torch.linalg.solve_triangular(L, Ksx.transpose(-1, -2), upper=False)          # (S, N, n)
-        kss = kp.matrix(theta[:, :-1], Xs, diag=True)                   # (S, n)
+        kss = kp.matrix(tk, Xs, diag=True)                   # (S, n)
         var = (kss - (V * V).sum(-2)).clamp_min(0.0)
         if include_noise:
-            var = var + torch.exp(theta[:, -1:])
+            var = var + self.noise_var(theta).unsqueeze(-1)
         else:
             var = var.clamp_min(1e-300)
         check_finite_prediction(mean, var, "X_new")     # overflow in the kernel: an error, never NaN
@@ -323,12 +376,15 @@ class GPRegression:
         chol = cholesky_with_jitter(self.covariance(theta), jitter=self.jitter, max_jitter=self.max_jitter,
                                     theta=theta)
         L = chol.L
-        Ksx = kp.matrix(theta[:-1], Xs, self._Xc)
-        mean = Ksx @ torch.cholesky_solve(self.y.unsqueeze(-1), L).squeeze(-1)
+        tk, c = theta[:kp.dim], self.mean_constant(theta)
+        Ksx = kp.matrix(tk, Xs, self._Xc)
+        mean = Ksx @ torch.cholesky_solve(self._centred_y(theta).unsqueeze(-1), L).squeeze(-1)
+        if c is not None:
+            mean = mean + c
         V = torch.linalg.solve_triangular(L, Ksx.T, upper=False)
-        cov = kp.matrix(theta[:-1], Xs) - V.T @ V
+        cov = kp.matrix(tk, Xs) - V.T @ V
         if include_noise:
-            cov = cov + torch.exp(theta[-1]) * torch.eye(Xs.shape[0], dtype=cov.dtype, device=cov.device)
+            cov = cov + self.noise_var(theta) * torch.eye(Xs.shape[0], dtype=cov.dtype, device=cov.device)
         check_finite_prediction(mean, cov, "X_new")
         return mean, cov
 
@@ -339,30 +395,54 @@ class GPRegression:
 
     # ------------------------------------------------------------------ helpers
     def natural(self, theta: Any) -> torch.Tensor:
-        """Natural-scale values: ``lengthscale = exp(theta/2)``, variances ``exp(theta)``; same shape as theta."""
+        """Natural-scale values: ``lengthscale = exp(theta/2)``, variances ``exp(theta)`` (constrained parameters
+        through their bijections, the mean constant as it is); same shape as theta."""
         theta = self._theta(theta).detach()
         out = torch.empty_like(theta)
-        out[..., :-1] = self.kernel_params.natural(theta[..., :-1])
-        out[..., -1] = torch.exp(theta[..., -1])
+        for b in self._blocks:
+            out[..., b.start:b.stop] = b.bijection.forward(theta[..., b.start:b.stop])
         return out
 
     def initial_theta(self) -> torch.Tensor:
-        """A data-scaled starting point: ``l_j^2 = d var(x_j)``, ``sigma_f^2 = var(y)``, ``sigma^2 = var(y)/10``."""
+        """A data-scaled starting point: ``l_j^2 = d var(x_j)``, ``sigma_f^2 = var(y)``, ``sigma^2 = var(y)/10``
+        (a constrained noise: that value when its constraint allows it, else the likelihood's own), the mean
+        constant at ``mean(y)``; other kernel parameters as :meth:`KernelParametrisation.initial_theta`."""
         th = torch.zeros(self.dim, dtype=torch.float64, device=self.X.device)
-        th[:-1] = self.kernel_params.initial_theta(self._Xc)
+        kd = self.kernel_params.dim
+        th[:kd] = self.kernel_params.initial_theta(self._Xc)
         vy = float(self.y.var(unbiased=False))
         for b in self.kernel_params.blocks:
             if b.log and b.path.endswith("raw_outputscale"):
                 th[b.start:b.stop] = math.log(vy)
-        th[-1] = math.log(0.1 * vy)
+        nb = self._noise_block
+        if nb is not None:
+            if nb.bijection.kind == "log":
+                th[nb.start] = math.log(0.1 * vy) / nb.bijection.power
+            else:
+                start = nb.bijection.inverse(torch.tensor(0.1 * vy, dtype=torch.float64))
+                th[nb.start] = start if bool(torch.isfinite(start)) else self._lik_params.theta_from_module()[0]
+        if self._mean_block is not None:
+            th[self._mean_block.start] = float(self.y.mean())
         return th
 
-    def theta_from_kernel(self, noise_var: float = 0.1) -> torch.Tensor:
-        """theta at the user kernel's current values, with the given noise variance."""
-        check_positive(noise_var, "noise_var")
+    def theta_from_kernel(self, noise_var: float | None = None) -> torch.Tensor:
+        """theta at the user kernel's current values (and the likelihood's and mean's, when given), with the noise
+        variance ``noise_var`` (default: the likelihood's, else 0.1)."""
         th = torch.empty(self.dim, dtype=torch.float64, device=self.X.device)
-        th[:-1] = self.kernel_params.theta_from_kernel().to(self.X.device)
-        th[-1] = math.log(noise_var)
+        kd = self.kernel_params.dim
+        th[:kd] = self.kernel_params.theta_from_kernel().to(self.X.device)
+        nb = self._noise_block
+        if nb is not None:
+            if noise_var is None and self._lik_params is not None:
+                th[nb.start] = self._lik_params.theta_from_module()[0]
+            else:
+                v = check_positive(0.1 if noise_var is None else noise_var, "noise_var")
+                th[nb.start] = (math.log(v) if nb.bijection.kind == "log" and nb.bijection.power == 1.0 else
+                                nb.bijection.inverse(torch.tensor(float(v), dtype=torch.float64)))
+                if not bool(torch.isfinite(th[nb.start])):
+                    raise ValueError(f"noise_var={v:g} is outside the likelihood's noise constraint")
+        if self._mean_block is not None:
+            th[self._mean_block.start] = self._mean_params.theta_from_module()[0]
         return th
 
     def describe(self, theta: Any) -> dict[str, float]:

@@ -266,9 +266,9 @@ def test_bad_theta_and_settings():
         gpvi.GPRegression(X, y, kernel="rbf")
     with pytest.raises(TypeError, match="prior must have a log_prob"):
         gpvi.GPRegression(X, y, prior=3.0)
-    with pytest.raises(ValueError, match="constraint"):
+    with pytest.raises(ValueError, match="constraint"):          # Interval / GreaterThan are honoured (issue 40)
         gpvi.GPRegression(X, y, kernel=gpytorch.kernels.RBFKernel(
-            lengthscale_constraint=gpytorch.constraints.Interval(0.1, 10.0)))
+            lengthscale_constraint=gpytorch.constraints.LessThan(10.0)))
 
 
 def test_memory_guard_refuses_huge_n_before_allocating(monkeypatch):
