@@ -6,7 +6,7 @@ not affordable for either method at K = 10 on this machine: gpvi's K > 3 softmax
 quasi-Monte Carlo points per site and step (2,000 pseudo-random draws before 2026-11-24), scikit-learn fits 10
 one-vs-rest Laplace GPCs of N^3 cost each). Each set: stratified 70/30 split (``random_state=0``), inputs standardised with the training rows' mean and sd.
 
-* gpvi: ``MulticlassTypeII(CVI(progress_bar=False))`` on ``GPMulticlass(X, y)`` -- softmax, K latent GPs
+* gpvi: ``TypeII(CVI(progress_bar=False))`` on ``GPMulticlass(X, y)`` -- softmax, K latent GPs
   sharing one ``ScaleKernel(RBFKernel(ard_num_dims=d))`` (digits: one isotropic lengthscale, ``--digits-kernel
   iso``, as scikit-learn's default kernel; 65 ARD log-hyperparameters would dominate the cost), MAP-II with the
   default N(0, 10 I) prior on the log-hyperparameters. Start: the model's data-scaled theta (lengthscale^2 = the
@@ -66,7 +66,7 @@ def fit_gpvi(Xtr: np.ndarray, ytr: np.ndarray, iso: bool, prior: Any = "default"
     import gpytorch
 
     from gpvi.inference.cvi.engine import CVI
-    from gpvi.inference.cvi.multiclass_typeii import MulticlassTypeII
+    from gpvi.inference.cvi.typeii import TypeII
     from gpvi.models.multiclass import GPMulticlass
 
     kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()) if iso else None
@@ -76,7 +76,7 @@ def fit_gpvi(Xtr: np.ndarray, ytr: np.ndarray, iso: bool, prior: Any = "default"
         model = GPMulticlass(Xtr, ytr, kernel=kernel)
         if iso:         # a given kernel starts at its own values (GPyTorch's 0.69): start it as the default kernel
             model = GPMulticlass(Xtr, ytr, kernel=kernel, theta=model.initial_theta())
-        post = MulticlassTypeII(CVI(progress_bar=False), prior=prior).run(model)
+        post = TypeII(CVI(progress_bar=False), prior=prior).run(model)
     return post, time.perf_counter() - t0
 
 

@@ -7,10 +7,10 @@ isotropic lengthscale started at the model's data-scaled theta, as in ``benchmar
 N(0, 10 I) on the log-hyperparameters throughout. Digits (K = 10) has no EP row: multi-class EP is for the softmax
 with K <= 3 (``FullyBayesianCVI(evidence="auto")`` uses the bound there).
 
-* **MAP-II**: ``MulticlassTypeII(CVI())`` defaults.
+* **MAP-II**: ``TypeII(CVI())`` defaults.
 * **Fully Bayesian on the bound** (``--evidence`` includes ``cvi``): ``FullyBayesianCVI(evidence="cvi")`` (the
   default for multi-class models before 2026-11-25): MAP-II, a Laplace start and S&K's Hessian-free Gaussian
-  q(theta) on the profiled multi-class CVI bound (:class:`gpvi.inference.cvi.multiclass_bound.MulticlassBoundTarget`),
+  q(theta) on the profiled multi-class CVI bound (:class:`gpvi.inference.cvi.bound.CVIBoundTarget`),
   32 draws of theta in the predictive mixture.
 * **Fully Bayesian on EP** (``--evidence`` includes ``ep``): ``FullyBayesianCVI(evidence="ep")``, what
   ``FullyBayesianCVI()`` runs on a 3-class softmax model since 2026-11-25: the same with multi-class EP's
@@ -59,7 +59,7 @@ def run_set(name: str, args: argparse.Namespace) -> dict[str, Any]:
     import gpvi
     from gpvi.inference.cvi.bayes import FullyBayesianCVI
     from gpvi.inference.cvi.engine import CVI
-    from gpvi.inference.cvi.multiclass_typeii import MulticlassTypeII
+    from gpvi.inference.cvi.typeii import TypeII
     from gpvi.models.multiclass import GPMulticlass
     from gpvi.models.whitened import WhitenedLatentGP
 
@@ -77,7 +77,7 @@ def run_set(name: str, args: argparse.Namespace) -> dict[str, Any]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         t0 = time.perf_counter()
-        mp = MulticlassTypeII(CVI(progress_bar=False)).run(model)
+        mp = TypeII(CVI(progress_bar=False)).run(model)
         tm = time.perf_counter() - t0
         p_map = mp.predict_proba(Xt)
         out["map"] = {"time_s": tm, **scores(p_map, yte), "theta": mp.theta.tolist(), "load_1min": os.getloadavg()[0],

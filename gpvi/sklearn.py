@@ -13,8 +13,7 @@ What ``fit`` runs, by the number of classes K in ``y`` and the ``likelihood``:
   :class:`gpvi.models.classification.GPClassification`, fitted by :class:`gpvi.inference.cvi.engine.CVI`
   (``hyperparameters="fixed"``) or by the type-II loop :class:`gpvi.inference.cvi.typeii.TypeII` around it;
 * K >= 2 with ``"softmax"``/``"robustmax"`` (``"auto"`` picks softmax for K >= 3): K latent GPs sharing one kernel,
-  :class:`gpvi.models.multiclass.GPMulticlass`, fitted by :class:`gpvi.inference.cvi.engine.CVI` or
-  :class:`~gpvi.inference.cvi.multiclass_typeii.MulticlassTypeII`, with the same settings.
+  :class:`gpvi.models.multiclass.GPMulticlass`, fitted by the same engine and loop.
 
 Inputs may be numpy arrays, pandas DataFrames or torch tensors; scikit-learn's validation turns them into float64
 numpy arrays and the classifier builds float64 tensors on its ``device``. Outputs are numpy arrays.
@@ -31,7 +30,6 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import _check_sample_weight, check_is_fitted, validate_data
 
 from .inference.cvi.engine import CVI
-from .inference.cvi.multiclass_typeii import MulticlassTypeII
 from .inference.cvi.options import MonteCarlo, SingleSite, num_steps_for_sweeps
 from .inference.cvi.typeii import TypeII
 from .models.classification import GPClassification
@@ -88,8 +86,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         Full-batch CVI steps or doubly stochastic single-site steps (``batch_size`` data points per step on
         cached, rank-one-updated factors; multi-class: all K sites of each point, one factor per class).
     hyperparameters : {"type2", "fixed", "bayes"}
-        ``"type2"`` (default): MAP-II on the bound (:class:`~gpvi.inference.cvi.typeii.TypeII` /
-        :class:`~gpvi.inference.cvi.multiclass_typeii.MulticlassTypeII`, with ``prior``); ``"fixed"``: keep them at
+        ``"type2"`` (default): MAP-II on the bound (:class:`~gpvi.inference.cvi.typeii.TypeII`, with ``prior``);
+        ``"fixed"``: keep them at
         their start; ``"bayes"`` (binary links, and the softmax with at most 3 classes): integrate over them,
         :class:`~gpvi.inference.cvi.bayes.FullyBayesianCVI` -- a Gaussian :math:`q(\theta)` (Salimans-Knowles
         Hessian-free) on EP's approximate evidence (binary EP, or multi-class EP with full K x K sites), predictions
@@ -355,12 +353,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             return self._set_fitted(model, self._fully_bayesian(seed, prior).run(model), names, classes)
         if link in _BINARY_LINKS:
             engine: Any = self._binary_engine(model.num_data, seed)
-            loop: Any = TypeII
         else:
             engine = self._multiclass_engine(model.num_data, model.num_classes, seed)
-            loop = MulticlassTypeII
         if hp == "type2":
-            post = loop(engine, inner_num_steps=max(int(self.max_sweeps), 50), prior=prior).run(model)
+            post = TypeII(engine, inner_num_steps=max(int(self.max_sweeps), 50), prior=prior).run(model)
         else:
             post = engine.run(model)
         return self._set_fitted(model, post, names, classes)

@@ -290,9 +290,8 @@ def test_feature_names_from_dataframe_or_argument():
 
 
 def test_interval_settings_are_checked_and_name_the_argument():
-    """check_interval (used by ML2, lbfgs_maximise, TypeII and MulticlassTypeII) and TypeII's new ftol: tried with
-    a scalar, a string, a triple, reversed and equal ends and NaN."""
-    from gpvi.inference.cvi.multiclass_typeii import MulticlassTypeII
+    """check_interval (used by ML2, lbfgs_maximise and TypeII) and TypeII's ftol: tried with a scalar, a string,
+    a triple, reversed and equal ends and NaN."""
     from gpvi.inference.cvi.typeii import TypeII
     from gpvi.numerics.lbfgs import lbfgs_maximise
     from gpvi.validation import check_interval
@@ -302,8 +301,6 @@ def test_interval_settings_are_checked_and_name_the_argument():
                      ((2.0, 1.0), ValueError), ((1.0, 1.0), ValueError), ((math.nan, 1.0), ValueError)]:
         with pytest.raises(err, match="theta_bounds"):
             TypeII(theta_bounds=bad)
-        with pytest.raises(err, match="theta_bounds"):
-            MulticlassTypeII(theta_bounds=bad)
         with pytest.raises(err, match="bounds"):
             lbfgs_maximise(lambda x: (0.0, x), np.zeros(2), bounds=bad, returns_grad=True)
     for bad, err in [(-1e-8, ValueError), (0.0, ValueError), ("1e-8", TypeError), (math.inf, ValueError)]:

@@ -296,7 +296,7 @@ def expected_log_lik(
     *,
     method: str = "quadrature",
     quadrature: Quadrature | None = None,
-    num_mc: int = 10,
+    num_draws: int = 10,
     mc_variance_grad: str = "hessian",
     generator: torch.Generator | None = None,
 ) -> SiteExpectations:
@@ -314,11 +314,11 @@ def expected_log_lik(
     y, m, v : torch.Tensor of shape (B,)
         Targets (binary labels as 0/1), marginal means and variances.
     method : {"quadrature", "mc"}
-        Deterministic rule, or reparameterised Monte Carlo with ``num_mc`` draws per site. A likelihood with a
+        Deterministic rule, or reparameterised Monte Carlo with ``num_draws`` draws per site. A likelihood with a
         closed form (Gaussian) ignores this.
     quadrature : Quadrature, optional
         Rule for ``method="quadrature"`` (default ``Quadrature()``).
-    num_mc : int
+    num_draws : int
         Draws per site for ``method="mc"``.
     mc_variance_grad : {"hessian", "reparam"}
         Monte Carlo estimator of :math:`\partial_v E`: :math:`\tfrac12\overline{h''(f)}` or
@@ -350,10 +350,10 @@ def expected_log_lik(
         f, w = quad.nodes(m, v)
         h, h1, h2 = likelihood.derivatives(y.unsqueeze(-1), f)
         return SiteExpectations((w * h).sum(-1), (w * h1).sum(-1), 0.5 * (w * h2).sum(-1))
-    num_mc = check_positive_int(num_mc, "num_mc")
+    num_draws = check_positive_int(num_draws, "num_draws")
     mc_variance_grad = check_choice(mc_variance_grad, "mc_variance_grad", ["hessian", "reparam"])
     gen = resolve_generator(None, generator)
-    eps = torch.randn((m.shape[0], num_mc), generator=gen, dtype=m.dtype, device=m.device)
+    eps = torch.randn((m.shape[0], num_draws), generator=gen, dtype=m.dtype, device=m.device)
     sd = torch.sqrt(v.clamp_min(0.0)).unsqueeze(-1)
     f = m.unsqueeze(-1) + sd * eps
     h, h1, h2 = likelihood.derivatives(y.unsqueeze(-1), f)

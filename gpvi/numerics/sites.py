@@ -38,8 +38,8 @@ the precision at most halves; counted in ``sites_shrunk``), ``invalid="reject"``
 diverging :math:`\beta = 1` run); floored updates are counted in ``sites_floored``. Non-finite estimates are skipped
 (``sites_nonfinite``) with a :class:`~gpvi.exceptions.NumericalWarning`.
 
-With K class-factorised latent functions (multi-class CVI) the sites are (N, K) and :func:`class_factors`,
-:func:`class_marginals`, :func:`class_kl2` are the same algebra batched over the K factors of :math:`K + S_k`.
+With K class-factorised latent functions (multi-class CVI) the sites are (N, K), and :func:`site_factor`,
+:func:`marginals`, :func:`kl2` are the same algebra batched over the K factors of :math:`K + S_k`.
 
 Names: ``lam1``, ``lam2`` (:math:`\tilde\lambda^{(1)}, \tilde\lambda^{(2)}`), ``ytilde`` (:math:`\tilde{\mathbf y}`),
 ``s`` (pseudo-noise), ``m``, ``var`` (:math:`\operatorname{diag}V`), ``alpha`` (:math:`(K+S)^{-1}\tilde{\mathbf y}`),
@@ -58,9 +58,8 @@ from ..exceptions import NumericalWarning
 from ..linalg import cholesky_with_jitter, logdet_from_cholesky
 from .quadrature import Quadrature
 
-__all__ = ["pseudo_data", "site_factor", "marginals", "site_elbo", "expected_value_sum", "lam2_cap",
-           "finite_or_fault", "update_sites", "SiteFault", "MIN_SITE_PRECISION", "class_factors", "class_marginals",
-           "class_kl2"]
+__all__ = ["pseudo_data", "site_factor", "marginals", "site_elbo", "kl2", "kernel_gradient", "lam2_cap",
+           "finite_or_fault", "update_sites", "SiteFault", "MIN_SITE_PRECISION"]
 
 MIN_SITE_PRECISION = 1e-10
 """Floor on a site's precision -2 lam2, relative to 1 / mean(diag K) (see the module docstring)."""
@@ -77,21 +76,32 @@ def pseudo_data(lam1: torch.Tensor, lam2: torch.Tensor) -> tuple[torch.Tensor, t
 
 
 def site_factor(K: torch.Tensor, s: torch.Tensor, theta: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
-    """Lower Cholesky factor of ``K + diag(s)`` (N, N) through the shared jitter policy; returns ``(L, jitter)``."""
-    A = K.clone()
-    A.diagonal().add_(s)
-    res = cholesky_with_jitter(A, theta=theta, what="K + diag(pseudo-noise)")
-    return res.L, float(res.jitter)
+    """Lower Cholesky factor(s) of :math:`K + \\operatorname{diag}(s)` through the shared jitter policy; returns
+    ``(L, largest jitter)``. ``s`` of shape (N,): one factor (N, N); (N, K): one per latent function, (K, N, N).
+    Raises :class:`~gpvi.exceptions.NotPSDError` when a factorisation fails even with the largest jitter."""
+    if s.dim() == 1:
+        A = K.clone()
+        A.diagonal().add_(s)
+    else:
+        A = K.unsqueeze(0).repeat(s.shape[1], 1, 1)
+        A.diagonal(dim1=-2, dim2=-1).add_(s.T)
+    res = cholesky_with_jitter(A, theta=theta, raise_on_failure=True, what="K + diag(pseudo-noise)")
+    return res.L, float(res.jitter.max())
 
 
 def marginals(K: torch.Tensor, L: torch.Tensor, ytilde: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """All marginals from the factor: ``m = K alpha``, ``var = diag K - colsum((L^{-1} K)^2)`` and ``alpha``; O(N^3)."""
-    alpha = torch.cholesky_solve(ytilde.unsqueeze(-1), L).squeeze(-1)
-    m = K @ alpha
-    W = torch.linalg.solve_triangular(L, K, upper=False)
-    var = K.diagonal() - (W * W).sum(0)
-    return m, var, alpha
+    """All marginals from the factor(s): ``m = K alpha``, ``var = diag K - colsum((L^{-1} K)^2)`` and ``alpha``,
+    O(K N^3). ``ytilde`` (N,): ``m``, ``var``, ``alpha`` (N,); (N, K) with ``L`` (K, N, N): ``m``, ``var`` (N, K),
+    ``alpha`` (K, N)."""
+    if ytilde.dim() == 1:
+        alpha = torch.cholesky_solve(ytilde.unsqueeze(-1), L).squeeze(-1)
+        m = K @ alpha
+        W = torch.linalg.solve_triangular(L, K, upper=False)
+        return m, K.diagonal() - (W * W).sum(0), alpha
+    alpha = torch.cholesky_solve(ytilde.T.unsqueeze(-1), L).squeeze(-1)
+    W = torch.linalg.solve_triangular(L, K.expand_as(L), upper=False)
+    return (alpha @ K).T, K.diagonal().unsqueeze(-1) - (W * W).sum(-2).T, alpha
 
 
 def site_elbo(value_sum: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor, m: torch.Tensor,
@@ -136,9 +146,15 @@ def site_elbo(value_sum: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor, m
     >>> round(float(kl), 6) == round(2 * 0.5 * (0.5 - 1 - math.log(0.5)), 6)   # KL(N(0, .5) || N(0, 1)) per site
     True
     """
+    return value_sum - 0.5 * kl2(lam2, m, var, L, alpha)
+
+
+def kl2(lam2: torch.Tensor, m: torch.Tensor, var: torch.Tensor, L: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+    r""":math:`2\,\mathrm{KL}(q\,\|\,p)` in the site form of :func:`site_elbo`, summed over the latent functions
+    (sites (N,) with ``L`` (N, N) and ``alpha`` (N,), or (N, K) with ``L`` (K, N, N) and ``alpha`` (K, N))."""
     s = -0.5 / lam2
-    kl2 = (m * alpha).sum() - (var / s).sum() + logdet_from_cholesky(L) - torch.log(s).sum()
-    return value_sum - 0.5 * kl2
+    a = alpha if m.dim() == 1 else alpha.T
+    return (m * a).sum() - (var / s).sum() + logdet_from_cholesky(L).sum() - torch.log(s).sum()
 
 
 def kernel_gradient(L: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor, m: torch.Tensor, alpha: torch.Tensor,
@@ -231,29 +247,3 @@ def finite_or_fault(elbo: torch.Tensor, t: int) -> float:
     if not math.isfinite(value):
         raise SiteFault(f"ELBO is not finite ({value}) at step {t}")
     return value
-
-
-# ------------------------------------------------------------------ site algebra, batched over classes
-def class_factors(K: torch.Tensor, s: torch.Tensor, theta: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
-    """Lower Cholesky factors of ``K + diag(s[:, k])``, (K, N, N), through the shared jitter policy (raises
-    :class:`~gpvi.exceptions.NotPSDError` if one fails); returns ``(L, largest jitter)``."""
-    A = K.unsqueeze(0).repeat(s.shape[1], 1, 1)
-    A.diagonal(dim1=-2, dim2=-1).add_(s.T)
-    res = cholesky_with_jitter(A, theta=theta, raise_on_failure=True, what="K + diag(pseudo-noise of a class)")
-    return res.L, float(res.jitter.max())
-
-
-def class_marginals(K: torch.Tensor, L: torch.Tensor, ytilde: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``m`` (N, K), ``v`` (N, K) and ``alpha`` (K, N) of every class from its factor, O(K N^3)."""
-    alpha = torch.cholesky_solve(ytilde.T.unsqueeze(-1), L).squeeze(-1)
-    m = (alpha @ K).T
-    W = torch.linalg.solve_triangular(L, K.expand_as(L), upper=False)
-    v = K.diagonal().unsqueeze(-1) - (W * W).sum(-2).T
-    return m, v, alpha
-
-
-def class_kl2(lam2: torch.Tensor, m: torch.Tensor, v: torch.Tensor, L: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
-    r""":math:`2\sum_k \mathrm{KL}(q_k\,\|\,p)` in the site form of :func:`gpvi.numerics.sites.site_elbo`."""
-    s = -0.5 / lam2
-    return (m * alpha.T).sum() - (v / s).sum() + logdet_from_cholesky(L).sum() - torch.log(s).sum()

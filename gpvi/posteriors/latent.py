@@ -32,7 +32,7 @@ import torch
 from ..linalg import cholesky_with_jitter
 from ..models.likelihoods import gaussian_expectation
 from ..numerics.quadrature import Quadrature
-from ..numerics.sites import class_factors, pseudo_data, site_factor
+from ..numerics.sites import pseudo_data, site_factor
 from ..numerics.softmax_rules import default_quadrature
 from ..rng import resolve_generator
 from ..table import Table
@@ -217,11 +217,9 @@ class LatentPosterior(Posterior):
             raise ValueError(f"state has sites of shape {tuple(lam1.shape)} but the model has {shape}")
         K = model.kernel_matrix(theta)
         ytilde, s = pseudo_data(lam1, lam2)
-        if lam1.dim() == 1:
-            L, _ = site_factor(K, s, theta)
-            return L, torch.cholesky_solve(ytilde.unsqueeze(-1), L).squeeze(-1)
-        L, _ = class_factors(K, s, theta)
-        return L, torch.cholesky_solve(ytilde.T.unsqueeze(-1), L).squeeze(-1)
+        L, _ = site_factor(K, s, theta)
+        rhs = ytilde.unsqueeze(-1) if lam1.dim() == 1 else ytilde.T.unsqueeze(-1)
+        return L, torch.cholesky_solve(rhs, L).squeeze(-1)
 
     def _title(self) -> str:
         if self.num_latent == 1:

@@ -3,7 +3,7 @@ r"""Invariances a GP must have, as properties checked with hypothesis (gpvi issu
 For a stationary kernel the log joint and the classifier's bound depend on the inputs only through differences
 :math:`x_i - x_j` and on the data only as a set. Checked for :class:`gpvi.GPRegression` (log joint, fast and
 generic kernel paths) and :class:`~gpvi.models.classification.GPClassification` (CVI's ELBO at fixed sites and
-theta, :func:`gpvi.inference.cvi.typeii.theta_objective`):
+theta, :func:`gpvi.inference.cvi.inner.theta_objective`):
 
 * shift of any column by up to :math:`10^9`: unchanged (exactly: see below), and equal to an independent numpy
   answer built from pairwise differences of the *unshifted* inputs;
@@ -37,7 +37,8 @@ from hypothesis import strategies as st
 
 import gpvi
 from gpvi.exceptions import ConvergenceWarning
-from gpvi.inference.cvi.typeii import theta_objective
+from gpvi.inference.cvi.inner import theta_objective
+from gpvi.inference.cvi import CVI
 from gpvi.models.classification import GPClassification
 
 GRID = 2.0 ** -20
@@ -198,7 +199,7 @@ def test_regression_duplicated_rows_and_constant_columns(case, fast):
 # ---------------------------------------------------------------------------------------------- classifier
 def _elbo(X, y, theta, lam1, lam2, link):
     model = GPClassification(X, y, likelihood=link)
-    val, grad = theta_objective(model, torch.as_tensor(lam1), torch.as_tensor(lam2), torch.tensor(theta))
+    val, grad = theta_objective(CVI(), model, torch.as_tensor(lam1), torch.as_tensor(lam2), torch.tensor(theta))
     return val, grad.numpy()
 
 

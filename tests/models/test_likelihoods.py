@@ -161,7 +161,7 @@ def test_monte_carlo_is_unbiased_within_its_standard_error(grad):
     m, v, y = _t([0.4, -1.5, 2.0]), _t([0.5, 3.0, 9.0]), _t([1.0, 1.0, 0.0])
     exact = expected_log_lik(lik, y, m, v)
     S = 20000
-    reps = [expected_log_lik(lik, y, m, v, method="mc", num_mc=S // 20, mc_variance_grad=grad,
+    reps = [expected_log_lik(lik, y, m, v, method="mc", num_draws=S // 20, mc_variance_grad=grad,
                              generator=torch.Generator().manual_seed(k)) for k in range(20)]
     for field in ("value", "dm", "dv"):
         est = torch.stack([getattr(r, field) for r in reps])          # 20 independent estimates of S/20 draws
@@ -185,8 +185,8 @@ def test_reparam_estimator_can_give_invalid_precision_and_hessian_cannot():
     v = torch.full((2000,), 4.0, dtype=F64)
     y = torch.ones(2000, dtype=F64)
     gen = torch.Generator().manual_seed(0)
-    rep = expected_log_lik(lik, y, m, v, method="mc", num_mc=1, mc_variance_grad="reparam", generator=gen)
-    hes = expected_log_lik(lik, y, m, v, method="mc", num_mc=1, mc_variance_grad="hessian", generator=gen)
+    rep = expected_log_lik(lik, y, m, v, method="mc", num_draws=1, mc_variance_grad="reparam", generator=gen)
+    hes = expected_log_lik(lik, y, m, v, method="mc", num_draws=1, mc_variance_grad="hessian", generator=gen)
     assert bool((rep.dv >= 0).any())
     assert bool((hes.dv < 0).all())
 
@@ -230,8 +230,8 @@ def test_bad_arguments_name_the_argument():
         expected_log_lik(BernoulliLogit(), _t([1.0]), _t([0.0, 1.0]), _t([1.0, 1.0]))
     with pytest.raises(ValueError, match="estimator must be one of"):
         expected_log_lik(BernoulliLogit(), _t([1.0]), _t([0.0]), _t([1.0]), method="exact")
-    with pytest.raises(ValueError, match="num_mc must be >= 1"):
-        expected_log_lik(BernoulliLogit(), _t([1.0]), _t([0.0]), _t([1.0]), method="mc", num_mc=0)
+    with pytest.raises(ValueError, match="num_draws must be >= 1"):
+        expected_log_lik(BernoulliLogit(), _t([1.0]), _t([0.0]), _t([1.0]), method="mc", num_draws=0)
 
 
 @pytest.mark.parametrize("rule", ["gl-asinh", "gauss-hermite"])

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import gpvi
-from gpvi.inference.cvi import CVI, MulticlassTypeII, TypeII
+from gpvi.inference.cvi import CVI, TypeII
 from gpvi.models.multiclass import GPMulticlass
 from gpvi.models.priors import check_prior_choice, default_prior, resolve_prior, scaled_prior
 from gpvi.numerics.quadrature import Quadrature
@@ -59,7 +59,7 @@ def test_multiclass_prior_none_is_the_multiclass_loop_without_prior():
     clf = GPClassifier(prior=None, num_quadrature=20).fit(X2, y2)
     assert clf.posterior_.info["log_prior"] == 0.0
     eng = CVI(quadrature=Quadrature(20, width=6.5), num_steps=500, progress_bar=False)
-    direct = MulticlassTypeII(eng, inner_num_steps=500, prior=None).run(GPMulticlass(X2, y2))
+    direct = TypeII(eng, inner_num_steps=500, prior=None).run(GPMulticlass(X2, y2))
     assert torch.equal(direct.theta, clf.theta_) and direct.elbo == clf.elbo_
     mapii = GPClassifier(num_quadrature=20).fit(X2, y2)
     assert clf.elbo_ >= mapii.elbo_ - 1e-6 and not torch.equal(clf.theta_, mapii.theta_)

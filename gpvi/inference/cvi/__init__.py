@@ -4,15 +4,13 @@
   class-factorised ones (softmax, robust-max): settings, init, step, result; run by the driver;
 * :mod:`~gpvi.inference.cvi.options` -- its small settings objects (:class:`MonteCarlo`, :class:`SingleSite`), the
   stop rule and the start (:class:`init_to_sites`);
-* :mod:`~gpvi.inference.cvi.state` -- :class:`CVIState` (:class:`MulticlassCVIState` adds the monotone runs' record);
-* :mod:`~gpvi.inference.cvi.steps` -- the full-batch and the single-site step of one latent function;
-  :mod:`~gpvi.inference.cvi.multiclass_sites`, :mod:`~gpvi.inference.cvi.multiclass_single` -- those of K;
-  the site algebra of both is :mod:`gpvi.numerics.sites`;
-* :mod:`~gpvi.inference.cvi.typeii`, :mod:`~gpvi.inference.cvi.multiclass_typeii` -- :class:`TypeII` and
-  :class:`MulticlassTypeII`, the outer loops that learn the kernel hyperparameters;
+* :mod:`~gpvi.inference.cvi.state` -- :class:`CVIState`, sites (N,) or (N, K);
+* :mod:`~gpvi.inference.cvi.steps` -- the full-batch and the single-site step, for one latent function or K;
+  their site algebra is :mod:`gpvi.numerics.sites`;
+* :mod:`~gpvi.inference.cvi.inner`, :mod:`~gpvi.inference.cvi.typeii` -- the ELBO-monotone inner runs and the
+  profiled objective; :class:`TypeII`, the outer loop that learns the kernel hyperparameters;
 * :mod:`~gpvi.inference.cvi.bayes` -- :class:`FullyBayesianCVI`: a Gaussian q(theta) on the EP evidence or the CVI
-  bound (:mod:`~gpvi.inference.cvi.ep_evidence`, :mod:`~gpvi.inference.cvi.bound`,
-  :mod:`~gpvi.inference.cvi.multiclass_bound`).
+  bound (:mod:`~gpvi.inference.cvi.ep_evidence`, :mod:`~gpvi.inference.cvi.bound`).
 
 The posterior is :class:`gpvi.posteriors.latent.LatentPosterior`.
 """
@@ -20,10 +18,8 @@ The posterior is :class:`gpvi.posteriors.latent.LatentPosterior`.
 from .engine import CVI
 from .options import MonteCarlo, SingleSite, SitesConverged, init_to_sites, num_steps_for_sweeps
 from .state import CVIState
-from .typeii import TypeII, theta_objective
-from .multiclass_typeii import MulticlassTypeII
-from .multiclass_sites import MulticlassCVIState
+from .typeii import TypeII
 from .bayes import FullyBayesianCVI
 
 __all__ = ["CVI", "CVIState", "MonteCarlo", "SingleSite", "SitesConverged", "init_to_sites", "num_steps_for_sweeps",
-           "TypeII", "theta_objective", "MulticlassTypeII", "MulticlassCVIState", "FullyBayesianCVI"]
+           "TypeII", "FullyBayesianCVI"]

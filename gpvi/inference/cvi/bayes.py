@@ -6,7 +6,7 @@ variational engine (Salimans-Knowles Hessian-free by default, or DSVI) on EP's a
 (:class:`gpvi.inference.cvi.bound.CVIBoundTarget`); for a multi-class model
 (:class:`gpvi.models.multiclass.GPMulticlass`, after
 :class:`~gpvi.inference.cvi.multiclass_typeii.MulticlassTypeII`) on multi-class EP (softmax, K <= 3, the default)
-or the profiled multi-class bound (:class:`gpvi.inference.cvi.multiclass_bound.MulticlassBoundTarget`). It returns a
+or the profiled multi-class bound (:class:`gpvi.inference.cvi.bound.CVIBoundTarget`). It returns a
 :class:`gpvi.posteriors.bayes_classification.BayesClassificationPosterior` (see that module for the bound that is
 maximised, what :math:`q(\theta)` approximates, and the predictive).
 """
@@ -27,11 +27,9 @@ from ...rng import check_seed
 from ...validation import check_bool, check_choice, check_positive_int
 from .engine import CVI
 from ..sk import SKGaussian
-from .multiclass_typeii import MulticlassTypeII
 from .typeii import TypeII
 from .bound import CVIBoundTarget
 from .ep_evidence import multiclass_ep_applies
-from .multiclass_bound import MulticlassBoundTarget
 from ..dsvi import DSVI, Convergence, Natural
 from ..init import init_to_value, laplace_scale_at
 from .bound import refuse_weights
@@ -65,7 +63,7 @@ class FullyBayesianCVI:
         lengthscale grows without limit), so :math:`q(\theta)` would have nothing to settle on.
     cvi : CVI, optional
         The engine of the inner CVI runs and of MAP-II. Binary default ``CVI(beta=0.7, progress_bar=False)``: the
-        inner runs are ELBO-monotone (:func:`~gpvi.inference.cvi.typeii.converge_sites` halves the step where a
+        inner runs are ELBO-monotone (:func:`~gpvi.inference.cvi.inner.converge_sites` halves the step where a
         full step would lower the ELBO), and a longer step than CVI's default 0.5 reaches ``inner_tol`` in fewer
         steps (measured per draw of :math:`q` at tolerance 1e-9: Pima 8.2 steps at beta 0.8, 14 at 0.5; a
         24-point 1-D set 19 at 0.7, 27 at 0.5 and 26 at 1.0, where beta = 1 keeps backtracking). Multi-class
@@ -90,7 +88,7 @@ class FullyBayesianCVI:
         posterior at each draw is CVI's :math:`q^*(\mathbf f\mid\theta)`. Multi-class: ``"ep"`` (softmax,
         K <= 3, else ``ValueError``) is multi-class EP with a full K x K site per point
         (:func:`gpvi.numerics.ep_multiclass.multiclass_ep`, Anderson-accelerated); ``"cvi"`` the profiled bound
-        of the class-factorised family (:class:`~gpvi.inference.cvi.multiclass_bound.MulticlassBoundTarget`), with the
+        of the class-factorised family (:class:`~gpvi.inference.cvi.bound.CVIBoundTarget`), with the
         same caveat. Measured against NUTS over :math:`(\theta, V)` on iris and wine
         (``benchmarks/results/multiclass_bayes_iris.md``, ``..._wine.md``): on EP, every q(theta) mean within
         0.18 / 0.14 NUTS sd, test probabilities 0.0034 / 0.0097 from NUTS's (MAP-II: 0.0050 / 0.0100), test log
@@ -146,8 +144,8 @@ class FullyBayesianCVI:
         return (f"FullyBayesianCVI({self.engine!r}, inner_tol={self.inner_tol:g}, num_draws={self.num_draws}, "
                 f"evidence={self.evidence!r})")
 
-    def _setup(self, model: Any) -> tuple[Any, str, Any, Any]:
-        """``(cvi engine, evidence, MAP-II loop class, bound target class)`` for ``model`` (binary or multi-class);
+    def _setup(self, model: Any) -> tuple[Any, str]:
+        """``(cvi engine, evidence)`` for ``model`` (binary or multi-class);
         ``ValueError`` where the settings do not fit the model."""
         if getattr(getattr(model, "likelihood", None), "multiclass", False):
             if self.evidence == "ep" and not multiclass_ep_applies(model):
@@ -157,11 +155,11 @@ class FullyBayesianCVI:
             evidence = self.evidence
             if evidence == "auto":
                 evidence = "ep" if multiclass_ep_applies(model) else "cvi"
-            return cvi, evidence, MulticlassTypeII, MulticlassBoundTarget
+            return cvi, evidence
         if self.cvi is not None and not isinstance(self.cvi, CVI):
             raise TypeError(f"a binary model needs cvi=CVI(...); got {type(self.cvi).__name__}")
         cvi = self.cvi if self.cvi is not None else CVI(beta=0.7, progress_bar=False)
-        return cvi, ("ep" if self.evidence == "auto" else self.evidence), TypeII, CVIBoundTarget
+        return cvi, ("ep" if self.evidence == "auto" else self.evidence)
 
     def default_engine(self, dim: int) -> Any:
         """The default engine for D = ``dim`` log-hyperparameters (see the class docstring)."""
@@ -184,8 +182,8 @@ class FullyBayesianCVI:
         model : LatentGP
             :class:`gpvi.GPClassification` or :class:`gpvi.models.multiclass.GPMulticlass`.
         init : LatentPosterior, optional
-            A MAP-II posterior to start from (a :class:`~gpvi.inference.cvi.typeii.TypeII` or
-            :class:`~gpvi.inference.cvi.multiclass_typeii.MulticlassTypeII` result with the same prior); default:
+            A MAP-II posterior to start from (a :class:`~gpvi.inference.cvi.typeii.TypeII` result with the same
+            prior); default:
             one is computed.
 
         Returns
@@ -203,13 +201,13 @@ class FullyBayesianCVI:
 
 
         refuse_weights(model, "FullyBayesianCVI")
-        cvi, evidence, loop, bound_target = self._setup(model)
+        cvi, evidence = self._setup(model)
         t0 = time.perf_counter()
         if init is None:
-            init = loop(cvi, prior=self.prior).run(model)
+            init = TypeII(cvi, prior=self.prior).run(model)
         t_map = time.perf_counter() - t0
         theta_map = init.theta.detach().clone()
-        bound = bound_target(model, self.prior, cvi=cvi, inner_tol=min(self.inner_tol, 1e-12))
+        bound = CVIBoundTarget(model, self.prior, cvi=cvi, inner_tol=min(self.inner_tol, 1e-12))
         t1 = time.perf_counter()
         # the anchor: MAP-II's sites re-converged tightly (TypeII's final sites stop at the engine's own tolerance)
         bound.set_anchor(theta_map, init.lam1, init.lam2)

@@ -11,11 +11,9 @@ The engine follows the contract of :mod:`gpvi.inference.engine` and is run by :f
 is one full-batch step (Algorithm 1, O(K N^3)) or one doubly stochastic single-site step (eq. 14, O(K N^2) on cached
 factors of :math:`K + S_k` updated **in place** by rank-one updates), the stop rule ends the run when the relative
 ELBO change between two checks falls below ``tol``, and :meth:`CVI.result` builds the
-:class:`~gpvi.posteriors.latent.LatentPosterior`. The steps are in :mod:`gpvi.inference.cvi.steps` (one latent
-function) and :mod:`gpvi.inference.cvi.multiclass_sites`, :mod:`gpvi.inference.cvi.multiclass_single` (K), the
-states in :mod:`gpvi.inference.cvi.state`. Learning the kernel hyperparameters (type-II maximisation of the ELBO) is
-an outer loop over CVI runs (:class:`~gpvi.inference.cvi.typeii.TypeII`,
-:class:`~gpvi.inference.cvi.multiclass_typeii.MulticlassTypeII`); the engine itself keeps :math:`\theta` fixed.
+:class:`~gpvi.posteriors.latent.LatentPosterior`. The steps are in :mod:`gpvi.inference.cvi.steps`, the state in
+:mod:`gpvi.inference.cvi.state`. Learning the kernel hyperparameters (type-II maximisation of the ELBO) is an outer
+loop over CVI runs (:class:`~gpvi.inference.cvi.typeii.TypeII`); the engine itself keeps :math:`\theta` fixed.
 
 Site gradients (``estimator``): ``"quadrature"`` (deterministic: a 1-D rule for one latent function and robust-max,
 an iterated rule over the K - 1 logit differences for the softmax with :math:`K \le` ``max_quadrature_classes``),
@@ -26,7 +24,7 @@ any K: a quasi-Monte Carlo average over fixed Sobol' points); ``"auto"`` is ``"q
 ``"fixed"`` (:mod:`gpvi.models.multiclass_likelihoods`). The bound reported (``elbo``, the stop rule, the type-II
 objective) always uses the deterministic rule (``elbo_method``). With K latent functions each step first moves the
 sites to the exact maximiser of the bound along the **common mode** (all classes' means shifted together, along which
-softmax and robust-max are flat; :func:`gpvi.inference.cvi.multiclass_sites.center`), and full-batch quadrature steps
+softmax and robust-max are flat; :func:`gpvi.inference.cvi.steps.center`), and full-batch quadrature steps
 are kept ELBO-monotone.
 
 Faults: a failed factorisation or a non-finite ELBO inside a step rolls the state back to where the step began
@@ -62,18 +60,14 @@ from .. import driver
 from ..engine import FaultPolicy, RunReport, resume_copy
 from ..init import start_point
 from ..schedules import rate
-from . import multiclass_sites as ms
 from . import steps
-from .multiclass_single import stochastic_step as classes_stochastic_step
-from .multiclass_sites import MulticlassCVIState
 from .options import MonteCarlo, SingleSite, SitesConverged, init_to_sites, latent_init
 from .state import CVIState
 
 __all__ = ["CVI"]
 
 _SNAPSHOT = ("lam1", "lam2", "theta", "t", "sites_updated", "initialised", "factor", "since_refactor", "order",
-             "order_pos", "elbo", "beta_scale", "converged")
-_SNAPSHOT_CLASSES = _SNAPSHOT + ("kept_lam1", "kept_lam2", "redo")
+             "order_pos", "elbo", "beta_scale", "converged", "kept_lam1", "kept_lam2", "redo")
 
 DEFAULT_NUM_STEPS = {False: 500, True: 1000}
 """Default cap on the steps of a run: one latent function, K latent functions."""
@@ -253,7 +247,7 @@ class CVI:
     @property
     def monotone(self) -> bool:
         """K latent functions: full-batch steps with quadrature expectations are kept ELBO-monotone
-        (:func:`~gpvi.inference.cvi.multiclass_sites.keep_monotone`); Monte Carlo steps are not (their bound moves
+        (:func:`~gpvi.inference.cvi.steps.keep_monotone`); Monte Carlo steps are not (their bound moves
         with the draws)."""
         return self.class_factorised and self.mode == "full" and self.estimator == "quadrature"
 
@@ -309,12 +303,11 @@ class CVI:
         start = start_point(model, start, self.default_init(model), strategy=latent_init)
         theta = start.theta.detach().to(device=model.device, dtype=torch.float64).clone()
         gen = resolve_generator(self.seed, generator)
-        cls = MulticlassCVIState if self.class_factorised else CVIState
         lam1, lam2 = getattr(start, "lam1", None), getattr(start, "lam2", None)
         if lam1 is None:
             z = torch.zeros(model.site_shape, dtype=torch.float64, device=model.device)
-            return cls(z, z.clone(), theta, gen)
-        return cls(lam1.clone(), lam2.clone(), theta, gen, initialised=True)
+            return CVIState(z, z.clone(), theta, gen)
+        return CVIState(lam1.clone(), lam2.clone(), theta, gen, initialised=True)
 
     def initial_state(self, model: LatentGP, theta: Any = None, *, lam1: Any = None, lam2: Any = None,
                       generator: torch.Generator | None = None) -> CVIState:
@@ -328,7 +321,7 @@ class CVI:
     def resume(self, target: Any, state: CVIState | dict[str, Any]) -> CVIState:
         """A checked copy of ``state`` (a CVI state or its ``state_dict``) to continue on ``target``."""
         model = self._configure(target)
-        st = resume_copy(state, MulticlassCVIState if self.class_factorised else CVIState)
+        st = resume_copy(state, CVIState)
         if tuple(st.lam1.shape) != tuple(model.site_shape):
             raise ValueError(f"state has sites of shape {tuple(st.lam1.shape)} but the model's are "
                              f"{tuple(model.site_shape)}")
@@ -360,18 +353,14 @@ class CVI:
         """
         model = target
         t0 = time.perf_counter()
-        snap = {k: getattr(state, k) for k in (_SNAPSHOT_CLASSES if self.class_factorised else _SNAPSHOT)}
+        snap = {k: getattr(state, k) for k in _SNAPSHOT}
         counters = dict(state.counters)
         try:
             K = model.kernel_matrix(state.theta)
-            if self.class_factorised and self.mode == "full":
-                info = ms.full_step(self, model, state, K, state.generator)
-                if self.monotone:
-                    ms.keep_monotone(state, info, self.tol)
-            elif self.class_factorised:
-                info = classes_stochastic_step(self, model, state, K, state.generator)
-            elif self.mode == "full":
+            if self.mode == "full":
                 info = steps.full_step(self, model, state, K, state.generator)
+                if self.monotone:
+                    steps.keep_monotone(state, info, self.tol)
             else:
                 info = steps.stochastic_step(self, model, state, K, state.generator)
         except (sites.SiteFault, NotPSDError) as exc:
@@ -429,7 +418,7 @@ class CVI:
             lam1, lam2 = torch.zeros_like(state.lam1), torch.full_like(state.lam2, -1e-12)
         else:
             lam1, lam2 = state.lam1, state.lam2
-        elbo, parts = (ms if self.class_factorised else steps).elbo_from_sites(self, model, lam1, lam2, state.theta)
+        elbo, parts = steps.elbo_from_sites(self, model, lam1, lam2, state.theta)
         L, alpha, m, v = parts["L"], parts["alpha"], parts["m"], parts["v"]
         kind = {"num_classes": model.num_classes, "backtracks": 0} if self.class_factorised else {}
         info = {**self.settings(model.num_data), "link": model.link, **kind, "learn_hyperparameters": False,
@@ -487,7 +476,6 @@ class CVI:
         model = self._configure(model)
         if not (state.initialised or self.class_factorised):
             K = model.kernel_matrix(state.theta)
-            return float(sites.expected_value_sum(model, torch.zeros_like(state.lam1), K.diagonal().clone(),
-                                                  self.quadrature))
-        family = ms if self.class_factorised else steps
-        return family.elbo_from_sites(self, model, state.lam1, state.lam2, state.theta)[0]
+            m, v = torch.zeros_like(state.lam1), K.diagonal().clone()
+            return float(steps.expectations(self, model, m, v, None, self.elbo_method).value.sum())
+        return steps.elbo_from_sites(self, model, state.lam1, state.lam2, state.theta)[0]

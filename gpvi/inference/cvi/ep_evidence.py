@@ -30,7 +30,7 @@ differentiable once, as for the CVI bound. Every evaluation runs EP from the pri
 **The latent posterior** at a :math:`\theta` (for predictions) stays CVI's :math:`q^*(\mathbf f\mid\theta)`,
 from the wrapped :class:`~gpvi.inference.cvi.bound.CVIBoundTarget`: EP only weighs the hyperparameters.
 
-**Multi-class** (a wrapped :class:`~gpvi.inference.cvi.multiclass_bound.MulticlassBoundTarget`, softmax, K <= 3): EP with a
+**Multi-class** (a wrapped :class:`~gpvi.inference.cvi.bound.CVIBoundTarget` of a multi-class model, softmax, K <= 3): EP with a
 full :math:`K\times K` site per data point (:func:`gpvi.numerics.ep_multiclass.multiclass_ep`), with the bound's
 softmax rule for the tilted moments. Every evaluation starts EP from the sites EP converged to at the bound's anchor
 (computed once): a fixed warm start, so ``log_joint`` is still a deterministic function of :math:`\theta`.
@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from ...validation import check_positive, check_positive_int
-from .bound import AnchoredBoundTarget, envelope_log_joint
+from .bound import CVIBoundTarget, envelope_log_joint
 from ...models.multiclass_likelihoods import Softmax
 from ...numerics.ep import expectation_propagation
 from ...numerics.ep_multiclass import multiclass_ep
@@ -70,7 +70,7 @@ class EPEvidenceTarget:
 
     Parameters
     ----------
-    bound : CVIBoundTarget or MulticlassBoundTarget
+    bound : CVIBoundTarget
         Gives the model, the prior, the kernel matrices (the same :math:`K_\theta` as the CVI bound's) and the
         latent posterior at a :math:`\theta` (:meth:`latent_posterior`).
     damping : float, optional
@@ -99,10 +99,10 @@ class EPEvidenceTarget:
     True
     """
 
-    def __init__(self, bound: AnchoredBoundTarget, *, damping: float | None = None, tol: float = 1e-8,
+    def __init__(self, bound: CVIBoundTarget, *, damping: float | None = None, tol: float = 1e-8,
                  max_sweeps: int = 200) -> None:
-        if not isinstance(bound, AnchoredBoundTarget):
-            raise TypeError(f"bound must be a gpvi CVIBoundTarget or MulticlassBoundTarget; got "
+        if not isinstance(bound, CVIBoundTarget):
+            raise TypeError(f"bound must be a gpvi CVIBoundTarget; got "
                             f"{type(bound).__name__}")
         self.bound = bound
         self.multiclass = bool(getattr(bound.model.likelihood, "multiclass", False))

@@ -40,9 +40,9 @@ class CVIState:
 
     Attributes
     ----------
-    lam1, lam2 : torch.Tensor of shape (N,)
-        Site parameters :math:`\tilde\lambda^{(1)}, \tilde\lambda^{(2)}` (``lam2 < 0`` once initialised). A step
-        replaces them by new tensors (never writes into them).
+    lam1, lam2 : torch.Tensor of shape (N,) or (N, K)
+        Site parameters :math:`\tilde\lambda^{(1)}, \tilde\lambda^{(2)}` of one latent function or of K
+        (``lam2 < 0`` once initialised). A step replaces them by new tensors (never writes into them).
     theta : torch.Tensor of shape (D,)
         Kernel log-hyperparameters.
     generator : torch.Generator
@@ -50,12 +50,12 @@ class CVIState:
     t : int
         Steps taken (a full-batch step or a single-site batch each count as one; skipped steps too).
     sites_updated : int
-        Site updates so far (``sites_updated / N`` = sweeps).
+        Data points visited so far (``sites_updated / N`` = sweeps).
     initialised : bool
         ``False``: the sites are still 0 and :math:`q` is the prior.
-    factor : torch.Tensor of shape (N, N) or None
-        The cached (rank-one-updated, in place) lower Cholesky factor of :math:`K + S` (stochastic mode), viewed
-        from contiguous upper storage. ``None``: computed from scratch at the next step.
+    factor : torch.Tensor of shape (N, N) or (K, N, N), or None
+        The cached (rank-one-updated, in place) lower Cholesky factor(s) of :math:`K + S_k` (stochastic mode),
+        viewed from contiguous upper storage. ``None``: computed from scratch at the next step.
     since_refactor : int
         Single-site steps since the factor was last computed from scratch.
     order : torch.Tensor of shape (N,) or None
@@ -74,12 +74,13 @@ class CVIState:
         Seconds spent inside steps (what ``trace["time_s"]`` records at each check).
     counters : dict of str to float
         ``sites_shrunk``, ``sites_rejected``, ``sites_nonfinite``, ``sites_floored``, ``faults``,
-        ``refactorisations``, ``factor_faults``, ``jitter_events``, ``max_drift`` (the type-II loop adds
+        ``refactorisations``, ``factor_faults``, ``jitter_events``, ``max_drift`` (single-site steps may add
+        ``unstable_updates``, the ELBO-monotone runs ``backtracks``, the type-II loop
         ``theta_phases``, ``theta_evaluations``, ``inner_steps``).
     kept_lam1, kept_lam2, redo
-        The ELBO-monotone full-batch runs of :class:`~gpvi.inference.cvi.engine.CVI`: the last
-        accepted sites (their ELBO is ``elbo``, the last check) and whether the next step starts from them again
-        after a step that lowered the ELBO was undone (``None``, False elsewhere).
+        The ELBO-monotone full-batch runs of K latent functions (:func:`gpvi.inference.cvi.steps.keep_monotone`):
+        the last accepted sites (their ELBO is ``elbo``, the last check) and whether the next step starts from
+        them again after a step that lowered the ELBO was undone (``None``, False elsewhere).
     trace : dict of str to list
         Per check: ``step``, ``sweep``, ``elbo``, ``residual`` (:math:`\max_n|\hat g_n - \tilde\lambda_n|`, full
         mode), ``drift`` (stochastic mode), ``time_s``.
@@ -91,10 +92,11 @@ class CVIState:
     ...               torch.zeros(2, dtype=torch.float64), torch.Generator().manual_seed(0))
     >>> CVIState.from_state_dict(st.state_dict()).t
     0
+    >>> z = torch.zeros(4, 3, dtype=torch.float64)
+    >>> CVIState(z, z.clone(), torch.zeros(2, dtype=torch.float64), torch.Generator()).num_latent
+    3
     """
 
-    SITE_NDIM: ClassVar[int] = 1
-    """Dimensions of ``lam1`` and ``lam2`` (1: one site per data point; :class:`MulticlassCVIState`: 2)."""
     VERSION: ClassVar[int] = STATE_VERSION
     """The ``version`` that :meth:`state_dict` writes."""
 
@@ -125,6 +127,11 @@ class CVIState:
     def num_sites(self) -> int:
         """N."""
         return self.lam1.shape[0]
+
+    @property
+    def num_latent(self) -> int:
+        """Latent functions: 1 for sites (N,), K for sites (N, K)."""
+        return 1 if self.lam1.dim() == 1 else self.lam1.shape[1]
 
     @property
     def sweeps(self) -> float:
@@ -167,8 +174,8 @@ class CVIState:
         missing = {"lam1", "lam2", "theta", "generator_state"} - set(state)
         if missing:
             raise ValueError(f"state is missing {sorted(missing)}")
-        lam1 = as_float_tensor(state["lam1"], "state['lam1']", ndim=cls.SITE_NDIM)
-        lam2 = as_float_tensor(state["lam2"], "state['lam2']", ndim=cls.SITE_NDIM)
+        lam1 = as_float_tensor(state["lam1"], "state['lam1']", ndim=(1, 2))
+        lam2 = as_float_tensor(state["lam2"], "state['lam2']", ndim=lam1.dim())
         if lam1.shape != lam2.shape:
             raise ValueError(f"state['lam1'] and state['lam2'] differ in shape: {tuple(lam1.shape)} vs "
                              f"{tuple(lam2.shape)}")
@@ -198,5 +205,6 @@ class CVIState:
                    redo=bool(state.get("redo", False)))
 
     def __repr__(self) -> str:
-        return (f"CVIState(t={self.t}, N={self.num_sites}, sweeps={self.sweeps:.3g}, elbo={self.elbo:.6g}, "
+        k = "" if self.lam1.dim() == 1 else f", K={self.num_latent}"
+        return (f"CVIState(t={self.t}, N={self.num_sites}{k}, sweeps={self.sweeps:.3g}, elbo={self.elbo:.6g}, "
                 f"converged={self.converged}, factor={'cached' if self.factor is not None else None})")

@@ -15,7 +15,7 @@ import torch
 from gpvi.exceptions import InterruptedRunWarning
 from gpvi.inference.cvi.engine import CVI
 from gpvi.inference.cvi.options import MonteCarlo
-from gpvi.inference.cvi.multiclass_typeii import MulticlassTypeII
+from gpvi.inference.cvi.typeii import TypeII
 from gpvi.models.likelihoods import BernoulliLogit, expected_log_lik
 from gpvi.models.multiclass import GPMulticlass
 from gpvi.models.multiclass_likelihoods import RobustMax, Softmax
@@ -263,7 +263,7 @@ def test_full_batch_optimum_equals_scipy_lbfgs_on_the_same_bound():
 
 # ------------------------------------------------------------------ speed: centring, monotone inner runs, inner rule
 def test_center_is_the_exact_maximiser_along_the_common_mode():
-    from gpvi.inference.cvi import multiclass_sites as ms
+    from gpvi.inference.cvi import inner as inner_mod, steps as ms
 
     X, y = mc_data(15, seed=11)
     model = GPMulticlass(X, y)
@@ -313,7 +313,7 @@ def test_centering_changes_the_speed_not_the_fixed_point(likelihood):
 
 
 def test_inner_quadrature_is_accurate_against_the_fine_rule():
-    from gpvi.inference.cvi.multiclass_typeii import inner_quadrature
+    from gpvi.inference.cvi.typeii import inner_quadrature
     from gpvi.models.likelihoods import Quadrature
 
     g = torch.Generator().manual_seed(12)
@@ -336,8 +336,8 @@ def test_inner_quadrature_is_accurate_against_the_fine_rule():
 def test_map_ii_inner_rule_and_monotone_inner_runs_keep_the_optimum():
     X, y = mc_data(30, seed=13)
     model = GPMulticlass(X, y)
-    fast = MulticlassTypeII(engine()).run(model)
-    fine = MulticlassTypeII(engine(), inner_quadrature=None).run(model)
+    fast = TypeII(engine()).run(model)
+    fine = TypeII(engine(), inner_quadrature=None).run(model)
     assert fast.info["type_ii"]["inner_quadrature"] == "auto" and fine.info["type_ii"]["inner_quadrature"] is None
     assert fast.info["objective"] == pytest.approx(fine.info["objective"], abs=1e-5)
     assert torch.allclose(fast.theta, fine.theta, atol=1e-2)
@@ -357,14 +357,14 @@ def test_coarse_first_phase_keeps_the_optimum_with_fewer_inner_steps():
     """The coarse first phase (loose inner runs far from the optimum) ends at the optimum of the loop without it."""
     X, y = mc_data(30, seed=13)
     model = GPMulticlass(X, y)
-    coarse = MulticlassTypeII(engine()).run(model)
-    tight = MulticlassTypeII(engine(), coarse=False).run(model)
+    coarse = TypeII(engine()).run(model)
+    tight = TypeII(engine(), coarse=False).run(model)
     assert coarse.info["type_ii"]["coarse"]["inner_tol"] == 1e-6 and tight.info["type_ii"]["coarse"] is None
     assert coarse.info["objective"] == pytest.approx(tight.info["objective"], abs=1e-6)
     assert torch.allclose(coarse.theta, tight.theta, atol=1e-2)
     assert coarse.info["inner_steps"] < tight.info["inner_steps"]
     with pytest.raises(TypeError, match="coarse"):
-        MulticlassTypeII(engine(), coarse="yes")
+        TypeII(engine(), coarse="yes")
 
 
 def test_isotropic_start_ignores_constant_columns():
@@ -484,8 +484,8 @@ def test_type_ii_with_the_default_prior_increases_the_objective():
     X, y = mc_data(24, seed=9)
     model = GPMulticlass(X, y)
     fixed = engine().run(model)
-    learned = MulticlassTypeII(engine()).run(model)
-    none = MulticlassTypeII(engine(), prior=None).run(model)
+    learned = TypeII(engine()).run(model)
+    none = TypeII(engine(), prior=None).run(model)
     assert learned.info["objective"] > fixed.elbo + learned.info["log_prior"] - 1e-6
     assert none.elbo >= fixed.elbo and none.info["log_prior"] == 0.0
     assert learned.info["theta_phases"] >= 1 and learned.info["learn_hyperparameters"]
@@ -548,7 +548,7 @@ def test_iris_at_the_data_scaled_start_is_sane_against_scikit_learn():
 def test_iris_map_ii_accuracy_and_log_loss_are_sane_against_scikit_learn():
     Xtr, Xte, ytr, yte = _iris()
     t0 = time.perf_counter()
-    post = MulticlassTypeII(engine(), inner_tol=1e-7).run(GPMulticlass(Xtr, ytr))
+    post = TypeII(engine(), inner_tol=1e-7).run(GPMulticlass(Xtr, ytr))
     acc, acc_sk, ll, ll_sk = _compare(post, Xte, yte, Xtr, ytr, time.perf_counter() - t0, "MAP-II")
     assert acc >= 0.9 and acc >= acc_sk - 0.05
     assert ll <= 0.3 and ll <= ll_sk + 0.05
@@ -609,8 +609,8 @@ def test_map_ii_with_a_large_step_reaches_the_default_optimum():
     """MAP-II with beta = 1 returned an objective of -46,188 on the iris split (its CVI run between phases
     cycled); it now reaches the beta = 0.5 optimum."""
     model = GPMulticlass(*_iris_split())
-    ref = MulticlassTypeII(engine()).run(model)
-    post = MulticlassTypeII(engine(beta=1.0)).run(model)
+    ref = TypeII(engine()).run(model)
+    post = TypeII(engine(beta=1.0)).run(model)
     assert post.converged
     assert abs(post.info["objective"] - ref.info["objective"]) <= 1e-6 * abs(ref.info["objective"])
     assert float((post.theta - ref.theta).abs().max()) <= 1e-2
@@ -642,10 +642,10 @@ def test_anderson_solves_a_linear_fixed_point_that_plain_iteration_crawls_on():
 def _inner_start():
     """Sites converged at a coarse theta on the iris split, and the theta of the next L-BFGS-B trial point (the
     largest move of the benchmark's coarse phase)."""
-    from gpvi.inference.cvi.multiclass_typeii import converge_sites
+    from gpvi.inference.cvi.inner import converge_sites
 
     model = GPMulticlass(*_iris_split())
-    eng = MulticlassTypeII(engine())._inner_engine(model)
+    eng = TypeII(engine())._inner_engine(model)
     th0 = torch.tensor([1.421, 1.507, 1.123, 0.996, 0.874], dtype=F64)
     N = model.num_data
     st = converge_sites(eng, model, th0, torch.zeros(N, 3, dtype=F64), torch.full((N, 3), -0.5, dtype=F64),
@@ -663,8 +663,8 @@ def test_accelerated_inner_runs_reach_the_plain_runs_fixed_point_in_fewer_steps(
     """converge_sites with Anderson acceleration: the same fixed point as the plain damped run (bound within 1e-9
     relative, latent means within 1e-4), in fewer steps; the accepted bounds never go down (a plain run's bound is
     a lower bound on the accelerated run's at every tolerance)."""
-    from gpvi.inference.cvi import multiclass_sites as ms
-    from gpvi.inference.cvi.multiclass_typeii import converge_sites
+    from gpvi.inference.cvi import inner as inner_mod, steps as ms
+    from gpvi.inference.cvi.inner import converge_sites
 
     model, eng, st, th = _inner_start()
     runs = {}
@@ -680,7 +680,7 @@ def test_accelerated_inner_runs_reach_the_plain_runs_fixed_point_in_fewer_steps(
     assert cf.get("inner_backtracks", 0) == 0
     from gpvi.inference.cvi import TypeII
 
-    for cls in (MulticlassTypeII, TypeII):
+    for cls in (TypeII, TypeII):
         with pytest.raises(ValueError, match="anderson"):
             cls(anderson=-1)
         with pytest.raises(TypeError, match="anderson"):
@@ -691,8 +691,8 @@ def test_a_rejected_extrapolation_falls_back_to_the_plain_step(monkeypatch):
     """An extrapolation that lowers the bound (here every one overshoots tenfold) is replaced by the plain damped
     step from the accepted sites: counted, no step halved, and the run still ends at the fixed point."""
     from gpvi.numerics import anderson
-    from gpvi.inference.cvi import multiclass_sites as ms
-    from gpvi.inference.cvi.multiclass_typeii import converge_sites
+    from gpvi.inference.cvi import inner as inner_mod, steps as ms
+    from gpvi.inference.cvi.inner import converge_sites
 
     model, eng, st, th = _inner_start()
     monkeypatch.setattr(anderson.Anderson, "step", lambda self, x, g: (self.r.append(g - x), x + 10.0 * (g - x))[1])
@@ -709,17 +709,17 @@ def test_theta_gradient_closed_form_matches_central_differences_at_any_sites():
     """multiclass_sites.theta_objective's gradient (the binary closed form summed over the classes, plus the
     prior's) against central differences of its own value, at sites that are not a fixed point (so the envelope
     theorem plays no part) and an ARD theta away from the optimum."""
-    from gpvi.inference.cvi import multiclass_sites as ms
+    from gpvi.inference.cvi import inner as inner_mod, steps as ms
     from gpvi.models.priors import check_prior
 
     model, _, st, th = _inner_start()
     eng = engine()
     eng._configure(model)                     # the engine's 1600-node rule: its derivatives are the value's to 1e-7
     prior = check_prior(None, model.dim)
-    val, grad = ms.theta_objective(eng, model, st.lam1, st.lam2, th, prior)
+    val, grad = inner_mod.theta_objective(eng, model, st.lam1, st.lam2, th, prior)
     h = 1e-5
-    fd = torch.tensor([(ms.theta_objective(eng, model, st.lam1, st.lam2, th + h * e, prior)[0]
-                        - ms.theta_objective(eng, model, st.lam1, st.lam2, th - h * e, prior)[0]) / (2 * h)
+    fd = torch.tensor([(inner_mod.theta_objective(eng, model, st.lam1, st.lam2, th + h * e, prior)[0]
+                        - inner_mod.theta_objective(eng, model, st.lam1, st.lam2, th - h * e, prior)[0]) / (2 * h)
                        for e in torch.eye(model.dim, dtype=F64)], dtype=F64)
     torch.testing.assert_close(grad, fd, rtol=1e-6, atol=1e-6)
     assert float(grad.abs().max()) > 1.0                             # far from stationary: a real check
@@ -731,8 +731,8 @@ def test_profiled_objective_reuses_the_best_evaluated_step_exactly():
     evaluated) to 1e-12, one factorisation and one set of expectations fewer per evaluation; within the run's tol of
     the value at the sites it ended at, and its gradient that of the profiled bound (central differences of the
     tightly converged objective)."""
-    from gpvi.inference.cvi import multiclass_sites as ms
-    from gpvi.inference.cvi.multiclass_typeii import converge_sites, profiled_objective
+    from gpvi.inference.cvi import inner as inner_mod, steps as ms
+    from gpvi.inference.cvi.inner import converge_sites, profiled_objective
     from gpvi.models.multiclass_likelihoods import Softmax
     from gpvi.models.priors import check_prior
 
@@ -757,10 +757,10 @@ def test_profiled_objective_reuses_the_best_evaluated_step_exactly():
         Softmax.expected_log_lik = orig
     assert calls["n"] == inner2.t                                   # one set of expectations per step, none after
     assert torch.equal(inner2.lam1, inner.lam1) and torch.equal(inner2.lam2, inner.lam2)
-    ref_val, ref_grad = ms.theta_objective(eng, model, best["lam1"], best["lam2"], th, prior)
+    ref_val, ref_grad = inner_mod.theta_objective(eng, model, best["lam1"], best["lam2"], th, prior)
     assert val == pytest.approx(ref_val, rel=1e-12)
     torch.testing.assert_close(grad, ref_grad, rtol=1e-10, atol=1e-10)
-    end_val, end_grad = ms.theta_objective(eng, model, inner.lam1, inner.lam2, th, prior)
+    end_val, end_grad = inner_mod.theta_objective(eng, model, inner.lam1, inner.lam2, th, prior)
     assert abs(val - end_val) <= 1e-9 * abs(end_val)
     torch.testing.assert_close(grad, end_grad, rtol=1e-4, atol=1e-4)
     h = 1e-4
@@ -779,7 +779,7 @@ def test_secant_step_is_the_newton_step_on_a_quadratic():
     """secant_step from the two best points of a concave quadratic: with Hessian -a I the step theta + gamma g
     lands on the maximum (gamma = 1/a); with a general Hessian it is s'As / s'A^2 s; None without curvature of a
     maximum or with fewer than two finite points."""
-    from gpvi.inference.cvi.multiclass_typeii import secant_step
+    from gpvi.inference.cvi.typeii import secant_step
 
     A = torch.tensor([[2.0, 0.3], [0.3, 0.5]], dtype=F64)
     opt = torch.tensor([0.4, -1.0], dtype=F64)

@@ -7,10 +7,10 @@ import torch
 
 from gpvi.inference.cvi.bayes import FullyBayesianCVI
 from gpvi.inference.cvi.engine import CVI
-from gpvi.inference.cvi.multiclass_typeii import MulticlassTypeII
+from gpvi.inference.cvi.typeii import TypeII
 from gpvi.inference.sk import SKGaussian
 from gpvi.models.multiclass import GPMulticlass
-from gpvi.inference.cvi.multiclass_bound import MulticlassBoundTarget
+from gpvi.inference.cvi.bound import CVIBoundTarget
 
 F64 = torch.float64
 
@@ -25,15 +25,15 @@ def _model(n: int = 18) -> GPMulticlass:
 @pytest.fixture(scope="module")
 def map_fit():
     model = _model()
-    return model, MulticlassTypeII(CVI(progress_bar=False)).run(model)
+    return model, TypeII(CVI(progress_bar=False)).run(model)
 
 
 def test_bound_is_the_type_ii_objective_with_a_finite_difference_exact_envelope_gradient(map_fit):
-    """At the MAP-II point: the target's value is MulticlassTypeII's objective (both with the cheaper inner rule
+    """At the MAP-II point: the target's value is TypeII's objective (both with the cheaper inner rule
     against the engine's: within 1e-5) and its gradient vanishes; away from it, autograd's envelope gradient
     matches central differences of the re-converged bound."""
     model, post = map_fit
-    tg = MulticlassBoundTarget(model, anchor=post)
+    tg = CVIBoundTarget(model, anchor=post)
     th = post.theta.clone().requires_grad_(True)
     val = tg.log_joint(th)
     (g,) = torch.autograd.grad(val, th)
@@ -50,14 +50,14 @@ def test_bound_is_the_type_ii_objective_with_a_finite_difference_exact_envelope_
 
 def test_bound_rows_and_bad_arguments(map_fit):
     model, post = map_fit
-    tg = MulticlassBoundTarget(model, anchor=post)
+    tg = CVIBoundTarget(model, anchor=post)
     vals = tg.log_joint(torch.stack([post.theta, torch.tensor([float("nan"), 0.0], dtype=F64)]))
     assert torch.isfinite(vals[0]) and vals[1] == -float("inf")
     assert tg.names == model.names and tg.dim == 2
     with pytest.raises(TypeError, match="GPMulticlass"):
-        MulticlassBoundTarget(object())
+        CVIBoundTarget(object())
     with pytest.raises(TypeError, match="CVI"):
-        MulticlassBoundTarget(model, cvi="cvi")
+        CVIBoundTarget(model, cvi="cvi")
     with pytest.raises(ValueError, match="anchor sites"):
         tg.set_anchor(post.theta, torch.zeros(3, 3, dtype=F64), -torch.ones(3, 3, dtype=F64))
 
@@ -97,7 +97,7 @@ def test_fully_bayesian_multiclass_on_ep_evidence_starts_at_the_ep_map_point(map
 
     a, b = fit(), fit()
     assert a.info["evidence"] == "ep" and a.info["ep_counters"]["failures"] == 0 and torch.equal(a.mean, b.mean)
-    bound = MulticlassBoundTarget(model)
+    bound = CVIBoundTarget(model)
     bound.set_anchor(post.theta, post.lam1, post.lam2)
     target = EPEvidenceTarget(bound)
     theta = torch.tensor(a.info["ep_map_theta"], dtype=F64).requires_grad_(True)
@@ -134,16 +134,16 @@ def test_auto_evidence_is_ep_where_multiclass_ep_applies(map_fit):
 
 
 def test_accelerated_inner_runs_give_the_plain_runs_bound_and_gradient(map_fit):
-    """MulticlassBoundTarget(anderson=5) (the default) against anderson=0: the same values to 1e-8 relative and
+    """CVIBoundTarget(anderson=5) (the default) against anderson=0: the same values to 1e-8 relative and
     gradients to 1e-5 at rows away from the anchor, in fewer inner steps."""
     model, post = map_fit
     g = torch.Generator().manual_seed(0)
     th = post.theta + 0.7 * torch.randn(4, model.dim, generator=g, dtype=F64)
-    fast, plain = MulticlassBoundTarget(model, anchor=post), MulticlassBoundTarget(model, anchor=post, anderson=0)
+    fast, plain = CVIBoundTarget(model, anchor=post), CVIBoundTarget(model, anchor=post, anderson=0)
     vf, gf = fast.bound_and_grad(th)
     vp, gp = plain.bound_and_grad(th)
     torch.testing.assert_close(vf, vp, rtol=1e-8, atol=0)
     torch.testing.assert_close(gf, gp, rtol=1e-5, atol=1e-6)
     assert fast.counters["inner_steps"] < plain.counters["inner_steps"]
     with pytest.raises(ValueError, match="anderson"):
-        MulticlassBoundTarget(model, anderson=-1)
+        CVIBoundTarget(model, anderson=-1)
