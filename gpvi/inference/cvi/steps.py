@@ -327,26 +327,6 @@ def update_factor_(L: torch.Tensor, idx: torch.Tensor, delta: torch.Tensor, p0: 
             L[j:, j:] = cholesky_update(L[j:, j:], unit, dlt)
 
 
-def record_check(state: Any, info: dict[str, Any], tol: float, *, noisy: bool = False) -> None:
-    """Append a check (a step that evaluated the ELBO) to ``state.trace`` and decide ``state.converged``: the
-    relative ELBO change against the last check is at most ``tol``, or with ``noisy`` (Monte Carlo site gradients)
-    :func:`gpvi.inference.cvi.options.flat_elbo_window`. Sets ``info["converged"]``."""
-    elbo, prev = info["elbo"], state.elbo
-    tr = state.trace
-    tr["step"].append(info.get("elbo_step", state.t))
-    tr["sweep"].append(state.sweeps)
-    tr["elbo"].append(elbo)
-    tr["residual"].append(info.get("residual", math.nan))
-    tr["drift"].append(info.get("drift", math.nan))
-    tr["time_s"].append(state.step_time_s)
-    state.elbo = elbo
-    if noisy:
-        state.converged = tol > 0 and flat_elbo_window(tr["elbo"], tol)
-    else:
-        state.converged = tol > 0 and math.isfinite(prev) and abs(elbo - prev) <= tol * max(1.0, abs(elbo))
-    info["converged"] = state.converged
-
-
 def _check(cvi: Any, model: Any, st: Any, K: torch.Tensor) -> dict[str, Any]:
     """Refactorise (measuring the drift), centre the sites along the common mode (K latent functions) and
     evaluate the ELBO."""
