@@ -17,13 +17,37 @@ importance sampling*, JMLR 2024):
    (:class:`~gpvi.posteriors.mixture.GaussianMixture`, weights :math:`\propto e^{\mathcal L_k}`) and PSIS of
    the mixture estimates each basin's posterior mass. If the basins other than the best one hold more than
    ``BASIN_MASS_TOL`` of it, the mixture replaces q in the next step.
-4. **Answer**: q itself if :math:`\hat k \le 0.5` (the mixture's PSIS-weighted draws when there are several
-   basins); the PSIS-weighted draws if :math:`0.5 < \hat k \le 0.7`; otherwise NUTS warm-started from q (chains
-   start at draws of q, q's covariance is the inverse mass matrix, only the step size is adapted; with several
-   basins, the Gaussian with the mixture's mean and covariance takes q's place), whose draws are the answer.
+4. **Check** (issue 39): the diagnosis draws are not enough to trust a weighted answer. A Gaussian q that is too
+   narrow for a broad, flat-topped posterior (lengthscales of irrelevant inputs at small N) can show a moderate
+   :math:`\hat k` (0.5-0.7) from 1,000 draws while its weighted estimate misses by half a posterior sd with a
+   marginal sd 0.4x the truth: the draws never reach the tail that holds the missing mass. So the answer is
+   computed from an **adapted proposal** and accepted only when **independent batches agree**:
+
+   - the proposal :math:`g = \tfrac12 q_0 + \tfrac12\,\mathcal N(\hat\mu, \lambda^2\hat\Sigma)` mixes the base
+     :math:`q_0` (q, or the starts' mixture) with a Gaussian at the current weighted mean and covariance
+     (:math:`\hat\Sigma` shrunk towards :math:`q_0`'s covariance by :math:`D/(\mathrm{ESS}+D)`, inflated by
+     :math:`\lambda = 1.2`), refitted ``ADAPT_ROUNDS`` times from PSIS of the previous proposal (a defensive
+     population Monte Carlo; the base component bounds the weights where q was right);
+   - PSIS of the final proposal with ``4 x num_psis_draws`` draws, cut into ``CHECK_BATCHES`` batches whose
+     estimates give the Monte Carlo error (:func:`~gpvi.posteriors.weighted.batch_mcse`). The weighted answer is
+     **reliable** when :math:`\hat k \le \min(1 - 1/\log_{10}S, 0.7)`, the weights' ESS is at least
+     ``MIN_WEIGHTED_ESS`` and every parameter's batch MCSE of the mean and of the sd is at most
+     ``MCSE_TOL`` of its sd.
+   - When the first diagnosis is already clean (:math:`\hat k \le 0.5`, one basin, its own batches within
+     ``MCSE_TOL``, weights' ESS at least ``MIN_WEIGHTED_ESS``), the adaptation is skipped.
+
+5. **Answer**: q itself when its :math:`\hat k \le 0.5`, there is one basin, the weighted answer is reliable and
+   q agrees with it (every mean within ``Q_AGREE_MEAN`` weighted sd, every sd ratio within ``Q_AGREE_SD``);
+   otherwise the reliable weighted answer (``"psis"``); otherwise NUTS warm-started from q (chains start at draws
+   of q, q's covariance is the inverse mass matrix, only the step size is adapted; with several basins, the
+   Gaussian with the mixture's mean and covariance takes q's place), extended until bulk ESS ``min_ess`` and
+   R-hat 1.01. NUTS that does not reach them leaves the answer **not trusted**.
 
 The returned posterior carries a :class:`InferenceReport` as ``.report``: :math:`\hat k`, the bound and its
-convergence, which answer was chosen and why, and the wall time of each stage.
+convergence, which answer was chosen and why, whether it is trusted (``report.trusted``; an untrusted answer also
+warns), the Monte Carlo error of its means, and the wall time of each stage. Before issue 39 the rule was
+:math:`\hat k \le 0.5` → q, :math:`\le 0.7` → the weighted draws of q (or of the mixture), else NUTS; the stress
+suite (``benchmarks/results/trust_stress.md``) compares both on the same q.
 """
 
 from __future__ import annotations
@@ -36,10 +60,14 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from ..exceptions import NumericalFaultError, NumericalWarning
+from ..linalg import cholesky_with_jitter
 from ..models.target import as_target
+from ..posteriors.gaussian import GaussianPosterior
 from ..posteriors.mixture import GaussianMixture
-from ..posteriors.weighted import KHAT_GOOD, KHAT_USABLE, psis
+from ..posteriors.weighted import KHAT_GOOD, batch_mcse, khat_threshold, psis
 from ..rng import check_seed
 from ..validation import check_bool, check_choice, check_nonnegative_int, check_positive, check_positive_int
 from .dsvi.engine import DSVI
@@ -47,13 +75,25 @@ from .dsvi.starts import run_starts
 from .mcmc.nuts import NUTS
 from .sk.engine import SKGaussian
 
-__all__ = ["infer", "default_sk", "InferenceReport", "starts_mixture", "BASIN_MASS_TOL"]
+__all__ = ["infer", "variational_fit", "default_sk", "InferenceReport", "starts_mixture", "BASIN_MASS_TOL"]
 
 BASIN_MASS_TOL = 0.01
 """Posterior mass (estimated by PSIS of the starts' mixture) the basins other than the best q's may hold before
 the mixture replaces q."""
 BASIN_SEPARATION = 0.5
 """Two starts' Gaussians are the same basin when every mean component differs by less than this many sds."""
+ADAPT_ROUNDS = 2
+"""Refits of the adapted proposal's Gaussian component (each from PSIS of the previous proposal)."""
+ADAPT_INFLATE = 1.2
+"""Scale factor :math:`\lambda` of the adapted component's covariance (sd multiplied by it)."""
+CHECK_BATCHES = 8
+"""Independent batches of the check's draws whose spread gives the Monte Carlo error."""
+MCSE_TOL = 0.05
+"""Largest batch MCSE of a weighted mean or sd, in posterior sds, for a reliable weighted answer."""
+Q_AGREE_MEAN = 0.1
+"""q is the answer only when each of its means is within this many weighted sds of the weighted answer's ..."""
+Q_AGREE_SD = (0.9, 1.1)
+"""... and each of its sds within these ratios of the weighted sd."""
 
 
 @dataclass
@@ -65,6 +105,16 @@ class InferenceReport:
     answer : {"q", "psis", "nuts"}
         Which posterior was returned.
     reason : str
+    trusted : bool
+        False when the answer failed its own check (NUTS short of ``min_ess`` / R-hat 1.01); the reason and the
+        first line of the report say so, and ``infer`` warns.
+    check : dict
+        The weighted answer's check: ``proposal`` ("q", "mixture", "adapted"), ``khat`` and its ``threshold``,
+        ``ess`` and ``num_draws`` of its weights, ``mcse_mean`` and ``mcse_sd`` (largest batch MCSE over the
+        parameters, in weighted sds), ``reliable``.
+    mcse_mean : float
+        The returned answer's largest Monte Carlo standard error of a mean, in posterior sds (0 for q, whose
+        moments are exact; the batch MCSE for weighted draws; ArviZ's MCSE for NUTS).
     khat : float
         Pareto :math:`\\hat k` of q's importance weights.
     elbo, elbo_se : float
@@ -115,13 +165,25 @@ class InferenceReport:
     log_evidence_mixture_se: float = math.nan
     q: Any = field(default=None, repr=False)
     engine: str = "q"
+    trusted: bool = True
+    check: dict[str, Any] = field(default_factory=dict)
+    mcse_mean: float = math.nan
 
     def lines(self) -> list[str]:
-        out = [f"gpvi.infer: answer = {self.answer} ({self.reason})",
+        head = "gpvi.infer: answer = " if self.trusted else "gpvi.infer: NOT TRUSTED: answer = "
+        out = [f"{head}{self.answer} ({self.reason})",
                f"  {self.engine} bound {self.elbo:.3f} +- {self.elbo_se:.3f} (converged: {self.converged})"
                + self._starts_line(),
                f"  PSIS k-hat {self.khat:.2f}, weights' ESS {self.psis_ess:.0f}, "
                f"log evidence {self.log_evidence:.3f} +- {self.log_evidence_se:.3f}"]
+        c = self.check
+        if c:
+            out.append(f"  check ({c['proposal']} proposal, {c['num_draws']} draws): k-hat {c['khat']:.2f} "
+                       f"(<= {c['threshold']:.2f}?), weights' ESS {c['ess']:.0f}, batch MCSE of means <= "
+                       f"{c['mcse_mean']:.3f} sd, of sds <= {c['mcse_sd']:.3f} sd: "
+                       + ("reliable" if c["reliable"] else "not reliable"))
+        out.append(f"  answer's Monte Carlo error: means within {self.mcse_mean:.3f} sd (1 MCSE)"
+                   if self.mcse_mean > 0 else "  answer's Monte Carlo error: none (q's moments are exact)")
         if self.basin_mass:
             out.append(f"  basins: the starts' Gaussians lie in {len(self.basin_mass)} basins holding "
                        + " / ".join(f"{m:.0%}" for m in self.basin_mass)
@@ -172,16 +234,54 @@ def starts_mixture(q: Any, target: Any) -> Any:
     return GaussianMixture(kept, [float(p.elbo) for p in kept], target)
 
 
-def _choose(khat: float, mixture: bool = False) -> tuple[str, str]:
-    if mixture and math.isfinite(khat) and khat <= KHAT_USABLE:
-        return "psis", (f"several basins; k-hat {khat:.2f} <= {KHAT_USABLE} for the mixture of the starts' "
-                        "Gaussians: its PSIS-weighted draws")
-    if math.isfinite(khat) and khat <= KHAT_GOOD:
-        return "q", f"k-hat {khat:.2f} <= {KHAT_GOOD}: the variational q is close to the posterior"
-    if math.isfinite(khat) and khat <= KHAT_USABLE:
-        return "psis", (f"{KHAT_GOOD} < k-hat {khat:.2f} <= {KHAT_USABLE}: q is off, its PSIS-weighted draws "
-                        "are reliable")
-    return "nuts", f"k-hat {khat:.2f} > {KHAT_USABLE}: q and its weights are unreliable; NUTS warm-started from q"
+def _check(w: Any, proposal: str, min_ess: float) -> dict[str, Any]:
+    """Whether the weighted posterior ``w`` is a reliable answer (see the module docstring, step 4)."""
+    m = batch_mcse(w, CHECK_BATCHES)
+    sd = w.std
+    mm, ms = float((m["mean"] / sd).max()), float((m["std"] / sd).max())
+    thr = khat_threshold(w.draws.shape[0])
+    ok = (math.isfinite(w.khat) and w.khat <= thr and w.ess >= min_ess and mm <= MCSE_TOL and ms <= MCSE_TOL)
+    return {"proposal": proposal, "khat": w.khat, "threshold": thr, "ess": w.ess, "num_draws": int(w.draws.shape[0]),
+            "mcse_mean": mm, "mcse_sd": ms, "reliable": bool(ok)}
+
+
+def _adapted(base: Any, w: Any, target: Any, num_draws: int, gen: torch.Generator) -> Any:
+    r"""PSIS of the adapted proposal :math:`\tfrac12 q_0 + \tfrac12\mathcal N(\hat\mu, \lambda^2\hat\Sigma)`,
+    refitted ``ADAPT_ROUNDS`` times from the previous round's weights ``w`` (module docstring, step 4); the last
+    proposal's PSIS with ``4 num_draws`` draws."""
+    D, base_cov = len(base.names), base.covariance
+    for r in range(ADAPT_ROUNDS + 1):
+        shrink = D / (w.ess + D)
+        cov = (1.0 - shrink) * w.covariance + shrink * base_cov
+        cov = 0.5 * (cov + cov.T) * ADAPT_INFLATE ** 2
+        g = GaussianPosterior(w.mean, cholesky_with_jitter(cov, what="adapted proposal covariance").L,
+                              list(base.names), target)
+        proposal = GaussianMixture([base, g], [0.0, 0.0], target)
+        w = psis(proposal, target, (4 if r == ADAPT_ROUNDS else 2) * num_draws, generator=gen)
+    return w
+
+
+def _q_agrees(q: Any, w: Any) -> bool:
+    sd = w.std
+    ratio = q.std / sd
+    return (bool(((q.mean - w.mean).abs() / sd).max() <= Q_AGREE_MEAN)
+            and bool(ratio.min() >= Q_AGREE_SD[0]) and bool(ratio.max() <= Q_AGREE_SD[1]))
+
+
+def _choose(khat_q: float, check: dict[str, Any], *, several: bool = False,
+            q_agrees: bool = False) -> tuple[str, str]:
+    """The answer (module docstring, step 5): ``"q"``, ``"psis"`` or ``"nuts"`` and the reason."""
+    what = "the adapted proposal's" if check["proposal"] == "adapted" else f"{check['proposal']}'s"
+    if check["reliable"]:
+        if not several and math.isfinite(khat_q) and khat_q <= KHAT_GOOD and q_agrees:
+            return "q", (f"k-hat {khat_q:.2f} <= {KHAT_GOOD} and q agrees with its checked PSIS-weighted draws: "
+                         "the variational q is close to the posterior")
+        lead = "several basins; " if several else ""
+        return "psis", (f"{lead}{what} PSIS-weighted draws pass the check (k-hat {check['khat']:.2f}, ESS "
+                        f"{check['ess']:.0f}, batch MCSE <= {max(check['mcse_mean'], check['mcse_sd']):.3f} sd)")
+    return "nuts", (f"q's k-hat {khat_q:.2f}; {what} weighted draws fail the check (k-hat {check['khat']:.2f} vs "
+                    f"{check['threshold']:.2f}, ESS {check['ess']:.0f}, batch MCSE "
+                    f"{max(check['mcse_mean'], check['mcse_sd']):.3f} sd): NUTS warm-started from q")
 
 
 def default_sk(dim: int, *, seed: int = 0, progress_bar: bool = True) -> Any:
@@ -202,8 +302,44 @@ def default_sk(dim: int, *, seed: int = 0, progress_bar: bool = True) -> Any:
                       progress_bar=progress_bar)
 
 
+def variational_fit(target: Any, *, seed: int = 0, engine: Any = None, progress_bar: bool = True) -> Any:
+    r"""Step 1 of :func:`infer`: the best Gaussian q (``engine`` as in :func:`infer`).
+
+    Returns
+    -------
+    GaussianPosterior
+        With ``start_posteriors`` (the starts' Gaussians) and ``info["infer"]``: the engine's name, the fallback
+        note when S&K failed from every start, and the wall time of the fit (MAP restarts included).
+    """
+    seed = check_seed(seed)
+    progress_bar = check_bool(progress_bar, "progress_bar")
+    init = None
+    if engine is None or isinstance(engine, str):
+        name = check_choice("sk" if engine is None else engine, "engine", ("sk", "dsvi"))
+        engine = DSVI(scale="full", seed=seed, progress_bar=progress_bar)
+        if name == "sk":
+            init = engine.default_init(target)                 # DSVI's starts: the MAP optima, Laplace scales
+            engine = default_sk(len(target.names), seed=seed, progress_bar=progress_bar)
+    t0 = time.perf_counter()
+    fallback = ""
+    if init is not None:                                      # S&K from every distinct MAP optimum
+        start = init(as_target(target))
+        try:
+            q = run_starts(engine, target, start)
+        except NumericalFaultError as err:                    # every start's S&K run failed: DSVI, same starts
+            fallback = f"S&K failed from every start ({str(err)[:120]}); DSVI from the same starts"
+            warnings.warn(f"gpvi.infer: {fallback}", NumericalWarning, stacklevel=3)
+            engine = DSVI(scale="full", seed=seed, progress_bar=progress_bar)
+            q = run_starts(engine, target, start)
+    else:
+        q = engine.run(target, init=init)
+    q.info["infer"] = {"engine": getattr(engine, "name", type(engine).__name__), "fallback": fallback,
+                       "wall": time.perf_counter() - t0}
+    return q
+
+
 def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any = None, nuts: Any = None,
-          min_ess: float = 400.0, max_extensions: int = 3, progress_bar: bool = True) -> Any:
+          min_ess: float = 400.0, max_extensions: int = 3, progress_bar: bool = True, q: Any = None) -> Any:
     r"""A posterior over the target's parameters that has been checked against the exact log joint.
 
     Parameters
@@ -214,7 +350,8 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
     seed : int
         Seed of every stage (MAP restarts, the variational engine, PSIS draws, NUTS).
     num_psis_draws : int
-        Draws of q for PSIS (default 1000).
+        Draws of q for the first PSIS diagnosis (default 1000); the adapted proposals use 2x and the final check
+        4x as many.
     engine : {"sk", "dsvi"} or engine, optional
         The variational engine. ``"sk"`` (default, also ``None``): Salimans-Knowles' Hessian-free variant
         (:func:`default_sk`: ``SKGaussian(num_steps=max(500, 40 D), method="gradient", num_draws=4,
@@ -234,11 +371,14 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
         The sampler used when :math:`\hat k > 0.7` (default ``gpvi.NUTS(num_chains=4, num_warmup=200,
         num_draws=500, seed=seed)``: a short warm-up suffices because q supplies the mass matrix).
     min_ess : float
-        When NUTS runs: extend the chains (doubling the draws, exactly as an uninterrupted longer run) until the
+        The smallest weights' ESS of a weighted answer, and when NUTS runs: extend the chains (doubling the draws, exactly as an uninterrupted longer run) until the
         smallest bulk ESS reaches ``min_ess`` (default 400, 100 per chain for 4 chains) and split R-hat <= 1.01.
     max_extensions : int
         At most this many doublings (default 3); the report says when the target was not reached.
     progress_bar : bool
+    q : GaussianPosterior, optional
+        A variational fit to diagnose in place of step 1 (:func:`variational_fit`'s result, with its
+        ``start_posteriors``); ``engine`` is then ignored and the report's ``times["q"]`` is 0.
 
     Returns
     -------
@@ -262,38 +402,30 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
     min_ess = check_positive(min_ess, "min_ess", allow_zero=True)
     max_extensions = check_nonnegative_int(max_extensions, "max_extensions")
     progress_bar = check_bool(progress_bar, "progress_bar")
-    init = None
-    if engine is None or isinstance(engine, str):
-        name = check_choice("sk" if engine is None else engine, "engine", ("sk", "dsvi"))
-        engine = DSVI(scale="full", seed=seed, progress_bar=progress_bar)
-        if name == "sk":
-            init = engine.default_init(target)                 # DSVI's starts: the MAP optima, Laplace scales
-            engine = default_sk(len(target.names), seed=seed, progress_bar=progress_bar)
     times: dict[str, float] = {}
     t0 = time.perf_counter()
-    fallback = ""
-    if init is not None:                                      # S&K from every distinct MAP optimum
-        start = init(as_target(target))
-        try:
-            q = run_starts(engine, target, start)
-        except NumericalFaultError as err:                    # every start's S&K run failed: DSVI, same starts
-            fallback = f"S&K failed from every start ({str(err)[:120]}); DSVI from the same starts"
-            warnings.warn(f"gpvi.infer: {fallback}", NumericalWarning, stacklevel=2)
-            engine = DSVI(scale="full", seed=seed, progress_bar=progress_bar)
-            q = run_starts(engine, target, start)
-    else:
-        q = engine.run(target, init=init)
+    if q is None:
+        q = variational_fit(target, seed=seed, engine=engine, progress_bar=progress_bar)
+    elif not (callable(getattr(q, "sample", None)) and callable(getattr(q, "log_prob", None))):
+        raise TypeError(f"q must be a posterior with sample and log_prob (variational_fit's); got {type(q).__name__}")
     times["q"] = time.perf_counter() - t0
+    fit = q.info.get("infer", {})
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")                       # the report says what k-hat means
         w = psis(q, target, num_psis_draws, seed=seed)
         mix = starts_mixture(q, target)
         wm = psis(mix, target, num_psis_draws, seed=seed) if mix is not None else None
-    mass = [] if wm is None else [float(x) for x in mix.basin_mass(wm)]
-    several = bool(mass) and 1.0 - mass[0] > BASIN_MASS_TOL
+        mass = [] if wm is None else [float(x) for x in mix.basin_mass(wm)]
+        several = bool(mass) and 1.0 - mass[0] > BASIN_MASS_TOL
+        base, wb = (mix, wm) if several else (q, w)
+        check = _check(wb, "mixture" if several else "q", min_ess)
+        if several or w.khat > KHAT_GOOD or not check["reliable"]:
+            gen = torch.Generator().manual_seed(seed)
+            wb = _adapted(base, wb, target, num_psis_draws, gen)
+            check = _check(wb, "adapted", min_ess)
     times["psis"] = time.perf_counter() - t0
-    answer, reason = _choose(wm.khat if several else w.khat, mixture=several)
+    answer, reason = _choose(w.khat, check, several=several, q_agrees=check["reliable"] and _q_agrees(q, wb))
     report = InferenceReport(answer, reason, w.khat, float(q.elbo), float(getattr(q, "elbo_se", math.nan)),
                              bool(q.info.get("converged", False)), w.log_evidence, w.log_evidence_se, w.ess, times,
                              starts=[{k: v for k, v in r.items() if k != "theta"} for r in q.info.get("starts", [])],
@@ -301,10 +433,11 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
                              khat_mixture=math.nan if wm is None else wm.khat,
                              log_evidence_mixture=math.nan if wm is None else wm.log_evidence,
                              log_evidence_mixture_se=math.nan if wm is None else wm.log_evidence_se, q=q,
-                             engine=getattr(engine, "name", type(engine).__name__))
-    if fallback:
-        report.reason += f"; {fallback}"
-    post: Any = q if answer == "q" else (wm if several else w)
+                             engine=fit.get("engine", type(q).__name__), check=check,
+                             mcse_mean=0.0 if answer == "q" else check["mcse_mean"])
+    if fit.get("fallback"):
+        report.reason += f"; {fit['fallback']}"
+    post: Any = q if answer == "q" else wb
     if answer == "nuts":
         sampler = (NUTS(num_chains=4, num_warmup=200, num_draws=500, seed=seed, progress_bar=progress_bar)
                    if nuts is None else nuts)
@@ -323,8 +456,12 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
                        "min ESS": float(d["ess_bulk"].min()), "max R-hat": float(d["r_hat"].max()),
                        "divergences": int(post.stats["diverging"].sum()),
                        "gradient evaluations": int(post.stats["n_steps"].sum())}
+        report.mcse_mean = float((d["mcse_mean"].cpu() / post.std.cpu()).max())
         if not _mixed(d, min_ess):
+            report.trusted = False
             report.reason += (f"; after {ext} extension(s) the chains still miss min ESS {min_ess:g} / R-hat 1.01: "
                               "run longer (sampler.run(target, state=post.engine_state) with more num_draws)")
+    if not report.trusted:
+        warnings.warn(f"gpvi.infer: the answer is not trusted: {report.reason}", NumericalWarning, stacklevel=2)
     post.report = report
     return post

@@ -36,7 +36,8 @@ from ..rng import resolve_generator
 from ..validation import check_positive_int
 from .base import Posterior
 
-__all__ = ["WeightedPosterior", "PSISWarning", "psis", "pareto_smooth", "verdict", "KHAT_GOOD", "KHAT_USABLE"]
+__all__ = ["WeightedPosterior", "PSISWarning", "psis", "pareto_smooth", "verdict", "batch_mcse", "khat_threshold",
+           "KHAT_GOOD", "KHAT_USABLE"]
 
 KHAT_GOOD = 0.5
 """At or below: q itself is a good approximation (Yao et al. 2018)."""
@@ -188,7 +189,19 @@ class WeightedPosterior(Posterior):
         return table
 
     def _arviz_draws(self, num_draws, seed):
-        return self.sample(check_positive_int(num_draws, "num_draws"), seed=seed).unsqueeze(0)
+        r"""``to_arviz``: at most :math:`\lfloor\mathrm{ESS}\rfloor` draws resampled with probabilities
+        :math:`w_s`, as one chain. ArviZ reads exported draws as independent: 1,000 resampled draws of weights
+        whose ESS is 99 would show a bulk ESS near 1,000, so no more than the weights' ESS are exported, and the
+        InferenceData's ``attrs`` carry :math:`\hat k`, the weights' ESS and the resampling."""
+        n = min(check_positive_int(num_draws, "num_draws"), max(1, int(math.floor(self.ess))))
+        return self.sample(n, seed=seed).unsqueeze(0)
+
+    def _arviz_extra(self) -> dict[str, Any]:
+        S = int(self.draws.shape[0])
+        return {"attrs": {"psis_khat": self.khat, "psis_ess": self.ess, "psis_num_draws": S,
+                          "psis_verdict": verdict(self.khat),
+                          "draws": f"resampled with replacement from {S} PSIS-weighted draws, at most the weights' "
+                                   "ESS of them: not independent posterior draws"}}
 
     def _state(self) -> dict[str, Any]:
         return {"draws": self.draws, "log_weights": self.log_weights, "khat": self.khat,
@@ -203,6 +216,50 @@ class WeightedPosterior(Posterior):
     def __repr__(self) -> str:
         return (f"WeightedPosterior(D={self.dim}, draws={self.draws.shape[0]}, khat={self.khat:.3f}, "
                 f"ess={self.ess:.1f}, log_evidence={self.log_evidence:.4f} +- {self.log_evidence_se:.4f})")
+
+
+def khat_threshold(num_draws: int) -> float:
+    r"""The largest :math:`\hat k` at which PSIS estimates from S draws are reliable (Vehtari et al. 2024,
+    section 3.2.5): :math:`\min(1 - 1/\log_{10} S,\ 0.7)`; 0.67 at S = 1,000, 0.7 from S = 2,155 on."""
+    num_draws = check_positive_int(num_draws, "num_draws")
+    return min(1.0 - 1.0 / math.log10(max(num_draws, 11)), KHAT_USABLE)
+
+
+def batch_mcse(w: WeightedPosterior, num_batches: int = 8) -> dict[str, torch.Tensor]:
+    r"""Monte Carlo standard errors of a weighted posterior's means and sds from independent batches of its draws.
+
+    The S draws (independent draws of the proposal) are cut into B contiguous batches; each batch's weights are
+    renormalised, giving estimates :math:`\hat\mu_b, \hat\sigma_b` per parameter, and
+
+    .. math:: \mathrm{mcse}(\hat\mu) = \mathrm{sd}_b(\hat\mu_b)/\sqrt B, \qquad
+              \mathrm{mcse}(\hat\sigma) = \mathrm{sd}_b(\hat\sigma_b)/\sqrt B .
+
+    Unlike the delta-method error :math:`\sqrt{\sum_s w_s^2(\theta_s-\hat\mu)^2}` this sees a heavy tail that
+    one batch samples and another does not (one large weight moves one batch's estimate).
+
+    Parameters
+    ----------
+    w : WeightedPosterior
+    num_batches : int
+        B (at least 2; default 8).
+
+    Returns
+    -------
+    dict
+        ``mean`` and ``std``: the batch MCSEs, shape (D,); ``ess_min``: the smallest batch's weights' ESS.
+    """
+    num_batches = check_positive_int(num_batches, "num_batches")
+    if num_batches < 2 or w.draws.shape[0] < 2 * num_batches:
+        raise ValueError(f"num_batches must be at least 2 and at most half the draws; got {num_batches}")
+    means, sds, ess = [], [], []
+    for x, lw in zip(torch.tensor_split(w.draws, num_batches), torch.tensor_split(w.log_weights, num_batches)):
+        wb = torch.softmax(lw, 0)
+        m = wb @ x
+        means.append(m)
+        sds.append(torch.sqrt(wb @ (x - m) ** 2))
+        ess.append(float(1.0 / (wb ** 2).sum()))
+    root = math.sqrt(num_batches)
+    return {"mean": torch.stack(means).std(0) / root, "std": torch.stack(sds).std(0) / root, "ess_min": min(ess)}
 
 
 def verdict(khat: float) -> str:

@@ -10,7 +10,9 @@ import pytest
 import torch
 
 import gpvi
+from gpvi.exceptions import NumericalWarning
 from gpvi.inference.infer import _choose
+from gpvi.posteriors import GaussianPosterior
 
 NAMES = ["a", "b"]
 
@@ -48,12 +50,55 @@ def test_a_funnel_goes_to_nuts_warm_started_from_q():
     assert r.khat > 0.7 and r.answer == "nuts" and isinstance(post, gpvi.SamplePosterior)
     assert post.info["init"]["mass_matrix"].startswith("q's covariance")
     assert "nuts" in r.times and r.nuts["gradient evaluations"] > 0 and "NUTS from q" in str(r)
+    # chains short of min_ess: the answer is flagged, in the report and by a warning
+    assert r.trusted is False and str(r).startswith("gpvi.infer: NOT TRUSTED") and r.mcse_mean > 0
+    with pytest.warns(NumericalWarning, match="not trusted"):
+        gpvi.infer(gpvi.Target(_funnel, names=3), seed=0, q=r.q, nuts=nuts, min_ess=1e9, max_extensions=0,
+                   progress_bar=False)
 
 
-def test_the_choice_follows_the_khat_thresholds():
-    assert _choose(0.3)[0] == "q" and _choose(0.5)[0] == "q"
-    assert _choose(0.6)[0] == "psis" and _choose(0.7)[0] == "psis"
-    assert _choose(0.71)[0] == "nuts" and _choose(math.inf)[0] == "nuts" and _choose(math.nan)[0] == "nuts"
+def _chk(reliable, khat=0.4, proposal="adapted"):
+    return {"proposal": proposal, "khat": khat, "threshold": 0.7, "ess": 900.0, "num_draws": 4000,
+            "mcse_mean": 0.02, "mcse_sd": 0.03, "reliable": reliable}
+
+
+def test_the_choice_follows_the_check():
+    """q only when its k-hat is small, one basin, and it agrees with checked weighted draws; the weighted draws
+    only when they pass the check; NUTS otherwise, whatever q's k-hat."""
+    assert _choose(0.3, _chk(True), q_agrees=True)[0] == "q"
+    assert _choose(0.3, _chk(True), q_agrees=False)[0] == "psis"           # k-hat small, q still off: weighted
+    assert _choose(0.3, _chk(True), several=True, q_agrees=True)[0] == "psis"
+    assert _choose(0.6, _chk(True), q_agrees=True)[0] == "psis"
+    assert _choose(0.3, _chk(False), q_agrees=True)[0] == "nuts"           # a small k-hat is not enough
+    assert _choose(0.6, _chk(False))[0] == "nuts" and _choose(math.nan, _chk(False))[0] == "nuts"
+    assert "fail the check" in _choose(0.6, _chk(False, khat=0.65))[1]
+
+
+def _student(th, nu=4.0):                        # product of Student-t(4) marginals: sd sqrt(2), mean 0
+    return (-(nu + 1) / 2 * torch.log1p(th ** 2 / nu)).sum(-1)
+
+
+def test_a_narrow_q_with_a_moderate_khat_is_not_answered_by_its_own_weights():
+    """Gaussian q with sd 0.8 on a product of t(4) marginals (sd 1.41): PSIS of q shows a moderate k-hat
+    (0.5-0.7 at 1,000 draws) while its weighted sds fall short. The answer is the adapted proposal's weighted
+    draws within 0.2 sd and sd ratio 0.8-1.25 of the truth, or NUTS, never q's own weights."""
+    target = gpvi.Target(_student, names=6)
+    q = GaussianPosterior(torch.zeros(6, dtype=torch.float64), 0.8 * torch.eye(6, dtype=torch.float64),
+                          list(target.names), target)
+    w = gpvi.posteriors.weighted.psis(q, target, 1000, seed=1)
+    assert 0.5 < w.khat <= 0.7 and float(w.std.min()) < 0.8 * math.sqrt(2)     # the trap: q's weights look usable
+    nuts = gpvi.NUTS(num_chains=2, num_warmup=50, num_draws=100, seed=1, progress_bar=False)
+    post = _quiet(gpvi.infer, target, seed=1, q=q, nuts=nuts, min_ess=100, max_extensions=0, progress_bar=False)
+    r = post.report
+    assert r.check["proposal"] == "adapted" and r.answer in ("psis", "nuts")
+    if r.answer == "psis":
+        assert r.check["reliable"] and r.trusted and r.check["num_draws"] == 4000
+        assert float(post.mean.abs().max()) < 0.2 * math.sqrt(2)
+        ratio = post.std / math.sqrt(2)
+        assert 0.8 <= float(ratio.min()) and float(ratio.max()) <= 1.25
+        assert "check (adapted proposal" in str(r) and 0 < r.mcse_mean <= 0.05
+    with pytest.raises(TypeError, match="q must"):
+        gpvi.infer(target, q="not a posterior")
 
 
 def test_gp_regression_end_to_end_and_bad_arguments():

@@ -13,7 +13,7 @@ import gpvi
 from gpvi.exceptions import NumericalWarning
 from gpvi.numerics.budget import MemoryBudget
 from gpvi.posteriors import GaussianPosterior, Posterior, WeightedPosterior
-from gpvi.posteriors.weighted import PSISWarning, pareto_smooth, psis
+from gpvi.posteriors.weighted import PSISWarning, batch_mcse, khat_threshold, pareto_smooth, psis
 
 D = 3
 M = torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64)
@@ -107,6 +107,33 @@ def test_resampling_follows_the_weights_and_the_state_round_trips():
     back = Posterior.from_state_dict(w.state_dict(), TARGET)
     assert isinstance(back, WeightedPosterior) and torch.equal(back.mean, w.mean) and back.khat == w.khat
     assert back.to_arviz(num_draws=100).posterior["a"].shape == (1, 100)
+
+
+def test_the_export_never_holds_more_draws_than_the_weights_support():
+    """A poor proposal (ESS far below the draws): to_arviz exports at most floor(ESS) resampled draws, so ArviZ's
+    ESS cannot read them as 1,000 independent draws, and its attrs carry k-hat, the ESS and the resampling."""
+    import arviz as az
+    w = _q(shift=1.5, inflate=0.6).psis(num_draws=1000, seed=0)
+    assert w.ess < 300
+    idata = w.to_arviz(num_draws=1000)
+    n = idata.posterior["a"].shape[1]
+    assert n == int(math.floor(w.ess))
+    assert float(az.ess(idata)["a"]) <= 1.2 * w.ess
+    assert idata.attrs["psis_khat"] == w.khat and idata.attrs["psis_ess"] == w.ess
+    assert idata.attrs["psis_num_draws"] == 1000 and "resampled" in idata.attrs["draws"]
+
+
+def test_batch_mcse_matches_the_spread_of_independent_estimates_and_the_khat_threshold():
+    """The batch MCSE of a weighted mean is the sd of means of independent runs / sqrt(B) in expectation: for a
+    good proposal it is close to sd / sqrt(ESS)."""
+    w = _q().psis(num_draws=8000, seed=3)
+    m = batch_mcse(w, 8)
+    expect = w.std / math.sqrt(w.ess)
+    assert bool((m["mean"] < 2.5 * expect).all()) and bool((m["mean"] > 0.3 * expect).all())
+    assert m["std"].shape == (3,) and 0 < m["ess_min"] <= w.ess
+    assert abs(khat_threshold(1000) - (1 - 1 / 3)) < 1e-12 and khat_threshold(10_000) == 0.7
+    with pytest.raises(ValueError, match="num_batches"):
+        batch_mcse(w, 1)
 
 
 def test_gp_regression_goes_through_the_batched_log_joint_in_budgeted_chunks():

@@ -1,0 +1,396 @@
+"""Stress suite for ``gpvi.infer`` (issue 39): small regression problems that break a Gaussian q, each against a
+long NUTS reference, ``gpvi.infer`` at seeds 0-4.
+
+The problems (24; :func:`problems`) are of the kind whose lengthscale posteriors are broad and flat-topped:
+
+- **subsets**: 12 random subsets of 20-60 rows of the bundled regression sets with all their inputs (Boston 13,
+  Bodyfat 14, pendulum 9 inputs; inputs and target re-standardised on the subset), 4 per set;
+- **synthetic**: 12 sets of 20-60 rows with one or two relevant inputs (:math:`f = \\sum_j \\sin(1.5 x_j)`) and
+  2-6 irrelevant ones, noise sd 0.05, 0.3 or 1.0 (standard normal inputs; target standardised).
+
+Every problem is :class:`gpvi.GPRegression` with its defaults (ARD RBF, N(0, 10) priors on the log-hyperparameters).
+The **split** into a tuning half (the rule of ``gpvi.infer`` was decided looking at these only) and a held-out
+half is fixed before any result was seen: a seeded permutation (``numpy.random.default_rng(39)``) of each kind's
+12 problems, the first 6 of each kind tuning.
+
+Phases (each resumable: every finished reference and every finished (problem, seed) is cached under
+``$GPVI_STRESS_CACHE`` or ``~/.cache/gpvi/trust_stress``; a restart skips them):
+
+``ref``    **Default NUTS** (``gpvi.NUTS(num_chains=4, num_warmup=500, num_draws=200, seed=1)``, i.e. the default
+           sampler with 200 draws per chain in place of 1,000; the first reference, boston-0, ran 500) doubled (a resumed run) until every parameter has
+           bulk ESS >= 400 and split R-hat <= 1.01 (at most 3 doublings). These draws are the reference, and its
+           wall time pro-rated to 400 bulk ESS (as in ``nuts_fidelity.py``) is "default NUTS to 400 ESS".
+``infer``  ``gpvi.infer(model, seed=s)`` for s = 0..4 (the variational fit is cached per (problem, seed) and the
+           rest of ``infer`` runs on it, ``gpvi.infer(model, q=...)``; its wall time is added). Recorded: the
+           answer, k-hat, the weights' ESS, max |Δmean| / sd_ref and the range of sd / sd_ref over the parameters,
+           the answer's flag, and the same for the answer the previous rule (``rule="v1"``) gives from the same q.
+``render`` The tables (``results/trust_stress.{md,json}``).
+
+Usage::
+
+    OMP_NUM_THREADS=1 nice -n 15 .venv/bin/python -m benchmarks.trust_stress all      # ref, infer, render
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.trust_stress all --quick        # 2 tiny problems, 1 seed
+    .venv/bin/python -m benchmarks.trust_stress render
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import gpvi
+from gpvi.inference import infer as infer_mod
+
+try:
+    from benchmarks._common import RESULTS, header, write
+except ImportError:                                   # run as a script from benchmarks/
+    from _common import RESULTS, header, write
+
+QUICK = "--quick" in sys.argv
+NAME = "trust_stress_quick" if QUICK else "trust_stress"
+CACHE = Path(os.environ.get("GPVI_STRESS_CACHE") or Path.home() / ".cache" / "gpvi" / NAME)
+SEEDS = [0] if QUICK else [0, 1, 2, 3, 4]
+MIN_ESS, MAX_RHAT, MAX_EXT = 400.0, 1.01, 3
+TOL_MEAN, SD_LO, SD_HI = 0.2, 0.8, 1.25
+LOADERS = {"boston": gpvi.datasets.load_boston, "bodyfat": gpvi.datasets.load_bodyfat,
+           "pendulum": gpvi.datasets.load_pendulum}
+
+
+def problems() -> list[dict[str, Any]]:
+    """The 24 problems (fixed specification; ``half`` is the seeded tuning / held-out split)."""
+    rng = np.random.default_rng(2039)
+    subsets = []
+    for k, ds in enumerate(["boston", "bodyfat", "pendulum"] * 4):
+        subsets.append({"id": f"{ds}-{k // 3}", "kind": "subset", "dataset": ds,
+                        "n": int(rng.integers(20, 61)), "rows_seed": int(rng.integers(2 ** 31))})
+    synth = []
+    for k in range(12):
+        synth.append({"id": f"synth-{k}", "kind": "synthetic", "n": int(rng.integers(20, 61)),
+                      "relevant": 1 + k % 2, "irrelevant": 2 + (k // 2) % 5 if k < 10 else 6,
+                      "noise": [0.05, 0.3, 1.0][k % 3], "rows_seed": int(rng.integers(2 ** 31))})
+    split = np.random.default_rng(39)
+    for group in (subsets, synth):
+        order = split.permutation(len(group))
+        for rank, i in enumerate(order):
+            group[i]["half"] = "tuning" if rank < len(group) // 2 else "held-out"
+    out = subsets + synth
+    if QUICK:
+        out = [dict(p, n=20) for p in out if p["id"] in ("synth-0", "pendulum-0")]
+    return out
+
+
+def _standardise(a: np.ndarray) -> np.ndarray:
+    sd = a.std(0)
+    return (a - a.mean(0)) / np.where(sd > 0, sd, 1.0)
+
+
+def model_of(p: dict[str, Any]) -> Any:
+    rng = np.random.default_rng(p["rows_seed"])
+    if p["kind"] == "subset":
+        ds = LOADERS[p["dataset"]](seed=0)
+        X = torch.cat([ds.X_train, ds.X_test]).cpu().numpy()
+        y = torch.cat([ds.y_train, ds.y_test]).cpu().numpy()
+        idx = rng.choice(X.shape[0], p["n"], replace=False)
+        X, y = X[idx], y[idx]
+    else:
+        X = rng.standard_normal((p["n"], p["relevant"] + p["irrelevant"]))
+        y = np.sin(1.5 * X[:, :p["relevant"]]).sum(1) + p["noise"] * rng.standard_normal(p["n"])
+    X, y = _standardise(X), _standardise(y)
+    return gpvi.GPRegression(torch.as_tensor(X, dtype=torch.float64), torch.as_tensor(y, dtype=torch.float64))
+
+
+def _mixed(d: Any) -> bool:
+    return bool((d["ess_bulk"] >= MIN_ESS).all()) and bool((d["r_hat"] <= MAX_RHAT).all())
+
+
+def reference(p: dict[str, Any]) -> dict[str, Any]:
+    """Default NUTS to 400 bulk ESS (cached)."""
+    path = CACHE / f"ref_{p['id']}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    model = model_of(p)
+    sampler = gpvi.NUTS(num_chains=4, num_warmup=500, num_draws=100 if QUICK else 200, seed=1,
+                        progress_bar=False)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mc = sampler.run(model)
+        d, ext = mc.diagnostics(), 0
+        while not _mixed(d) and ext < MAX_EXT:
+            sampler = copy.copy(sampler)
+            sampler.num_draws = 2 * sampler.num_draws
+            mc = sampler.run(model, state=mc.engine_state)
+            d, ext = mc.diagnostics(), ext + 1
+    wall = time.perf_counter() - t0
+    warm = mc.info.get("warmup_stats") or {}
+    ev_warm = int(torch.as_tensor(warm["n_steps"]).sum()) if "n_steps" in warm else 0
+    ev_samp = int(mc.stats["n_steps"].sum())
+    min_ess = float(d["ess_bulk"].min())
+    x = mc.draws.reshape(-1, mc.draws.shape[-1]).cpu().numpy()
+    rec = {"names": list(model.names), "mean": x.mean(0).tolist(), "sd": x.std(0, ddof=1).tolist(),
+           "mcse_mean": [float(v) for v in d["mcse_mean"]], "ess_bulk": [float(v) for v in d["ess_bulk"]],
+           "r_hat": [float(v) for v in d["r_hat"]], "min_ess_bulk": min_ess, "max_r_hat": float(d["r_hat"].max()),
+           "mixed": _mixed(d), "draws_per_chain": int(mc.draws.shape[1]), "extensions": ext,
+           "divergences": int(mc.stats["diverging"].sum()), "wall_s": wall,
+           "wall_to_400": wall * (ev_warm + ev_samp * MIN_ESS / min_ess) / max(ev_warm + ev_samp, 1),
+           "load": list(os.getloadavg())}
+    path.write_text(json.dumps(rec))
+    return rec
+
+
+def fidelity(mean: torch.Tensor, sd: torch.Tensor, ref: dict[str, Any]) -> dict[str, Any]:
+    rm, rs = np.asarray(ref["mean"]), np.asarray(ref["sd"])
+    m, s = mean.detach().cpu().numpy(), sd.detach().cpu().numpy()
+    dm, sr = np.abs(m - rm) / rs, s / rs
+    ok = bool(dm.max() <= TOL_MEAN and sr.min() >= SD_LO and sr.max() <= SD_HI)
+    return {"max_dmean_sd": float(dm.max()), "sd_ratio_min": float(sr.min()), "sd_ratio_max": float(sr.max()),
+            "within": ok, "dmean_sd": dm.tolist(), "sd_ratio": sr.tolist()}
+
+
+def fit_q(p: dict[str, Any], seed: int) -> tuple[Any, float]:
+    """``gpvi.infer``'s variational fit for (problem, seed), cached (pickled posterior and its wall time)."""
+    path = CACHE / f"q_{p['id']}_{seed}.pt"
+    if path.exists():
+        blob = torch.load(path, weights_only=False)
+        return blob["q"], blob["wall"]
+    model = model_of(p)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        q = infer_mod.variational_fit(model, seed=seed, progress_bar=False)
+    wall = time.perf_counter() - t0
+    torch.save({"q": q, "wall": wall}, path)
+    return q, wall
+
+
+class _CachedNUTS:
+    """``gpvi.infer``'s NUTS from q (4 chains x (200 warm-up + 500 draws), doubled to bulk ESS 400 / R-hat 1.01 at
+    most 3 times), run once per (problem, seed, init) and replayed: a rule change that keeps the NUTS route does
+    not rerun it. The wall time of the real run is kept with it (``last_wall``)."""
+
+    def __init__(self, path: Path, seed: int) -> None:
+        self.path, self.seed, self.num_draws, self.last_wall = path, seed, 500, 0.0
+
+    def run(self, model: Any, init: Any = None, state: Any = None) -> Any:
+        if self.path.exists():
+            blob = torch.load(self.path, weights_only=False)
+        else:
+            t0 = time.perf_counter()
+            sampler = gpvi.NUTS(num_chains=4, num_warmup=200, num_draws=500, seed=self.seed, progress_bar=False)
+            post = sampler.run(model, init=init)
+            d, ext = post.diagnostics(), 0
+            while not infer_mod._mixed(d, MIN_ESS) and ext < MAX_EXT:
+                sampler = copy.copy(sampler)
+                sampler.num_draws = 2 * sampler.num_draws
+                post = sampler.run(model, state=post.engine_state)
+                d, ext = post.diagnostics(), ext + 1
+            blob = {"post": post, "wall": time.perf_counter() - t0, "mixed": infer_mod._mixed(d, MIN_ESS)}
+            torch.save(blob, self.path)
+        self.last_wall = blob["wall"]
+        return blob["post"]
+
+
+def _nuts_from(init: Any, model: Any, seed: int, path: Path) -> tuple[Any, bool, float]:
+    s = _CachedNUTS(path, seed)
+    post = s.run(model, init=init)
+    return post, infer_mod._mixed(post.diagnostics(), MIN_ESS), s.last_wall
+
+
+def rule_v1(q: Any, model: Any, seed: int, path: Path) -> dict[str, Any]:
+    """The rule before issue 39 on the same q: k-hat <= 0.5 -> q, <= 0.7 -> weighted draws (of the mixture when
+    several basins), else NUTS from q (the cached run when ``gpvi.infer`` already made it)."""
+    t0 = time.perf_counter()
+    w = gpvi.posteriors.weighted.psis(q, model, 1000, seed=seed)
+    mix = infer_mod.starts_mixture(q, model)
+    wm = gpvi.posteriors.weighted.psis(mix, model, 1000, seed=seed) if mix is not None else None
+    mass = [] if wm is None else [float(x) for x in mix.basin_mass(wm)]
+    several = bool(mass) and 1.0 - mass[0] > infer_mod.BASIN_MASS_TOL
+    k = wm.khat if several else w.khat
+    trusted, wall_nuts = True, 0.0
+    if k <= 0.7 and several:
+        answer, post = "psis", wm
+    elif k <= 0.5:
+        answer, post = "q", q
+    elif k <= 0.7:
+        answer, post = "psis", w
+    else:
+        answer = "nuts"
+        post, trusted, wall_nuts = _nuts_from(mix if several else q, model, seed, path)
+    wp = post if answer != "q" else w
+    ess = float(post.diagnostics()["ess_bulk"].min()) if answer == "nuts" else float(wp.ess)
+    return {"answer": answer, "post": post, "khat": w.khat,
+            "answer_khat": float(wp.khat) if answer != "nuts" else math.nan, "answer_ess": ess, "trusted": trusted, "basins": len(mass),
+            "wall": time.perf_counter() - t0 + wall_nuts, "reason": ""}
+
+
+def run_case(p: dict[str, Any], seed: int, ref: dict[str, Any]) -> dict[str, Any]:
+    path = CACHE / f"case_{p['id']}_{seed}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    q, wall_q = fit_q(p, seed)
+    model = q.target
+    npath = CACHE / f"nuts_{p['id']}_{seed}.pt"
+    out: dict[str, Any] = {"problem": p["id"], "half": p["half"], "seed": seed, "wall_q": wall_q}
+    sampler = _CachedNUTS(npath, seed)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        post = infer_mod.infer(model, seed=seed, q=q, nuts=sampler, progress_bar=False)
+    r = post.report
+    wall_nuts = sampler.last_wall if r.answer == "nuts" else 0.0
+    ans = {"answer": r.answer, "reason": r.reason, "khat": r.khat, "trusted": r.trusted, "basins": len(r.basin_mass),
+           "wall": wall_q + time.perf_counter() - t0 - r.times.get("nuts", 0.0) + wall_nuts,
+           "times": {**r.times, "q": wall_q, "nuts": wall_nuts}, "check": r.check, "mcse_mean": r.mcse_mean,
+           "answer_khat": float(r.check.get("khat", math.nan)) if r.answer != "nuts" else math.nan,
+           "answer_ess": float(r.check.get("ess", math.nan)) if r.answer != "nuts" else r.nuts["min ESS"],
+           "mean": post.mean.tolist(), **fidelity(post.mean, post.std, ref)}
+    out["v2"] = ans
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        v1 = rule_v1(q, model, seed, npath)
+    v1["wall"] += wall_q
+    v1p = v1.pop("post")
+    out["v1"] = {**v1, "mean": v1p.mean.tolist(), **fidelity(v1p.mean, v1p.std, ref)}
+    path.write_text(json.dumps(out))
+    return out
+
+
+def _cell(c: dict[str, Any]) -> str:
+    mark = "ok" if c["within"] else ("FLAGGED" if not c["trusted"] else "**MISS**")
+    if c["within"] and not c["trusted"]:
+        mark = "ok (flagged)"
+    kh = "" if not math.isfinite(c["answer_khat"]) else f" k̂ {c['answer_khat']:.2f}"
+    return (f"{c['answer']}{kh} ESS {c['answer_ess']:.0f} · Δ {c['max_dmean_sd']:.2f} · "
+            f"sd {c['sd_ratio_min']:.2f}–{c['sd_ratio_max']:.2f} · {c['wall']:.0f} s · {mark}")
+
+
+def render(probs: list[dict[str, Any]]) -> None:
+    refs, cases = {}, []
+    for p in probs:
+        rp = CACHE / f"ref_{p['id']}.json"
+        if rp.exists():
+            refs[p["id"]] = json.loads(rp.read_text())
+        for s in SEEDS:
+            cp = CACHE / f"case_{p['id']}_{s}.json"
+            if cp.exists():
+                cases.append(json.loads(cp.read_text()))
+    md = [header("gpvi.infer stress suite (issue 39)"), "",
+          f"Problems: {len(probs)} ({sum(p['half'] == 'tuning' for p in probs)} tuning, "
+          f"{sum(p['half'] == 'held-out' for p in probs)} held out); references done: {len(refs)}; "
+          f"(problem, seed) cases done: {len(cases)} of {len(probs) * len(SEEDS)}.", "",
+          f"A case is **ok** when every parameter's |Δmean| <= {TOL_MEAN} reference sd and sd ratio in "
+          f"[{SD_LO}, {SD_HI}]; a case outside that is **FLAGGED** when the returned posterior says it is not "
+          "reliable (``report.trusted`` False) and a **MISS** otherwise (confidently wrong). v1 = the rule before "
+          "issue 39, v2 = the rule after; both from the same q (same seed).", ""]
+    summary = []
+    for half in ("tuning", "held-out"):
+        hc = [c for c in cases if c["half"] == half]
+        for rule in ("v1", "v2"):
+            n_ok = sum(c[rule]["within"] for c in hc)
+            n_flag = sum((not c[rule]["within"]) and (not c[rule]["trusted"]) for c in hc)
+            n_miss = sum((not c[rule]["within"]) and c[rule]["trusted"] for c in hc)
+            n_flag_ok = sum(c[rule]["within"] and not c[rule]["trusted"] for c in hc)
+            routes = {a: sum(c[rule]["answer"] == a for c in hc) for a in ("q", "psis", "nuts")}
+            walls = [c[rule]["wall"] for c in hc]
+            summary.append({"half": half, "rule": rule, "cases": len(hc), "ok": n_ok, "flagged_miss": n_flag,
+                            "unflagged_miss": n_miss, "flagged_but_ok": n_flag_ok, "routes": routes,
+                            "median_wall": float(np.median(walls)) if walls else math.nan,
+                            "total_wall": float(np.sum(walls)) if walls else math.nan})
+    md += ["## Summary", "", "| half | rule | cases | ok | flagged (not ok) | **unflagged miss** | flagged but ok | "
+           "routes q / psis / nuts | median wall (s) | total wall (s) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for s in summary:
+        md.append(f"| {s['half']} | {s['rule']} | {s['cases']} | {s['ok']} | {s['flagged_miss']} | "
+                  f"{s['unflagged_miss']} | {s['flagged_but_ok']} | {s['routes']['q']} / {s['routes']['psis']} / "
+                  f"{s['routes']['nuts']} | {s['median_wall']:.1f} | {s['total_wall']:.0f} |")
+    md += ["", "## References (default NUTS, 4 chains, doubled to bulk ESS >= 400 and R-hat <= 1.01)", "",
+           "| problem | half | N | D | min bulk ESS | max R-hat | mixed | divergences | largest sd | "
+           "default NUTS wall to 400 ESS (s) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for p in probs:
+        r = refs.get(p["id"])
+        if r:
+            md.append(f"| {p['id']} | {p['half']} | {p['n']} | {len(r['names'])} | {r['min_ess_bulk']:.0f} | "
+                      f"{r['max_r_hat']:.3f} | {r['mixed']} | {r['divergences']} | {max(r['sd']):.2f} | "
+                      f"{r['wall_to_400']:.0f} |")
+    for half in ("tuning", "held-out"):
+        md += ["", f"## Cases: {half} half", "",
+               "Per cell: route, k̂ and weights' ESS of the answer's proposal, max |Δmean|/sd, sd ratio range, "
+               "wall of infer (variational fit included), verdict.", "",
+               "| problem | seed | v1 (before) | v2 (after) | v2 reason |", "|---|---|---|---|---|"]
+        for c in cases:
+            if c["half"] == half:
+                md.append(f"| {c['problem']} | {c['seed']} | {_cell(c['v1'])} | {_cell(c['v2'])} | "
+                          f"{c['v2']['reason'][:140]} |")
+    md += ["", "## Seed spread (v2)", "",
+           "Per problem over the seeds: the routes taken, and the spread (max - min over seeds) of each parameter's "
+           "answer mean in reference sds (largest over parameters).", "",
+           "| problem | half | routes (seeds in order) | spread of means (ref sd) | largest 1-MCSE of a mean reported "
+           "(answer sd) |", "|---|---|---|---|---|"]
+    for p in probs:
+        pc = [c for c in cases if c["problem"] == p["id"]]
+        if len(pc) < 2 or p["id"] not in refs:
+            continue
+        sd = np.asarray(refs[p["id"]]["sd"])
+        means = np.array([c["v2"]["mean"] for c in pc]) / sd
+        spread = float((means.max(0) - means.min(0)).max())
+        routes = ", ".join(c["v2"]["answer"] for c in pc)
+        nmcse = max(c["v2"]["mcse_mean"] for c in pc)
+        md.append(f"| {p['id']} | {p['half']} | {routes} | {spread:.2f} | {nmcse:.3f} |")
+    data = {"problems": probs, "references": refs, "cases": cases, "summary": summary,
+            "load_after": list(os.getloadavg())}
+    write(NAME, "\n".join(md) + "\n", data)
+
+
+def main() -> None:
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    phase = args[0] if args else "all"
+    CACHE.mkdir(parents=True, exist_ok=True)
+    probs = problems()
+    order = []                                                        # tuning half first, kinds alternating
+    for half in ("tuning", "held-out"):
+        syn = [p for p in probs if p["half"] == half and p["kind"] == "synthetic"]
+        sub = [p for p in probs if p["half"] == half and p["kind"] == "subset"]
+        order += [p for pair in zip(syn, sub) for p in pair]
+    only = args[1:]
+    if only:
+        order = [p for p in order if p["id"] in only]
+    torch.manual_seed(0)
+    if phase in ("ref", "all"):
+        for p in order:
+            t0 = time.perf_counter()
+            r = reference(p)
+            print(f"ref {p['id']} ({p['half']}): ESS {r['min_ess_bulk']:.0f} R-hat {r['max_r_hat']:.3f} "
+                  f"wall {r['wall_s']:.0f} s ({time.perf_counter() - t0:.0f} s now)", flush=True)
+    if phase == "cases":                                              # ref and cases, one problem at a time
+        for p in order:
+            ref = reference(p)
+            print(f"ref {p['id']} ({p['half']}): ESS {ref['min_ess_bulk']:.0f} wall {ref['wall_s']:.0f} s", flush=True)
+            for s in SEEDS:
+                c = run_case(p, s, ref)
+                print(f"case {p['id']} seed {s}: v1 {_cell(c['v1'])} | v2 {_cell(c['v2'])}", flush=True)
+            render(probs)
+    if phase in ("infer", "all"):
+        for p in order:
+            ref = reference(p)
+            for s in SEEDS:
+                c = run_case(p, s, ref)
+                print(f"case {p['id']} seed {s}: v1 {_cell(c['v1'])} | v2 {_cell(c['v2'])}", flush=True)
+    if phase in ("q",):
+        for p in order:
+            for s in SEEDS:
+                _, w = fit_q(p, s)
+                print(f"q {p['id']} seed {s}: {w:.1f} s", flush=True)
+    render(probs)
+
+
+if __name__ == "__main__":
+    main()
