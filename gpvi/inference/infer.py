@@ -43,11 +43,11 @@ importance sampling*, JMLR 2024):
    Gaussian with the mixture's mean and covariance takes q's place), extended until bulk ESS ``min_ess`` and
    R-hat 1.01. NUTS that does not reach them leaves the answer **not trusted**.
 
-The returned posterior carries a :class:`InferenceReport` as ``.report``: :math:`\hat k`, the bound and its
-convergence, which answer was chosen and why, whether it is trusted (``report.trusted``; an untrusted answer also
-warns), the Monte Carlo error of its means, and the wall time of each stage. Before issue 39 the rule was
-:math:`\hat k \le 0.5` → q, :math:`\le 0.7` → the weighted draws of q (or of the mixture), else NUTS; the stress
-suite (``benchmarks/results/trust_stress.md``) compares both on the same q.
+The returned posterior carries a :class:`InferenceReport` as ``.report``: :math:`\hat k`, the bound, the answer and
+why, ``trusted`` (False also warns; Ctrl-C in any stage returns that stage's partial result, not trusted, with an
+:class:`~gpvi.exceptions.InterruptedRunWarning`), the Monte Carlo error of its means and each stage's wall time.
+Before issue 39: :math:`\hat k \le 0.5` → q, :math:`\le 0.7` → the weighted draws of q (or of the mixture),
+else NUTS; ``benchmarks/results/trust_stress.md`` compares both rules on the same q.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ from typing import Any
 
 import torch
 
-from ..exceptions import NumericalFaultError, NumericalWarning
+from ..exceptions import InterruptedRunWarning, NumericalFaultError, NumericalWarning
 from ..linalg import cholesky_with_jitter
 from ..models.target import as_target
 from ..posteriors.gaussian import GaussianPosterior
@@ -85,15 +85,13 @@ BASIN_SEPARATION = 0.5
 ADAPT_ROUNDS = 2
 """Refits of the adapted proposal's Gaussian component (each from PSIS of the previous proposal)."""
 ADAPT_INFLATE = 1.2
-"""Scale factor :math:`\lambda` of the adapted component's covariance (sd multiplied by it)."""
+r"""Scale factor :math:`\lambda` of the adapted component's covariance (sd multiplied by it)."""
 CHECK_BATCHES = 8
 """Independent batches of the check's draws whose spread gives the Monte Carlo error."""
 MCSE_TOL = 0.05
 """Largest batch MCSE of a weighted mean or sd, in posterior sds, for a reliable weighted answer."""
-Q_AGREE_MEAN = 0.1
-"""q is the answer only when each of its means is within this many weighted sds of the weighted answer's ..."""
-Q_AGREE_SD = (0.9, 1.1)
-"""... and each of its sds within these ratios of the weighted sd."""
+Q_AGREE_MEAN, Q_AGREE_SD = 0.1, (0.9, 1.1)
+"""q is the answer only when its means are within 0.1 weighted sd of the checked weighted ones, its sds 0.9-1.1x."""
 
 
 @dataclass
@@ -112,6 +110,9 @@ class InferenceReport:
         The weighted answer's check: ``proposal`` ("q", "mixture", "adapted"), ``khat`` and its ``threshold``,
         ``ess`` and ``num_draws`` of its weights, ``mcse_mean`` and ``mcse_sd`` (largest batch MCSE over the
         parameters, in weighted sds), ``reliable``.
+    interrupted : str
+        The stage a Ctrl-C ended (``"q"``, ``"psis"``, ``"nuts"``), empty when none did; the answer is then the
+        partial result of that stage and not trusted.
     mcse_mean : float
         The returned answer's largest Monte Carlo standard error of a mean, in posterior sds (0 for q, whose
         moments are exact; the batch MCSE for weighted draws; ArviZ's MCSE for NUTS).
@@ -129,8 +130,7 @@ class InferenceReport:
     q : GaussianPosterior
         The variational posterior that was diagnosed (whatever the answer).
     times : dict of str to float
-        Wall time (s) of each stage: ``q`` (the variational fit, MAP restarts included), ``psis``, ``nuts``
-        (when run).
+        Wall time (s) of each stage: ``q`` (MAP restarts included), ``psis`` (the check included), ``nuts``.
     nuts : dict
         NUTS diagnostics when it ran: smallest bulk ESS, largest split R-hat, divergences, gradient evaluations.
     starts : list of dict
@@ -168,6 +168,7 @@ class InferenceReport:
     trusted: bool = True
     check: dict[str, Any] = field(default_factory=dict)
     mcse_mean: float = math.nan
+    interrupted: str = ""
 
     def lines(self) -> list[str]:
         head = "gpvi.infer: answer = " if self.trusted else "gpvi.infer: NOT TRUSTED: answer = "
@@ -302,14 +303,50 @@ def default_sk(dim: int, *, seed: int = 0, progress_bar: bool = True) -> Any:
                       progress_bar=progress_bar)
 
 
+def _diagnose(q: Any, target: Any, seed: int, num_psis_draws: int, min_ess: float) -> tuple:
+    """Steps 2-4: PSIS of q, the basins, the (adapted) weighted answer and its check."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                       # the report says what k-hat means
+        w = psis(q, target, num_psis_draws, seed=seed)
+        mix = starts_mixture(q, target)
+        wm = psis(mix, target, num_psis_draws, seed=seed) if mix is not None else None
+        mass = [] if wm is None else [float(x) for x in mix.basin_mass(wm)]
+        several = bool(mass) and 1.0 - mass[0] > BASIN_MASS_TOL
+        base, wb = (mix, wm) if several else (q, w)
+        check = _check(wb, "mixture" if several else "q", min_ess)
+        if several or w.khat > KHAT_GOOD or not check["reliable"]:
+            gen = torch.Generator().manual_seed(seed)
+            wb = _adapted(base, wb, target, num_psis_draws, gen)
+            check = _check(wb, "adapted", min_ess)
+    return w, wm, wb, mix, mass, several, check
+
+
+def _stopped(post: Any, stage: str, what: str, times: dict[str, float], report: Any = None,
+             answer: str = "q") -> Any:
+    """Ctrl-C ended ``stage``: ``post`` (the partial result) with a report that says so, and a warning."""
+    q = getattr(report, "q", None) or post
+    if report is None:
+        report = InferenceReport(
+            "q", "", math.nan, float(getattr(q, "elbo", math.nan)), float(getattr(q, "elbo_se", math.nan)),
+            bool(q.info.get("converged", False)), math.nan, math.nan, math.nan, times, q=q,
+            engine=q.info.get("infer", {}).get("engine", type(q).__name__))
+    report.answer = answer
+    report.interrupted, report.trusted = stage, False
+    report.reason = f"interrupted (Ctrl-C) during {what}" + (f"; {report.reason}" if report.reason else "")
+    report.times = times
+    warnings.warn(f"gpvi.infer: interrupted during {what}; the partial result is flagged (report.trusted False)",
+                  InterruptedRunWarning, stacklevel=3)
+    post.report = report
+    return post
+
+
 def variational_fit(target: Any, *, seed: int = 0, engine: Any = None, progress_bar: bool = True) -> Any:
     r"""Step 1 of :func:`infer`: the best Gaussian q (``engine`` as in :func:`infer`).
 
     Returns
     -------
     GaussianPosterior
-        With ``start_posteriors`` (the starts' Gaussians) and ``info["infer"]``: the engine's name, the fallback
-        note when S&K failed from every start, and the wall time of the fit (MAP restarts included).
+        With ``start_posteriors`` and ``info["infer"]``: the engine's name, any fallback note, the fit's wall time.
     """
     seed = check_seed(seed)
     progress_bar = check_bool(progress_bar, "progress_bar")
@@ -357,22 +394,18 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
         (:func:`default_sk`: ``SKGaussian(num_steps=max(500, 40 D), method="gradient", num_draws=4,
         draws="sobol")``) from each of DSVI's default starts (for exact GP targets the distinct MAP optima with
         their Laplace scales; the best final bound wins and the starts' Gaussians enter the basin step): same or
-        higher bounds than DSVI's default with fewer log-joint evaluations
-        (``benchmarks/results/nuts_fidelity_engines.md``, ``dsvi_best_gaussian.md``). Its length N is part of the
-        algorithm, not a stop rule; at the default N a run 10x longer from the same start gains less than 0.01
-        nats on pendulum, Bodyfat and Boston (``sk_length.md``; Boston's q still moves by up to 0.19 sd along a
-        flat direction, which the PSIS step checks). Too small an N ends in a
-        :class:`~gpvi.exceptions.NumericalFaultError` (a non-positive-definite averaged precision) rather than a
-        wrong answer; when that happens from every start, ``infer`` warns and runs DSVI from the same starts (the
-        report's ``engine`` and ``reason`` say so). ``"dsvi"``: ``gpvi.DSVI(scale="full", seed=seed)``, the best
-        Gaussian from the same starts with its plateau stop and the finish to 0.01 nats. An engine object is run as
-        it is.
+        higher bounds than DSVI's default with fewer log-joint evaluations (``nuts_fidelity_engines.md``). Its
+        length N is part of the algorithm, not a stop rule (``sk_length.md``). When it fails from every start
+        (:class:`~gpvi.exceptions.NumericalFaultError`), ``infer`` warns and runs DSVI from the same starts (the
+        report's ``engine`` and ``reason`` say so). ``"dsvi"``: ``gpvi.DSVI(scale="full", seed=seed)`` from the
+        same starts. An engine object is run as it is.
     nuts : optional
-        The sampler used when :math:`\hat k > 0.7` (default ``gpvi.NUTS(num_chains=4, num_warmup=200,
-        num_draws=500, seed=seed)``: a short warm-up suffices because q supplies the mass matrix).
+        The sampler used when the weighted draws fail the check (default ``gpvi.NUTS(num_chains=4,
+        num_warmup=200, num_draws=500, seed=seed)``: a short warm-up suffices because q supplies the mass matrix).
     min_ess : float
-        The smallest weights' ESS of a weighted answer, and when NUTS runs: extend the chains (doubling the draws, exactly as an uninterrupted longer run) until the
-        smallest bulk ESS reaches ``min_ess`` (default 400, 100 per chain for 4 chains) and split R-hat <= 1.01.
+        The smallest weights' ESS of a weighted answer; when NUTS runs, extend the chains (doubling the draws,
+        exactly as an uninterrupted longer run) until the smallest bulk ESS reaches ``min_ess`` (default 400) and
+        split R-hat <= 1.01.
     max_extensions : int
         At most this many doublings (default 3); the report says when the target was not reached.
     progress_bar : bool
@@ -410,20 +443,15 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
         raise TypeError(f"q must be a posterior with sample and log_prob (variational_fit's); got {type(q).__name__}")
     times["q"] = time.perf_counter() - t0
     fit = q.info.get("infer", {})
+    starts = [p for p in getattr(q, "start_posteriors", None) or [q] if p is not None]
+    if any(p.info.get("interrupted") for p in starts):
+        return _stopped(q, "q", "the variational fit (q is partial and unchecked)", times)
     t0 = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")                       # the report says what k-hat means
-        w = psis(q, target, num_psis_draws, seed=seed)
-        mix = starts_mixture(q, target)
-        wm = psis(mix, target, num_psis_draws, seed=seed) if mix is not None else None
-        mass = [] if wm is None else [float(x) for x in mix.basin_mass(wm)]
-        several = bool(mass) and 1.0 - mass[0] > BASIN_MASS_TOL
-        base, wb = (mix, wm) if several else (q, w)
-        check = _check(wb, "mixture" if several else "q", min_ess)
-        if several or w.khat > KHAT_GOOD or not check["reliable"]:
-            gen = torch.Generator().manual_seed(seed)
-            wb = _adapted(base, wb, target, num_psis_draws, gen)
-            check = _check(wb, "adapted", min_ess)
+    try:
+        w, wm, wb, mix, mass, several, check = _diagnose(q, target, seed, num_psis_draws, min_ess)
+    except KeyboardInterrupt:
+        times["psis"] = time.perf_counter() - t0
+        return _stopped(q, "psis", "the PSIS check (q is returned unchecked)", times)
     times["psis"] = time.perf_counter() - t0
     answer, reason = _choose(w.khat, check, several=several, q_agrees=check["reliable"] and _q_agrees(q, wb))
     report = InferenceReport(answer, reason, w.khat, float(q.elbo), float(getattr(q, "elbo_se", math.nan)),
@@ -442,21 +470,28 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
         sampler = (NUTS(num_chains=4, num_warmup=200, num_draws=500, seed=seed, progress_bar=progress_bar)
                    if nuts is None else nuts)
         t0 = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")                   # judged below, after any extension
-            post = sampler.run(target, init=mix if several else q)
-            d, ext = post.diagnostics(), 0
-            while not _mixed(d, min_ess) and ext < max_extensions:
-                sampler = copy.copy(sampler)
-                sampler.num_draws = 2 * sampler.num_draws
-                post = sampler.run(target, state=post.engine_state)
-                d, ext = post.diagnostics(), ext + 1
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")               # judged below, after any extension
+                post = sampler.run(target, init=mix if several else q)
+                d, ext = post.diagnostics(), 0
+                while not _mixed(d, min_ess) and ext < max_extensions and not post.info.get("interrupted"):
+                    sampler = copy.copy(sampler)
+                    sampler.num_draws = 2 * sampler.num_draws
+                    post = sampler.run(target, state=post.engine_state)
+                    d, ext = post.diagnostics(), ext + 1
+        except KeyboardInterrupt:                             # before the first draw: the unchecked weighted draws
+            times["nuts"] = time.perf_counter() - t0
+            return _stopped(wb, "nuts", "NUTS before its first draw (the weighted draws that failed the check are "
+                            "returned)", times, report, "psis")
         times["nuts"] = time.perf_counter() - t0
         report.nuts = {"draws per chain": int(post.draws.shape[1]), "extensions": ext,
                        "min ESS": float(d["ess_bulk"].min()), "max R-hat": float(d["r_hat"].max()),
                        "divergences": int(post.stats["diverging"].sum()),
                        "gradient evaluations": int(post.stats["n_steps"].sum())}
         report.mcse_mean = float((d["mcse_mean"].cpu() / post.std.cpu()).max())
+        if post.info.get("interrupted"):
+            return _stopped(post, "nuts", "NUTS (its partial chains are returned)", times, report, "nuts")
         if not _mixed(d, min_ess):
             report.trusted = False
             report.reason += (f"; after {ext} extension(s) the chains still miss min ESS {min_ess:g} / R-hat 1.01: "

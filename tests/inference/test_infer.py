@@ -162,3 +162,42 @@ def test_a_failed_sk_run_falls_back_to_dsvi_from_the_same_starts(monkeypatch):
                           nuts=gpvi.NUTS(num_chains=2, num_warmup=20, num_draws=40, seed=0, progress_bar=False))
     assert post.report.engine == "DSVI" and "DSVI from the same starts" in post.report.reason
     assert type(post.report.q.engine_state).__name__ == "DSVIState"
+
+
+class _CtrlC:
+    """A funnel whose log joint raises KeyboardInterrupt (as Ctrl-C does) at the ``at``-th call of ``kind``
+    (``"batch"``: PSIS's calls with many draws; ``"single"``: the sampler's calls with one draw)."""
+
+    def __init__(self, kind, at):
+        self.kind, self.at, self.calls = kind, at, 0
+
+    def __call__(self, th):
+        single = th.dim() == 1 or th.shape[0] == 1
+        if single == (self.kind == "single"):
+            self.calls += 1
+            if self.calls == self.at:
+                raise KeyboardInterrupt
+        return _funnel(th.reshape(-1, 3)).reshape(th.shape[:-1])
+
+
+def test_ctrl_c_in_each_stage_returns_a_flagged_partial_result():
+    target = gpvi.Target(_funnel, names=3)
+    q = GaussianPosterior(torch.zeros(3, dtype=torch.float64), torch.eye(3, dtype=torch.float64),
+                          list(target.names), target)
+    nuts = gpvi.NUTS(num_chains=2, num_warmup=30, num_draws=60, seed=0, progress_bar=False)
+    # the variational fit was interrupted: q comes back unchecked
+    q_int = GaussianPosterior(q.mean, q.scale_tril, list(q.names), q.target, info={"interrupted": True})
+    with pytest.warns(gpvi.exceptions.InterruptedRunWarning, match="variational fit"):
+        post = gpvi.infer(q.target, q=q_int, progress_bar=False)
+    assert post is q_int and post.report.interrupted == "q" and not post.report.trusted
+    # PSIS (the first batched log joint after the fit)
+    with pytest.warns(gpvi.exceptions.InterruptedRunWarning, match="PSIS"):
+        post = gpvi.infer(gpvi.Target(_CtrlC("batch", 2), names=3), q=q, num_psis_draws=200, progress_bar=False)
+    assert post is q and post.report.interrupted == "psis" and "NOT TRUSTED" in str(post.report)
+    # NUTS, before its first draw (the weighted draws come back) and after some draws (the partial chains)
+    for at, answer in ((5, "psis"), (1500, "nuts")):
+        with pytest.warns(gpvi.exceptions.InterruptedRunWarning):
+            post = gpvi.infer(gpvi.Target(_CtrlC("single", at), names=3), q=q, num_psis_draws=200, nuts=nuts,
+                              min_ess=1e9, progress_bar=False)
+        r = post.report
+        assert r.interrupted == "nuts" and r.answer == answer and not r.trusted and "interrupted" in r.reason
