@@ -22,11 +22,13 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
+from scipy.linalg import lapack
 
 from .exceptions import NotPSDError, NumericalWarning
 
 __all__ = [
     "CholeskyResult",
+    "triangular_inverse",
     "cholesky_with_jitter",
     "cholesky_in_place",
     "cholesky_plain",
@@ -258,6 +260,36 @@ def cholesky_plain(A: torch.Tensor, *, raise_on_failure: bool = False) -> tuple[
 def logdet_from_cholesky(L: torch.Tensor) -> torch.Tensor:
     """``log |L L^T| = 2 sum(log diag L)``, batched."""
     return 2.0 * torch.log(L.diagonal(dim1=-2, dim2=-1)).sum(-1)
+
+
+def triangular_inverse(L: torch.Tensor) -> torch.Tensor:
+    r""":math:`L^{-1}` of a lower-triangular ``L`` (..., N, N), batched.
+
+    On the CPU, LAPACK's ``trtri`` (:func:`scipy.linalg.lapack.dtrtri`, :math:`N^3/3` flops, about a third of a
+    triangular solve with N right-hand sides); elsewhere (CUDA) :func:`torch.linalg.solve_triangular` against the
+    identity. The result is lower triangular, on ``L``'s device and dtype.
+
+    Examples
+    --------
+    >>> import torch
+    >>> L = torch.tensor([[2.0, 0.0], [1.0, 4.0]], dtype=torch.float64)
+    >>> triangular_inverse(L) @ L
+    tensor([[1., 0.],
+            [0., 1.]], dtype=torch.float64)
+    """
+    if L.device.type != "cpu" or L.dtype not in (torch.float64, torch.float32) or L.requires_grad:
+        eye = torch.eye(L.shape[-1], dtype=L.dtype, device=L.device).expand_as(L)
+        return torch.linalg.solve_triangular(L, eye, upper=False)
+    trtri = lapack.dtrtri if L.dtype == torch.float64 else lapack.strtri
+    flat = L.detach().reshape(-1, *L.shape[-2:])
+    out = torch.empty_like(flat)
+    for i, Li in enumerate(flat.numpy()):
+        # the transpose of a C-ordered lower factor is a Fortran-ordered upper one: no copy
+        inv, info = trtri(Li.T, lower=0)
+        if info != 0:
+            raise NotPSDError(f"triangular_inverse: the factor is singular (LAPACK trtri info {info})")
+        out[i] = torch.from_numpy(inv.T)
+    return out.reshape(L.shape)
 
 
 def solve_lower(L: torch.Tensor, B: torch.Tensor) -> torch.Tensor:

@@ -144,3 +144,23 @@ def test_cholesky_plain_adds_no_jitter_and_reports_or_raises():
     torch.testing.assert_close(L[0], expected, rtol=0, atol=1e-15)
     with pytest.raises(torch.linalg.LinAlgError):
         cholesky_plain(bad, raise_on_failure=True)
+
+
+def test_triangular_inverse_matches_a_general_inverse_batched_and_in_float32(generator):
+    """linalg.triangular_inverse (LAPACK trtri on the CPU) against torch.linalg.inv, for one factor, a batch and
+    float32; the result is lower triangular and a singular factor is refused."""
+    from gpvi.linalg import triangular_inverse
+
+    A = torch.randn(3, 40, 40, dtype=torch.float64, generator=generator)
+    L = torch.linalg.cholesky(A @ A.mT + 40 * torch.eye(40, dtype=torch.float64))
+    inv = triangular_inverse(L)
+    torch.testing.assert_close(inv, torch.linalg.inv(L), rtol=1e-12, atol=1e-14)
+    assert torch.equal(inv, torch.tril(inv))
+    torch.testing.assert_close(triangular_inverse(L[1]), inv[1], rtol=0, atol=0)
+    f32 = triangular_inverse(L[0].float())
+    assert f32.dtype == torch.float32
+    torch.testing.assert_close(f32, torch.linalg.inv(L[0]).float(), rtol=1e-4, atol=1e-6)
+    sing = L[0].clone()
+    sing[5, 5] = 0.0
+    with pytest.raises(NotPSDError, match="singular"):
+        triangular_inverse(sing)

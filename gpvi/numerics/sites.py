@@ -55,11 +55,14 @@ from typing import Any
 import torch
 
 from ..exceptions import NumericalWarning
-from ..linalg import cholesky_with_jitter, logdet_from_cholesky
+from ..linalg import cholesky_with_jitter, logdet_from_cholesky, triangular_inverse
 from .quadrature import Quadrature
 
 __all__ = ["pseudo_data", "site_factor", "marginals", "site_elbo", "kl2", "kernel_gradient", "lam2_cap",
            "finite_or_fault", "update_sites", "SiteFault", "MIN_SITE_PRECISION"]
+
+_WEAK = 1e4
+"""A site with pseudo-noise above this many times its marginal variance gets :func:`marginals`' direct formula."""
 
 MIN_SITE_PRECISION = 1e-10
 """Floor on a site's precision -2 lam2, relative to 1 / mean(diag K) (see the module docstring)."""
@@ -91,17 +94,41 @@ def site_factor(K: torch.Tensor, s: torch.Tensor, theta: torch.Tensor | None = N
 
 def marginals(K: torch.Tensor, L: torch.Tensor, ytilde: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """All marginals from the factor(s): ``m = K alpha``, ``var = diag K - colsum((L^{-1} K)^2)`` and ``alpha``,
-    O(K N^3). ``ytilde`` (N,): ``m``, ``var``, ``alpha`` (N,); (N, K) with ``L`` (K, N, N): ``m``, ``var`` (N, K),
-    ``alpha`` (K, N)."""
-    if ytilde.dim() == 1:
-        alpha = torch.cholesky_solve(ytilde.unsqueeze(-1), L).squeeze(-1)
-        m = K @ alpha
-        W = torch.linalg.solve_triangular(L, K, upper=False)
-        return m, K.diagonal() - (W * W).sum(0), alpha
-    alpha = torch.cholesky_solve(ytilde.T.unsqueeze(-1), L).squeeze(-1)
-    W = torch.linalg.solve_triangular(L, K.expand_as(L), upper=False)
-    return (alpha @ K).T, K.diagonal().unsqueeze(-1) - (W * W).sum(-2).T, alpha
+    r"""All marginals from the factor(s): ``m = K alpha``, ``var`` = :math:`\operatorname{diag}V` and ``alpha``.
+
+    ``ytilde`` (N,): ``m``, ``var``, ``alpha`` (N,); (N, K) with ``L`` (K, N, N): ``m``, ``var`` (N, K), ``alpha``
+    (K, N). With :math:`P = (LL^\top)^{-1} = (K + S)^{-1}`, :math:`V = K - KPK = S - SPS`, so
+
+    .. math::
+
+        V_{nn} = s_n - s_n^2 P_{nn},\qquad P_{nn} = \lVert L^{-1} e_n\rVert^2,
+
+    one triangular inverse (:func:`gpvi.linalg.triangular_inverse`, :math:`N^3/3` flops) instead of the triangular
+    solve :math:`L^{-1}K` (:math:`N^3`) of :math:`V_{nn} = K_{nn} - \lVert L^{-1}\mathbf k_n\rVert^2`. The
+    :math:`s_n` are read off the factor, :math:`s_n = (LL^\top)_{nn} - K_{nn}` (jitter included). The subtraction
+    loses about :math:`\log_{10}(s_n/V_{nn})` digits (measured: 2e-12 relative at :math:`s_n/V_{nn} = 10^3`), so sites with :math:`s_n > 10^4\,V_{nn}` (or a
+    non-positive result) are recomputed by the direct formula, one column of :math:`L^{-1}K` each.
+    """
+    batched = ytilde.dim() == 2
+    rhs = ytilde.T.unsqueeze(-1) if batched else ytilde.unsqueeze(-1)
+    alpha = torch.cholesky_solve(rhs, L).squeeze(-1)
+    m = (alpha @ K).T if batched else K @ alpha
+    Linv = triangular_inverse(L)
+    dK = K.diagonal()
+    s = (L * L).sum(-1) - dK
+    var = s - s * s * (Linv * Linv).sum(-2)
+    weak = (s > _WEAK * var) | ~(var > 0)
+    if bool(weak.any()):
+        for c, row in enumerate(weak.reshape(-1, weak.shape[-1])):
+            idx = row.nonzero().flatten()
+            if idx.numel():
+                W = (Linv[c] if batched else Linv) @ K[:, idx]
+                exact = dK[idx] - (W * W).sum(0)
+                if batched:
+                    var[c, idx] = exact
+                else:
+                    var[idx] = exact
+    return m, (var.T if batched else var), alpha
 
 
 def site_elbo(value_sum: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor, m: torch.Tensor,
