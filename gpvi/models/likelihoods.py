@@ -148,6 +148,10 @@ class BernoulliLogit(Likelihood):
         h2 = -torch.sigmoid(f) * torch.sigmoid(-f)
         return h, h1, h2
 
+    def log_prob(self, y: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+        r""":math:`\log\sigma(s f)` alone (EP's tilted moments need no derivatives)."""
+        return torch.nn.functional.logsigmoid((2.0 * y - 1.0) * f)
+
     def response(self, f: torch.Tensor) -> torch.Tensor:
         r""":math:`p(y = 1 \mid f) = \sigma(f)`."""
         return torch.sigmoid(f)
@@ -182,6 +186,10 @@ class BernoulliProbit(Likelihood):
         h1 = s * r
         h2 = -r * (z + r)
         return h, h1, h2
+
+    def log_prob(self, y: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+        r""":math:`\log\Phi(s f)` alone."""
+        return torch.special.log_ndtr((2.0 * y - 1.0) * f)
 
     def response(self, f: torch.Tensor) -> torch.Tensor:
         r""":math:`p(y = 1 \mid f) = \Phi(f)`."""

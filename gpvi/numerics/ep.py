@@ -49,9 +49,10 @@ from typing import Any, NamedTuple
 
 import torch
 
+from .anderson import Anderson
 from .quadrature import Quadrature
 from ..linalg import cholesky_plain
-from ..validation import check_positive, check_positive_int
+from ..validation import check_nonnegative_int, check_positive, check_positive_int
 
 __all__ = ["EPResult", "expectation_propagation"]
 
@@ -108,7 +109,7 @@ def _marginals(K: torch.Tensor, tau: torch.Tensor, nu: torch.Tensor):
 def expectation_propagation(K: torch.Tensor, y: torch.Tensor, likelihood: Any, *,
                             quadrature: Quadrature | None = None, damping: float = 0.8, tol: float = 1e-8,
                             max_sweeps: int = 200, tau: torch.Tensor | None = None,
-                            nu: torch.Tensor | None = None) -> EPResult:
+                            nu: torch.Tensor | None = None, anderson: int = 0) -> EPResult:
     r"""Parallel, damped EP on each row of ``K`` (module docstring).
 
     Parameters
@@ -131,6 +132,12 @@ def expectation_propagation(K: torch.Tensor, y: torch.Tensor, likelihood: Any, *
         Cap on the sweeps (rows that reach it are returned with ``converged`` False).
     tau, nu : torch.Tensor of shape (N,) or (S, N), optional
         Starting sites (default zero: the prior).
+    anderson : int
+        Memory of Anderson acceleration of each row's damped site map (:class:`gpvi.numerics.anderson.Anderson`,
+        as in :func:`gpvi.numerics.ep_multiclass.multiclass_ep`; default 0: plain damped sweeps). It changes the
+        path, not the fixed point or the stop rule. An extrapolation with a negative site precision is replaced by
+        the plain damped step; a sweep that fails at an extrapolated point goes back to the plain damped step of
+        the sweep before, with an empty history (at most 3 times per row, then the row goes on unaccelerated).
 
     Returns
     -------
@@ -174,6 +181,10 @@ def expectation_propagation(K: torch.Tensor, y: torch.Tensor, likelihood: Any, *
     converged = torch.zeros(S, dtype=torch.bool, device=Kb.device)
     sweeps = torch.zeros(S, dtype=torch.long, device=Kb.device)
     yb = y.expand(S, N)
+    memory = check_nonnegative_int(anderson, "anderson")
+    accs = [Anderson(memory) if memory > 0 else None for _ in range(S)]
+    plain: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * S   # G of the last accepted sites, per row
+    restarts = [0] * S
     with torch.no_grad():
         for _ in range(max_sweeps):
             idx = (active & good).nonzero().flatten()
@@ -181,6 +192,16 @@ def expectation_propagation(K: torch.Tensor, y: torch.Tensor, likelihood: Any, *
                 break
             t, n = tau[idx], nu[idx]
             _, _, mean, var, ok = _marginals(Kb[idx], t, n)
+            # a sweep that failed at an extrapolated point: back to that row's plain damped step, history cleared
+            retry = [i for k, i in enumerate(idx.tolist()) if not bool(ok[k]) and plain[i] is not None
+                     and restarts[i] < 3]
+            if retry:
+                for i in retry:
+                    tau[i], nu[i] = plain[i]
+                    plain[i] = None
+                    restarts[i] += 1
+                    accs[i] = Anderson(memory) if restarts[i] < 3 else None
+                continue
             tc = (1.0 / var - t).clamp_min(torch.finfo(Kb.dtype).tiny)       # cavity precisions
             mc = (mean / var - n) / tc
             _, mh, vh = _tilted(likelihood, yb[idx].reshape(-1), mc.reshape(-1), (1.0 / tc).reshape(-1), quad)
@@ -192,8 +213,20 @@ def expectation_propagation(K: torch.Tensor, y: torch.Tensor, likelihood: Any, *
                                    ((n_new - n).abs() / (1.0 + n.abs())).amax(-1))
             done = ok & (change <= tol)
             step = ok & ~done
-            tau[idx] = torch.where(step.unsqueeze(-1), (1.0 - damping) * t + damping * t_new, t)
-            nu[idx] = torch.where(step.unsqueeze(-1), (1.0 - damping) * n + damping * n_new, n)
+            g_t = torch.where(step.unsqueeze(-1), (1.0 - damping) * t + damping * t_new, t)
+            g_n = torch.where(step.unsqueeze(-1), (1.0 - damping) * n + damping * n_new, n)
+            tau[idx], nu[idx] = g_t, g_n
+            for k, i in enumerate(idx.tolist()):
+                acc = accs[i]
+                if acc is None or not bool(step[k]):
+                    continue
+                plain[i] = (g_t[k].clone(), g_n[k].clone())
+                nxt = acc.step(torch.cat([t[k], n[k]]), torch.cat([g_t[k], g_n[k]]))
+                if bool(torch.isfinite(nxt).all()) and bool((nxt[:N] >= 0).all()):
+                    tau[i], nu[i] = nxt[:N], nxt[N:]
+                else:
+                    plain[i] = None
+                    acc.clear()
             sweeps[idx] += 1
             good[idx[~ok]] = False
             converged[idx[done]] = True

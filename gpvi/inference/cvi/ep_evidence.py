@@ -24,16 +24,17 @@ A Gaussian engine on it (S&K, DSVI) maximises :math:`\mathbb E_{q(\theta)}[\log\
 
 **Gradient.** At EP's fixed point :math:`\partial\log Z_{EP}/\partial K = \tfrac12(\mathbf b\mathbf b^\top - R)`
 with the sites held fixed (R&W eq. 5.27), pushed through :math:`K_\theta` by autograd; ``log_joint`` is
-differentiable once, as for the CVI bound. Every evaluation runs EP from the prior's sites (zero), so
-``log_joint`` is a deterministic function of :math:`\theta` and seeded runs repeat bit for bit.
+differentiable once, as for the CVI bound. Every evaluation starts EP from the sites EP converged to at the
+bound's anchor (computed once; the prior's zero sites if that run fails): a fixed warm start, so ``log_joint`` is a
+deterministic function of :math:`\theta` and seeded runs repeat bit for bit, and draws of :math:`q(\theta)` near
+the anchor need fewer sweeps than from the prior.
 
 **The latent posterior** at a :math:`\theta` (for predictions) stays CVI's :math:`q^*(\mathbf f\mid\theta)`,
 from the wrapped :class:`~gpvi.inference.cvi.bound.CVIBoundTarget`: EP only weighs the hyperparameters.
 
 **Multi-class** (a wrapped :class:`~gpvi.inference.cvi.bound.CVIBoundTarget` of a multi-class model, softmax, K <= 3): EP with a
 full :math:`K\times K` site per data point (:func:`gpvi.numerics.ep_multiclass.multiclass_ep`), with the bound's
-softmax rule for the tilted moments. Every evaluation starts EP from the sites EP converged to at the bound's anchor
-(computed once): a fixed warm start, so ``log_joint`` is still a deterministic function of :math:`\theta`.
+softmax rule for the tilted moments, warm-started in the same way.
 
 Names: ``theta`` (kernel log-hyperparameters), ``bound`` (the wrapped CVI-bound target).
 """
@@ -46,7 +47,7 @@ from typing import Any
 
 import torch
 
-from ...validation import check_positive, check_positive_int
+from ...validation import check_nonnegative_int, check_positive, check_positive_int
 from .bound import CVIBoundTarget, envelope_log_joint
 from ...models.multiclass_likelihoods import Softmax
 from ...numerics.ep import expectation_propagation
@@ -80,6 +81,9 @@ class EPEvidenceTarget:
         :func:`~gpvi.numerics.ep.expectation_propagation`).
     max_sweeps : int
         Cap on EP's sweeps per evaluation (default 200; rows that reach it are counted in ``unconverged``).
+    anderson : int
+        Memory of the Anderson acceleration of EP's damped site map (default 5; 0: plain damped sweeps): the same
+        fixed point and stop rule in fewer sweeps.
 
     Attributes
     ----------
@@ -100,7 +104,7 @@ class EPEvidenceTarget:
     """
 
     def __init__(self, bound: CVIBoundTarget, *, damping: float | None = None, tol: float = 1e-8,
-                 max_sweeps: int = 200) -> None:
+                 max_sweeps: int = 200, anderson: int = 5) -> None:
         if not isinstance(bound, CVIBoundTarget):
             raise TypeError(f"bound must be a gpvi CVIBoundTarget; got "
                             f"{type(bound).__name__}")
@@ -116,6 +120,7 @@ class EPEvidenceTarget:
             raise ValueError(f"damping must be in (0, 1]; got {damping!r}")
         self.tol = check_positive(tol, "tol")
         self.max_sweeps = check_positive_int(max_sweeps, "max_sweeps")
+        self.anderson = check_nonnegative_int(anderson, "anderson")
         self.names = list(bound.names)
         self.counters: dict[str, float] = {"evaluations": 0, "sweeps": 0, "failures": 0, "unconverged": 0}
         if self.multiclass:
@@ -149,9 +154,8 @@ class EPEvidenceTarget:
         if self.multiclass:
             res = self._run_multiclass(K)
         else:
-            res = expectation_propagation(K, self.model.y, self.model.likelihood,
-                                          quadrature=self.bound.cvi.quadrature, damping=self.damping, tol=self.tol,
-                                          max_sweeps=self.max_sweeps)
+            tau, nu = self.warm_sites() or (None, None)
+            res = self._ep_binary(K, tau, nu)
         self.counters["evaluations"] += K.shape[0]
         self.counters["sweeps"] += int(res.sweeps.sum())
         self.counters["unconverged"] += int((res.ok & ~res.converged).sum())
@@ -162,17 +166,32 @@ class EPEvidenceTarget:
 
         pi, nu = sites if sites is not None else (None, None)
         return multiclass_ep(K, self.model.y, self.model.num_classes, quadrature=self.bound.cvi.quadrature,
-                             damping=self.damping, tol=self.tol, max_sweeps=self.max_sweeps, pi=pi, nu=nu)
+                             damping=self.damping, tol=self.tol, max_sweeps=self.max_sweeps, pi=pi, nu=nu,
+                             anderson=self.anderson)
+
+    def _ep_binary(self, K: torch.Tensor, tau: torch.Tensor | None, nu: torch.Tensor | None) -> Any:
+
+        return expectation_propagation(K, self.model.y, self.model.likelihood, quadrature=self.bound.cvi.quadrature,
+                                       damping=self.damping, tol=self.tol, max_sweeps=self.max_sweeps, tau=tau,
+                                       nu=nu, anderson=self.anderson)
 
     def warm_sites(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Multi-class: EP's sites at the bound's anchor theta (run once from the prior's sites, then reused as
-        the start of every evaluation); None when that run failed or did not converge."""
+        """EP's sites at the bound's anchor theta (run once from the prior's sites, then the start of every
+        evaluation: the same start for every theta keeps the evidence a deterministic function of theta, and draws
+        of q(theta) near the anchor need fewer sweeps than from the prior); None when that run failed or did not
+        converge (then every evaluation starts from the prior)."""
         theta = self.bound.anchor[0]
         key = theta.detach().cpu().numpy().tobytes()
         if getattr(self, "_warm_key", None) != key:
             with torch.no_grad():
-                res = self._ep_multiclass(self.bound._kernel(theta.detach().unsqueeze(0))[0], None)
-            self._warm = (res.pi, res.nu) if res.ok and res.converged else None
+                K = self.bound._kernel(theta.detach().unsqueeze(0))
+                if self.multiclass:
+                    res = self._ep_multiclass(K[0], None)
+                    self._warm = (res.pi, res.nu) if res.ok and res.converged else None
+                else:
+                    res = self._ep_binary(K, None, None)
+                    ok = bool(res.ok[0]) and bool(res.converged[0])
+                    self._warm = (res.tau[0], res.nu[0]) if ok else None
             self._warm_key = key
         return self._warm
 
