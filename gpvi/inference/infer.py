@@ -17,24 +17,23 @@ importance sampling*, JMLR 2024):
    (:class:`~gpvi.posteriors.mixture.GaussianMixture`, weights :math:`\propto e^{\mathcal L_k}`) and PSIS of
    the mixture estimates each basin's posterior mass. If the basins other than the best one hold more than
    ``BASIN_MASS_TOL`` of it, the mixture replaces q in the next step.
-4. **Check** (issue 39): the diagnosis draws are not enough to trust a weighted answer. A Gaussian q that is too
-   narrow for a broad, flat-topped posterior (lengthscales of irrelevant inputs at small N) can show a moderate
-   :math:`\hat k` (0.5-0.7) from 1,000 draws while its weighted estimate misses by half a posterior sd with a
-   marginal sd 0.4x the truth: the draws never reach the tail that holds the missing mass. So the answer is
-   computed from an **adapted proposal** and accepted only when **independent batches agree**:
+4. **Check** (issue 39): the diagnosis draws are not enough to trust a weighted answer, nor a small
+   :math:`\hat k` enough to trust q. A Gaussian q that is too narrow for a broad, flat-topped posterior
+   (lengthscales of irrelevant inputs at small N) can show :math:`\hat k` 0.3-0.7 from 1,000 draws while q, or
+   its weighted draws, have marginal sds 0.4-0.8x the truth: its draws never reach the tail that holds the
+   missing mass. So the answer is computed from a **multi-scale defensive proposal** and accepted only when
+   **independent batches agree**:
 
-   - the proposal :math:`g = \tfrac12 q_0 + \tfrac12\,\mathcal N(\hat\mu, \lambda^2\hat\Sigma)` mixes the base
-     :math:`q_0` (q, or the starts' mixture) with a Gaussian at the current weighted mean and covariance
-     (:math:`\hat\Sigma` shrunk towards :math:`q_0`'s covariance by :math:`D/(\mathrm{ESS}+D)`, inflated by
-     :math:`\lambda = 1.2`), refitted ``ADAPT_ROUNDS`` times from PSIS of the previous proposal (a defensive
-     population Monte Carlo; the base component bounds the weights where q was right);
-   - PSIS of the final proposal with ``4 x num_psis_draws`` draws, cut into ``CHECK_BATCHES`` batches whose
-     estimates give the Monte Carlo error (:func:`~gpvi.posteriors.weighted.batch_mcse`). The weighted answer is
-     **reliable** when :math:`\hat k \le \min(1 - 1/\log_{10}S, 0.7)`, the weights' ESS is at least
-     ``MIN_WEIGHTED_ESS`` and every parameter's batch MCSE of the mean and of the sd is at most
-     ``MCSE_TOL`` of its sd.
-   - When the first diagnosis is already clean (:math:`\hat k \le 0.5`, one basin, its own batches within
-     ``MCSE_TOL``, weights' ESS at least ``MIN_WEIGHTED_ESS``), the adaptation is skipped.
+   - the proposal :math:`g = \sum_j \alpha_j\,\mathcal N(\mu_0, s_j^2\Sigma_0)` with scales
+     :math:`s = (1, 1.5, 2.5)` and weights :math:`\alpha = (0.6, 0.3, 0.1)` (``CHECK_SCALES``) around the base
+     :math:`q_0` (q, or the starts' mixture, whose component replaces the first term), :math:`\mu_0, \Sigma_0`
+     its moments: the wide components reach a tail q misses, and bound the weights there (Hesterberg's
+     defensive mixtures, 1995);
+   - PSIS of g with ``4 x num_psis_draws`` draws, cut into ``CHECK_BATCHES`` batches whose estimates give the
+     Monte Carlo error (:func:`~gpvi.posteriors.weighted.batch_mcse`). The weighted answer is **reliable** when
+     :math:`\hat k \le \min(1 - 1/\log_{10}S, 0.7)`, the weights' ESS is at least ``min_ess`` and every
+     parameter's batch MCSE of the mean and of the sd is at most ``MCSE_TOL`` of its sd. A wide component that
+     finds mass q missed raises :math:`\hat k` or the batch spread, and the answer goes to NUTS.
 
 5. **Answer**: q itself when its :math:`\hat k \le 0.5`, there is one basin, the weighted answer is reliable and
    q agrees with it (every mean within ``Q_AGREE_MEAN`` weighted sd, every sd ratio within ``Q_AGREE_SD``);
@@ -82,10 +81,8 @@ BASIN_MASS_TOL = 0.01
 the mixture replaces q."""
 BASIN_SEPARATION = 0.5
 """Two starts' Gaussians are the same basin when every mean component differs by less than this many sds."""
-ADAPT_ROUNDS = 2
-"""Refits of the adapted proposal's Gaussian component (each from PSIS of the previous proposal)."""
-ADAPT_INFLATE = 1.2
-r"""Scale factor :math:`\lambda` of the adapted component's covariance (sd multiplied by it)."""
+CHECK_SCALES = ((1.0, 0.6), (1.5, 0.3), (2.5, 0.1))
+"""(scale of the base's sd, weight) of each component of the check's defensive proposal."""
 CHECK_BATCHES = 8
 """Independent batches of the check's draws whose spread gives the Monte Carlo error."""
 MCSE_TOL = 0.05
@@ -107,7 +104,7 @@ class InferenceReport:
         False when the answer failed its own check (NUTS short of ``min_ess`` / R-hat 1.01); the reason and the
         first line of the report say so, and ``infer`` warns.
     check : dict
-        The weighted answer's check: ``proposal`` ("q", "mixture", "adapted"), ``khat`` and its ``threshold``,
+        The weighted answer's check: ``proposal`` ("q" or "mixture": the base of the defensive proposal), ``khat`` and its ``threshold``,
         ``ess`` and ``num_draws`` of its weights, ``mcse_mean`` and ``mcse_sd`` (largest batch MCSE over the
         parameters, in weighted sds), ``reliable``.
     interrupted : str
@@ -175,7 +172,7 @@ class InferenceReport:
         out = [f"{head}{self.answer} ({self.reason})",
                f"  {self.engine} bound {self.elbo:.3f} +- {self.elbo_se:.3f} (converged: {self.converged})"
                + self._starts_line(),
-               f"  PSIS k-hat {self.khat:.2f}, weights' ESS {self.psis_ess:.0f}, "
+               f"  PSIS of q: k-hat {self.khat:.2f}, weights' ESS {self.psis_ess:.0f}, "
                f"log evidence {self.log_evidence:.3f} +- {self.log_evidence_se:.3f}"]
         c = self.check
         if c:
@@ -246,20 +243,12 @@ def _check(w: Any, proposal: str, min_ess: float) -> dict[str, Any]:
             "mcse_mean": mm, "mcse_sd": ms, "reliable": bool(ok)}
 
 
-def _adapted(base: Any, w: Any, target: Any, num_draws: int, gen: torch.Generator) -> Any:
-    r"""PSIS of the adapted proposal :math:`\tfrac12 q_0 + \tfrac12\mathcal N(\hat\mu, \lambda^2\hat\Sigma)`,
-    refitted ``ADAPT_ROUNDS`` times from the previous round's weights ``w`` (module docstring, step 4); the last
-    proposal's PSIS with ``4 num_draws`` draws."""
-    D, base_cov = len(base.names), base.covariance
-    for r in range(ADAPT_ROUNDS + 1):
-        shrink = D / (w.ess + D)
-        cov = (1.0 - shrink) * w.covariance + shrink * base_cov
-        cov = 0.5 * (cov + cov.T) * ADAPT_INFLATE ** 2
-        g = GaussianPosterior(w.mean, cholesky_with_jitter(cov, what="adapted proposal covariance").L,
-                              list(base.names), target)
-        proposal = GaussianMixture([base, g], [0.0, 0.0], target)
-        w = psis(proposal, target, (4 if r == ADAPT_ROUNDS else 2) * num_draws, generator=gen)
-    return w
+def _defensive(base: Any, target: Any) -> Any:
+    r"""The check's proposal :math:`\sum_j \alpha_j\,\mathcal N(\mu_0, s_j^2\Sigma_0)` around ``base`` (its first
+    term is ``base`` itself; ``CHECK_SCALES``)."""
+    L = cholesky_with_jitter(0.5 * (base.covariance + base.covariance.T), what="proposal covariance").L
+    comps = [base] + [GaussianPosterior(base.mean, s * L, list(base.names), target) for s, _ in CHECK_SCALES[1:]]
+    return GaussianMixture(comps, [math.log(a) for _, a in CHECK_SCALES], target)
 
 
 def _q_agrees(q: Any, w: Any) -> bool:
@@ -272,7 +261,7 @@ def _q_agrees(q: Any, w: Any) -> bool:
 def _choose(khat_q: float, check: dict[str, Any], *, several: bool = False,
             q_agrees: bool = False) -> tuple[str, str]:
     """The answer (module docstring, step 5): ``"q"``, ``"psis"`` or ``"nuts"`` and the reason."""
-    what = "the adapted proposal's" if check["proposal"] == "adapted" else f"{check['proposal']}'s"
+    what = "the defensive proposal's"
     if check["reliable"]:
         if not several and math.isfinite(khat_q) and khat_q <= KHAT_GOOD and q_agrees:
             return "q", (f"k-hat {khat_q:.2f} <= {KHAT_GOOD} and q agrees with its checked PSIS-weighted draws: "
@@ -304,7 +293,7 @@ def default_sk(dim: int, *, seed: int = 0, progress_bar: bool = True) -> Any:
 
 
 def _diagnose(q: Any, target: Any, seed: int, num_psis_draws: int, min_ess: float) -> tuple:
-    """Steps 2-4: PSIS of q, the basins, the (adapted) weighted answer and its check."""
+    """Steps 2-4: PSIS of q, the basins, the defensive proposal's weighted answer and its check."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")                       # the report says what k-hat means
         w = psis(q, target, num_psis_draws, seed=seed)
@@ -312,12 +301,10 @@ def _diagnose(q: Any, target: Any, seed: int, num_psis_draws: int, min_ess: floa
         wm = psis(mix, target, num_psis_draws, seed=seed) if mix is not None else None
         mass = [] if wm is None else [float(x) for x in mix.basin_mass(wm)]
         several = bool(mass) and 1.0 - mass[0] > BASIN_MASS_TOL
-        base, wb = (mix, wm) if several else (q, w)
+        base = mix if several else q
+        gen = torch.Generator().manual_seed(seed)
+        wb = psis(_defensive(base, target), target, 4 * num_psis_draws, generator=gen)
         check = _check(wb, "mixture" if several else "q", min_ess)
-        if several or w.khat > KHAT_GOOD or not check["reliable"]:
-            gen = torch.Generator().manual_seed(seed)
-            wb = _adapted(base, wb, target, num_psis_draws, gen)
-            check = _check(wb, "adapted", min_ess)
     return w, wm, wb, mix, mass, several, check
 
 
@@ -387,8 +374,7 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
     seed : int
         Seed of every stage (MAP restarts, the variational engine, PSIS draws, NUTS).
     num_psis_draws : int
-        Draws of q for the first PSIS diagnosis (default 1000); the adapted proposals use 2x and the final check
-        4x as many.
+        Draws of q for the first PSIS diagnosis (default 1000); the check's defensive proposal draws 4x as many.
     engine : {"sk", "dsvi"} or engine, optional
         The variational engine. ``"sk"`` (default, also ``None``): Salimans-Knowles' Hessian-free variant
         (:func:`default_sk`: ``SKGaussian(num_steps=max(500, 40 D), method="gradient", num_draws=4,
