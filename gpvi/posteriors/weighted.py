@@ -199,7 +199,7 @@ class WeightedPosterior(Posterior):
     def _arviz_extra(self) -> dict[str, Any]:
         S = int(self.draws.shape[0])
         return {"attrs": {"psis_khat": self.khat, "psis_ess": self.ess, "psis_num_draws": S,
-                          "psis_verdict": verdict(self.khat),
+                          "psis_proposal": str(self.info.get("proposal", "")),
                           "draws": f"resampled with replacement from {S} PSIS-weighted draws, at most the weights' "
                                    "ESS of them: not independent posterior draws"}}
 
