@@ -25,6 +25,8 @@ from .gpytorch_likelihoods import link_of_gpytorch
 from .likelihoods import Likelihood, expected_log_lik, make_likelihood
 from .scaled_rbf import centre_inputs, input_centre, scaled_rbf_covariance
 from .hyperparameters import KernelParametrisation
+from .model_prior import ModelPrior
+from .priors import resolve_prior
 from ..validation import (as_float_tensor, check_binary_labels, check_column_spread, check_feature_names,
                           check_finite_prediction, check_memory, check_sample_weight, check_theta, check_X,
                           feature_names_of)
@@ -52,8 +54,9 @@ class LatentGP:
         GPyTorch's ``BernoulliLikelihood()`` is the probit, :mod:`gpvi.models.gpytorch_likelihoods`).
     theta : array-like of shape (D,), optional
         Log-hyperparameters of the kernel at which :math:`K_\theta` is evaluated by default (the starting
-        point when they are learned). Default: the user kernel's current values when ``kernel`` is given,
-        else the data-scaled :meth:`initial_theta` (lengthscale^2 = d var(x_j), signal variance 1).
+        point when they are learned). Default: :meth:`initial_theta`, the values the user set on the kernel
+        (different from GPyTorch's initial values) and data-scaled values for the rest (lengthscale^2 = d
+        var(x_j), signal variance 1): the same rule as :meth:`gpvi.GPRegression.initial_theta`.
     device : torch.device or str, optional
     feature_names : sequence of str, optional
         One name per column of ``X`` (default: a pandas DataFrame's string column names); per-column
@@ -112,7 +115,6 @@ class LatentGP:
         check_column_spread(Xt, "X", self.feature_names)
         check_memory(n, copies=4, device=Xt.device, what="exact latent-GP inference (CVI)")
         self.X = Xt
-        user_kernel = kernel is not None
         if kernel is None:
             kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=d))
         self.kernel_params = KernelParametrisation(kernel, dtype=torch.float64, device=Xt.device)
@@ -125,7 +127,7 @@ class LatentGP:
         self.names = list(self.kernel_params.names)
         self.natural_names = list(self.kernel_params.natural_names)
         if theta is None:
-            th = self.kernel_params.theta_from_kernel().to(Xt) if user_kernel else self.initial_theta()
+            th = self.initial_theta()
         else:
             th = check_theta(theta, self.dim, "theta", device=Xt.device).detach().clone()
             if th.dim() != 1:
@@ -233,13 +235,35 @@ class LatentGP:
 
     # ------------------------------------------------------------------ helpers
     def initial_theta(self) -> torch.Tensor:
-        """Data-scaled start: ``lengthscale^2 = d var(x_j)``, signal variance 1 (log 0), others 0 (with ``weights``,
-        the weighted variances: weights act as repeated rows)."""
+        """The start: values the user set on the kernel (different from GPyTorch's initial values) are kept, the
+        rest is :meth:`scaled_theta`'s."""
         return self.kernel_params.initial_theta(self._Xc, self.weights).to(torch.float64)
+
+    def scaled_theta(self) -> torch.Tensor:
+        """Data-scaled values whatever the kernel holds: ``lengthscale^2 = d var(x_j)``, signal variance 1 (log 0),
+        others 0 (with ``weights``, the weighted variances: weights act as repeated rows); the centre of the
+        ``"scaled"`` prior (:func:`gpvi.models.priors.resolve_prior`), which depends on ``X`` only."""
+        return self.kernel_params.initial_theta(self._Xc, self.weights, keep_user=False).to(torch.float64)
 
     def prior_parts(self) -> tuple[list[Any], list[Any]]:
         """theta's blocks and the priors registered on the kernel (:func:`gpvi.models.priors.resolve_prior`)."""
         return list(self.kernel_params.blocks), self.kernel_params.registered_priors()
+
+    def prior_summary(self, prior: Any = "default") -> dict[str, str]:
+        """``{theta name: its prior}`` under the prior setting ``prior`` of the type-II and fully Bayesian fits
+        (``GPClassifier(prior=...)``: ``"default"``, ``"scaled"``, ``None``, ``{name: distribution}`` or a
+        distribution; :func:`gpvi.models.priors.resolve_prior`): registered, named or the base prior of each
+        component, and the kernel's frozen parameters as ``"fixed at v"``."""
+        p = resolve_prior(prior, self)
+        if isinstance(p, ModelPrior):
+            out = p.summary()
+        else:
+            label = ("flat (no prior)" if p is None else "N(0, 10) on theta (gpvi default)" if prior == "default" else
+                     "N(data-scaled theta, 10) on theta (gpvi 'scaled')" if prior == "scaled" else
+                     f"{type(p).__name__} over theta")
+            out = {n: label for n in self.names}
+        out.update({n: f"fixed at {v}" for n, v in self.fixed.items()})
+        return out
 
     @property
     def fixed(self) -> dict:

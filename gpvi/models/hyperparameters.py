@@ -195,12 +195,16 @@ class KernelParametrisation(ModuleParametrisation):
         module = self._module_for(batch)
         params = self.raw_parameters(theta_k)
         x2_ = x1 if x2 is None else x2
+        if batch is not None:
+            # batched inputs (views): kernels whose output shape follows the inputs' batch shape (ConstantKernel
+            # inside a sum, whose expand_batch leaves the summands' batch_shape empty) then see the batch too
+            x1, x2_ = x1.expand(batch, *x1.shape), x2_.expand(batch, *x2_.shape)
         with gpytorch.settings.lazily_evaluate_kernels(False):
             out = functional_call(module, params, (x1, x2_), {"diag": diag}, strict=False)
             if hasattr(out, "to_dense"):
                 out = out.to_dense()
         if batch is not None:
-            want = (batch, x1.shape[0]) if diag else (batch, x1.shape[0], x2_.shape[0])
+            want = (batch, x1.shape[-2]) if diag else (batch, x1.shape[-2], x2_.shape[-2])
             if tuple(out.shape) != want:
                 out = out.expand(*want)
         return out
@@ -226,31 +230,38 @@ class KernelParametrisation(ModuleParametrisation):
                     out[b.start:b.stop] = math.log(shared / n_scaled)
         return out
 
-    def initial_theta(self, X: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
-        """A data-scaled starting point: lengthscale^2 = d * var(x_j), others 1 (``weights``: as in
-        :meth:`log_input_scale`).
+    def initial_theta(self, X: torch.Tensor, weights: torch.Tensor | None = None, *,
+                      keep_user: bool = True) -> torch.Tensor:
+        """The start: a parameter the user set on the kernel keeps that value (``keep_user``; see
+        :attr:`~gpvi.models.parameters.ModuleParametrisation.user_set`), the others a data-scaled value:
+        lengthscale^2 = d * var(x_j), others 1 (``weights``: as in :meth:`log_input_scale`).
 
         A constant column (variance 0) says nothing about its lengthscale and the data cannot move it, so it starts
         long: 100 times the largest variance of the other columns (1 if all are constant). A short start there would
         make every prediction at another value of that column fall back to the prior. A lengthscale shared by all
         columns (isotropic) starts at the sum of the non-constant columns' variances (``d var`` when none is
         constant: the mean squared distance between two rows is twice that sum); constant columns add nothing to
-        distances, so they add nothing to this sum. A parameter with a ``GreaterThan`` or ``Interval`` constraint
-        starts at the user's value (GPyTorch keeps it inside the constraint).
+        distances, so they add nothing to this sum. A lengthscale with a ``GreaterThan`` or ``Interval`` constraint
+        starts at that data-scaled value when the constraint allows it; every other constrained parameter left at
+        GPyTorch's initial value starts there (GPyTorch keeps it inside the constraint).
         """
         theta = torch.zeros(self.dim, dtype=X.dtype, device=X.device)
         d = X.shape[1]
         var, shared, _ = _column_scales(X, weights)
-        user = self.theta_from_module().to(theta)
+        module = self.theta_from_module().to(theta)
         for b in self.blocks:
-            if b.bijection.kind in ("greater", "interval"):
-                theta[b.start:b.stop] = user[b.start:b.stop]
-            elif b.log and b.natural_power == 0.5:
-                size = b.stop - b.start
-                if size == d:
-                    theta[b.start:b.stop] = torch.log(d * var)
-                else:
-                    theta[b.start:b.stop] = math.log(shared)
+            sl = slice(b.start, b.stop)
+            is_lengthscale = strip_raw(b.path.rsplit(".", 1)[-1]) == "lengthscale"
+            if keep_user and b.path in self.user_set:
+                theta[sl] = module[sl]
+            elif is_lengthscale and b.bijection.kind == "log":          # theta = log lengthscale^2
+                theta[sl] = torch.log(d * var) if b.stop - b.start == d else math.log(shared)
+            elif is_lengthscale and b.bijection.kind in ("greater", "interval"):
+                sq = d * var if b.stop - b.start == d else torch.full((b.stop - b.start,), shared).to(theta)
+                scaled = b.bijection.inverse(torch.sqrt(sq))
+                theta[sl] = torch.where(torch.isfinite(scaled), scaled, module[sl])
+            elif b.bijection.kind in ("greater", "interval"):
+                theta[sl] = module[sl]
         return theta
 
 

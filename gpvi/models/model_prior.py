@@ -133,7 +133,9 @@ class ModelPrior:
             if r.block is None:
                 continue
             b = r.block
-            terms.append(_Term(f"{_label(r.prior)} registered as {r.name}, on {', '.join(b.natural_names)}",
+            on = (", ".join(b.natural_names) if len(b.natural_names) <= 3 else
+                  f"{b.natural_names[0]} ... {b.natural_names[-1]} ({len(b.natural_names)} entries)")
+            terms.append(_Term(f"{_label(r.prior)} registered as {r.name}, on {on}",
                                b.start, b.stop, r.prior, b, tuple(b.shape)))
             for j in range(b.start, b.stop):
                 owner[j] = f"the registered {r.name}"
@@ -220,7 +222,7 @@ class ModelPrior:
         """``{theta name: its prior}``, in theta's order (frozen parameters' constant terms are not in theta)."""
         out = {n: ("flat (no prior)" if self.base is None else
                    "N(0, 10) on theta (gpvi default)" if self.base == "default" else
-                   "N(initial theta, 10) on theta (gpvi 'scaled')") for n in self.names}
+                   "N(data-scaled theta, 10) on theta (gpvi 'scaled')") for n in self.names}
         for t in self.terms:
             for j in range(t.start, t.stop):
                 out[self.names[j]] = t.label + " (with the log-Jacobian of theta -> it)"

@@ -25,6 +25,13 @@ Priors registered on the module (``lengthscale_prior=``, ``outputscale_prior=``,
 ``ConstantMean(constant_prior=...)``) are found with ``named_priors()`` and tied to the block whose natural value
 their closure returns (:meth:`ModuleParametrisation.registered_priors`); a prior on a frozen parameter is a
 constant. A prior whose closure is not one parameter's natural value is refused.
+
+**Values set by the user** (one rule for regression and classification): GPyTorch initialises every raw parameter
+of its kernels, likelihoods and means to 0 (``lengthscale = softplus(0) = 0.693``, ``noise = 0.693 + 1e-4``,
+``constant = 0``). A trainable parameter whose raw value is not all zero was set by the user (``kernel.lengthscale =
+2.0``, ``initialize(...)``, a constraint's ``initial_value``): it is listed in
+:attr:`ModuleParametrisation.user_set`, and the models start there (and ``GPClassifier(hyperparameters="fixed")``
+keeps it). A parameter left at GPyTorch's initial value gets the model's data-scaled start instead.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ import torch
 __all__ = ["Bijection", "HyperparameterBlock", "ModuleParametrisation", "RegisteredPrior"]
 
 _NAMES = {"lengthscale": "log_lengthscale_sq", "outputscale": "log_signal_var", "noise": "log_noise_var"}
-_NATURAL = {"lengthscale": "lengthscale", "outputscale": "signal_var", "noise": "noise_var", "constant": "mean_constant"}
+_NATURAL = {"lengthscale": "lengthscale", "outputscale": "signal_var", "noise": "noise_var"}
 
 
 @dataclass(frozen=True)
@@ -176,8 +183,9 @@ def _bijection_for(constraint, path: str, stem: str, what: str) -> Bijection:
     return Bijection("interval", 1.0, lb, ub)
 
 
-def _theta_names(b: Bijection, stem: str) -> tuple[str, str]:
-    nat = _NATURAL.get(stem, stem)
+def _theta_names(b: Bijection, stem: str, what: str = "module") -> tuple[str, str]:
+    # a ConstantMean's constant is the mean constant; a ConstantKernel's is a variance, named "constant"
+    nat = "mean_constant" if what == "mean" and stem == "constant" else _NATURAL.get(stem, stem)
     if b.kind == "log":
         return _NAMES.get(stem, f"log_{stem}"), nat
     if b.kind == "greater":
@@ -223,16 +231,22 @@ class ModuleParametrisation:
         ``{natural name: value}`` of the frozen parameters (not in theta).
     original_values : dict
         ``{path: natural value}`` of the trainable parameters as the user's module held them.
+    user_set : frozenset of str
+        Paths of the trainable parameters the user set (raw value not all zero, i.e. not GPyTorch's initial
+        value; see the module docstring): the models' start uses these values.
     """
 
     def __init__(self, module: torch.nn.Module, *, dtype: torch.dtype = torch.float64,
                  device: torch.device | str | None = None, what: str = "module") -> None:
         self.what = what
         self.original_values = {}
+        user_set = set()
         for owner, pname, path in walk(module):
             c = _constraint_of(owner, pname)
             raw = owner._parameters[pname].detach()
             self.original_values[path] = (c.transform(raw) if c is not None else raw).clone().to(dtype)
+            if bool((raw != 0).any()):
+                user_set.add(path)
         k = copy.deepcopy(module).to(dtype=dtype, device=device)
         blocks: list[HyperparameterBlock] = []
         self.fixed: dict[str, float | list] = {}
@@ -242,7 +256,7 @@ class ModuleParametrisation:
             param = owner._parameters[pname]
             stem = strip_raw(pname)
             b = _bijection_for(_constraint_of(owner, pname), path, stem, what)
-            theta_name, nat_name = _theta_names(b, stem)
+            theta_name, nat_name = _theta_names(b, stem, what)
             size = param.numel()
             indexed = size > 1 or (stem == "lengthscale" and getattr(owner, "ard_num_dims", None) is not None)
             names = tuple(f"{theta_name}[{i}]" if indexed else theta_name for i in range(size))
@@ -271,6 +285,7 @@ class ModuleParametrisation:
                                                  bl.bijection))
             blocks = fixed
         self.module = k
+        self.user_set = frozenset(b.path for b in blocks if b.path in user_set)
         self.blocks = blocks
         self.names = [n for bl in blocks for n in bl.names]
         self.natural_names = [n for bl in blocks for n in bl.natural_names]
@@ -285,6 +300,13 @@ class ModuleParametrisation:
             v = self.original_values[b.path].to(torch.float64).reshape(-1).cpu()
             theta[b.start:b.stop] = b.bijection.inverse(v)
         return theta
+
+    def user_mask(self) -> torch.Tensor:
+        """``(dim,)`` booleans: True on the components of parameters the user set (:attr:`user_set`)."""
+        mask = torch.zeros(self.dim, dtype=torch.bool)
+        for b in self.blocks:
+            mask[b.start:b.stop] = b.path in self.user_set
+        return mask
 
     def raw_parameters(self, theta_k: torch.Tensor) -> dict[str, torch.Tensor]:
         """Raw GPyTorch parameter values (of the copy) for theta of shape ``(dim,)`` or ``(S, dim)``."""

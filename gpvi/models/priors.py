@@ -115,8 +115,9 @@ def resolve_prior(prior: Any, model: Any) -> Any:
     r"""The prior object for ``model``'s theta (length ``model.dim``, on ``model.device``).
 
     ``"default"``: :func:`default_prior`, :math:`\mathcal N(0, 10 I)`. ``"scaled"``: :func:`scaled_prior` centred at
-    ``model.initial_theta()`` (for the GP classifiers: lengthscale^2 = d var(x_j) on every input, signal variance
-    1), the same variance 10. ``None`` stays ``None`` (no prior). A user prior is checked by :func:`check_prior`.
+    ``model.scaled_theta()`` when the model has it, else ``model.initial_theta()`` (for the GP classifiers:
+    lengthscale^2 = d var(x_j) on every input, signal variance 1, whatever values the kernel holds), the same
+    variance 10. ``None`` stays ``None`` (no prior). A user prior is checked by :func:`check_prior`.
 
     When the model's kernel has registered priors, or ``prior`` is a ``{name: distribution}`` dict, the result is a
     :class:`~gpvi.models.model_prior.ModelPrior`: those priors on their natural values (with the log-Jacobian),
@@ -136,7 +137,7 @@ def resolve_prior(prior: Any, model: Any) -> Any:
                              f"({', '.join(r.name for r in registered)}): give one or the other (named priors, "
                              f"prior={{name: distribution}}, combine with registered ones)")
         base = "default" if isinstance(prior, dict) else prior
-        center = model.initial_theta().to(torch.float64) if base == "scaled" else None
+        center = _scaled_centre(model) if base == "scaled" else None
         if base == "default":
             _warn_if_not_unit_scale(model)
         mp = ModelPrior(blocks, registered, prior if isinstance(prior, dict) else None, base, dim=model.dim,
@@ -146,12 +147,19 @@ def resolve_prior(prior: Any, model: Any) -> Any:
     if prior is None:
         return None
     if prior == "scaled":
-        return scaled_prior(model.initial_theta().to(device=model.device, dtype=torch.float64))
+        return scaled_prior(_scaled_centre(model).to(device=model.device))
     if isinstance(prior, str):
         _warn_if_not_unit_scale(model)
         return default_prior(model.dim, device=model.device)
     return check_prior(prior, model.dim, device=model.device, start=start.to(torch.float64),
                        names=list(getattr(model, "names", [])))
+
+
+def _scaled_centre(model: Any) -> torch.Tensor:
+    """The centre of the ``"scaled"`` prior: ``model.scaled_theta()`` (data-scaled, whatever the kernel holds) when
+    the model has it, else ``model.initial_theta()``."""
+    centre = getattr(model, "scaled_theta", None) or model.initial_theta
+    return centre().to(torch.float64)
 
 
 _UNIT_SCALE_LOG_VAR = math.log(100.0)

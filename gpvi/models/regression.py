@@ -54,7 +54,8 @@ class GPRegression(NoiseMeanPrior):
     kernel : gpytorch.kernels.Kernel, optional
         Covariance function; default ``ScaleKernel(RBFKernel(ard_num_dims=n_features))``. It is deep-copied;
         hyperparameter values come from theta, except frozen parameters (``requires_grad=False``), held at their
-        values (:attr:`fixed`). Priors registered on it are part of the model's prior; ``GreaterThan`` and
+        values (:attr:`fixed`). Values set on it (different from GPyTorch's initial values) are the start,
+        :meth:`initial_theta`. Priors registered on it are part of the model's prior; ``GreaterThan`` and
         ``Interval`` constraints are honoured (:mod:`gpvi.models.parameters`).
     prior : torch.distributions.Distribution or dict, optional
         Prior over theta (anything with ``log_prob``); or ``{name: distribution}`` on natural-scale quantities
@@ -404,25 +405,30 @@ class GPRegression(NoiseMeanPrior):
         return out
 
     def initial_theta(self) -> torch.Tensor:
-        """A data-scaled starting point: ``l_j^2 = d var(x_j)``, ``sigma_f^2 = var(y)``, ``sigma^2 = var(y)/10``
-        (a constrained noise: that value when its constraint allows it, else the likelihood's own), the mean
-        constant at ``mean(y)``; other kernel parameters as :meth:`KernelParametrisation.initial_theta`."""
+        """The start: values the user set on the kernel, likelihood or mean (different from GPyTorch's initial values,
+        :attr:`~gpvi.models.parameters.ModuleParametrisation.user_set`) are kept; the rest is data-scaled:
+        ``l_j^2 = d var(x_j)``, ``sigma_f^2 = var(y)``, ``sigma^2 = var(y)/10`` (a constrained noise: that value when
+        its constraint allows it, else the likelihood's own), the mean constant at ``mean(y)``; other kernel
+        parameters as :meth:`KernelParametrisation.initial_theta`."""
         th = torch.zeros(self.dim, dtype=torch.float64, device=self.X.device)
-        kd = self.kernel_params.dim
-        th[:kd] = self.kernel_params.initial_theta(self._Xc)
+        kp = self.kernel_params
+        th[:kp.dim] = kp.initial_theta(self._Xc)
         vy = float(self.y.var(unbiased=False))
-        for b in self.kernel_params.blocks:
-            if b.log and b.path.endswith("raw_outputscale"):
+        for b in kp.blocks:
+            if b.log and b.path.endswith("raw_outputscale") and b.path not in kp.user_set:
                 th[b.start:b.stop] = math.log(vy)
-        nb = self._noise_block
-        if nb is not None:
+        nb, lik = self._noise_block, self._lik_params
+        if nb is not None and lik is not None and lik.user_set:
+            th[nb.start] = lik.theta_from_module()[0]
+        elif nb is not None:
             if nb.bijection.kind == "log":
                 th[nb.start] = math.log(0.1 * vy) / nb.bijection.power
             else:
                 start = nb.bijection.inverse(torch.tensor(0.1 * vy, dtype=torch.float64))
-                th[nb.start] = start if bool(torch.isfinite(start)) else self._lik_params.theta_from_module()[0]
+                th[nb.start] = start if bool(torch.isfinite(start)) else lik.theta_from_module()[0]
         if self._mean_block is not None:
-            th[self._mean_block.start] = float(self.y.mean())
+            mp = self._mean_params
+            th[self._mean_block.start] = mp.theta_from_module()[0] if mp.user_set else float(self.y.mean())
         return th
 
     def theta_from_kernel(self, noise_var: float | None = None) -> torch.Tensor:

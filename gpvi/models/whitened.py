@@ -67,7 +67,7 @@ class WhitenedLatentGP:
     prior : torch.distributions.Distribution, "default" or "scaled", optional
         Prior over the kernel's log-hyperparameters (default N(0, 10 I), as for regression, with the
         :class:`gpvi.exceptions.InputScaleWarning` of :func:`gpvi.models.priors.resolve_prior` for inputs far from unit scale
-        (``None`` means the default); ``"scaled"``: centred at ``model.initial_theta()``).
+        (``None`` means the default); ``"scaled"``: centred at ``model.scaled_theta()``, data-scaled).
     learn_theta : bool
         Sample :math:`\theta` too (default); ``False`` keeps ``model.theta`` fixed and samples only :math:`v`.
 

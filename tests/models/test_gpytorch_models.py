@@ -59,6 +59,9 @@ KERNELS = {
                                       lengthscale_constraint=gpytorch.constraints.Interval(0.05, 20.0)),
         outputscale_prior=HalfCauchyPrior(1.0)),
     "rq_greater_than": _rq_with_alpha_prior,
+    "rbf_plus_constant": lambda: gpytorch.kernels.ScaleKernel(
+        gpytorch.kernels.RBFKernel(ard_num_dims=2, lengthscale_prior=GammaPrior(3.0, 6.0)),
+        outputscale_prior=GammaPrior(2.0, 0.15)) + gpytorch.kernels.ConstantKernel(constant_prior=GammaPrior(2.0, 2.0)),
 }
 
 
