@@ -35,8 +35,6 @@ __all__ = [
     "gaussian_log_marginal",
     "cholesky_update",
     "cholesky_site_update_",
-    "cholesky_solve",
-    "solve_lower",
     "logdet_from_cholesky",
     "DEFAULT_JITTER",
     "DEFAULT_MAX_JITTER",
@@ -263,20 +261,9 @@ def logdet_from_cholesky(L: torch.Tensor) -> torch.Tensor:
 
 
 def triangular_inverse(L: torch.Tensor) -> torch.Tensor:
-    r""":math:`L^{-1}` of a lower-triangular ``L`` (..., N, N), batched.
-
-    On the CPU, LAPACK's ``trtri`` (:func:`scipy.linalg.lapack.dtrtri`, :math:`N^3/3` flops, about a third of a
-    triangular solve with N right-hand sides); elsewhere (CUDA) :func:`torch.linalg.solve_triangular` against the
-    identity. The result is lower triangular, on ``L``'s device and dtype.
-
-    Examples
-    --------
-    >>> import torch
-    >>> L = torch.tensor([[2.0, 0.0], [1.0, 4.0]], dtype=torch.float64)
-    >>> triangular_inverse(L) @ L
-    tensor([[1., 0.],
-            [0., 1.]], dtype=torch.float64)
-    """
+    r""":math:`L^{-1}` of a lower-triangular ``L`` (..., N, N), batched, lower triangular, on ``L``'s device and dtype:
+    LAPACK's ``trtri`` on the CPU (:func:`scipy.linalg.lapack.dtrtri`, :math:`N^3/3` flops, a third of a triangular
+    solve with N right-hand sides), :func:`torch.linalg.solve_triangular` against the identity elsewhere."""
     if L.device.type != "cpu" or L.dtype not in (torch.float64, torch.float32) or L.requires_grad:
         eye = torch.eye(L.shape[-1], dtype=L.dtype, device=L.device).expand_as(L)
         return torch.linalg.solve_triangular(L, eye, upper=False)
@@ -290,16 +277,6 @@ def triangular_inverse(L: torch.Tensor) -> torch.Tensor:
             raise NotPSDError(f"triangular_inverse: the factor is singular (LAPACK trtri info {info})")
         out[i] = torch.from_numpy(inv.T)
     return out.reshape(L.shape)
-
-
-def solve_lower(L: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
-    """Solve ``L X = B`` for lower-triangular ``L`` (``B`` of shape (..., N, k))."""
-    return torch.linalg.solve_triangular(L, B, upper=False)
-
-
-def cholesky_solve(L: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
-    """Solve ``(L L^T) X = B`` (``B`` of shape (..., N, k))."""
-    return torch.cholesky_solve(B, L, upper=False)
 
 
 class _GaussianLogMarginal(torch.autograd.Function):

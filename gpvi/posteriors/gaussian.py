@@ -32,7 +32,7 @@ import torch
 
 from ..numerics.families import (Factorised, StandardMultivariateT, StandardNormal, StandardStudentT, _param_dtype,
                                  make_standard)
-from ..linalg import cholesky_with_jitter, solve_lower
+from ..linalg import cholesky_with_jitter
 from ..rng import resolve_generator
 from ..validation import as_float_tensor, check_positive_int, check_theta
 from ..validation.memory import check_dense_memory
@@ -311,7 +311,7 @@ class GaussianPosterior(Posterior):
             cap.diagonal().add_(1.0)
             L = cholesky_with_jitter(cap, what="low-rank capacitance I + W^T D^-2 W", raise_on_failure=True).L
             rd = r / self.diag
-            u = solve_lower(L, (Wd.T @ rd.reshape(-1, self.dim).T))                 # (K, S)
+            u = torch.linalg.solve_triangular(L, Wd.T @ rd.reshape(-1, self.dim).T, upper=False)                 # (K, S)
             maha = (rd * rd).sum(-1) - (u * u).sum(0).reshape(rd.shape[:-1])
             logdet = 2.0 * torch.log(self.diag).sum() + 2.0 * torch.log(torch.diagonal(L)).sum()
             return -0.5 * (self.dim * _LOG_2PI + logdet + maha)

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ...exceptions import NumericalWarning
-from ...linalg import cholesky_solve, cholesky_with_jitter
+from ...linalg import cholesky_with_jitter
 from ...models.target import as_target
 from ...validation import as_float_tensor, check_positive_int
 from ...numerics.budget import MemoryBudget
@@ -193,7 +193,7 @@ def solve(method: str, st: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch
     L = strict_cholesky(P)
     if L is None:
         return None
-    m = st["z"] + cholesky_solve(L, st["a"].unsqueeze(-1)).squeeze(-1)   # m = P^-1 a + z
+    m = st["z"] + torch.cholesky_solve(st["a"].unsqueeze(-1), L).squeeze(-1)   # m = P^-1 a + z
     if not bool(torch.isfinite(m).all()):
         return None
     return m, L
