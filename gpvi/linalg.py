@@ -268,15 +268,15 @@ def triangular_inverse(L: torch.Tensor) -> torch.Tensor:
         eye = torch.eye(L.shape[-1], dtype=L.dtype, device=L.device).expand_as(L)
         return torch.linalg.solve_triangular(L, eye, upper=False)
     trtri = lapack.dtrtri if L.dtype == torch.float64 else lapack.strtri
-    flat = L.detach().reshape(-1, *L.shape[-2:])
-    out = torch.empty_like(flat)
-    for i, Li in enumerate(flat.numpy()):
-        # the transpose of a C-ordered lower factor is a Fortran-ordered upper one: no copy
+    out = []
+    for Li in L.detach().reshape(-1, *L.shape[-2:]).numpy():
+        # L^T of a C-ordered L is a Fortran-ordered upper factor, and the inverse comes back Fortran-ordered:
+        # its transpose is L^{-1} in C order, no copies
         inv, info = trtri(Li.T, lower=0)
         if info != 0:
             raise NotPSDError(f"triangular_inverse: the factor is singular (LAPACK trtri info {info})")
-        out[i] = torch.from_numpy(inv.T)
-    return out.reshape(L.shape)
+        out.append(torch.from_numpy(inv).mT)
+    return out[0].reshape(L.shape) if len(out) == 1 else torch.stack(out).reshape(L.shape)
 
 
 class _GaussianLogMarginal(torch.autograd.Function):
