@@ -52,7 +52,9 @@ import math
 import warnings
 from typing import Any
 
+import numpy as np
 import torch
+from scipy.linalg import blas
 
 from ..exceptions import NumericalWarning
 from ..linalg import cholesky_with_jitter, logdet_from_cholesky, triangular_inverse
@@ -203,8 +205,29 @@ def kernel_gradient(L: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor, m: 
     a = dm - lam1 - 2.0 * lam2 * m
     b = dv - lam2
     G = (P @ (a * s).unsqueeze(-1)) * alpha.unsqueeze(-2)
-    G = G + (P * (b * s * s).unsqueeze(-2)) @ P + 0.5 * alpha.unsqueeze(-1) * alpha.unsqueeze(-2) - 0.5 * P
+    G = G + _sandwich(P, b * s * s) + 0.5 * alpha.unsqueeze(-1) * alpha.unsqueeze(-2) - 0.5 * P
     return 0.5 * (G + G.mT)
+
+
+def _sandwich(P: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    r""":math:`P\operatorname{diag}(\mathbf c)P` for a symmetric ``P`` (..., N, N) and ``c`` (..., N), batched.
+
+    On the CPU two symmetric rank-k updates, :math:`X_+X_+^\top - X_-X_-^\top` with
+    :math:`X_\pm = P_{:,\pm}\operatorname{diag}(\sqrt{\pm c_\pm})` over the columns with positive and negative
+    :math:`c` (BLAS ``syrk`` through :func:`scipy.linalg.blas.dsyrk`: :math:`N^3` flops in all, half of a general
+    product); elsewhere ``(P * c) @ P``."""
+    if P.device.type != "cpu" or P.dtype != torch.float64 or P.requires_grad or c.requires_grad:
+        return (P * c.unsqueeze(-2)) @ P
+    out = []
+    for Pi, ci in zip(P.detach().reshape(-1, *P.shape[-2:]).numpy(), c.detach().reshape(-1, P.shape[-1]).numpy()):
+        G = np.zeros(Pi.shape, order="F")
+        for sign, cols in ((1.0, ci > 0), (-1.0, ci < 0)):
+            if cols.any():
+                X = np.asfortranarray(Pi[:, cols] * np.sqrt(sign * ci[cols]))
+                G = blas.dsyrk(sign, X, beta=1.0, c=G, lower=1, overwrite_c=1)
+        G = torch.from_numpy(G)
+        out.append(G.tril() + G.tril(-1).mT)
+    return torch.stack(out).reshape(P.shape)
 
 
 def expected_value_sum(model: Any, m: torch.Tensor, v: torch.Tensor, quadrature: Quadrature) -> torch.Tensor:
