@@ -115,7 +115,7 @@ def _marginals(K: torch.Tensor, tau: torch.Tensor, nu: torch.Tensor):
     z = torch.cholesky_solve((sW * Knu).unsqueeze(-1), LB).squeeze(-1)
     mean = Knu - (K @ (sW * z).unsqueeze(-1)).squeeze(-1)
     Linv = triangular_inverse(LB)
-    var = (1.0 - (Linv * Linv).sum(-2)) / tau
+    var = (1.0 - torch.linalg.vector_norm(Linv, dim=-2).square()) / tau
     weak = ~(tau * var >= _WEAK) | ~(var > 0)
     for r, row in enumerate(weak):
         idx = row.nonzero().flatten()

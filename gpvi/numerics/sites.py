@@ -117,8 +117,8 @@ def marginals(K: torch.Tensor, L: torch.Tensor, ytilde: torch.Tensor
     m = (alpha @ K).T if batched else K @ alpha
     Linv = triangular_inverse(L)
     dK = K.diagonal()
-    s = (L * L).sum(-1) - dK
-    var = s - s * s * (Linv * Linv).sum(-2)
+    s = torch.linalg.vector_norm(L, dim=-1).square() - dK
+    var = s - s * s * torch.linalg.vector_norm(Linv, dim=-2).square()
     weak = (s > _WEAK * var) | ~(var > 0)
     if bool(weak.any()):
         for c, row in enumerate(weak.reshape(-1, weak.shape[-1])):
