@@ -137,47 +137,82 @@ def logjoint_row(n: int, dev: str, repeats: int, peer: bool) -> dict[str, Any]:
     return row
 
 
+def dsvi_boston(dev: str, num_steps: int | None = None, rows: int | None = None) -> tuple[dict[str, Any], Any]:
+    """Wall of the default DSVI run on Boston (and the Boston model, for NUTS); ``num_steps`` caps the steps,
+    ``rows`` keeps the first rows only (a rehearsal's stand-in)."""
+    ds = gpvi.datasets.load_boston(seed=0)
+    boston = gpvi.GPRegression(ds.X_train[:rows], ds.y_train[:rows], device=dev)
+    kw = {} if num_steps is None else {"num_steps": num_steps}
+    t0 = time.perf_counter()
+    q = gpvi.DSVI(seed=0, progress_bar=False, **kw).run(boston)
+    sync(dev)
+    out = {"dsvi_boston_s": time.perf_counter() - t0,
+           "dsvi_boston_steps": int(q.info.get("steps", q.info.get("num_steps", -1)))}
+    return out, boston
+
+
+def ml2_fit(dev: str, ml2_n: int, *, max_iter: int = 1000, init: Any = None) -> tuple[dict[str, Any], Any, Any]:
+    """One L-BFGS-B ML-II fit (one restart) on ``synthetic(ml2_n)``: wall, iterations (and the fit, the model)."""
+    X, y = synthetic(ml2_n)
+    big = gpvi.GPRegression(X, y, device=dev)
+    t0 = time.perf_counter()
+    fit = gpvi.ML2(num_restarts=1, max_iter=max_iter, seed=0, progress_bar=False).run(big, init=init)
+    sync(dev)
+    out = {"ml2_N": ml2_n, "ml2_s": time.perf_counter() - t0,
+           "ml2_iterations": int(fit.info["restarts"].columns["iterations"][0])}
+    return out, fit, big
+
+
+def dsvi_large(dev: str, model: Any, theta: Any, steps: int = 5, num_draws: int | None = None) -> dict[str, Any]:
+    """Seconds per Adam step of DSVI on a large model, from ``theta`` (``num_draws`` draws a step; DSVI's default
+    when None)."""
+    kw = {} if num_draws is None else {"num_draws": num_draws}
+    t0 = time.perf_counter()
+    gpvi.DSVI(optimizer="adam", num_steps=steps, num_elbo_draws=1, seed=0, progress_bar=False, **kw).run(
+        model, init=theta)
+    sync(dev)
+    return {"dsvi_large_s_per_step": (time.perf_counter() - t0) / steps}
+
+
+def cvi_steps(dev: str, cvi_n: int, *, full_steps: int = 3, single_steps: int | None = None) -> dict[str, Any]:
+    """Seconds per full-batch CVI step and per single-site step (``single_steps``, default 2 N) at N = cvi_n."""
+    Xc, _ = synthetic(cvi_n, d=2)
+    c = (Xc[:, 0] + 0.2 * torch.randn(cvi_n, generator=torch.Generator().manual_seed(1),
+                                        dtype=torch.float64) > 0.5).double()
+    clf = gpvi.GPClassification(Xc, c, device=dev)
+    out: dict[str, Any] = {"cvi_N": cvi_n}
+    t0 = time.perf_counter()
+    gpvi.CVI(num_steps=full_steps, tol=0, seed=0, progress_bar=False).run(clf)
+    sync(dev)
+    out["cvi_full_s_per_step"] = (time.perf_counter() - t0) / full_steps
+    steps = 2 * cvi_n if single_steps is None else single_steps
+    t0 = time.perf_counter()
+    gpvi.CVI(mode="stochastic", num_steps=steps, tol=0, seed=0, progress_bar=False).run(clf)
+    sync(dev)
+    out["cvi_single_site_s_per_step"] = (time.perf_counter() - t0) / steps
+    return out
+
+
+def nuts_rate(dev: str, model: Any, *, warmup: int = 50, draws: int = 50) -> dict[str, Any]:
+    """Gradient evaluations per second of one NUTS chain (warm-up included) on ``model``."""
+    t0 = time.perf_counter()
+    mc = gpvi.NUTS(num_chains=1, num_warmup=warmup, num_draws=draws, seed=0, progress_bar=False).run(model)
+    sync(dev)
+    ev = int(mc.stats["n_steps"].sum()) + int(torch.as_tensor(mc.info["warmup_stats"]["n_steps"]).sum())
+    return {"nuts_grads_per_s": ev / (time.perf_counter() - t0)}
+
+
 def engines(dev: str, cvi_n: int, ml2_n: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    ds = gpvi.datasets.load_boston(seed=0)
-    boston = gpvi.GPRegression(ds.X_train, ds.y_train, device=dev)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        t0 = time.perf_counter()
-        q = gpvi.DSVI(seed=0, progress_bar=False).run(boston)
-        sync(dev)
-        out["dsvi_boston_s"] = time.perf_counter() - t0
-        out["dsvi_boston_steps"] = int(q.info.get("steps", q.info.get("num_steps", -1)))
-        X, y = synthetic(ml2_n)
-        big = gpvi.GPRegression(X, y, device=dev)
-        t0 = time.perf_counter()
-        fit = gpvi.ML2(num_restarts=1, seed=0, progress_bar=False).run(big)
-        sync(dev)
-        out["ml2_N"], out["ml2_s"] = ml2_n, time.perf_counter() - t0
-        out["ml2_iterations"] = int(fit.info["restarts"].columns["iterations"][0])
-        t0 = time.perf_counter()
-        gpvi.DSVI(optimizer="adam", num_steps=5, num_elbo_draws=1, seed=0, progress_bar=False).run(
-            big, init=fit.theta)
-        sync(dev)
-        out["dsvi_large_s_per_step"] = (time.perf_counter() - t0) / 5
-        Xc, _ = synthetic(cvi_n, d=2)
-        c = (Xc[:, 0] + 0.2 * torch.randn(cvi_n, generator=torch.Generator().manual_seed(1),
-                                            dtype=torch.float64) > 0.5).double()
-        clf = gpvi.GPClassification(Xc, c, device=dev)
-        t0 = time.perf_counter()
-        gpvi.CVI(num_steps=3, tol=0, seed=0, progress_bar=False).run(clf)
-        sync(dev)
-        out["cvi_N"], out["cvi_full_s_per_step"] = cvi_n, (time.perf_counter() - t0) / 3
-        steps = 2 * cvi_n
-        t0 = time.perf_counter()
-        gpvi.CVI(mode="stochastic", num_steps=steps, tol=0, seed=0, progress_bar=False).run(clf)
-        sync(dev)
-        out["cvi_single_site_s_per_step"] = (time.perf_counter() - t0) / steps
-        t0 = time.perf_counter()
-        mc = gpvi.NUTS(num_chains=1, num_warmup=50, num_draws=50, seed=0, progress_bar=False).run(boston)
-        sync(dev)
-        ev = int(mc.stats["n_steps"].sum()) + int(torch.as_tensor(mc.info["warmup_stats"]["n_steps"]).sum())
-        out["nuts_grads_per_s"] = ev / (time.perf_counter() - t0)
+        rec, boston = dsvi_boston(dev)
+        out.update(rec)
+        rec, fit, big = ml2_fit(dev, ml2_n)
+        out.update(rec)
+        out.update(dsvi_large(dev, big, fit.theta))
+        out.update(cvi_steps(dev, cvi_n))
+        out.update(nuts_rate(dev, boston))
     return out
 
 
@@ -194,6 +229,23 @@ def crossover(rows: list[dict[str, Any]], key: str, dev: str) -> int | None:
     gpu = {r["N"]: r[key] for r in rows if r["device"] == dev and key in r}
     wins = [n for n in sorted(set(cpu) & set(gpu)) if gpu[n] < cpu[n]]
     return wins[0] if wins else None
+
+
+def render(data: dict[str, Any], dev: str) -> str:
+    """The markdown report of ``data`` (``record``, ``logjoint`` rows, ``engines``, ``crossover_logjoint_N``)."""
+    md = header(f"Exact GP on {data['record'].get('name', dev)}: log joint + gradient vs the Cholesky floor")
+    md += "\n" + "\n".join(f"- {k}: {v}" for k, v in data["record"].items()) + "\n\n"
+    md += ("| N | device | two-buffer | floor (s) | gpvi (s) | gpvi / floor | per draw at S=4 (s) | GPyTorch (s) | "
+           "peak N x N copies |\n|---|---|---|---|---|---|---|---|---|\n")
+    for r in data["logjoint"]:
+        md += (f"| {r['N']} | {r['device']} | {r['two_buffer']} | {r['floor_s']:.4g} | {r['gpvi_s']:.4g} | "
+               f"{r['ratio']:.2f} | {r.get('gpvi_s_per_draw_S4', math.nan):.4g} | {r.get('gpytorch_s', math.nan):.4g}"
+               f" | {r['peak_copies']:.2f} |\n")
+    md += f"\nFirst N at which {dev} beats the CPU (log joint + gradient): {data['crossover_logjoint_N']}\n"
+    for d, e in data.get("engines", {}).items():
+        md += f"\n## Engines on {d}\n\n" + "\n".join(f"- {k}: {v:.4g}" if isinstance(v, float) else f"- {k}: {v}"
+                                                   for k, v in e.items()) + "\n"
+    return md
 
 
 def main() -> None:
@@ -223,18 +275,7 @@ def main() -> None:
         if dev != "cpu":
             data["engines"]["cpu"] = engines("cpu", min(a.cvi_n, 2000), min(a.ml2_n, 2000))
     data["crossover_logjoint_N"] = crossover(rows, "gpvi_s", dev)
-    md = header(f"Exact GP on {data['record'].get('name', dev)}: log joint + gradient vs the Cholesky floor")
-    md += "\n" + "\n".join(f"- {k}: {v}" for k, v in data["record"].items()) + "\n\n"
-    md += ("| N | device | two-buffer | floor (s) | gpvi (s) | gpvi / floor | per draw at S=4 (s) | GPyTorch (s) | "
-           "peak N x N copies |\n|---|---|---|---|---|---|---|---|---|\n")
-    for r in rows:
-        md += (f"| {r['N']} | {r['device']} | {r['two_buffer']} | {r['floor_s']:.4g} | {r['gpvi_s']:.4g} | "
-               f"{r['ratio']:.2f} | {r.get('gpvi_s_per_draw_S4', math.nan):.4g} | {r.get('gpytorch_s', math.nan):.4g}"
-               f" | {r['peak_copies']:.2f} |\n")
-    md += f"\nFirst N at which {dev} beats the CPU (log joint + gradient): {data['crossover_logjoint_N']}\n"
-    for d, e in data.get("engines", {}).items():
-        md += f"\n## Engines on {d}\n\n" + "\n".join(f"- {k}: {v:.4g}" if isinstance(v, float) else f"- {k}: {v}"
-                                                   for k, v in e.items()) + "\n"
+    md = render(data, dev)
     print(write(a.out_name, md, data))
 
 
