@@ -13,7 +13,8 @@
 # GPU_CHECK_STAGES, e.g. GPU_CHECK_STAGES="install lj_50k summarize" GPU_CHECK_BUDGET=150, timeout_s=200.)
 #
 # Before it, here: `ls .device_wheels` must show the 6 wheels and pytest_extra/ (else re-create them: see
-# benchmarks/README.md, "GPU check"), and the rehearsal below must end with every stage ok. What comes back (7 files, all directly under $OUT): gpu_check.log (everything printed),
+# benchmarks/README.md, "GPU check"), and the rehearsal below must end with every stage ok. What comes back
+# (7 files, all directly under $OUT): gpu_check.log (everything printed),
 # gpu_check.md / gpu_check.json (stages, pytest table, targets, ML-II, errors), gpu_scaling.md / gpu_scaling.json
 # (the format of benchmarks/gpu_scaling.py: commit as benchmarks/results/gpu_scaling.{md,json}),
 # pytest_cuda.xml (JUnit), gpu_check_work.tar.gz (every stage's log and JSON lines).
@@ -60,11 +61,17 @@
 # 8k: full step about 1 c(8k) = 1 s, single-site step about 20 ms (0.5 GB at ~50 GB/s), 2,000 steps = 40 s:
 # cut to 300. DSVI on Boston (N = 455), the default run: multi-start MAP, 500-900 steps of S = 4 draws (launch-
 # bound on a GPU, 5-10 ms a step), the final bound: over 120 s on the loaded 2-core development machine even with
-# 60 steps, so it goes last in its stage (CVI and NUTS are kept if it times out). pytest -m cuda: each test runs the engine on the CPU (1 thread) and
-# on CUDA at N = 80-120 (10,000 for the large-N test); on CUDA these are launch-bound (about 0.1-1 ms an op).
-# CPU-vs-CPU here (GPVI_TEST_DEVICE=cpu, 2 loaded cores): 713 s in all, test_nuts 471 s (2 x 4 chains x 600
-# iterations), the rest 4-70 s each; on the device's CPU + GPU test_nuts is the long pole (perhaps 150-300 s),
-# so it runs on one xdist worker while the other tests share the rest (about 60-100 s of work over 3 workers).
+# 60 steps, so it goes last in its stage (CVI and NUTS are kept if it times out). pytest -m cuda: each test runs
+# the engine on the CPU (1 thread) and on CUDA at N = 80-120 (10,000 for the large-N test); on CUDA these are
+# launch-bound (about 0.1-1 ms an op). CPU-vs-CPU here (GPVI_TEST_DEVICE=cpu, 2 loaded cores): 713 s in all,
+# test_nuts 471 s (2 x 4 chains x 600 iterations), the rest 0.3-70 s each; on the device's CPU + GPU test_nuts is
+# the long pole (perhaps 150-300 s), so it runs on one xdist worker while the other tests share the rest (about
+# 60-100 s of work over 3 workers); past 190 s it fails on pytest-timeout, past the stage's 200 s pytest is
+# interrupted and the finished tests are still in the JUnit file.
+# Expected on an H100: install 10 + env 15 + pytest 100-200 + lj 25 + 25 + 40 + ML-II 40-110 + engines 40-90 +
+# 35-70 + summarize 5 = 335-590 s: the deadline cuts the tail (engines_cpu first, then engines_cuda's DSVI).
+# Rehearsed here (GPU_CHECK_REHEARSE=1, 2 loaded cores): 139 s, every stage ok; with two stages forced to fail,
+# one item forced to fail and one stage hanging: 225 s, each recorded, every other stage ok.
 #
 # Rehearsal on a CPU-only machine (tiny sizes, every stage runs, $OUT a temp folder when unset):
 #   GPU_CHECK_REHEARSE=1 PYTHON=.venv/bin/python OMP_NUM_THREADS=1 nice -n 10 bash benchmarks/gpu_check.sh
@@ -120,8 +127,10 @@ if [ "${1:-}" = "__env" ]; then
     nvidia-smi || echo "nvidia-smi: not available"
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>/dev/null || true
     uname -a; nproc; free -g 2>/dev/null | head -2
-    $PY -c "import sys, torch; print(sys.executable, sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)"
-    $PY -m pip list 2>/dev/null | grep -iE '^(torch|gpytorch|linear.operator|numpy|scipy|pandas|xarray|h5py|matplotlib|scikit-learn|pyro|arviz|pytest|pytest-timeout) ' || true
+    $PY -c "import sys, torch; print(sys.executable, sys.version.split()[0], 'torch', torch.__version__,
+                                      'cuda', torch.version.cuda)"
+    pkgs='torch|gpytorch|linear.operator|numpy|scipy|pandas|xarray|h5py|matplotlib|scikit-learn|pyro-ppl|arviz'
+    $PY -m pip list 2>/dev/null | grep -iE "^($pkgs|pytest|pytest-timeout|pytest-xdist) " || true
     exit 0
 fi
 
@@ -230,7 +239,8 @@ run_install() {
     to bash "$ROOT/benchmarks/gpu_check.sh" __install "$W" || return $?
     local pp=""
     [ -f "$W/pythonpath" ] && pp="$(cat "$W/pythonpath"):"
-    PYTHONPATH="$pp$PYTHONPATH" to "$PY" -c "import pyro, arviz, gpvi; print('pyro', pyro.__version__, pyro.__file__); print('arviz', arviz.__version__); print('gpvi', gpvi.__file__)"
+    PYTHONPATH="$pp$PYTHONPATH" to "$PY" -c "import pyro, arviz, gpvi
+print('pyro', pyro.__version__, pyro.__file__); print('arviz', arviz.__version__); print('gpvi', gpvi.__file__)"
 }
 run_pytest() {      # xdist workers when there (test_nuts then runs beside the others), else serial without it
     local extra=() k=$PYTEST_K r
