@@ -281,4 +281,5 @@ echo "=== stages (name, status, rc, seconds, timeout):"
 cut -f1-5 "$W/stages.tsv"
 echo "=== total $(( $(date +%s) - T0 ))s; files in $OUT:"
 ls -la "$OUT"
+[ "${GPU_CHECK_KEEP:-0}" = 1 ] && echo "work folder kept: $W" || rm -rf "$W"     # all of it is in the tarball
 sleep 1                                          # let tee write the last lines of gpu_check.log
