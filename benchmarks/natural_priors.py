@@ -26,7 +26,7 @@ draws pushed through the transforms (seed 0).
 
 Usage::
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/natural_priors.py          # ~10-20 CPU minutes
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/natural_priors.py          # ~25 CPU minutes
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/natural_priors.py --quick  # a short smoke run, not written
     .venv/bin/python benchmarks/natural_priors.py render                     # redraw from the saved results
 """
