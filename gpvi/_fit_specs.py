@@ -38,6 +38,11 @@ def _prior_spec(prior: Any) -> dict[str, Any]:
     dist = torch.distributions
     independent = isinstance(prior, dist.Independent)
     base = prior.base_dist if independent else prior
+    if not isinstance(prior, dist.Distribution):
+        raise ValueError("cannot save a GPRegression with GPyTorch-registered or named priors, frozen or constrained "
+                         "parameters, or a likelihood or mean object (model.prior_summary() lists them): a fit file "
+                         "holds only plain data, and only a Normal prior on theta (the default N(0, 10 I) included) "
+                         "with the default kernel can be rebuilt from it")
     if type(base) is not dist.Normal or (independent and prior.reinterpreted_batch_ndims != 1):
         raise ValueError(f"cannot save a GPRegression whose prior is a {type(prior).__name__}: only Normal priors "
                          f"(the default N(0, 10 I) included) can be written as plain data")

@@ -70,7 +70,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     ----------
     kernel : gpytorch.kernels.Kernel, optional
         Covariance function; default ``ScaleKernel(RBFKernel(ard_num_dims=n_features))`` started at
-        lengthscale^2 = d var(x_j), signal variance 1. A given kernel starts at its current values; its frozen
+        lengthscale^2 = d var(x_j), signal variance 1. A given kernel starts at the values the user set on it (different
+        from GPyTorch's initial values; the others start data-scaled, as the default does); its frozen
         parameters (``requires_grad=False``) stay fixed and are not in ``theta_``; its registered priors
         (``lengthscale_prior=`` ...) are the prior of those hyperparameters (see ``prior``); ``GreaterThan`` /
         ``Interval`` constraints are honoured.
@@ -105,7 +106,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         * ``"default"``: independent :math:`\mathcal N(0, 10)` on each (:func:`gpvi.models.priors.default_prior`),
           centred at signal variance 1 and lengthscale 1 on every input (an input whose standard deviation is
           outside [0.1, 10] gets a :class:`gpvi.InputScaleWarning`: standardise the inputs).
-        * ``"scaled"``: the same variance, centred at the data-scaled start ``model_.initial_theta()``:
+        * ``"scaled"``: the same variance, centred at the data-scaled values ``model_.scaled_theta()``:
           lengthscale^2 = d var(x_j) on input j (d inputs), signal variance 1
           (:func:`gpvi.models.priors.resolve_prior`). It depends on ``X`` only, not on ``y``.
         * ``None`` (``"type2"`` only; ``"bayes"`` raises ``ValueError``, as a flat prior is improper): maximise the

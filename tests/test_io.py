@@ -245,6 +245,10 @@ def test_save_refuses_what_plain_data_cannot_describe(reg_data, cls_data, tmp_pa
     model = gpvi.GPRegression(X, y, prior=laplace)
     with pytest.raises(ValueError, match="only Normal priors"):
         save_fit(tmp_path / "d.pt", gpvi.PointPosterior(model.initial_theta(), model.names, model))
+    model = gpvi.GPRegression(X, y, prior={"lengthscale": torch.distributions.HalfNormal(torch.tensor(1.0,
+                                                                                                   dtype=torch.float64))})
+    with pytest.raises(ValueError, match="named priors, frozen or constrained parameters"):
+        save_fit(tmp_path / "f.pt", gpvi.PointPosterior(model.initial_theta(), model.names, model))
     with pytest.raises(TypeError, match="fit must be a SavedFit"):
         save_fit(tmp_path / "e.pt", {"a": 1})
     assert not any(tmp_path.iterdir())                         # nothing written, no temporary files left

@@ -128,7 +128,7 @@ class TypeII:
         ``beta``, ``invalid`` and rule are used by the inner runs too.
     prior : "default", "scaled", None or distribution
         ``"default"``: :func:`gpvi.models.priors.default_prior` (:math:`\mathcal N(0, 10 I)` on the
-        log-hyperparameters); ``"scaled"``: the same variance centred at ``model.initial_theta()``
+        log-hyperparameters); ``"scaled"``: the same variance centred at the data-scaled ``model.scaled_theta()``
         (:func:`gpvi.models.priors.resolve_prior`); ``None``: no prior (type-II maximum of the bound); or any object
         with ``log_prob``.
     tol : float
