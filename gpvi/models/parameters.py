@@ -294,8 +294,9 @@ class ModuleParametrisation:
 
     # ------------------------------------------------------------------ values
     def theta_from_module(self) -> torch.Tensor:
-        """theta at the values the user's module held when this object was built, shape ``(dim,)``."""
-        theta = torch.zeros(self.dim, dtype=torch.float64)
+        """theta at the values the user's module held when this object was built, shape ``(dim,)``, on the CPU (where
+        those values are kept; callers move it to the data's device)."""
+        theta = torch.zeros(self.dim, dtype=torch.float64, device="cpu")
         for b in self.blocks:
             v = self.original_values[b.path].to(torch.float64).reshape(-1).cpu()
             theta[b.start:b.stop] = b.bijection.inverse(v)
@@ -303,7 +304,7 @@ class ModuleParametrisation:
 
     def user_mask(self) -> torch.Tensor:
         """``(dim,)`` booleans: True on the components of parameters the user set (:attr:`user_set`)."""
-        mask = torch.zeros(self.dim, dtype=torch.bool)
+        mask = torch.zeros(self.dim, dtype=torch.bool, device="cpu")
         for b in self.blocks:
             mask[b.start:b.stop] = b.path in self.user_set
         return mask

@@ -231,7 +231,7 @@ def test_save_refuses_what_it_cannot_describe(tmp_path):
     X, y = _data()
     model = gpvi.GPRegression(X, y, kernel=KERNELS["rbf_ard"]())
     post = gpvi.inference.ml2.ML2(num_restarts=1, seed=0).run(model)
-    with pytest.raises(ValueError, match="ModelPrior"):
+    with pytest.raises(ValueError, match="registered or named priors, frozen or constrained"):
         save_fit(tmp_path / "fit.pt", post)
 
 
