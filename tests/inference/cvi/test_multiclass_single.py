@@ -63,6 +63,7 @@ def test_softmax_k4_fixed_rule_single_site_matches_full_batch():
     assert float((sto.m - full.m).abs().max()) <= 1e-5
 
 
+@pytest.mark.slow
 def test_robustmax_single_site_ends_on_a_full_batch_fixed_point():
     """The robust-max bound has several fixed points (full-batch CVI from the prior stops at a lower one on this
     set); the single-site answer must be one of the full-batch map's fixed points. Its sites start on the
