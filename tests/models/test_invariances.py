@@ -306,6 +306,7 @@ def _dsvi(X, y):
     return q, pred
 
 
+@pytest.mark.slow
 def test_dsvi_posterior_unchanged_by_offset_1e9():
     X, y = _issue_data()
     shift = np.array([1e9, 0.0])

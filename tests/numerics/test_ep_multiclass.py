@@ -76,6 +76,7 @@ def test_evidence_is_near_importance_sampling_and_above_the_cvi_bound():
     assert bound < exact and bound < float(res.log_z)
 
 
+@pytest.mark.slow
 def test_tilted_moments_match_monte_carlo():
     """The nested-quadrature tilted moments of a full-covariance Gaussian against 4,000,000 weighted draws."""
     g = torch.Generator().manual_seed(3)

@@ -121,6 +121,7 @@ def test_default_gp_run_is_natural_from_laplace_and_stops_converged(synth, defau
         assert q.info[k] == 0, k
 
 
+@pytest.mark.slow
 def test_long_natural_run_reaches_the_bound_optimum(synth, saa):
     """DSVI ("natural", 2000 steps, Polyak over the last 1000) vs the deterministic optimum of the same bound.
 

@@ -249,6 +249,7 @@ def test_sobol_runs_resume_bit_for_bit_and_refuse_a_pseudo_random_engine(pima):
         quiet(**{**kw, "draws": "random"}).run(model, state=part.engine_state)
 
 
+@pytest.mark.slow
 def test_minibatch_subsampling_converges_to_the_full_data_optimum(pima):
     """Section 6.5: statistics linear in log g stay unbiased with a minibatch log joint scaled by N/M (eq. 50).
     M = 100 of N = 200, N_steps = 2000; observed max error over 8 seeds 0.12 sd for the mean (the minibatch noise
@@ -446,6 +447,7 @@ RESUME_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_resume_from_disk_in_new_process(pima, tmp_path):
     model, _ = pima
     kw = dict(num_steps=120, seed=4, num_elbo_draws=100)
