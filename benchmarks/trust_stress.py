@@ -51,6 +51,8 @@ import torch
 import gpvi
 from gpvi.inference import infer as infer_mod
 
+from benchmarks.nuts_fidelity import run_to_ess
+
 try:
     from benchmarks._common import RESULTS, header, write
 except ImportError:                                   # run as a script from benchmarks/
@@ -109,10 +111,6 @@ def model_of(p: dict[str, Any]) -> Any:
     return gpvi.GPRegression(torch.as_tensor(X, dtype=torch.float64), torch.as_tensor(y, dtype=torch.float64))
 
 
-def _mixed(d: Any) -> bool:
-    return bool((d["ess_bulk"] >= MIN_ESS).all()) and bool((d["r_hat"] <= MAX_RHAT).all())
-
-
 def reference(p: dict[str, Any]) -> dict[str, Any]:
     """Default NUTS to 400 bulk ESS (cached)."""
     path = CACHE / f"ref_{p['id']}.json"
@@ -121,29 +119,16 @@ def reference(p: dict[str, Any]) -> dict[str, Any]:
     model = model_of(p)
     sampler = gpvi.NUTS(num_chains=4, num_warmup=500, num_draws=100 if QUICK else 200, seed=1,
                         progress_bar=False)
-    t0 = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        mc = sampler.run(model)
-        d, ext = mc.diagnostics(), 0
-        while not _mixed(d) and ext < MAX_EXT:
-            sampler = copy.copy(sampler)
-            sampler.num_draws = 2 * sampler.num_draws
-            mc = sampler.run(model, state=mc.engine_state)
-            d, ext = mc.diagnostics(), ext + 1
-    wall = time.perf_counter() - t0
-    warm = mc.info.get("warmup_stats") or {}
-    ev_warm = int(torch.as_tensor(warm["n_steps"]).sum()) if "n_steps" in warm else 0
-    ev_samp = int(mc.stats["n_steps"].sum())
-    min_ess = float(d["ess_bulk"].min())
+    mc, run = run_to_ess(sampler, model)          # nuts_fidelity's doubling rule: bulk ESS >= 400, R-hat <= 1.01
+    d = mc.diagnostics()
     x = mc.draws.reshape(-1, mc.draws.shape[-1]).cpu().numpy()
+    evals = max(run["evals_warmup"] + run["evals_sampling"], 1)
     rec = {"names": list(model.names), "mean": x.mean(0).tolist(), "sd": x.std(0, ddof=1).tolist(),
            "mcse_mean": [float(v) for v in d["mcse_mean"]], "ess_bulk": [float(v) for v in d["ess_bulk"]],
-           "r_hat": [float(v) for v in d["r_hat"]], "min_ess_bulk": min_ess, "max_r_hat": float(d["r_hat"].max()),
-           "mixed": _mixed(d), "draws_per_chain": int(mc.draws.shape[1]), "extensions": ext,
-           "divergences": int(mc.stats["diverging"].sum()), "wall_s": wall,
-           "wall_to_400": wall * (ev_warm + ev_samp * MIN_ESS / min_ess) / max(ev_warm + ev_samp, 1),
-           "load": list(os.getloadavg())}
+           "r_hat": [float(v) for v in d["r_hat"]],
+           **{k: run[k] for k in ("min_ess_bulk", "max_r_hat", "mixed", "draws_per_chain", "extensions",
+                                  "divergences", "wall_s")},
+           "wall_to_400": run["wall_s"] * run["evals_to_400"] / evals, "load": list(os.getloadavg())}
     path.write_text(json.dumps(rec))
     return rec
 
