@@ -153,8 +153,11 @@ def test_triangular_inverse_matches_a_general_inverse_batched_and_in_float32(gen
 
     A = torch.randn(3, 40, 40, dtype=torch.float64, generator=generator)
     L = torch.linalg.cholesky(A @ A.mT + 40 * torch.eye(40, dtype=torch.float64))
+    L_before = L.clone()
     inv = triangular_inverse(L)
+    assert torch.equal(L, L_before)                       # inverted in a copy, never in the caller's factor
     torch.testing.assert_close(inv, torch.linalg.inv(L), rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(triangular_inverse(L.mT.contiguous().mT), inv, rtol=0, atol=0)   # any layout
     assert torch.equal(inv, torch.tril(inv))
     torch.testing.assert_close(triangular_inverse(L[1]), inv[1], rtol=0, atol=0)
     f32 = triangular_inverse(L[0].float())
@@ -164,3 +167,21 @@ def test_triangular_inverse_matches_a_general_inverse_batched_and_in_float32(gen
     sing[5, 5] = 0.0
     with pytest.raises(NotPSDError, match="singular"):
         triangular_inverse(sing)
+
+
+def test_sum_of_squares_matches_torch_along_rows_and_columns(generator):
+    """linalg.sum_of_squares (numpy.einsum on the CPU) against torch's (A * A).sum, one matrix and a batch, float64
+    and float32, a non-contiguous input; under autograd it keeps the graph; a bad dim is refused."""
+    from gpvi.linalg import sum_of_squares
+
+    A = torch.randn(3, 30, 20, dtype=torch.float64, generator=generator)
+    for X in (A, A[0], A.mT, A.float()):
+        for dim in (-1, -2):
+            got = sum_of_squares(X, dim)
+            assert got.dtype == X.dtype and got.shape == X.sum(dim).shape
+            torch.testing.assert_close(got, (X * X).sum(dim))
+    B = A[0].clone().requires_grad_(True)
+    sum_of_squares(B, -2).sum().backward()
+    torch.testing.assert_close(B.grad, 2 * A[0])
+    with pytest.raises(ValueError, match="dim"):
+        sum_of_squares(A, 0)

@@ -51,7 +51,7 @@ import torch
 
 from .anderson import Anderson
 from .quadrature import Quadrature
-from ..linalg import cholesky_plain, triangular_inverse
+from ..linalg import cholesky_plain, sum_of_squares, triangular_inverse
 from ..validation import check_nonnegative_int, check_positive, check_positive_int
 
 __all__ = ["EPResult", "expectation_propagation"]
@@ -115,7 +115,7 @@ def _marginals(K: torch.Tensor, tau: torch.Tensor, nu: torch.Tensor):
     z = torch.cholesky_solve((sW * Knu).unsqueeze(-1), LB).squeeze(-1)
     mean = Knu - (K @ (sW * z).unsqueeze(-1)).squeeze(-1)
     Linv = triangular_inverse(LB)
-    var = (1.0 - torch.linalg.vector_norm(Linv, dim=-2).square()) / tau
+    var = (1.0 - sum_of_squares(Linv, -2)) / tau
     weak = ~(tau * var >= _WEAK) | ~(var > 0)
     for r, row in enumerate(weak):
         idx = row.nonzero().flatten()

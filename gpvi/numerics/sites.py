@@ -57,7 +57,7 @@ import torch
 from scipy.linalg import blas
 
 from ..exceptions import NumericalWarning
-from ..linalg import cholesky_with_jitter, logdet_from_cholesky, triangular_inverse
+from ..linalg import cholesky_with_jitter, logdet_from_cholesky, sum_of_squares, triangular_inverse
 from .quadrature import Quadrature
 
 __all__ = ["pseudo_data", "site_factor", "marginals", "site_elbo", "kl2", "kernel_gradient", "lam2_cap",
@@ -117,8 +117,8 @@ def marginals(K: torch.Tensor, L: torch.Tensor, ytilde: torch.Tensor
     m = (alpha @ K).T if batched else K @ alpha
     Linv = triangular_inverse(L)
     dK = K.diagonal()
-    s = torch.linalg.vector_norm(L, dim=-1).square() - dK
-    var = s - s * s * torch.linalg.vector_norm(Linv, dim=-2).square()
+    s = sum_of_squares(L, -1) - dK
+    var = s - s * s * sum_of_squares(Linv, -2)
     weak = (s > _WEAK * var) | ~(var > 0)
     if bool(weak.any()):
         for c, row in enumerate(weak.reshape(-1, weak.shape[-1])):
@@ -203,10 +203,12 @@ def kernel_gradient(L: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor, m: 
     s = -0.5 / lam2
     P = torch.cholesky_inverse(L)
     a = dm - lam1 - 2.0 * lam2 * m
-    b = dv - lam2
-    G = (P @ (a * s).unsqueeze(-1)) * alpha.unsqueeze(-2)
-    G = G + _sandwich(P, b * s * s) + 0.5 * alpha.unsqueeze(-1) * alpha.unsqueeze(-2) - 0.5 * P
-    return 0.5 * (G + G.mT)
+    # sym(P (a s) alpha^T + 1/2 alpha alpha^T) = 1/2 (w alpha^T + alpha w^T) with w = P (a s) + alpha / 2
+    w = (P @ (a * s).unsqueeze(-1)).squeeze(-1) + 0.5 * alpha
+    G = _sandwich(P, (dv - lam2) * s * s)
+    G.add_(P, alpha=-0.5)
+    G.add_(torch.stack((w, alpha), -1) @ torch.stack((alpha, w), -2), alpha=0.5)
+    return G
 
 
 def _sandwich(P: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -225,9 +227,11 @@ def _sandwich(P: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
             if cols.any():
                 X = np.asfortranarray(Pi[:, cols] * np.sqrt(sign * ci[cols]))
                 G = blas.dsyrk(sign, X, beta=1.0, c=G, lower=1, overwrite_c=1)
-        G = torch.from_numpy(G)
-        out.append(G.tril() + G.tril(-1).mT)
-    return torch.stack(out).reshape(P.shape)
+        G = torch.from_numpy(G)                 # lower triangle filled, zeros above
+        G = G + G.mT
+        G.diagonal().mul_(0.5)
+        out.append(G)
+    return out[0].reshape(P.shape) if len(out) == 1 else torch.stack(out).reshape(P.shape)
 
 
 def expected_value_sum(model: Any, m: torch.Tensor, v: torch.Tensor, quadrature: Quadrature) -> torch.Tensor:
