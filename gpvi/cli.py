@@ -378,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="full-batch CVI (default) or doubly stochastic single-site steps")
     p.add_argument("--hyperparameters", choices=["type2", "bayes", "fixed"], default="type2",
                    help="type2 (default): MAP-II (ML-II with --prior none); bayes: integrate over them (a Gaussian "
-                   "q(theta) on EP's evidence; binary, or softmax with at most 3 classes; not saved); fixed: keep the "
+                   "q(theta) on EP's evidence; binary, or softmax with any number of classes; not saved); fixed: keep the "
                    "data-scaled start")
     p.add_argument("--prior", choices=["default", "scaled", "none"], default="default", help="prior on the "
                    "log-hyperparameters: N(0, 10 I) (default), scaled (centred at lengthscale^2 = d var), none (ML-II)")

@@ -89,15 +89,16 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     hyperparameters : {"type2", "fixed", "bayes"}
         ``"type2"`` (default): MAP-II on the bound (:class:`~gpvi.inference.cvi.typeii.TypeII`, with ``prior``);
         ``"fixed"``: keep them at
-        their start; ``"bayes"`` (binary links, and the softmax with at most 3 classes): integrate over them,
+        their start; ``"bayes"`` (binary links, and the softmax with any number of classes): integrate over them,
         :class:`~gpvi.inference.cvi.bayes.FullyBayesianCVI` -- a Gaussian :math:`q(\theta)` (Salimans-Knowles
-        Hessian-free) on EP's approximate evidence (binary EP, or multi-class EP with full K x K sites), predictions
+        Hessian-free) on EP's approximate evidence (binary EP, or multi-class EP with full K x K sites, at
+        :math:`O((NK)^3)` per sweep), predictions
         averaged over ``num_draws`` draws of it (at least 32) with their CVI posteriors. ``"bayes"`` runs EP to
         convergence at every step and is much slower than ``"type2"``
         (``benchmarks/results/classification_bayes.md``); ``mode``, ``beta``, ``estimator`` and ``max_sweeps`` do
         not apply (FullyBayesianCVI's own full-batch engine), and the fit cannot be saved with
-        :func:`gpvi.io.save_fit`. Robust-max and K > 3 raise ``ValueError`` (their q(theta) would sit on the
-        multi-class CVI bound, which predicted no better than MAP-II in the benchmarks).
+        :func:`gpvi.io.save_fit`. Robust-max raises ``ValueError`` (it has no EP evidence here, and its q(theta)
+        would sit on the multi-class CVI bound, biased towards small signal variances in the benchmarks).
     prior : "default", "scaled", None, dict or torch.distributions.Distribution
         Prior :math:`p(\theta)` on the kernel log-hyperparameters (theta's order: ``model_.names``) for ``"type2"``
         and ``"bayes"``; ignored by ``"fixed"``. Priors registered on ``kernel`` always apply to their
@@ -332,15 +333,15 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if hp == "bayes" and prior is None:
             raise ValueError("prior=None (ML-II) is for hyperparameters='type2': with 'bayes' a flat prior on the "
                              "log-hyperparameters is improper; give prior='default', 'scaled' or a distribution")
-        if hp == "bayes" and link not in _BINARY_LINKS and not (link == "softmax" and len(classes) <= 3):
-            # q(theta) on the multi-class CVI bound (what is left for robust-max and K > 3) predicted no better
-            # than MAP-II in benchmarks/results/multiclass_bayes_*.md, at far greater cost
-            raise ValueError(f"hyperparameters='bayes' is for the binary links and the softmax with at most 3 "
-                             f"classes (multi-class EP's evidence); the {link!r} likelihood with {len(classes)} "
-                             f"classes takes 'type2' or 'fixed'. FullyBayesianCVI().run(GPMulticlass(X, y)) fits "
-                             f"q(theta) on the multi-class CVI bound (minutes; biased towards small signal "
-                             f"variances), and gpvi.NUTS on gpvi.models.whitened.WhitenedLatentGP(GPMulticlass(X, y)) "
-                             f"samples (theta, f) exactly")
+        if hp == "bayes" and link == "robustmax":
+            # no EP evidence for robust-max (its tilted moments under a correlated cavity are orthant integrals), and
+            # q(theta) on the class-factorised CVI bound sits at too small signal variances
+            # (benchmarks/results/multiclass_bayes_*.md); NUTS cannot check it either (a piecewise-constant likelihood)
+            raise ValueError(f"hyperparameters='bayes' is for the logit, probit and softmax likelihoods (EP's "
+                             f"evidence); the 'robustmax' likelihood has no EP evidence here and takes 'type2' or "
+                             f"'fixed'. FullyBayesianCVI(evidence='cvi').run(GPMulticlass(X, y, "
+                             f"likelihood='robustmax')) fits q(theta) on the multi-class CVI bound (biased towards "
+                             f"small signal variances)")
         names = getattr(self, "feature_names_in_", None)
         names = None if names is None else [str(n) for n in names]
         Xt = torch.tensor(X, dtype=torch.float64, device=device)     # a copy: X may be a read-only view

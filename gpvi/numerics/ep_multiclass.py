@@ -24,6 +24,22 @@ with :math:`G = C_{-n}A^\top(AC_{-n}A^\top)^{-1}`,
 common mode :math:`\mathbf 1` the tilted equals the cavity, so one eigenvalue is zero),
 :math:`\tilde{\boldsymbol\nu}_n = \hat C^{-1}\hat{\mathbf m} - C_{-n}^{-1}\mathbf m_{-n}`.
 
+**Tilted moments for K >= 4** (``num_draws``): the :math:`40^{K-1}` nodes of the nested rule are too many, and the
+moments come instead from a fixed quasi-Monte Carlo rule in the K values, importance-weighted: the proposal is
+:math:`\mathcal N(\boldsymbol\mu_n, C_{-n})`, the cavity's covariance moved to EP's current posterior mean of the
+point (close to the tilted mean, where the likelihood's mass is), :math:`\mathbf f^{(s)} = \boldsymbol\mu_n +
+L_{-n}\boldsymbol\varepsilon^{(s)}` (:math:`L_{-n}L_{-n}^\top = C_{-n}`), with the scrambled Sobol' normal points of
+:func:`gpvi.numerics.softmax_rules.fixed_draws` and their negatives, each column scaled to unit mean square, and the
+weights :math:`p(y\mid\mathbf f^{(s)})\,\mathcal N(\mathbf f^{(s)}\mid\mathbf m_{-n}, C_{-n}) /
+\mathcal N(\mathbf f^{(s)}\mid\boldsymbol\mu_n, C_{-n}) = p(y\mid\mathbf f^{(s)})\exp(-\mathbf a^\top
+\boldsymbol\varepsilon^{(s)} - \tfrac12\lVert\mathbf a\rVert^2)`, :math:`\mathbf a = L_{-n}^{-1}(\boldsymbol\mu_n -
+\mathbf m_{-n})`. The proposal keeps the cavity's covariance, so the weights stay bounded where the likelihood
+tends to 1. The same points at every call: the moments, EP's fixed point and :math:`\log Z_{EP}` stay
+deterministic functions of :math:`\theta`. Measured against the nested rule on 200 random K = 3 sites (diagonal
+cavities of variance 0.05..5, means of sd 2; 2,048 points): largest error of :math:`\log\hat Z_n` 2.4e-3, of the
+means 5e-3 cavity sd, relative error of the variances 1.7e-2 (at points whose label is improbable under the cavity,
+:math:`\hat Z_n \approx 0.02`); without the shift 2.5e-2, 8e-2, 0.26.
+
 **Posterior and evidence.** With :math:`\tilde\Pi` the block-sparse :math:`NK\times NK` site precision,
 :math:`S = \tilde\Pi^{1/2}` (per site, symmetric), :math:`B = I + S(I_K\otimes K_\theta)S` (R&W section 3.6.3's
 stable form, no inverse of the prior or of the sites), :math:`\Sigma = (K_F^{-1} + \tilde\Pi)^{-1}`,
@@ -61,12 +77,14 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import math
+
 import torch
 
 from ..linalg import cholesky_plain, logdet_from_cholesky
 from .anderson import Anderson
 from .quadrature import Quadrature
-from .softmax_rules import _others, default_quadrature, nested_nodes
+from .softmax_rules import _others, default_quadrature, fixed_draws, nested_nodes
 from ..validation import check_nonnegative_int, check_positive, check_positive_int
 
 __all__ = ["MulticlassEPResult", "multiclass_ep", "tilted_moments"]
@@ -154,6 +172,42 @@ def _tilted(y: torch.Tensor, mc: torch.Tensor, Cc: torch.Tensor, quad: Quadratur
     return log_z, m_hat, 0.5 * (C_hat + C_hat.mT)
 
 
+def _qmc_points(num_draws: int, num_classes: int, like: torch.Tensor) -> torch.Tensor:
+    """``(2 (num_draws // 2), K)`` antithetic Sobol' normal points, each column scaled to unit mean square."""
+    half = fixed_draws(num_draws // 2, num_classes, like)
+    pts = torch.cat([half, -half], 0)
+    return pts / pts.square().mean(0).sqrt()
+
+
+def _tilted_qmc(y: torch.Tensor, mc: torch.Tensor, Cc: torch.Tensor, centre: torch.Tensor, num_draws: int):
+    """``log Z_hat`` (N,), tilted means (N, K) and covariances (N, K, K) by the shifted quasi-Monte Carlo rule of
+    the module docstring (proposal N(centre, Cc)). With :math:`\mathbf f = \text{centre} + L\boldsymbol\varepsilon`
+    only the weighted moments of the points are needed: the tilted mean is :math:`\text{centre} + L\bar{\boldsymbol
+    \varepsilon}` and the covariance :math:`L(\overline{\boldsymbol\varepsilon\boldsymbol\varepsilon^\top} -
+    \bar{\boldsymbol\varepsilon}\bar{\boldsymbol\varepsilon}^\top)L^\top` (two matrix products over the points)."""
+    N, C = mc.shape
+    eps = _qmc_points(num_draws, C, mc)                                    # (S, K)
+    S = eps.shape[0]
+    Lc, _ = cholesky_plain(Cc, raise_on_failure=True)
+    a = torch.linalg.solve_triangular(Lc, (centre - mc).unsqueeze(-1), upper=False).squeeze(-1)    # (N, K)
+    F = (Lc.reshape(N * C, C) @ eps.T).view(N, C, S) + centre.unsqueeze(-1)                      # (N, K, S)
+    mx = F.amax(1)
+    lse = mx + torch.log(torch.exp(F - mx.unsqueeze(1)).sum(1))           # (faster than logsumexp over dim 1)
+    lp = F.gather(1, y.view(-1, 1, 1).expand(-1, 1, S)).squeeze(1) - lse
+    lp = lp - a @ eps.T - 0.5 * a.square().sum(-1, keepdim=True)         # importance weights, log
+    top = lp.amax(-1, keepdim=True)
+    om = torch.exp(lp - top)
+    tot = om.sum(-1, keepdim=True)
+    log_z = (top + torch.log(tot)).squeeze(-1) - math.log(S)
+    om = om / tot                                                           # (N, S) normalised weights
+    e1 = om @ eps                                                           # (N, K)
+    e2 = (om @ (eps.unsqueeze(-1) * eps.unsqueeze(-2)).reshape(S, C * C)).view(N, C, C)
+    cov_eps = e2 - e1.unsqueeze(-1) * e1.unsqueeze(-2)
+    m_hat = centre + (Lc @ e1.unsqueeze(-1)).squeeze(-1)
+    C_hat = Lc @ cov_eps @ Lc.mT
+    return log_z, m_hat, 0.5 * (C_hat + C_hat.mT)
+
+
 class _Sweep(NamedTuple):
     """Everything one set of sites determines: the posterior, the cavities and the tilted moments."""
 
@@ -174,7 +228,7 @@ class _Sweep(NamedTuple):
     C_hat: torch.Tensor
 
 
-def _sweep(K: torch.Tensor, y: torch.Tensor, pi: torch.Tensor, nu: torch.Tensor, quad: Quadrature) -> _Sweep:
+def _sweep(K: torch.Tensor, y: torch.Tensor, pi: torch.Tensor, nu: torch.Tensor, quad: Quadrature | int) -> _Sweep:
     """Posterior, cavities (from the K x K marginal blocks) and tilted moments at the sites ``pi``, ``nu``."""
     N, C, _ = pi.shape
     LB, Sn, mu, Snn, nu_f = _posterior(K, pi, nu)
@@ -186,7 +240,10 @@ def _sweep(K: torch.Tensor, y: torch.Tensor, pi: torch.Tensor, nu: torch.Tensor,
     Lc, _ = cholesky_plain(0.5 * (lam_c + lam_c.mT), raise_on_failure=True)  # raises when a cavity is not PD
     Cc = torch.cholesky_inverse(Lc)
     mc = (Cc @ eta_c.unsqueeze(-1)).squeeze(-1)
-    log_z_hat, m_hat, C_hat = _tilted(y, mc, Cc, quad)
+    if isinstance(quad, Quadrature):
+        log_z_hat, m_hat, C_hat = _tilted(y, mc, Cc, quad)
+    else:                                                                  # K >= 4: the shifted QMC rule
+        log_z_hat, m_hat, C_hat = _tilted_qmc(y, mc, Cc, mun, quad)
     logdet_ratio = -logdet_from_cholesky(Lc) - logdet_from_cholesky(Ls)
     return _Sweep(LB, Sn, mu, nu_f, mun, Snn, Pnn, lam_c, eta_c, mc, logdet_ratio, log_z_hat, m_hat, C_hat)
 
@@ -209,9 +266,10 @@ def _restart(acc: Anderson, restarts: int) -> tuple[int, Anderson | None]:
     return restarts + 1, acc
 
 
-def multiclass_ep(K: torch.Tensor, y: torch.Tensor, num_classes: int, *, quadrature: Quadrature | None = None,
-                  damping: float = 0.5, anderson: int = 5, tol: float = 1e-8, max_sweeps: int = 200,
-                  pi: torch.Tensor | None = None, nu: torch.Tensor | None = None) -> MulticlassEPResult:
+def multiclass_ep(K: torch.Tensor, y: torch.Tensor, num_classes: int, *,
+                  quadrature: Quadrature | str | None = None, num_draws: int = 2048, damping: float = 0.5,
+                  anderson: int = 5, tol: float = 1e-8, max_sweeps: int = 200, pi: torch.Tensor | None = None,
+                  nu: torch.Tensor | None = None) -> MulticlassEPResult:
     r"""Parallel, damped EP for the softmax likelihood with K latent GPs sharing ``K`` (module docstring).
 
     Parameters
@@ -222,9 +280,12 @@ def multiclass_ep(K: torch.Tensor, y: torch.Tensor, num_classes: int, *, quadrat
         Class indices in ``0 .. num_classes - 1``.
     num_classes : int
         K >= 2.
-    quadrature : Quadrature, optional
-        The 1-D rule of the nested quadrature (default
-        :func:`~gpvi.numerics.softmax_rules.default_quadrature`: :math:`40^{K-1}` nodes per point).
+    quadrature : Quadrature or "qmc", optional
+        The 1-D rule of the nested quadrature, or ``"qmc"``: the shifted quasi-Monte Carlo rule of the module
+        docstring. Default: :func:`~gpvi.numerics.softmax_rules.default_quadrature` for K <= 3 (:math:`40^{K-1}`
+        nodes per point), ``"qmc"`` for K >= 4.
+    num_draws : int
+        Points of the quasi-Monte Carlo rule (K >= 4 without ``quadrature``; antithetic pairs, default 2048).
     damping : float in (0, 1]
         :math:`\delta` (default 0.5).
     anderson : int
@@ -268,7 +329,12 @@ def multiclass_ep(K: torch.Tensor, y: torch.Tensor, num_classes: int, *, quadrat
     tol = check_positive(tol, "tol")
     max_sweeps = check_positive_int(max_sweeps, "max_sweeps")
     anderson = check_nonnegative_int(anderson, "anderson")
-    quad = quadrature if quadrature is not None else default_quadrature(C)
+    num_draws = check_positive_int(num_draws, "num_draws", minimum=2)
+    if quadrature is None:
+        quadrature = default_quadrature(C) if C <= 3 else "qmc"
+    if not (isinstance(quadrature, Quadrature) or quadrature == "qmc"):
+        raise ValueError(f"quadrature must be a Quadrature or 'qmc'; got {quadrature!r}")
+    quad: Quadrature | int = quadrature if isinstance(quadrature, Quadrature) else num_draws
     pi = (torch.zeros(N, C, C, dtype=K.dtype, device=K.device) if pi is None
           else torch.as_tensor(pi, dtype=K.dtype, device=K.device).clone())
     nu = (torch.zeros(N, C, dtype=K.dtype, device=K.device) if nu is None

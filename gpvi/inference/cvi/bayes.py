@@ -5,7 +5,7 @@ variational engine (Salimans-Knowles Hessian-free by default, or DSVI) on EP's a
 (:class:`gpvi.inference.cvi.ep_evidence.EPEvidenceTarget`, the default where EP applies) or on the profiled CVI bound
 (:class:`gpvi.inference.cvi.bound.CVIBoundTarget`); for a multi-class model
 (:class:`gpvi.models.multiclass.GPMulticlass`, after
-:class:`~gpvi.inference.cvi.multiclass_typeii.MulticlassTypeII`) on multi-class EP (softmax, K <= 3, the default)
+:class:`~gpvi.inference.cvi.multiclass_typeii.MulticlassTypeII`) on multi-class EP (softmax, any K, the default)
 or the profiled multi-class bound (:class:`gpvi.inference.cvi.bound.CVIBoundTarget`). It returns a
 :class:`gpvi.posteriors.bayes_classification.BayesClassificationPosterior` (see that module for the bound that is
 maximised, what :math:`q(\theta)` approximates, and the predictive).
@@ -76,18 +76,18 @@ class FullyBayesianCVI:
         Draws of :math:`\theta` in the predictive mixture (default 32).
     evidence : {"auto", "ep", "cvi"}
         What stands in for :math:`\log p(\mathbf y\mid\theta)` in :math:`q(\theta)`'s target. ``"auto"``
-        (default): ``"ep"`` wherever EP applies -- binary models and multi-class softmax models with at most 3
-        classes -- and ``"cvi"`` otherwise
-        (robust-max, K > 3). ``"ep"``: EP's approximation :math:`\log Z_{EP}(\theta)`
+        (default): ``"ep"`` wherever EP applies -- binary models and multi-class softmax models -- and ``"cvi"``
+        otherwise (robust-max). ``"ep"``: EP's approximation :math:`\log Z_{EP}(\theta)`
         (:class:`~gpvi.inference.cvi.ep_evidence.EPEvidenceTarget`); the run then moves from the CVI MAP-II point to the
         maximiser of :math:`\log Z_{EP} + \log p(\theta)` (L-BFGS-B) and takes the Laplace scale there.
         ``"cvi"``: the profiled CVI bound (:class:`~gpvi.inference.cvi.bound.CVIBoundTarget`),
         a lower bound whose gap grows with the signal variance, so its :math:`q(\theta)` sits at too small signal
         variances where the likelihood saturates (measured against long NUTS runs in
         ``benchmarks/classification_nuts_ref.md``: on Ionosphere 1.5 posterior sds too low). Either way the latent
-        posterior at each draw is CVI's :math:`q^*(\mathbf f\mid\theta)`. Multi-class: ``"ep"`` (softmax,
-        K <= 3, else ``ValueError``) is multi-class EP with a full K x K site per point
-        (:func:`gpvi.numerics.ep_multiclass.multiclass_ep`, Anderson-accelerated); ``"cvi"`` the profiled bound
+        posterior at each draw is CVI's :math:`q^*(\mathbf f\mid\theta)`. Multi-class: ``"ep"`` (softmax, else
+        ``ValueError``) is multi-class EP with a full K x K site per point
+        (:func:`gpvi.numerics.ep_multiclass.multiclass_ep`, Anderson-accelerated; tilted moments by nested
+        quadrature for K <= 3, by a shifted quasi-Monte Carlo rule for K >= 4); ``"cvi"`` the profiled bound
         of the class-factorised family (:class:`~gpvi.inference.cvi.bound.CVIBoundTarget`), with the
         same caveat. Measured against NUTS over :math:`(\theta, V)` on iris and wine
         (``benchmarks/results/multiclass_bayes_iris.md``, ``..._wine.md``): on EP, every q(theta) mean within
@@ -149,8 +149,8 @@ class FullyBayesianCVI:
         ``ValueError`` where the settings do not fit the model."""
         if getattr(getattr(model, "likelihood", None), "multiclass", False):
             if self.evidence == "ep" and not multiclass_ep_applies(model):
-                raise ValueError("evidence='ep' on a multi-class model needs the softmax likelihood with at most 3 "
-                                 "classes; use 'cvi' or 'auto'")
+                raise ValueError("evidence='ep' on a multi-class model needs the softmax likelihood (robust-max has "
+                                 "no EP evidence here); use 'cvi' or 'auto'")
             cvi = self.cvi if self.cvi is not None else CVI(progress_bar=False)
             evidence = self.evidence
             if evidence == "auto":

@@ -32,9 +32,11 @@ the anchor need fewer sweeps than from the prior.
 **The latent posterior** at a :math:`\theta` (for predictions) stays CVI's :math:`q^*(\mathbf f\mid\theta)`,
 from the wrapped :class:`~gpvi.inference.cvi.bound.CVIBoundTarget`: EP only weighs the hyperparameters.
 
-**Multi-class** (a wrapped :class:`~gpvi.inference.cvi.bound.CVIBoundTarget` of a multi-class model, softmax, K <= 3): EP with a
-full :math:`K\times K` site per data point (:func:`gpvi.numerics.ep_multiclass.multiclass_ep`), with the bound's
-softmax rule for the tilted moments, warm-started in the same way.
+**Multi-class** (a wrapped :class:`~gpvi.inference.cvi.bound.CVIBoundTarget` of a multi-class model, softmax, any
+K): EP with a full :math:`K\times K` site per data point (:func:`gpvi.numerics.ep_multiclass.multiclass_ep`),
+warm-started in the same way; the tilted moments by the bound's nested softmax rule for K <= 3 and by
+multi-class EP's shifted quasi-Monte Carlo rule (2,048 points) for K >= 4. The cost per sweep is
+:math:`O((NK)^3)`.
 
 Names: ``theta`` (kernel log-hyperparameters), ``bound`` (the wrapped CVI-bound target).
 """
@@ -57,10 +59,12 @@ __all__ = ["EPEvidenceTarget", "multiclass_ep_applies"]
 
 
 def multiclass_ep_applies(model: Any) -> bool:
-    """Whether multi-class EP's evidence is available for ``model``: the softmax likelihood with at most 3 classes
-    (the tilted moments are a (K-1)-dimensional quadrature)."""
+    """Whether multi-class EP's evidence is available for ``model``: the softmax likelihood, any number of classes
+    (tilted moments by nested quadrature for K <= 3, by a shifted quasi-Monte Carlo rule for K >= 4,
+    :func:`gpvi.numerics.ep_multiclass.multiclass_ep`). Robust-max has none: its tilted moments under a correlated
+    cavity are orthant integrals of dimension K - 1."""
 
-    return isinstance(model.likelihood, Softmax) and model.num_classes <= 3
+    return isinstance(model.likelihood, Softmax)
 
 
 class EPEvidenceTarget:
@@ -111,9 +115,10 @@ class EPEvidenceTarget:
         self.bound = bound
         self.multiclass = bool(getattr(bound.model.likelihood, "multiclass", False))
         if self.multiclass and not multiclass_ep_applies(bound.model):
-            raise ValueError("multi-class EP evidence needs the softmax likelihood with at most 3 classes (its "
-                             f"tilted moments are a {bound.model.num_classes - 1}-dimensional quadrature); "
-                             "use the CVI bound (evidence='cvi')")
+            raise ValueError(f"multi-class EP evidence needs the softmax likelihood; got "
+                             f"{type(bound.model.likelihood).__name__} (robust-max's tilted moments under a correlated "
+                             f"cavity are {bound.model.num_classes - 1}-dimensional orthant integrals); use the CVI "
+                             f"bound (evidence='cvi')")
         self.damping = check_positive(damping if damping is not None else (0.5 if self.multiclass else 0.8),
                                       "damping")
         if self.damping > 1.0:
@@ -165,7 +170,8 @@ class EPEvidenceTarget:
     def _ep_multiclass(self, K: torch.Tensor, sites: tuple[torch.Tensor, torch.Tensor] | None) -> Any:
 
         pi, nu = sites if sites is not None else (None, None)
-        return multiclass_ep(K, self.model.y, self.model.num_classes, quadrature=self.bound.cvi.quadrature,
+        quad = self.bound.cvi.quadrature if self.model.num_classes <= 3 else "qmc"
+        return multiclass_ep(K, self.model.y, self.model.num_classes, quadrature=quad,
                              damping=self.damping, tol=self.tol, max_sweeps=self.max_sweeps, pi=pi, nu=nu,
                              anderson=self.anderson)
 

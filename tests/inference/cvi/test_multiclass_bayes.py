@@ -11,6 +11,7 @@ from gpvi.inference.cvi.typeii import TypeII
 from gpvi.inference.sk import SKGaussian
 from gpvi.models.multiclass import GPMulticlass
 from gpvi.inference.cvi.bound import CVIBoundTarget
+from gpvi.inference.cvi.ep_evidence import EPEvidenceTarget
 
 F64 = torch.float64
 
@@ -112,24 +113,21 @@ def test_fully_bayesian_multiclass_on_ep_evidence_starts_at_the_ep_map_point(map
 
 def test_fully_bayesian_multiclass_refuses_settings_that_do_not_fit(map_fit):
     model, _ = map_fit
-    X4 = torch.linspace(-2, 2, 16, dtype=F64)[:, None]
-    with pytest.raises(ValueError, match="at most 3 classes"):
-        FullyBayesianCVI(evidence="ep").run(GPMulticlass(X4, torch.arange(16) % 4))
-    with pytest.raises(ValueError, match="at most 3 classes"):
+    with pytest.raises(ValueError, match="needs the softmax likelihood"):
         FullyBayesianCVI(evidence="ep").run(GPMulticlass(model.X, model.y, likelihood="robustmax"))
     with pytest.raises(TypeError, match="CVI"):
         FullyBayesianCVI(cvi=object()).run(model)
 
 
 def test_auto_evidence_is_ep_where_multiclass_ep_applies(map_fit):
-    """evidence='auto': multi-class EP for the softmax with K <= 3 (since 2026-11-25), the CVI bound for robust-max
-    and for K > 3; an explicit choice is kept."""
+    """evidence='auto': multi-class EP for the softmax with any K (K >= 4 with the quasi-Monte Carlo tilted
+    moments), the CVI bound for robust-max; an explicit choice is kept."""
     model, _ = map_fit
     X4 = torch.linspace(-2, 2, 16, dtype=F64)[:, None]
     auto = FullyBayesianCVI()
     assert auto._setup(model)[1] == "ep"
     assert auto._setup(GPMulticlass(model.X, model.y, likelihood="robustmax"))[1] == "cvi"
-    assert auto._setup(GPMulticlass(X4, torch.arange(16) % 4))[1] == "cvi"
+    assert auto._setup(GPMulticlass(X4, torch.arange(16) % 4))[1] == "ep"
     assert FullyBayesianCVI(evidence="cvi")._setup(model)[1] == "cvi"
 
 
@@ -147,3 +145,28 @@ def test_accelerated_inner_runs_give_the_plain_runs_bound_and_gradient(map_fit):
     assert fast.counters["inner_steps"] < plain.counters["inner_steps"]
     with pytest.raises(ValueError, match="anderson"):
         CVIBoundTarget(model, anderson=-1)
+
+
+@pytest.mark.slow
+def test_fully_bayesian_four_classes_run_on_ep_evidence():
+    """K = 4 (refused before multi-class EP had its quasi-Monte Carlo tilted moments): evidence 'auto' is EP, the
+    run is seeded (two runs give the same q), EP never fails, the engine starts where the EP target's gradient
+    vanishes, and the predictive has 4 columns."""
+    X = torch.linspace(-2, 2, 16, dtype=F64)[:, None]
+    y = (X[:, 0] > -1.0).long() + (X[:, 0] > 0.0).long() + (X[:, 0] > 1.0).long()
+    y[5] = 3
+    model = GPMulticlass(X, y)
+
+    def fit():
+        sk = SKGaussian(num_steps=8, method="gradient", num_draws=2, num_elbo_draws=10, seed=0, progress_bar=False)
+        return FullyBayesianCVI(sk, num_draws=2, seed=0).run(model)
+
+    a, b = fit(), fit()
+    assert a.info["evidence"] == "ep" and a.info["ep_counters"]["failures"] == 0 and torch.equal(a.mean, b.mean)
+    bound = CVIBoundTarget(model)
+    bound.set_anchor(torch.tensor(a.info["map_theta"], dtype=F64))
+    theta = torch.tensor(a.info["ep_map_theta"], dtype=F64).requires_grad_(True)
+    (grad,) = torch.autograd.grad(EPEvidenceTarget(bound).log_joint(theta), theta)
+    assert float(grad.abs().max()) < 1e-3
+    p = a.predict_proba(X[:5])
+    assert p.shape == (5, 4) and torch.allclose(p.sum(1), torch.ones(5, dtype=F64))
