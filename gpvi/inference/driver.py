@@ -7,7 +7,8 @@ It owns what is the same for every engine (:mod:`gpvi.inference.engine` states t
 * the loop up to the engine's ``num_steps``, ended early by the engine's stop rule;
 * a progress bar (``engine.progress_bar``) that shows the work actually left: the steps, counted against the cap
   only when the rule cannot end the run early, then the engine's final estimate with a bar of its own;
-* Ctrl-C (or a callback raising ``KeyboardInterrupt``): the partial result and an
+* Ctrl-C (or a callback raising ``KeyboardInterrupt``), also while the start was found (a start whose
+  ``info["interrupted"]`` is set: no step is taken): the partial result and an
   :class:`~gpvi.exceptions.InterruptedRunWarning`; the interrupted step's randomness is rewound, so resuming
   from ``result.engine_state`` repeats the uninterrupted run bit for bit;
 * fault counting: steps the engine reports as ``skipped`` are counted; ``engine.faults.max_consecutive`` in a row
@@ -76,6 +77,7 @@ def run(engine: Any, target: Any, init: Any = None, *, state: Any = None, genera
         budget = MemoryBudget()
     elif not isinstance(budget, MemoryBudget):
         raise TypeError(f"budget must be a gpvi.numerics.budget.MemoryBudget; got {type(budget).__name__}")
+    start_interrupted = False
     if state is not None:
         if init is not None or generator is not None:
             raise ValueError("state cannot be combined with init or generator (the state carries both)")
@@ -83,6 +85,7 @@ def run(engine: Any, target: Any, init: Any = None, *, state: Any = None, genera
     else:
         start = find_start(target, init, engine.default_init(target), seed=engine.seed)
         state = engine.init(target, start, resolve_generator(engine.seed, generator))
+        start_interrupted = bool(start.info.get("interrupted"))   # Ctrl-C while finding the start: no step
     stop = engine.stop_rule()
     counters_before = dict(getattr(state, "counters", {}))
     t_start, t0 = state.t, time.perf_counter()
@@ -90,6 +93,8 @@ def run(engine: Any, target: Any, init: Any = None, *, state: Any = None, genera
     total = None if stop.may_stop_early else engine.num_steps
     bar = Progress(total, enabled=engine.progress_bar, desc=engine.name, initial=state.t)
     try:
+        if start_interrupted:
+            raise KeyboardInterrupt
         while state.t < engine.num_steps:
             snap = state.generator.get_state()
             try:

@@ -108,8 +108,9 @@ class InferenceReport:
         ``ess`` and ``num_draws`` of its weights, ``mcse_mean`` and ``mcse_sd`` (largest batch MCSE over the
         parameters, in weighted sds), ``reliable``.
     interrupted : str
-        The stage a Ctrl-C ended (``"q"``, ``"psis"``, ``"nuts"``), empty when none did; the answer is then the
-        partial result of that stage and not trusted.
+        The stage a Ctrl-C ended, empty when none did: ``"map"`` (the MAP restarts of the default start),
+        ``"laplace"`` (their Laplace scales), ``"q"`` (the engine runs), ``"psis"`` (PSIS and the check) or
+        ``"nuts"``; the answer is then the partial result of that stage and not trusted.
     mcse_mean : float
         The returned answer's largest Monte Carlo standard error of a mean, in posterior sds (0 for q, whose
         moments are exact; the batch MCSE for weighted draws; ArviZ's MCSE for NUTS).
@@ -207,6 +208,13 @@ class InferenceReport:
     def _repr_html_(self) -> str:
         rows = "".join(f"<li>{html.escape(x.strip())}</li>" for x in self.lines()[1:])
         return f"<b>{html.escape(self.lines()[0])}</b><ul>{rows}</ul>"
+
+
+_FIT_STAGES = {"map": "the MAP restarts of the variational fit's start (q is that start's Gaussian, not fitted "
+                      "and unchecked)",
+               "laplace": "the Laplace scales of the variational fit's starts (q is the MAP point's Gaussian, not "
+                          "fitted and unchecked)",
+               "q": "the variational fit (q is partial and unchecked)"}
 
 
 def _mixed(d: dict[str, Any], min_ess: float) -> bool:
@@ -430,8 +438,9 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
     times["q"] = time.perf_counter() - t0
     fit = q.info.get("infer", {})
     starts = [p for p in getattr(q, "start_posteriors", None) or [q] if p is not None]
-    if any(p.info.get("interrupted") for p in starts):
-        return _stopped(q, "q", "the variational fit (q is partial and unchecked)", times)
+    if q.info.get("interrupted") or any(p.info.get("interrupted") for p in starts):
+        stage = q.info.get("interrupted_stage", "q")
+        return _stopped(q, stage, _FIT_STAGES.get(stage, _FIT_STAGES["q"]), times)
     t0 = time.perf_counter()
     try:
         w, wm, wb, mix, mass, several, check = _diagnose(q, target, seed, num_psis_draws, min_ess)

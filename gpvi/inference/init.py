@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..exceptions import NumericalWarning
+from ..exceptions import InterruptedRunWarning, NumericalWarning
 from ..linalg import cholesky_plain
 from ..models.target import as_target, is_minibatch_target
 from ..numerics.budget import MemoryBudget
@@ -150,7 +150,10 @@ class init_to_default:  # noqa: N801
 class init_to_map:  # noqa: N801
     """Start at the MAP (``prior=True``) or the type-II ML point: :class:`gpvi.ML2` from seeded restarts.
 
-    ML-II's warnings are recorded in ``info["map_warnings"]`` rather than raised (the point is only a start).
+    ML-II's warnings are recorded in ``info["map_warnings"]`` rather than raised (the point is only a start),
+    except Ctrl-C: restarts ended by it give the best point so far (the first starting point when no restart
+    ended), no alternatives, ``info["interrupted"] = "map"`` and an
+    :class:`~gpvi.exceptions.InterruptedRunWarning`; an engine run from such a start takes no step.
 
     With ``max_starts > 1`` the restarts' end points are grouped into *distinct optima*: two end points are the
     same optimum when every component of theta differs by at most ``theta_tol`` (log scale: 0.1 is a 10% change
@@ -186,13 +189,21 @@ class init_to_map:  # noqa: N801
     def __call__(self, target: Any) -> Start:
         as_target(target)
         t0 = time.perf_counter()
+        ml2 = ML2(num_restarts=self.num_restarts, prior=self.prior, seed=self.seed, init_scale=self.init_scale)
+        fit = None
         with warnings.catch_warnings(record=True) as rec:
             warnings.simplefilter("always")
-            ml2 = ML2(num_restarts=self.num_restarts, prior=self.prior, seed=self.seed, init_scale=self.init_scale)
-            fit = ml2.run(target)
-        info = {"mode": "map" if self.prior else "ml2", "mean": "map" if self.prior else "ml2",
-                "map_value": fit.value, "map_time_s": time.perf_counter() - t0,
-                "map_warnings": sorted({f"{w.category.__name__}: {w.message}" for w in rec})}
+            try:
+                fit = ml2.run(target)
+            except KeyboardInterrupt:                       # Ctrl-C before the first restart ended
+                pass
+        mode = "map" if self.prior else "ml2"
+        info: dict[str, Any] = {"mode": mode, "mean": mode, "map_time_s": time.perf_counter() - t0,
+                                "map_warnings": sorted({f"{w.category.__name__}: {w.message}" for w in rec
+                                                        if not issubclass(w.category, InterruptedRunWarning)})}
+        if fit is None or fit.info.get("interrupted"):
+            return self._interrupted(target, ml2, fit, info)
+        info["map_value"] = fit.value
         theta = fit.theta.detach().to(torch.float64).cpu().clone()
         if self.max_starts == 1 or self.num_restarts == 1:
             return Start(theta, info=info)
@@ -204,6 +215,23 @@ class init_to_map:  # noqa: N801
             alternatives.append(Start(o["theta"].detach().to(torch.float64).cpu().clone(), info=alt_info))
         info["map_restart"] = optima[0]["restart"]
         return Start(theta, info=info, alternatives=tuple(alternatives))
+
+    def _interrupted(self, target: Any, ml2: ML2, fit: Any, info: dict[str, Any]) -> Start:
+        """Ctrl-C ended the restarts: the best end point so far (else the first starting point), no alternatives,
+        ``info["interrupted"] = "map"``; warns. An engine run from this start takes no step (the driver)."""
+        done = 0 if fit is None else len(fit.info["records"])
+        if fit is None:
+            theta = ml2.starting_points(target)[0]
+            info.update(map_value=math.nan, mean="initial_theta")
+        else:
+            theta = fit.theta
+            info["map_value"] = fit.value
+        info.update(interrupted="map", map_restarts_done=done, scale="none (interrupted: no Laplace scale)")
+        warnings.warn(f"init_to_map: the {'MAP' if self.prior else 'ML-II'} restarts were interrupted (Ctrl-C) after "
+                      f"{done} of {self.num_restarts}; the start is the best point so far, flagged "
+                      "(info['interrupted'] = 'map'), and a run from it takes no step", InterruptedRunWarning,
+                      stacklevel=3)
+        return Start(theta.detach().to(torch.float64).cpu().clone(), info=info)
 
     def __repr__(self) -> str:
         extra = f", max_starts={self.max_starts}" if self.max_starts > 1 else ""
@@ -306,7 +334,9 @@ class init_to_laplace:  # noqa: N801
     Every alternative start (:attr:`Start.alternatives`) gets the Laplace scale at its own point, and each start
     records ``info["laplace_log_evidence"]`` = :math:`\\log g(\\hat\\theta) + \\tfrac12\\log\\det(2\\pi\\Sigma)`,
     the Laplace estimate of :math:`\\log p(y)` (also the Gaussian bound of the Laplace q when
-    :math:`\\log g` is quadratic), where the scale is a full Laplace one.
+    :math:`\\log g` is quadratic), where the scale is a full Laplace one. Ctrl-C while the point is found (its
+    ``info["interrupted"]``) skips the Hessians; Ctrl-C during them returns the point without a scale or
+    alternatives, ``info["interrupted"] = "laplace"``, with an :class:`~gpvi.exceptions.InterruptedRunWarning`.
     """
 
     def __init__(self, at: Callable[[Any], Start] | None = None) -> None:
@@ -315,8 +345,17 @@ class init_to_laplace:  # noqa: N801
     def __call__(self, target: Any) -> Start:
         check_laplace_possible(as_target(target))
         start = self.at(target)
-        alternatives = tuple(self._scaled(target, s) for s in start.alternatives)
-        return self._scaled(target, start, alternatives)
+        if start.info.get("interrupted"):                   # Ctrl-C while finding the point: no Hessian
+            return start
+        try:
+            alternatives = tuple(self._scaled(target, s) for s in start.alternatives)
+            return self._scaled(target, start, alternatives)
+        except KeyboardInterrupt:
+            warnings.warn("init_to_laplace: the Laplace scales were interrupted (Ctrl-C); the start is the point "
+                          "without its scale or alternatives, flagged (info['interrupted'] = 'laplace'), and a run "
+                          "from it takes no step", InterruptedRunWarning, stacklevel=2)
+            return Start(start.theta, None, None, {**start.info, "interrupted": "laplace",
+                                                   "scale": "none (interrupted: no Laplace scale)"})
 
     @staticmethod
     def _scaled(target: Any, start: Start, alternatives: tuple[Start, ...] = ()) -> Start:

@@ -201,3 +201,77 @@ def test_ctrl_c_in_each_stage_returns_a_flagged_partial_result():
                               min_ess=1e9, progress_bar=False)
         r = post.report
         assert r.interrupted == "nuts" and r.answer == answer and not r.trusted and "interrupted" in r.reason
+
+
+def _small_gp():
+    g = torch.Generator().manual_seed(3)
+    X = torch.rand(20, 2, generator=g, dtype=torch.float64)
+    return gpvi.GPRegression(X, torch.sin(6 * X[:, 0]) + 0.1 * torch.randn(20, generator=g, dtype=torch.float64))
+
+
+def _interrupt_at(monkeypatch, module, name, at):
+    """Make ``module.name`` raise KeyboardInterrupt (as Ctrl-C does) at its ``at``-th call; returns the counter."""
+    real, calls = getattr(module, name), {"n": 0}
+
+    def wrapped(*a, **kw):
+        calls["n"] += 1
+        if calls["n"] == at:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+
+    monkeypatch.setattr(module, name, wrapped)
+    return calls
+
+
+@pytest.mark.parametrize("stage, module, name, at", [("map", "ml2", "lbfgs_maximise", 3),
+                                                     ("map", "ml2", "lbfgs_maximise", 1),
+                                                     ("laplace", "init", "finite_difference_hessian", 1)])
+def test_ctrl_c_while_the_default_start_is_found_ends_the_call(monkeypatch, stage, module, name, at):
+    """Ctrl-C in the MAP restarts (after some restarts, or in the first) or in the Laplace Hessians of DSVI's
+    default start: DSVI.run and gpvi.infer take no further step and return the start's Gaussian, flagged (the
+    stage named), with an InterruptedRunWarning; the restarts stop at the interruption."""
+    import gpvi.inference.dsvi.starts as starts_module
+    import gpvi.inference.init as init_module
+    import gpvi.inference.ml2 as ml2_module
+    mod = {"ml2": ml2_module, "init": init_module}[module]
+    monkeypatch.setattr(starts_module, "MAP_RESTARTS", 4)     # 4 restarts instead of 30: the same code path
+    model = _small_gp()
+    calls = _interrupt_at(monkeypatch, mod, name, at)
+    with pytest.warns(gpvi.exceptions.InterruptedRunWarning, match="MAP restarts" if stage == "map" else "Laplace"):
+        q = gpvi.DSVI(seed=0, progress_bar=False).run(model)
+    assert calls["n"] == at                                  # nothing after the interruption
+    assert q.info["interrupted"] and q.info["interrupted_stage"] == stage and q.info["steps"] == 0
+    assert len(q.info["starts"]) == 1
+    calls["n"] = 0
+    with pytest.warns(gpvi.exceptions.InterruptedRunWarning, match="variational fit"):
+        post = gpvi.infer(model, seed=0, progress_bar=False)
+    r = post.report
+    assert calls["n"] == at and post is r.q and r.interrupted == stage and not r.trusted
+    assert str(r).startswith("gpvi.infer: NOT TRUSTED") and "interrupted (Ctrl-C)" in r.reason
+    assert set(r.times) == {"q"}
+
+
+def test_ctrl_c_in_a_later_sk_start_ends_infer(monkeypatch):
+    """Ctrl-C during the second start's S&K run (the first start finished): infer stops there, flags the fit
+    (it used to carry on into PSIS with the first start's q)."""
+    import gpvi.inference.dsvi.starts as starts_module
+    model = _small_gp()
+    real, runs = starts_module.driver.run, {"n": 0}
+
+    def second_run_interrupted(engine, target, init=None, **kw):
+        runs["n"] += 1
+        if runs["n"] == 2:
+            kw["callback"] = lambda state, info: (_ for _ in ()).throw(KeyboardInterrupt) if state.t == 5 else None
+        return real(engine, target, init, **kw)
+
+    monkeypatch.setattr(starts_module.driver, "run", second_run_interrupted)
+    start = gpvi.inference.init.Start(torch.zeros(4, dtype=torch.float64),
+                                      alternatives=(gpvi.inference.init.Start(torch.ones(4, dtype=torch.float64)),))
+    with pytest.warns(gpvi.exceptions.InterruptedRunWarning):
+        q = starts_module.run_starts(gpvi.SKGaussian(num_steps=100, method="gradient", num_draws=4,
+                                                     num_elbo_draws=100, progress_bar=False), model, start)
+    assert runs["n"] == 2 and q.info["interrupted"] and q.info["interrupted_stage"] == "q"
+    assert q.start_posteriors == [q, None] and q.info["starts"][1]["interrupted"]
+    with pytest.warns(gpvi.exceptions.InterruptedRunWarning, match="variational fit"):
+        post = gpvi.infer(model, q=q, progress_bar=False)
+    assert post is q and post.report.interrupted == "q" and set(post.report.times) == {"q"}

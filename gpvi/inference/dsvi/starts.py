@@ -120,14 +120,18 @@ def run_starts(engine: Any, target: Any, start: Start, *, generator: torch.Gener
         found several basins), ``info["start_chosen"]`` (its index), ``info["starts_agree"]`` (every other
         start's bound within 2 combined standard errors of the best: the starts reached optima of equal bound)
         and ``info["starts_time_s"]`` (all runs). After Ctrl-C no further run is started: the best run so far is
-        returned (a finished one if any, else the interrupted one) with ``info["interrupted"] = True``.
+        returned (a finished one if any, else the interrupted one) with ``info["interrupted"] = True`` and
+        ``info["interrupted_stage"] = "q"``. A start found under Ctrl-C (``start.info["interrupted"]``: ``"map"``
+        when the MAP restarts were interrupted, ``"laplace"`` when its Laplace scales were) gives one run that
+        takes no step: q is that start's Gaussian, ``info["interrupted_stage"]`` names the stage.
 
     Raises
     ------
     NumericalFaultError
         When every start's run failed (the first failure); a failed alternative is recorded and skipped.
     """
-    starts = [start, *start.alternatives]
+    stage = start.info.get("interrupted")                    # Ctrl-C while the starts were found
+    starts = [start] if stage else [start, *start.alternatives]
     kw = dict(callback=callback, budget=budget)
     if len(starts) == 1:
         q = driver.run(engine, target, _given(start), generator=generator, **kw)
@@ -135,6 +139,8 @@ def run_starts(engine: Any, target: Any, start: Start, *, generator: torch.Gener
         rec["finished"] = bool(q.info.get("converged"))
         q.info.update(starts=[rec], start_chosen=0, starts_agree=True, starts_time_s=rec["time_s"] or 0.0)
         q.start_posteriors = [q]
+        if q.info.get("interrupted"):
+            q.info["interrupted_stage"] = stage or "q"
         return q
     generator = resolve_generator(engine.seed, generator)     # one stream, used by the runs in turn
     conv = getattr(engine, "convergence", None)               # S&K (fixed N, no finish) runs each start once
@@ -196,5 +202,5 @@ def run_starts(engine: Any, target: Any, start: Start, *, generator: torch.Gener
     q.info["starts_time_s"] = sum(r["time_s"] or 0.0 for r in records)
     q.start_posteriors = [p if p is not None and not p.info.get("interrupted") else None for p in posts]
     if interrupted:
-        q.info["interrupted"] = True
+        q.info["interrupted"], q.info["interrupted_stage"] = True, "q"
     return q
