@@ -485,6 +485,8 @@ def test_interrupted_run_returns_partial_result_and_resume_equals_uninterrupted(
     assert resumed.trace["elbo"] == full.trace["elbo"]
 
 
+# heavy (a second process): make test-slow; the in-process resume from a file on disk is the test above
+@pytest.mark.slow
 def test_resume_in_a_new_process_equals_the_uninterrupted_run(tmp_path):
     X, y = clf_data(40, seed=13)
     torch.save({"X": X, "y": y}, tmp_path / "data.pt")
