@@ -30,7 +30,11 @@ importance sampling*, JMLR 2024):
      its moments: the wide components reach a tail q misses, and bound the weights there (Hesterberg's
      defensive mixtures, 1995);
    - PSIS of g with ``4 x num_psis_draws`` draws, cut into ``CHECK_BATCHES`` batches whose estimates give the
-     Monte Carlo error (:func:`~gpvi.posteriors.weighted.batch_mcse`). The weighted answer is **reliable** when
+     Monte Carlo error (:func:`~gpvi.posteriors.weighted.batch_mcse`).
+
+   Steps 2-4 and their constants are in :mod:`gpvi.inference.check`, which evaluates no log joint twice: the
+   engine's bound draws are PSIS's draws of q and of the starts' Gaussians, the base's diagnosis draws are the
+   first draws of g's first component (all still independent draws of each proposal). The weighted answer is **reliable** when
      :math:`\hat k \le \min(1 - 1/\log_{10}S, 0.7)`, the weights' ESS is at least ``min_ess`` and every
      parameter's batch MCSE of the mean and of the sd is at most ``MCSE_TOL`` of its sd. A wide component that
      finds mass q missed raises :math:`\hat k` or the batch spread, and the answer goes to NUTS.
@@ -45,8 +49,7 @@ importance sampling*, JMLR 2024):
 The returned posterior carries a :class:`InferenceReport` as ``.report``: :math:`\hat k`, the bound, the answer and
 why, ``trusted`` (False also warns; Ctrl-C in any stage returns that stage's partial result, not trusted, with an
 :class:`~gpvi.exceptions.InterruptedRunWarning`), the Monte Carlo error of its means and each stage's wall time.
-Before issue 39: :math:`\hat k \le 0.5` → q, :math:`\le 0.7` → the weighted draws of q (or of the mixture),
-else NUTS; ``benchmarks/results/trust_stress.md`` compares both rules on the same q.
+``benchmarks/results/trust_stress.md`` measures the rule on a stress suite against long NUTS runs.
 """
 
 from __future__ import annotations
@@ -59,37 +62,19 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 
 from ..exceptions import InterruptedRunWarning, NumericalFaultError, NumericalWarning
-from ..linalg import cholesky_with_jitter
 from ..models.target import as_target
-from ..posteriors.gaussian import GaussianPosterior
-from ..posteriors.mixture import GaussianMixture
-from ..posteriors.weighted import KHAT_GOOD, batch_mcse, khat_threshold, psis
+from ..posteriors.weighted import KHAT_GOOD
 from ..rng import check_seed
 from ..validation import check_bool, check_choice, check_nonnegative_int, check_positive, check_positive_int
+from .check import BASIN_MASS_TOL, diagnose, q_agrees, starts_mixture
 from .dsvi.engine import DSVI
 from .dsvi.starts import run_starts
 from .mcmc.nuts import NUTS
 from .sk.engine import SKGaussian
 
 __all__ = ["infer", "variational_fit", "default_sk", "InferenceReport", "starts_mixture", "BASIN_MASS_TOL"]
-
-BASIN_MASS_TOL = 0.01
-"""Posterior mass (estimated by PSIS of the starts' mixture) the basins other than the best q's may hold before
-the mixture replaces q."""
-BASIN_SEPARATION = 0.5
-"""Two starts' Gaussians are the same basin when every mean component differs by less than this many sds."""
-CHECK_SCALES = ((1.0, 0.6), (1.5, 0.3), (2.5, 0.1))
-"""(scale of the base's sd, weight) of each component of the check's defensive proposal."""
-CHECK_BATCHES = 8
-"""Independent batches of the check's draws whose spread gives the Monte Carlo error."""
-MCSE_TOL = 0.05
-"""Largest batch MCSE of a weighted mean or sd, in posterior sds, for a reliable weighted answer."""
-Q_AGREE_MEAN, Q_AGREE_SD = 0.1, (0.9, 1.1)
-"""q is the answer only when its means are within 0.1 weighted sd of the checked weighted ones, its sds 0.9-1.1x."""
-
 
 @dataclass
 class InferenceReport:
@@ -222,50 +207,6 @@ def _mixed(d: dict[str, Any], min_ess: float) -> bool:
     return bool((d["ess_bulk"] >= min_ess).all()) and bool((d["r_hat"] <= 1.01).all())
 
 
-def starts_mixture(q: Any, target: Any) -> Any:
-    r"""The mixture of the starts' Gaussians (``q.start_posteriors``, set by DSVI's multi-start run) that lie in
-    distinct basins (every mean component more than ``BASIN_SEPARATION`` sds apart), q first, weights
-    :math:`\propto e^{\mathcal L_k}`; None when there is one basin."""
-    posts = [p for p in getattr(q, "start_posteriors", None) or [q] if p is not None]
-    posts = sorted(posts, key=lambda p: (p is not q, -float(getattr(p, "elbo", -math.inf))))
-    kept: list[Any] = []
-    for p in posts:
-        if not math.isfinite(float(getattr(p, "elbo", math.nan))):
-            continue
-        if any(float(((p.mean - k.mean).abs() / k.std).max()) < BASIN_SEPARATION for k in kept):
-            continue
-        kept.append(p)
-    if len(kept) < 2:
-        return None
-    return GaussianMixture(kept, [float(p.elbo) for p in kept], target)
-
-
-def _check(w: Any, proposal: str, min_ess: float) -> dict[str, Any]:
-    """Whether the weighted posterior ``w`` is a reliable answer (see the module docstring, step 4)."""
-    m = batch_mcse(w, CHECK_BATCHES)
-    sd = w.std
-    mm, ms = float((m["mean"] / sd).max()), float((m["std"] / sd).max())
-    thr = khat_threshold(w.draws.shape[0])
-    ok = (math.isfinite(w.khat) and w.khat <= thr and w.ess >= min_ess and mm <= MCSE_TOL and ms <= MCSE_TOL)
-    return {"proposal": proposal, "khat": w.khat, "threshold": thr, "ess": w.ess, "num_draws": int(w.draws.shape[0]),
-            "mcse_mean": mm, "mcse_sd": ms, "reliable": bool(ok)}
-
-
-def _defensive(base: Any, target: Any) -> Any:
-    r"""The check's proposal :math:`\sum_j \alpha_j\,\mathcal N(\mu_0, s_j^2\Sigma_0)` around ``base`` (its first
-    term is ``base`` itself; ``CHECK_SCALES``)."""
-    L = cholesky_with_jitter(0.5 * (base.covariance + base.covariance.T), what="proposal covariance").L
-    comps = [base] + [GaussianPosterior(base.mean, s * L, list(base.names), target) for s, _ in CHECK_SCALES[1:]]
-    return GaussianMixture(comps, [math.log(a) for _, a in CHECK_SCALES], target)
-
-
-def _q_agrees(q: Any, w: Any) -> bool:
-    sd = w.std
-    ratio = q.std / sd
-    return (bool(((q.mean - w.mean).abs() / sd).max() <= Q_AGREE_MEAN)
-            and bool(ratio.min() >= Q_AGREE_SD[0]) and bool(ratio.max() <= Q_AGREE_SD[1]))
-
-
 def _choose(khat_q: float, check: dict[str, Any], *, several: bool = False,
             q_agrees: bool = False) -> tuple[str, str]:
     """The answer (module docstring, step 5): ``"q"``, ``"psis"`` or ``"nuts"`` and the reason."""
@@ -298,22 +239,6 @@ def default_sk(dim: int, *, seed: int = 0, progress_bar: bool = True) -> Any:
     """
     return SKGaussian(num_steps=max(500, 40 * dim), method="gradient", num_draws=4, draws="sobol", seed=seed,
                       progress_bar=progress_bar)
-
-
-def _diagnose(q: Any, target: Any, seed: int, num_psis_draws: int, min_ess: float) -> tuple:
-    """Steps 2-4: PSIS of q, the basins, the defensive proposal's weighted answer and its check."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")                       # the report says what k-hat means
-        w = psis(q, target, num_psis_draws, seed=seed)
-        mix = starts_mixture(q, target)
-        wm = psis(mix, target, num_psis_draws, seed=seed) if mix is not None else None
-        mass = [] if wm is None else [float(x) for x in mix.basin_mass(wm)]
-        several = bool(mass) and 1.0 - mass[0] > BASIN_MASS_TOL
-        base = mix if several else q
-        gen = torch.Generator().manual_seed(seed)
-        wb = psis(_defensive(base, target), target, 4 * num_psis_draws, generator=gen)
-        check = _check(wb, "mixture" if several else "q", min_ess)
-    return w, wm, wb, mix, mass, several, check
 
 
 def _stopped(post: Any, stage: str, what: str, times: dict[str, float], report: Any = None,
@@ -443,12 +368,12 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
         return _stopped(q, stage, _FIT_STAGES.get(stage, _FIT_STAGES["q"]), times)
     t0 = time.perf_counter()
     try:
-        w, wm, wb, mix, mass, several, check = _diagnose(q, target, seed, num_psis_draws, min_ess)
+        w, wm, wb, mix, mass, several, check = diagnose(q, target, seed, num_psis_draws, min_ess)
     except KeyboardInterrupt:
         times["psis"] = time.perf_counter() - t0
         return _stopped(q, "psis", "the PSIS check (q is returned unchecked)", times)
     times["psis"] = time.perf_counter() - t0
-    answer, reason = _choose(w.khat, check, several=several, q_agrees=check["reliable"] and _q_agrees(q, wb))
+    answer, reason = _choose(w.khat, check, several=several, q_agrees=check["reliable"] and q_agrees(q, wb))
     report = InferenceReport(answer, reason, w.khat, float(q.elbo), float(getattr(q, "elbo_se", math.nan)),
                              bool(q.info.get("converged", False)), w.log_evidence, w.log_evidence_se, w.ess, times,
                              starts=[{k: v for k, v in r.items() if k != "theta"} for r in q.info.get("starts", [])],

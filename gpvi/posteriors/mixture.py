@@ -130,6 +130,43 @@ class GaussianMixture(Posterior):
         perm = torch.randperm(n, generator=gen)
         return out[perm.to(out.device)]
 
+    def sample_reusing(self, n: int, reuse: dict[int, tuple[torch.Tensor, torch.Tensor]], *,
+                       generator: torch.Generator | None = None, seed: int | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""``n`` draws as :meth:`sample` (component counts from a multinomial on :math:`\pi`, shuffled), where
+        component k's first draws are taken from ``reuse[k] = (draws, values)``, draws of that component made
+        earlier with a value each (e.g. the log joint), and only the rest are new.
+
+        The pooled draws are independent of the counts and of the new draws, so the result is distributed as
+        ``n`` independent draws of the mixture; a value is carried with each reused draw.
+
+        Returns
+        -------
+        draws : torch.Tensor of shape (n, D)
+        values : torch.Tensor of shape (n,)
+            The reused draws' values, NaN for new draws.
+        """
+        n = check_positive_int(n, "n")
+        gen = resolve_generator(seed, generator)
+        idx = torch.multinomial(self.weights.cpu(), n, replacement=True, generator=gen)
+        counts = torch.bincount(idx, minlength=len(self.components)).tolist()
+        parts, vals = [], []
+        for k, (c, m) in enumerate(zip(self.components, counts)):
+            if m == 0:
+                continue
+            pool, pool_vals = reuse.get(k, (None, None))
+            r = 0 if pool is None else min(m, int(pool.shape[0]))
+            if r:
+                parts.append(pool[:r])
+                vals.append(pool_vals[:r].to(pool))
+            if m > r:
+                new = c.sample(m - r, generator=gen)
+                parts.append(new)
+                vals.append(torch.full((m - r,), math.nan, dtype=new.dtype, device=new.device))
+        out, values = torch.cat(parts), torch.cat(vals)
+        perm = torch.randperm(n, generator=gen).to(out.device)
+        return out[perm], values[perm]
+
     def component_log_probs(self, theta: Any) -> torch.Tensor:
         """``(..., K)``: :math:`\\log\\pi_k + \\log q_k(\\theta)`."""
         return torch.stack([lw + c.log_prob(theta) for lw, c in zip(self.log_weights, self.components)], -1)

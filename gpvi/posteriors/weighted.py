@@ -36,7 +36,7 @@ from ..rng import resolve_generator
 from ..validation import check_positive_int
 from .base import Posterior
 
-__all__ = ["WeightedPosterior", "PSISWarning", "psis", "pareto_smooth", "verdict", "batch_mcse", "khat_threshold",
+__all__ = ["WeightedPosterior", "PSISWarning", "psis", "log_joint_at", "pareto_smooth", "verdict", "batch_mcse", "khat_threshold",
            "KHAT_GOOD", "KHAT_USABLE"]
 
 KHAT_GOOD = 0.5
@@ -273,8 +273,19 @@ def verdict(khat: float) -> str:
     return "unreliable: sample the posterior (NUTS from q)"
 
 
+def log_joint_at(target: Any, theta: torch.Tensor, budget: Any = None) -> tuple[torch.Tensor, int]:
+    """The target's log joint at the rows of ``theta`` (S, D), without gradients, in chunks that respect the memory
+    budget (default :class:`~gpvi.numerics.budget.MemoryBudget` ()); returns ``(log_p (S,), rows per call)``."""
+    budget = MemoryBudget() if budget is None else budget
+    with torch.no_grad():
+        chunk = budget.draws_per_call(target, max(int(theta.shape[0]), 1))
+        parts = [call_log_joint(target, part, None).detach() for part in torch.split(theta, chunk)]
+    return (torch.cat(parts) if parts else theta.new_empty((0,))), chunk
+
+
 def psis(q: Any, target: Any = None, num_draws: int = 1000, *, seed: int | None = 0,
-         generator: torch.Generator | None = None, budget: Any = None) -> WeightedPosterior:
+         generator: torch.Generator | None = None, budget: Any = None, draws: torch.Tensor | None = None,
+         log_joint: torch.Tensor | None = None) -> WeightedPosterior:
     r"""Diagnose and correct a posterior approximation q by PSIS against the exact log joint.
 
     Parameters
@@ -288,13 +299,19 @@ def psis(q: Any, target: Any = None, num_draws: int = 1000, *, seed: int | None 
         Randomness of the draws.
     budget : MemoryBudget, optional
         Chunks the batched log-joint calls (default: 1 GiB or a quarter of free memory).
+    draws : torch.Tensor of shape (S, D), optional
+        Independent draws of q made elsewhere, used in place of ``num_draws`` new ones (``seed`` and
+        ``generator`` are then unused).
+    log_joint : torch.Tensor of shape (S,), optional
+        The log joint at ``draws`` where it is already known; NaN entries are evaluated here.
 
     Returns
     -------
     WeightedPosterior
         With ``khat``, ``ess``, weighted ``mean``/``std``/``covariance``/``quantile``, ``predict``,
         ``log_evidence`` :math:`\pm` ``log_evidence_se``, ``summary()``, ``to_arviz()``; ``info`` records the
-        number of non-finite log joints, the log-joint chunking and q's ``elbo``.
+        number of non-finite log joints, the log-joint chunking, the rows evaluated here and q's ``elbo``; the
+        attribute ``log_joint`` holds the log joint at the draws (not saved by ``state_dict``).
 
     Warns
     -----
@@ -319,16 +336,29 @@ def psis(q: Any, target: Any = None, num_draws: int = 1000, *, seed: int | None 
     target = getattr(q, "target", None) if target is None else target
     if target is None or not callable(getattr(target, "log_joint", None)):
         raise TypeError("psis needs a target with log_joint(theta) (pass target=, or a posterior that has one)")
-    num_draws = check_positive_int(num_draws, "num_draws")
+    if draws is None:
+        num_draws = check_positive_int(num_draws, "num_draws")
+    elif not (isinstance(draws, torch.Tensor) and draws.dim() == 2 and draws.shape[1] == len(q.names)):
+        raise ValueError(f"draws must be a tensor of shape (S, {len(q.names)})")
+    else:
+        num_draws = int(draws.shape[0])
     if num_draws < 10:
         raise ValueError(f"num_draws must be at least 10 for a Pareto tail fit; got {num_draws}")
-    gen = resolve_generator(seed, generator)
-    budget = MemoryBudget() if budget is None else budget
     with torch.no_grad():
-        theta = q.sample(num_draws, generator=gen)
+        theta = q.sample(num_draws, generator=resolve_generator(seed, generator)) if draws is None else draws
         log_q = q.log_prob(theta)
-        chunk = budget.draws_per_call(target, num_draws)
-        log_p = torch.cat([call_log_joint(target, part, None).detach() for part in torch.split(theta, chunk)])
+        if log_joint is None:
+            log_p, chunk = log_joint_at(target, theta, budget)
+            evaluated = num_draws
+        else:
+            if tuple(log_joint.shape) != (num_draws,):
+                raise ValueError(f"log_joint must have shape ({num_draws},); got {tuple(log_joint.shape)}")
+            log_p = log_joint.to(theta).clone()
+            todo = torch.isnan(log_p)
+            evaluated = int(todo.sum())
+            chunk = 0
+            if evaluated:
+                log_p[todo], chunk = log_joint_at(target, theta[todo], budget)
     if bool(torch.isnan(log_p).any()):
         raise ValueError("the target's log joint is NaN at some draws of q; PSIS needs -inf or a finite value")
     lr = (log_p - log_q).cpu().numpy().astype(np.float64)
@@ -340,7 +370,7 @@ def psis(q: Any, target: Any = None, num_draws: int = 1000, *, seed: int | None 
     r = np.concatenate([r, np.zeros(bad)])
     log_z = float(m + np.log(r.mean()))
     log_z_se = float(r.std(ddof=1) / (math.sqrt(r.size) * r.mean()))
-    info = {"num_draws": num_draws, "nonfinite_log_joint": bad, "draws_per_call": chunk,
+    info = {"num_draws": num_draws, "nonfinite_log_joint": bad, "draws_per_call": chunk, "evaluated": evaluated,
             "elbo_q": float(getattr(q, "elbo", math.nan)), "verdict": verdict(khat),
             "proposal": type(q).__name__}
     if bad:
@@ -348,6 +378,7 @@ def psis(q: Any, target: Any = None, num_draws: int = 1000, *, seed: int | None 
                       NumericalWarning, stacklevel=2)
     out = WeightedPosterior(theta, torch.as_tensor(lw, dtype=theta.dtype, device=theta.device), list(q.names),
                             target, khat=khat, log_evidence=log_z, log_evidence_se=log_z_se, info=info)
+    out.log_joint = log_p
     if khat > KHAT_USABLE:
         warnings.warn(f"PSIS k-hat = {khat:.2f} > {KHAT_USABLE}: q is far from the posterior and its importance "
                       f"weights are unreliable (ESS {out.ess:.0f} of {num_draws}); sample the posterior instead, "

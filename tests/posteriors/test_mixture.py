@@ -155,3 +155,25 @@ def test_a_mixture_warm_starts_nuts_with_its_moments():
     state = nuts.init(target, nuts._start(target, mix), torch.Generator().manual_seed(0))
     assert torch.allclose(state.init_info["inverse_mass_matrix_init"], mix.covariance, atol=1e-12)
     assert state.init_info["mean"] == "mixture mean" and state.init_info["scale"] == "mixture covariance"
+
+
+def test_sample_reusing_takes_pooled_draws_and_still_draws_the_mixture():
+    """Component 0's first draws come from a pool (with their values), the rest are new: the counts follow the
+    weights, the pooled values travel with their draws, and the pooled sample has the mixture's moments (mean 0.8
+    within 4 standard errors, variance 0.6 * 0.25 + 0.4 * 1 + 0.6 * 0.4 * 2^2 = 1.51 within 5%)."""
+    one = torch.eye(1, dtype=torch.float64)
+    mix = GaussianMixture([GaussianPosterior(torch.tensor([0.0], dtype=torch.float64), 0.5 * one, ["a"]),
+                           GaussianPosterior(torch.tensor([2.0], dtype=torch.float64), one, ["a"])],
+                          [math.log(0.6), math.log(0.4)])
+    g = torch.Generator().manual_seed(5)
+    pool = 0.5 * torch.randn(3000, 1, generator=g, dtype=torch.float64)       # draws of component 0
+    th, vals = mix.sample_reusing(20000, {0: (pool, 3.0 * pool[:, 0])}, seed=1)
+    known = ~torch.isnan(vals)
+    assert int(known.sum()) == 3000                    # component 0 gets ~12,000 draws: the whole pool is used
+    assert torch.equal(vals[known], 3.0 * th[known, 0])
+    mean, var = 0.6 * 0.0 + 0.4 * 2.0, 0.6 * 0.25 + 0.4 * 1.0 + 0.6 * 0.4 * 2.0 ** 2
+    assert abs(float(th.mean()) - mean) < 4 * math.sqrt(var / 20000)
+    assert abs(float(th.var()) - var) < 0.05 * var
+    # a pool larger than the count: only as many as the count are taken
+    th2, vals2 = mix.sample_reusing(100, {0: (pool, 3.0 * pool[:, 0])}, seed=1)
+    assert 30 < int((~torch.isnan(vals2)).sum()) < 90 and th2.shape == (100, 1)

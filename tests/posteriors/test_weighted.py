@@ -162,3 +162,30 @@ def test_bad_arguments_are_named():
         psis(object())
     with pytest.raises(ValueError, match="min_ess"):
         gpvi.infer(TARGET, min_ess=-1)
+
+
+def test_psis_of_given_draws_with_some_log_joints_known_matches_a_fresh_evaluation():
+    """psis(draws=, log_joint=) evaluates only the NaN entries and gives what psis gives on those draws."""
+    import torch
+    import gpvi
+    from gpvi.posteriors import GaussianPosterior
+    from gpvi.posteriors.weighted import psis
+    calls = {"rows": 0}
+
+    def lj(th):
+        calls["rows"] += th.shape[0]
+        return -0.5 * ((th - 1.0) ** 2).sum(-1)
+
+    target = gpvi.Target(lj, names=["a", "b"])
+    q = GaussianPosterior(torch.zeros(2, dtype=torch.float64), 1.5 * torch.eye(2, dtype=torch.float64),
+                          ["a", "b"], target)
+    w = psis(q, num_draws=400, seed=0)
+    assert calls["rows"] == 400 and torch.equal(w.log_joint, lj(w.draws))
+    part = w.log_joint.clone()
+    part[::3] = float("nan")
+    calls["rows"] = 0
+    w2 = psis(q, draws=w.draws, log_joint=part)
+    assert calls["rows"] == 134 and w2.info["evaluated"] == 134
+    assert torch.allclose(w2.log_weights, w.log_weights, rtol=0, atol=1e-12) and w2.khat == w.khat
+    with pytest.raises(ValueError, match="log_joint must have shape"):
+        psis(q, draws=w.draws, log_joint=part[:10])

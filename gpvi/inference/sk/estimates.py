@@ -224,7 +224,7 @@ def window_drift(state: SKState, L: torch.Tensor) -> tuple[float, float]:
 
 def estimate_bound(target: Any, mean: Any, scale_tril: Any, num_draws: int, *,
                    generator: torch.Generator, budget: MemoryBudget | None = None, progress_bar: bool = False,
-                   desc: str = "bound") -> tuple[float, float, int]:
+                   desc: str = "bound", keep: bool = False) -> tuple:
     r"""Monte Carlo estimate of the Gaussian bound :math:`\mathbb E_q[\log g(x) - \log q(x)]` and its se.
 
     Averages :math:`\log g(x_i) - \log q(x_i)` over draws :math:`x_i = m + C\varepsilon_i` from
@@ -246,10 +246,12 @@ def estimate_bound(target: Any, mean: Any, scale_tril: Any, num_draws: int, *,
     budget : MemoryBudget, optional
     progress_bar : bool
     desc : str
+    keep : bool
+        Also return the draws and the log joint at them (independent draws of q, e.g. for PSIS).
 
     Returns
     -------
-    (estimate, standard_error, num_invalid)
+    (estimate, standard_error, num_invalid), with ``(draws (n, D), log_joint (n,))`` appended when ``keep``
     """
     n = check_positive_int(num_draws, "num_draws")
     target = as_target(target)
@@ -264,7 +266,7 @@ def estimate_bound(target: Any, mean: Any, scale_tril: Any, num_draws: int, *,
     budget = MemoryBudget() if budget is None else budget
     per_call = budget.draws_per_call(target, min(n, BOUND_DRAW_BLOCK))
     Ct = torch.tril(C).T
-    vals = []
+    vals, draws, lgs = [], [], []
     bar = Progress(n, enabled=progress_bar, desc=desc, leave=False)
     try:
         with torch.no_grad():
@@ -272,16 +274,22 @@ def estimate_bound(target: Any, mean: Any, scale_tril: Any, num_draws: int, *,
                 k = min(BOUND_DRAW_BLOCK, n - start)
                 eps = torch.randn((k, D), generator=generator, dtype=mean.dtype, device=mean.device)
                 for e in torch.split(eps, per_call):
-                    vals.append(call_log_joint(target, mean + e @ Ct, None).detach() + 0.5 * (e * e).sum(-1))
+                    x = mean + e @ Ct
+                    lg = call_log_joint(target, x, None).detach()
+                    vals.append(lg + 0.5 * (e * e).sum(-1))
+                    if keep:
+                        draws.append(x)
+                        lgs.append(lg)
                     bar.update(e.shape[0])
     finally:
         bar.close()
+    kept = (torch.cat(draws), torch.cat(lgs)) if keep else None
     v = torch.cat(vals)
     ok = torch.isfinite(v)
     bad = int((~ok).sum())
     v = v[ok]
     if v.numel() == 0:
-        return math.nan, math.nan, bad
+        return (math.nan, math.nan, bad) + ((kept,) if keep else ())
     log_q_const = -0.5 * D * LOG_2PI - float(torch.log(torch.diagonal(C)).sum())   # log q = const - |eps|^2/2
     se = float(v.std() / math.sqrt(v.numel())) if v.numel() > 1 else math.nan
-    return float(v.mean()) - log_q_const, se, bad
+    return (float(v.mean()) - log_q_const, se, bad) + ((kept,) if keep else ())

@@ -72,11 +72,12 @@ def build_posterior(engine: Any, target: Any, state: SKState, report: RunReport)
                 _warn_drift(engine.schedule.drift_tol, drift_mean, drift_sd)
     scale_tril = scale_from_precision(L)
     elbo_method = "rolling window average of the instantaneous bound"
-    elbo, se, invalid = state.bound_average(), math.nan, 0
+    elbo, se, invalid, kept = state.bound_average(), math.nan, 0, None
     if not report.partial and engine.num_elbo_draws > 0:
-        elbo, se, invalid = estimate_bound(target, m, scale_tril, engine.num_elbo_draws,
-                                           generator=copy_generator(state.generator), budget=report.budget,
-                                           progress_bar=report.progress_bar, desc=f"{engine.name} bound")
+        elbo, se, invalid, kept = estimate_bound(target, m, scale_tril, engine.num_elbo_draws,
+                                                 generator=copy_generator(state.generator), budget=report.budget,
+                                                 progress_bar=report.progress_bar, desc=f"{engine.name} bound",
+                                                 keep=True)
         elbo_method = f"Monte Carlo, {engine.num_elbo_draws} draws at the returned (m, V)"
         if invalid:
             warnings.warn(f"SKGaussian: {invalid} of {engine.num_elbo_draws} draws for the final bound estimate "
@@ -93,5 +94,7 @@ def build_posterior(engine: Any, target: Any, state: SKState, report: RunReport)
         memory=report.budget.describe(target, engine.num_elbo_draws) if report.budget is not None else None,
     )
     trace = {k: trace_to_tensor(v) for k, v in state.trace.items()}
-    return GaussianPosterior(m.clone(), scale_tril.clone(), list(target.names), target, elbo=elbo, elbo_se=se,
-                             trace=trace, info=info, engine_state=state.copy())
+    q = GaussianPosterior(m.clone(), scale_tril.clone(), list(target.names), target, elbo=elbo, elbo_se=se,
+                          trace=trace, info=info, engine_state=state.copy())
+    q.bound_draws = kept                  # the bound's independent draws of q and their log joint (not saved)
+    return q
