@@ -302,13 +302,6 @@ class ModuleParametrisation:
             theta[b.start:b.stop] = b.bijection.inverse(v)
         return theta
 
-    def user_mask(self) -> torch.Tensor:
-        """``(dim,)`` booleans: True on the components of parameters the user set (:attr:`user_set`)."""
-        mask = torch.zeros(self.dim, dtype=torch.bool, device="cpu")
-        for b in self.blocks:
-            mask[b.start:b.stop] = b.path in self.user_set
-        return mask
-
     def raw_parameters(self, theta_k: torch.Tensor) -> dict[str, torch.Tensor]:
         """Raw GPyTorch parameter values (of the copy) for theta of shape ``(dim,)`` or ``(S, dim)``."""
         lead = theta_k.shape[:-1]

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any
 
 import numpy as np
 import torch
@@ -58,7 +57,6 @@ from scipy.linalg import blas
 
 from ..exceptions import NumericalWarning
 from ..linalg import cholesky_with_jitter, logdet_from_cholesky, sum_of_squares, triangular_inverse
-from .quadrature import Quadrature
 
 __all__ = ["pseudo_data", "site_factor", "marginals", "site_elbo", "kl2", "kernel_gradient", "lam2_cap",
            "finite_or_fault", "update_sites", "SiteFault", "MIN_SITE_PRECISION"]
@@ -232,11 +230,6 @@ def _sandwich(P: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         G.diagonal().mul_(0.5)
         out.append(G)
     return out[0].reshape(P.shape) if len(out) == 1 else torch.stack(out).reshape(P.shape)
-
-
-def expected_value_sum(model: Any, m: torch.Tensor, v: torch.Tensor, quadrature: Quadrature) -> torch.Tensor:
-    r""":math:`\sum_n \mathbb E_q[\log p(y_n \mid f_n)]` by quadrature (the ELBO's data term, whatever the estimator)."""
-    return model.site_expectations(m, v, quadrature=quadrature).value.sum()
 
 
 def lam2_cap(K: torch.Tensor) -> float:
