@@ -155,6 +155,8 @@ class init_to_map:  # noqa: N801
     ended), no alternatives, ``info["interrupted"] = "map"`` and an
     :class:`~gpvi.exceptions.InterruptedRunWarning`; an engine run from such a start takes no step.
 
+    A restart stops when it comes within ``theta_tol / 2`` of an earlier one's end (``gpvi.ML2(join_tol=...)``).
+
     With ``max_starts > 1`` the restarts' end points are grouped into *distinct optima*: two end points are the
     same optimum when every component of theta differs by at most ``theta_tol`` (log scale: 0.1 is a 10% change
     of a lengthscale or variance). Each optimum is represented by its best restart (ties as in
@@ -189,7 +191,8 @@ class init_to_map:  # noqa: N801
     def __call__(self, target: Any) -> Start:
         as_target(target)
         t0 = time.perf_counter()
-        ml2 = ML2(num_restarts=self.num_restarts, prior=self.prior, seed=self.seed, init_scale=self.init_scale)
+        ml2 = ML2(num_restarts=self.num_restarts, prior=self.prior, seed=self.seed, init_scale=self.init_scale,
+                  join_tol=0.5 * self.theta_tol)                # a restart that joins a known optimum stops
         fit = None
         with warnings.catch_warnings(record=True) as rec:
             warnings.simplefilter("always")
@@ -217,8 +220,7 @@ class init_to_map:  # noqa: N801
         return Start(theta, info=info, alternatives=tuple(alternatives))
 
     def _interrupted(self, target: Any, ml2: ML2, fit: Any, info: dict[str, Any]) -> Start:
-        """Ctrl-C ended the restarts: the best end point so far (else the first starting point), no alternatives,
-        ``info["interrupted"] = "map"``; warns. An engine run from this start takes no step (the driver)."""
+        """Ctrl-C ended the restarts: the best end point so far (else the first starting point), flagged."""
         done = 0 if fit is None else len(fit.info["records"])
         if fit is None:
             theta = ml2.starting_points(target)[0]

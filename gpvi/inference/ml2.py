@@ -70,6 +70,12 @@ class ML2:
         Seed of the restart perturbations (or pass ``generator`` to :meth:`run`); a non-negative int, checked here
         by :func:`gpvi.rng.check_seed`.
     progress_bar : bool
+    join_tol : float, optional
+        When set, a restart stops as soon as the optimiser evaluates the objective within ``join_tol`` (max-abs)
+        of an earlier restart's end point: it has joined that optimum, whose end point and value its record
+        copies (``joined``: the earlier restart). Every distinct optimum is still found by the restart that
+        reaches it first; only the approach to known optima is skipped (:func:`gpvi.inference.init.init_to_map`
+        uses half its ``theta_tol``). Default None: every restart runs to convergence.
 
     Attributes
     ----------
@@ -90,7 +96,7 @@ class ML2:
 
     def __init__(self, num_restarts: int = 5, *, prior: bool = False, max_iter: int = 1000, gtol: float = 1e-7,
                  ftol: float = 1e-12, bounds: tuple[float, float] | None = (-25.0, 25.0), init_scale: float = 1.0,
-                 seed: int | None = None, progress_bar: bool = False) -> None:
+                 seed: int | None = None, progress_bar: bool = False, join_tol: float | None = None) -> None:
         self.num_restarts = check_positive_int(num_restarts, "num_restarts")
         self.prior = check_bool(prior, "prior")
         self.max_iter = check_positive_int(max_iter, "max_iter")
@@ -100,6 +106,7 @@ class ML2:
         self.init_scale = _check_scales(init_scale)
         self.seed = check_seed(seed)
         self.progress_bar = check_bool(progress_bar, "progress_bar")
+        self.join_tol = None if join_tol is None else check_positive(join_tol, "join_tol")
 
     def _objective(self, target: Any) -> Callable[[torch.Tensor], torch.Tensor]:
         if self.prior:
@@ -178,11 +185,19 @@ class ML2:
         with Progress(starts.shape[0], enabled=self.progress_bar, desc="ML-II restarts") as bar:
             try:
                 for r, x0 in enumerate(starts):
-                    res = lbfgs_maximise(objective, x0, bounds=self.bounds, max_iter=self.max_iter, gtol=self.gtol,
-                                         ftol=self.ftol, ignore_warnings=(RuntimeWarning,), device=device)
-                    rec = {"restart": r, "value": res.value, "iterations": res.iterations,
-                           "evaluations": res.evaluations, "converged": res.converged, "message": res.message,
-                           "theta": res.x.cpu(), "start": x0.clone()}
+                    watched = _JoinWatch(objective, records, self.join_tol)
+                    try:
+                        res = lbfgs_maximise(watched, x0, bounds=self.bounds, max_iter=self.max_iter,
+                                             gtol=self.gtol, ftol=self.ftol, ignore_warnings=(RuntimeWarning,),
+                                             device=device)
+                    except _Joined as j:
+                        rec = {**j.record, "restart": r, "iterations": math.nan, "evaluations": watched.calls,
+                               "message": f"joined restart {j.record['restart']}", "start": x0.clone(),
+                               "joined": j.record["restart"]}
+                    else:
+                        rec = {"restart": r, "value": res.value, "iterations": res.iterations,
+                               "evaluations": res.evaluations, "converged": res.converged, "message": res.message,
+                               "theta": res.x.cpu(), "start": x0.clone(), "joined": None}
                     records.append(rec)
                     bar.update(1, best=max(x["value"] for x in records))
                     if callback is not None:
@@ -234,6 +249,34 @@ class ML2:
         if self.bounds is None:
             return {}
         return ends_on_box(theta, *self.bounds, names)
+
+
+class _Joined(Exception):
+    """A restart reached an earlier restart's end point (``record``)."""
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        super().__init__(f"joined restart {record['restart']}")
+        self.record = record
+
+
+class _JoinWatch:
+    """The objective, counting its calls; raises :class:`_Joined` at a point within ``tol`` (max-abs) of an earlier
+    restart's (not joined) finite end point in ``records``. ``tol=None``: the objective alone."""
+
+    def __init__(self, objective: Callable[[torch.Tensor], torch.Tensor], records: list[dict[str, Any]],
+                 tol: float | None) -> None:
+        self.objective, self.tol, self.calls = objective, tol, 0
+        self.ends = [] if tol is None else [r for r in records if r.get("joined") is None
+                                            and math.isfinite(r["value"])]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.ends:
+            xd = x.detach().cpu()
+            for r in self.ends:
+                if float((xd - r["theta"]).abs().max()) <= self.tol:
+                    raise _Joined(r)
+        return self.objective(x)
 
 
 def _projected_gradient_max(objective: Callable[[torch.Tensor], torch.Tensor], theta: torch.Tensor,
