@@ -24,7 +24,7 @@ from ...exceptions import NumericalFaultError, NumericalWarning
 from ...models.priors import check_prior_choice
 from ...posteriors.bayes_classification import BayesClassificationPosterior
 from ...rng import check_seed
-from ...validation import check_bool, check_choice, check_positive_int
+from ...validation import check_bool, check_choice, check_positive, check_positive_int
 from .engine import CVI
 from ..sk import SKGaussian
 from .typeii import TypeII
@@ -95,6 +95,9 @@ class FullyBayesianCVI:
         loss 0.0425 / 0.0651 (MAP-II 0.0475 / 0.0750, NUTS 0.0456 / 0.0793), 245 / 299 s against NUTS's
         604 / 821 s (about 940 evaluations of 25-27 EP sweeps each); on the bound, the log signal variance
         0.97 / 1.66 NUTS sd too low, test probabilities 0.0075 / 0.0120 from NUTS's, 181 / 168 s.
+    ep_tol : float
+        EP's stopping rule with ``evidence="ep"`` (:class:`~gpvi.inference.cvi.ep_evidence.EPEvidenceTarget`'s
+        ``tol``, default 1e-6).
     seed : int
         Seed of DSVI (when ``dsvi`` is not given) and of the predictive draws.
     progress_bar : bool
@@ -119,7 +122,8 @@ class FullyBayesianCVI:
     """
 
     def __init__(self, engine: Any = None, *, prior: Any = "default", cvi: Any = None, inner_tol: float = 1e-9,
-                 num_draws: int = 32, evidence: str = "auto", seed: int = 0, progress_bar: bool = False) -> None:
+                 num_draws: int = 32, evidence: str = "auto", ep_tol: float = 1e-6, seed: int = 0,
+                 progress_bar: bool = False) -> None:
 
         self.seed = check_seed(seed)
         self.progress_bar = check_bool(progress_bar, "progress_bar")
@@ -139,6 +143,7 @@ class FullyBayesianCVI:
             raise ValueError(f"inner_tol must be > 0; got {inner_tol!r}")
         self.num_draws = check_positive_int(num_draws, "num_draws")
         self.evidence = check_choice(evidence, "evidence", ["auto", "ep", "cvi"])
+        self.ep_tol = check_positive(ep_tol, "ep_tol")
 
     def __repr__(self) -> str:
         return (f"FullyBayesianCVI({self.engine!r}, inner_tol={self.inner_tol:g}, num_draws={self.num_draws}, "
@@ -251,7 +256,7 @@ class FullyBayesianCVI:
         """The EP target, its MAP point (L-BFGS-B from the CVI MAP-II point; the start of the engine) and what the
         search recorded."""
 
-        target = EPEvidenceTarget(bound)
+        target = EPEvidenceTarget(bound, tol=self.ep_tol)
         t0 = time.perf_counter()
         fit = lbfgs_maximise(target.log_joint, theta_map, bounds=(-25.0, 25.0), gtol=1e-6, ftol=1e-10,
                              device=target.device)

@@ -229,3 +229,10 @@ def test_gpclassifier_bayes_three_classes_is_fully_bayesian_cvi_on_multiclass_ep
     mean, std = clf.predict_latent(X[:4], return_std=True)
     assert mean.shape == std.shape == (4, 3) and bool((std > 0).all())
     assert clf.score(X, y) > 0.7
+
+
+def test_ep_tol_is_validated():
+    """FullyBayesianCVI(ep_tol=...) names the argument when it is not positive, and keeps a valid value."""
+    with pytest.raises(ValueError, match="ep_tol"):
+        FullyBayesianCVI(ep_tol=0.0)
+    assert FullyBayesianCVI(ep_tol=1e-7).ep_tol == 1e-7
