@@ -83,9 +83,9 @@ class EPEvidenceTarget:
     tol : float
         EP's stopping rule on the largest relative site change (default 1e-6; see
         :func:`~gpvi.numerics.ep.expectation_propagation`). The gradient formula holds at the fixed point, with an
-        error first order in the sites' error, far below the Monte Carlo noise of the engines' gradients: on a
-        140-row Pima subsample the default run's q(theta) moved by at most 6e-6 from its tol = 1e-8 run, in 22%
-        fewer EP sweeps (``benchmarks/results/classification_bayes_speed.md``).
+        error first order in the sites' error, far below the Monte Carlo noise of the engines' gradients: on the
+        100- and 140-row Pima subsamples the default run's q(theta) moved by at most 1e-6 from its tol = 1e-8 run,
+        with 19-22% fewer EP sweeps (``benchmarks/results/classification_bayes_speed.md``).
     max_sweeps : int
         Cap on EP's sweeps per evaluation (default 200; rows that reach it are counted in ``unconverged``).
     anderson : int
