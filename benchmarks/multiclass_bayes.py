@@ -187,10 +187,10 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
            f"`benchmarks/multiclass.py`; "
            f"NUTS {args.chains} chains x ({args.warmup} warmup + {args.draws} draws) over (theta, V), predictive from "
            f"{args.pred_draws} evenly spaced draws; fully Bayesian = `FullyBayesianCVI(evidence=...)`, S&K on the "
-           f"profiled multi-class CVI bound (`\"cvi\"`) or on multi-class EP (`\"ep\"`, the default for the 3-class "
-           f"softmax since 2026-11-25). One run each; log loss in "
-           f"nats per test point; 1-minute load after "
-           f"each fit in brackets.\n")
+           f"profiled multi-class CVI bound (`\"cvi\"`) or on multi-class EP (`\"ep\"`, the default for the "
+           f"softmax: K = 3 since 2026-11-25, every K since 2026-11-27, with quasi-Monte Carlo tilted moments for "
+           f"K >= 4). One run each; log loss in nats per test point; 1-minute load after each fit in brackets "
+           f"(rows joined by `--merge` come from separate processes: compare their walls with their loads).\n")
     md += ("\n## Test metrics and wall time\n\n| set | method | log loss | accuracy | wall s [load] | mean abs diff of "
            "p vs NUTS | max abs theta diff (NUTS sd) |\n|---|---|---|---|---|---|---|\n")
     for r in results:

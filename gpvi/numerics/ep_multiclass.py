@@ -180,9 +180,10 @@ def _qmc_points(num_draws: int, num_classes: int, like: torch.Tensor) -> torch.T
 
 
 def _tilted_qmc(y: torch.Tensor, mc: torch.Tensor, Cc: torch.Tensor, centre: torch.Tensor, num_draws: int):
-    """``log Z_hat`` (N,), tilted means (N, K) and covariances (N, K, K) by the shifted quasi-Monte Carlo rule of
+    r"""``log Z_hat`` (N,), tilted means (N, K) and covariances (N, K, K) by the shifted quasi-Monte Carlo rule of
     the module docstring (proposal N(centre, Cc)). With :math:`\mathbf f = \text{centre} + L\boldsymbol\varepsilon`
-    only the weighted moments of the points are needed: the tilted mean is :math:`\text{centre} + L\bar{\boldsymbol
+    (the softmax evaluated in place on the ``(N, K, S)`` array) only the weighted moments of the points are
+    needed: the tilted mean is :math:`\text{centre} + L\bar{\boldsymbol
     \varepsilon}` and the covariance :math:`L(\overline{\boldsymbol\varepsilon\boldsymbol\varepsilon^\top} -
     \bar{\boldsymbol\varepsilon}\bar{\boldsymbol\varepsilon}^\top)L^\top` (two matrix products over the points)."""
     N, C = mc.shape
@@ -190,10 +191,10 @@ def _tilted_qmc(y: torch.Tensor, mc: torch.Tensor, Cc: torch.Tensor, centre: tor
     S = eps.shape[0]
     Lc, _ = cholesky_plain(Cc, raise_on_failure=True)
     a = torch.linalg.solve_triangular(Lc, (centre - mc).unsqueeze(-1), upper=False).squeeze(-1)    # (N, K)
-    F = (Lc.reshape(N * C, C) @ eps.T).view(N, C, S) + centre.unsqueeze(-1)                      # (N, K, S)
+    F = (Lc.reshape(N * C, C) @ eps.T).view(N, C, S).add_(centre.unsqueeze(-1))                 # (N, K, S)
+    fy = F.gather(1, y.view(-1, 1, 1).expand(-1, 1, S)).squeeze(1)
     mx = F.amax(1)
-    lse = mx + torch.log(torch.exp(F - mx.unsqueeze(1)).sum(1))           # (faster than logsumexp over dim 1)
-    lp = F.gather(1, y.view(-1, 1, 1).expand(-1, 1, S)).squeeze(1) - lse
+    lp = fy - mx - torch.log(F.sub_(mx.unsqueeze(1)).exp_().sum(1))       # log softmax_y, in place on F
     lp = lp - a @ eps.T - 0.5 * a.square().sum(-1, keepdim=True)         # importance weights, log
     top = lp.amax(-1, keepdim=True)
     om = torch.exp(lp - top)
