@@ -25,6 +25,8 @@ Phases (each resumable: every finished reference and every finished (problem, se
            answer, k-hat, the weights' ESS, max |Δmean| / sd_ref and the range of sd / sd_ref over the parameters,
            the answer's flag, and the same for the answer the previous rule (``rule="v1"``) gives from the same q.
 ``render`` The tables (``results/trust_stress.{md,json}``).
+``recheck`` Every cached case with the current code: new variational fit, ``infer`` with the cached NUTS
+           (``results/trust_stress_recheck.{md,json}``).
 
 Usage::
 
@@ -294,6 +296,57 @@ def phase_fidelity(names: list[str]) -> None:
         path.write_text(json.dumps(out, indent=1))
 
 
+def phase_recheck(probs: list[dict[str, Any]]) -> None:
+    """Every cached case with the current code: a new variational fit and ``gpvi.infer(q=...)`` with the cached
+    NUTS from q; the verdict against the cached one (``results/trust_stress_recheck.{md,json}``)."""
+    path = RESULTS / "trust_stress_recheck.json"
+    out = json.loads(path.read_text()) if path.exists() else {}
+    for p in probs:
+        ref_path = CACHE / f"ref_{p['id']}.json"
+        for s in SEEDS:
+            key, cp = f"{p['id']}_{s}", CACHE / f"case_{p['id']}_{s}.json"
+            if key in out or not cp.exists() or not ref_path.exists():
+                continue
+            old, ref = json.loads(cp.read_text()), json.loads(ref_path.read_text())
+            model = model_of(p)
+            sampler = _CachedNUTS(CACHE / f"nuts_{p['id']}_{s}.pt", s)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                t0 = time.perf_counter()
+                q = infer_mod.variational_fit(model, seed=s, progress_bar=False)
+                wall_q = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                post = infer_mod.infer(model, seed=s, q=q, nuts=sampler, progress_bar=False)
+                wall_rest = time.perf_counter() - t0 - post.report.times.get("nuts", 0.0)
+            r = post.report
+            merged = sum(x.get("merged_into") is not None for x in q.info.get("starts", []))
+            new = {"answer": r.answer, "trusted": r.trusted, "reason": r.reason, "check": r.check,
+                   "wall_q": wall_q, "wall_after_q": wall_rest, "starts": len(q.info.get("starts", [])),
+                   "merged": merged, "basins": len(r.basin_mass), **fidelity(post.mean, post.std, ref)}
+            out[key] = {"problem": p["id"], "half": p["half"], "seed": s, "old": old["v2"], "new": new, "load": list(os.getloadavg())}
+            print(f"recheck {key}: old {_cell(old['v2'])} | new {new['answer']} within {new['within']} trusted "
+                  f"{new['trusted']} (q {wall_q:.1f} s, rest {wall_rest:.1f} s, merged {merged})", flush=True)
+            path.write_text(json.dumps(out, indent=1))
+    rows = ["| problem | half | seed | before: route · verdict | now: route · Δ · sd ratios · verdict | starts "
+            "(merged) | q wall now (s) | rest of infer now, NUTS replayed (s) |", "|---|---|---|---|---|---|---|---|"]
+    for c in out.values():
+        n = c["new"]
+        mark = "ok" if n["within"] else ("FLAGGED" if not n["trusted"] else "**MISS**")
+        rows.append(f"| {c['problem']} | {c['half']} | {c['seed']} | {c['old']['answer']} · "
+                    f"{'ok' if c['old']['within'] else ('FLAGGED' if not c['old']['trusted'] else '**MISS**')} | "
+                    f"{n['answer']} · {n['max_dmean_sd']:.2f} · {n['sd_ratio_min']:.2f}–{n['sd_ratio_max']:.2f} · "
+                    f"{mark} | {n['starts']} ({n['merged']}) | {n['wall_q']:.1f} | {n['wall_after_q']:.1f} |")
+    changed = [k for k, c in out.items() if (c["new"]["within"], c["new"]["trusted"]) != (c["old"]["within"], c["old"]["trusted"])]
+    new_miss = [k for k, c in out.items() if c["new"]["trusted"] and not c["new"]["within"]
+                and not (c["old"]["trusted"] and not c["old"]["within"])]
+    md = [header("gpvi.infer stress suite: the cached cases rechecked with the current code"), "",
+          "Each cached (problem, seed) case of `trust_stress.md` again: a new variational fit and `gpvi.infer` on "
+          "it, the NUTS-from-q run replayed from the cache where the route is NUTS (a route newly NUTS runs it). "
+          f"Cases: {len(out)}; verdict changed: {', '.join(changed) or 'none'}; new unflagged misses: "
+          f"{', '.join(new_miss) or 'none'}.", "", *rows]
+    write("trust_stress_recheck", "\n".join(md) + "\n", out)
+
+
 def _cell(c: dict[str, Any]) -> str:
     mark = "ok" if c["within"] else ("FLAGGED" if not c["trusted"] else "**MISS**")
     if c["within"] and not c["trusted"]:
@@ -405,7 +458,7 @@ def main() -> None:
     order = [g[i] for i in range(6) for g in groups]
     order = sorted(order, key=lambda p: not (CACHE / f"ref_{p['id']}.json").exists())
     only = args[1:]
-    if only:                                                          # these problems, in this order
+    if only and phase != "fidelity":                                  # these problems, in this order
         by_id = {p["id"]: p for p in probs}
         order = [by_id[i] for i in only]
     torch.manual_seed(0)
@@ -431,6 +484,9 @@ def main() -> None:
                 print(f"case {p['id']} seed {s}: v1 {_cell(c['v1'])} | v2 {_cell(c['v2'])}", flush=True)
     if phase == "fidelity":
         phase_fidelity(only or ["pendulum", "bodyfat", "boston"])
+        return
+    if phase == "recheck":
+        phase_recheck(probs)
         return
     if phase in ("q",):
         for p in order:

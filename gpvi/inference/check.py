@@ -1,13 +1,13 @@
 r"""Steps 2-4 of :func:`gpvi.infer`: PSIS of q, the starts' basins, and the check of the weighted answer drawn
 from a defensive proposal (the maths and the rule are in :mod:`gpvi.inference.infer`'s docstring).
 
-Every draw whose log joint is already known is used once more instead of evaluating a new one, without changing
-what is estimated: S&K's final bound estimate draws independent draws of q and evaluates the log joint at each
-(``q.bound_draws``), and these are PSIS's draws of q and of each start's Gaussian in the starts' mixture; the
-diagnosis draws of the check's base (q, or the mixture) are the first draws of the defensive proposal's first
-component. Pooled draws are independent of the proposal's component counts and of its new draws
-(:meth:`~gpvi.posteriors.mixture.GaussianMixture.sample_reusing`), so every PSIS here still has independent
-draws of its proposal.
+S&K's final bound estimate draws independent draws of q and evaluates the log joint at each (``q.bound_draws``):
+these are PSIS's draws of q and of each start's Gaussian in the starts' mixture, whose log joints are then not
+evaluated again (:meth:`~gpvi.posteriors.mixture.GaussianMixture.sample_reusing`: pooled draws are independent of
+the mixture's component counts and of its new draws, so the PSIS draws are still independent draws of each
+proposal). The check's own draws are all new, drawn as they were before that reuse: the check's verdict on the
+stress suite's synth-2 sits at its MCSE threshold, and reusing the base's draws there turned a NUTS answer into a
+weighted one that missed (``benchmarks/results/trust_stress_recheck_variant1.md``).
 """
 
 from __future__ import annotations
@@ -122,9 +122,7 @@ def diagnose(q: Any, target: Any, seed: int, num_psis_draws: int, min_ess: float
             wm = psis(mix, target, draws=th, log_joint=lp)
         mass = [] if wm is None else [float(x) for x in mix.basin_mass(wm)]
         several = bool(mass) and 1.0 - mass[0] > BASIN_MASS_TOL
-        base, wbase = (mix, wm) if several else (q, w)
-        prop = defensive_proposal(base, target)               # its first component is the base: reused
-        th, lp = prop.sample_reusing(4 * n, {0: (wbase.draws, wbase.log_joint)}, seed=seed)
-        wb = psis(prop, target, draws=th, log_joint=lp)
+        base = mix if several else q                          # the check's draws are all new (see above)
+        wb = psis(defensive_proposal(base, target), target, 4 * n, generator=torch.Generator().manual_seed(seed))
         check = check_weighted(wb, "mixture" if several else "q", min_ess)
     return w, wm, wb, mix, mass, several, check

@@ -32,9 +32,8 @@ importance sampling*, JMLR 2024):
    - PSIS of g with ``4 x num_psis_draws`` draws, cut into ``CHECK_BATCHES`` batches whose estimates give the
      Monte Carlo error (:func:`~gpvi.posteriors.weighted.batch_mcse`).
 
-   Steps 2-4 and their constants are in :mod:`gpvi.inference.check`, which evaluates no log joint twice: the
-   engine's bound draws are PSIS's draws of q and of the starts' Gaussians, the base's diagnosis draws are the
-   first draws of g's first component (all still independent draws of each proposal). The weighted answer is **reliable** when
+   Steps 2-4 and their constants are in :mod:`gpvi.inference.check`; the engine's bound draws are PSIS's draws
+   of q and of the starts' Gaussians (their log joints are known: still independent draws of each proposal). The weighted answer is **reliable** when
      :math:`\hat k \le \min(1 - 1/\log_{10}S, 0.7)`, the weights' ESS is at least ``min_ess`` and every
      parameter's batch MCSE of the mean and of the sd is at most ``MCSE_TOL`` of its sd. A wide component that
      finds mass q missed raises :math:`\hat k` or the batch spread, and the answer goes to NUTS.

@@ -48,48 +48,6 @@ the finish gains over the plateau."""
 BASIN_SEPARATION = 0.5
 """Two starts' Gaussians are the same basin when every mean component differs by less than this many sds (of the
 first)."""
-MERGE_CHECKS = (0.25, 0.5)
-"""Fractions of N at which a run without a finish (S&K) is compared with the finished runs: it stops there, merged,
-when its current mean is within ``BASIN_SEPARATION / 2`` sds of a finished run's q in every component."""
-
-
-class _Merged(Exception):
-    """Raised by the merge watch: the run from start ``k`` reached the basin of the finished run ``into``."""
-
-    def __init__(self, into: int, step: int) -> None:
-        super().__init__(f"merged into start {into} at step {step}")
-        self.into, self.step = into, step
-
-
-def _current_moments(state: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
-    r"""Mean and sds of an S&K state's current :math:`q_t = \mathcal N(m, P^{-1})`, :math:`P = LL^\top`
-    (sds: column norms of :math:`L^{-1}`); None for other states."""
-    m, L = getattr(state, "m", None), getattr(state, "L", None)
-    if m is None or L is None or L.dim() != 2:
-        return None
-    Linv = torch.linalg.solve_triangular(L, torch.eye(L.shape[0], dtype=L.dtype, device=L.device), upper=False)
-    return m, torch.sqrt((Linv * Linv).sum(0))
-
-
-def _merge_watch(num_steps: int, finished: list[tuple[int, Any]], callback: Any) -> Any:
-    """The callback of a run without a finish: the user's ``callback``, then, at the steps ``MERGE_CHECKS`` of N,
-    :class:`_Merged` when the current q's mean lies within ``BASIN_SEPARATION / 2`` sds of a finished run's q
-    (``finished``: (start index, posterior)) in every component: its final q would be that basin's again."""
-    checks = {max(1, int(f * num_steps)) for f in MERGE_CHECKS}
-
-    def watch(state: Any, info: dict[str, Any]) -> None:
-        if callback is not None:
-            callback(state, info)
-        if state.t not in checks or not finished:
-            return
-        mom = _current_moments(state)
-        if mom is None:
-            return
-        for j, p in finished:
-            if float(((mom[0] - p.mean).abs() / p.std).max()) < 0.5 * BASIN_SEPARATION:
-                raise _Merged(j, state.t)
-
-    return watch
 
 
 def map_laplace_starts(seed: int) -> init_to_laplace:
@@ -116,7 +74,7 @@ def _record(k: int, start: Start, q: Any, failed: str | None = None) -> dict[str
 def _agree(records: list[dict[str, Any]], best: dict[str, Any]) -> bool:
     """Every other start's bound (final, or at its plateau) is within 2 combined standard errors of the best's."""
     for r in records:
-        if r is best or r["failed"] or r["interrupted"] or r.get("merged_into") is not None:
+        if r is best or r["failed"] or r["interrupted"]:
             continue
         se = math.sqrt(sum(x * x for x in (r["elbo_se"], best["elbo_se"]) if math.isfinite(x)))
         if not best["elbo"] - r["elbo"] <= 2.0 * se:
@@ -141,10 +99,7 @@ def run_starts(engine: Any, target: Any, start: Start, *, generator: torch.Gener
     (the rule with ``gap_tol=None``, bound estimated there), the starts whose plateau bound is within
     ``2 se + FINISH_MARGIN`` of the best one's are finished (the same run resumed under the full rule), and the
     best final bound wins; the others keep their plateau record (as does a start that reached ``num_steps``
-    before its plateau). Without a finish each start is run once, and a run whose current q, at a quarter or half
-    of its N steps (``MERGE_CHECKS``), has its mean within ``BASIN_SEPARATION / 2`` sds of an earlier start's final
-    q in every component stops there: it has joined that basin, whose q exists (its record: ``merged_into``, the
-    ``steps`` run; no bound; ``start_posteriors`` holds None for it).
+    before its plateau). Without a finish each start is run once.
 
     Parameters
     ----------
@@ -203,15 +158,8 @@ def run_starts(engine: Any, target: Any, start: Start, *, generator: torch.Gener
     first_error: NumericalFaultError | None = None
     interrupted = False
     for k, s in enumerate(starts):
-        if not finishes:                                      # S&K: stop a run that joins a finished one's basin
-            done_runs = [(j, p) for j, p in enumerate(posts) if p is not None and not p.info.get("interrupted")]
-            kw["callback"] = _merge_watch(first.num_steps, done_runs, callback)
         try:
             q = driver.run(first, target, _given(s), generator=generator, **kw)
-        except _Merged as merged:
-            posts.append(None)
-            records.append({**_record(k, s, None), "steps": merged.step, "merged_into": merged.into})
-            continue
         except NumericalFaultError as err:
             first_error = first_error or err
             warnings.warn(f"{engine.name}: the run from start {k} failed ({err}); the other starts go on",
