@@ -94,7 +94,11 @@ class FullyBayesianCVI:
         0.18 / 0.14 NUTS sd, test probabilities 0.0034 / 0.0097 from NUTS's (MAP-II: 0.0050 / 0.0100), test log
         loss 0.0425 / 0.0651 (MAP-II 0.0475 / 0.0750, NUTS 0.0456 / 0.0793), 245 / 299 s against NUTS's
         604 / 821 s (about 940 evaluations of 25-27 EP sweeps each); on the bound, the log signal variance
-        0.97 / 1.66 NUTS sd too low, test probabilities 0.0075 / 0.0120 from NUTS's, 181 / 168 s.
+        0.97 / 1.66 NUTS sd too low, test probabilities 0.0075 / 0.0120 from NUTS's, 181 / 168 s. With K = 4 and
+        K = 6 (synthetic sets, N = 100 / 90, ``..._synth4.md``, ``..._synth6.md``), on EP: every mean within 0.20 /
+        0.09 NUTS sd (MAP-II: 1.10 / 0.84), test probabilities 0.011 / 0.008 from NUTS's (MAP-II: 0.021 / 0.008),
+        q's sds 0.82-0.92 / 0.85-0.95 of NUTS's; there the fit costs about as much as that NUTS run (EP is
+        :math:`O((NK)^3)` per sweep).
     ep_tol : float
         EP's stopping rule with ``evidence="ep"`` (:class:`~gpvi.inference.cvi.ep_evidence.EPEvidenceTarget`'s
         ``tol``, default 1e-6).
