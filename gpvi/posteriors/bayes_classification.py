@@ -47,8 +47,8 @@ The predictive (:class:`BayesClassificationPosterior`) is the equal-weight mixtu
 
 each inner expectation by quadrature (closed form for probit), and the latent predictive
 :math:`q(f_*) \approx \frac1S\sum_s \mathcal N(m_{*s}, v_{*s})` reported by its mean and variance. Multi-class
-(:class:`gpvi.models.multiclass.GPMulticlass`; q(theta) on multi-class EP for the softmax with K <= 3, else on the
-profiled multi-class bound :class:`gpvi.inference.cvi.bound.CVIBoundTarget`): the same mixture of the
+(:class:`gpvi.models.multiclass.GPMulticlass`; q(theta) on multi-class EP for the softmax at any K, or, when asked
+for, on the profiled multi-class bound :class:`gpvi.inference.cvi.bound.CVIBoundTarget`): the same mixture of the
 K-column class probabilities :math:`\mathbb E_{q^*(\mathbf f_*\mid\theta_s)}[p(y_* = k\mid\mathbf f_*)]`, and per-class latent moments.
 
 Names: ``theta`` (kernel log-hyperparameters), ``q`` (the Gaussian posterior of theta), ``draws`` (:math:`\theta_s`).

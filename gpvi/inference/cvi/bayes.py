@@ -4,8 +4,8 @@ r"""Fully Bayesian GP classification: a Gaussian q over the kernel log-hyperpara
 variational engine (Salimans-Knowles Hessian-free by default, or DSVI) on EP's approximate evidence
 (:class:`gpvi.inference.cvi.ep_evidence.EPEvidenceTarget`, the default where EP applies) or on the profiled CVI bound
 (:class:`gpvi.inference.cvi.bound.CVIBoundTarget`); for a multi-class model
-(:class:`gpvi.models.multiclass.GPMulticlass`, after
-:class:`~gpvi.inference.cvi.multiclass_typeii.MulticlassTypeII`) on multi-class EP (softmax, any K, the default)
+(:class:`gpvi.models.multiclass.GPMulticlass`, after the same :class:`~gpvi.inference.cvi.typeii.TypeII`) on
+multi-class EP (softmax, any K, the default)
 or the profiled multi-class bound (:class:`gpvi.inference.cvi.bound.CVIBoundTarget`). It returns a
 :class:`gpvi.posteriors.bayes_classification.BayesClassificationPosterior` (see that module for the bound that is
 maximised, what :math:`q(\theta)` approximates, and the predictive).
