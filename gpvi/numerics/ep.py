@@ -85,13 +85,14 @@ class EPResult(NamedTuple):
 
 def _tilted(likelihood: Any, y: torch.Tensor, mc: torch.Tensor, vc: torch.Tensor, quad: Quadrature
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``log Z_hat``, mean and variance of the tilted distributions, by quadrature over the cavities (flat (B,))."""
-    f, w = quad.nodes(mc, vc)
-    lp = likelihood.log_prob(y.unsqueeze(-1).expand_as(f), f) + torch.log(w.clamp_min(0.0))
-    log_z = torch.logsumexp(lp, -1)
-    pw = torch.exp(lp - log_z.unsqueeze(-1))
-    mean = (pw * f).sum(-1)
-    var = (pw * (f - mean.unsqueeze(-1)) ** 2).sum(-1)
+    """``log Z_hat``, mean and variance of the tilted distributions, by quadrature over the cavities (flat (B,));
+    the nodes are laid out node-major, (num_points, B), so every pass runs along the sites."""
+    f, w = quad.nodes_by_node(mc, vc)
+    lp = likelihood.log_prob(y.expand_as(f), f).add_(torch.log(w.clamp_min(0.0)))
+    log_z = torch.logsumexp(lp, 0)
+    pw = lp.sub_(log_z).exp_()
+    mean = (pw * f).sum(0)
+    var = (pw * (f - mean).square_()).sum(0)
     return log_z, mean, var
 
 
@@ -117,7 +118,7 @@ def _marginals(K: torch.Tensor, tau: torch.Tensor, nu: torch.Tensor):
     Linv = triangular_inverse(LB)
     var = (1.0 - sum_of_squares(Linv, -2)) / tau
     weak = ~(tau * var >= _WEAK) | ~(var > 0)
-    for r, row in enumerate(weak):
+    for r, row in enumerate(weak if bool(weak.any()) else ()):
         idx = row.nonzero().flatten()
         if idx.numel():
             V = Linv[r] @ (sW[r].unsqueeze(-1) * K[r][:, idx])
