@@ -21,8 +21,14 @@ inner step is one factorisation per latent function). Threads and load are in th
 ``--fixed``: full-batch against single-site CVI at the kernel's start (``hyperparameters="fixed"``, binary task,
 ``max_sweeps=200``): wall, steps, sweeps and the ELBO reached, to find where single-site steps pay.
 
+``--probe``: the pieces of a binary type-II fit at each size, for sizes where a whole fit takes too long here
+(N = 10,000): the first CVI run at the start theta (coarse tolerance, as the fit's first run), then one evaluation of
+the profiled objective at theta + 0.1 (inner run + kernel gradient: the largest buffers of the fit); wall of each
+and the process's peak resident memory.
+
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.classification_scale [--sizes 500 1000 2000]
-[--tasks binary 3class] [--repeats 1] [--stochastic] [--no-sklearn] [--fixed --name classification_scale_fixed]``.
+[--tasks binary 3class] [--repeats 1] [--stochastic] [--no-sklearn] [--fixed --name classification_scale_fixed]
+[--probe --sizes 10000 --name classification_scale_probe]``.
 """
 
 from __future__ import annotations
@@ -139,6 +145,49 @@ def run_fixed(sizes: list[int], repeats: int) -> tuple[str, list]:
     return "\n".join(lines) + "\n", rows
 
 
+def run_probe(sizes: list[int]) -> tuple[str, list]:
+    """First CVI run and one profiled-objective evaluation of a binary type-II fit per size: walls, peak memory."""
+    import copy
+    import resource
+
+    import torch
+
+    from gpvi import GPClassifier
+    from gpvi.inference.cvi.inner import profiled_objective
+    from gpvi.inference.cvi.typeii import COARSE, TypeII
+    from gpvi.models.classification import GPClassification
+    from gpvi.models.priors import resolve_prior
+
+    rows = []
+    lines = ["| N | first CVI run (s) | its steps | one theta evaluation (s) | its inner steps | peak RSS (GB) |",
+             "|---|---|---|---|---|---|"]
+    for n in sizes:
+        X, y, _, _ = make_data("binary", n)
+        model = GPClassification(torch.tensor(X), torch.tensor(y), likelihood="logit")
+        engine = GPClassifier(random_state=0)._binary_engine(n, 0)
+        loop = TypeII(engine)
+        engine._configure(model)
+        first = copy.copy(loop._inner_engine(model))
+        first.tol = max(engine.tol, COARSE["cvi_tol"])
+        t = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            st = first.run(model).engine_state
+        t_run = time.perf_counter() - t
+        t = time.perf_counter()
+        inner, _, _ = profiled_objective(loop._inner_engine(model), model, st.theta + 0.1, st.lam1, st.lam2, {},
+                                         tol=COARSE["inner_tol"], max_steps=loop.inner_num_steps,
+                                         anderson=loop.anderson, prior=resolve_prior("default", model))
+        t_eval = time.perf_counter() - t
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+        row = {"N": n, "first_run_s": t_run, "first_run_steps": st.t, "evaluation_s": t_eval,
+               "evaluation_inner_steps": inner.t, "peak_rss_gb": peak}
+        rows.append(row)
+        lines.append(f"| {n} | {t_run:.1f} | {st.t} | {t_eval:.1f} | {inner.t} | {peak:.2f} |")
+        print(lines[-1], flush=True)
+    return "\n".join(lines) + "\n", rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[500, 1000, 2000])
@@ -147,8 +196,14 @@ def main() -> None:
     ap.add_argument("--stochastic", action="store_true")
     ap.add_argument("--no-sklearn", action="store_true")
     ap.add_argument("--fixed", action="store_true", help="full-batch against single-site CVI at fixed theta")
+    ap.add_argument("--probe", action="store_true", help="first CVI run + one theta evaluation: walls, peak memory")
     ap.add_argument("--name", default="classification_scale")
     args = ap.parse_args()
+    if args.probe:
+        table, rows = run_probe(args.sizes)
+        md = header("Binary type-II fit at large N: its first CVI run and one theta evaluation") + "\n" + table
+        print(write(args.name, md, {"rows": rows}))
+        return
     if args.fixed:
         table, rows = run_fixed(args.sizes, args.repeats)
         md = header("CVI at fixed hyperparameters: full-batch against single-site steps") + "\n" + table
