@@ -107,11 +107,11 @@ def _marginals(K: torch.Tensor, tau: torch.Tensor, nu: torch.Tensor):
     :math:`\boldsymbol\mu = K\tilde{\boldsymbol\nu} - K\tilde S^{1/2}B^{-1}\tilde S^{1/2}K\tilde{\boldsymbol\nu}`
     by a Cholesky solve."""
     sW = tau.sqrt()
-    B = sW.unsqueeze(-1) * K * sW.unsqueeze(-2)
+    B = (K * sW.unsqueeze(-1)).mul_(sW.unsqueeze(-2))
     B.diagonal(dim1=-2, dim2=-1).add_(1.0)
     LB, ok = cholesky_plain(B)
-    eye = torch.eye(K.shape[-1], dtype=K.dtype, device=K.device)
-    LB = torch.where(ok[:, None, None], LB, eye)
+    if not bool(ok.all()):                      # rows that failed get an identity factor (flagged in ok)
+        LB[~ok] = torch.eye(K.shape[-1], dtype=K.dtype, device=K.device)
     Knu = (K @ nu.unsqueeze(-1)).squeeze(-1)
     z = torch.cholesky_solve((sW * Knu).unsqueeze(-1), LB).squeeze(-1)
     mean = Knu - (K @ (sW * z).unsqueeze(-1)).squeeze(-1)
@@ -211,7 +211,7 @@ def expectation_propagation(K: torch.Tensor, y: torch.Tensor, likelihood: Any, *
             if idx.numel() == 0:
                 break
             t, n = tau[idx], nu[idx]
-            _, _, mean, var, ok = _marginals(Kb[idx], t, n)
+            _, _, mean, var, ok = _marginals(Kb if idx.numel() == S else Kb[idx], t, n)
             # a sweep that failed at an extrapolated point: back to that row's plain damped step, history cleared
             retry = [i for k, i in enumerate(idx.tolist()) if not bool(ok[k]) and plain[i] is not None
                      and restarts[i] < 3]
