@@ -337,11 +337,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             # no EP evidence for robust-max (its tilted moments under a correlated cavity are orthant integrals), and
             # q(theta) on the class-factorised CVI bound sits at too small signal variances
             # (benchmarks/results/multiclass_bayes_*.md); NUTS cannot check it either (a piecewise-constant likelihood)
-            raise ValueError(f"hyperparameters='bayes' is for the logit, probit and softmax likelihoods (EP's "
-                             f"evidence); the 'robustmax' likelihood has no EP evidence here and takes 'type2' or "
-                             f"'fixed'. FullyBayesianCVI(evidence='cvi').run(GPMulticlass(X, y, "
-                             f"likelihood='robustmax')) fits q(theta) on the multi-class CVI bound (biased towards "
-                             f"small signal variances)")
+            raise ValueError("hyperparameters='bayes' is for the logit, probit and softmax likelihoods (EP's "
+                             "evidence); the 'robustmax' likelihood has no EP evidence here and takes 'type2' or "
+                             "'fixed'. FullyBayesianCVI(evidence='cvi').run(GPMulticlass(X, y, "
+                             "likelihood='robustmax')) fits q(theta) on the multi-class CVI bound (biased towards "
+                             "small signal variances)")
         names = getattr(self, "feature_names_in_", None)
         names = None if names is None else [str(n) for n in names]
         Xt = torch.tensor(X, dtype=torch.float64, device=device)     # a copy: X may be a read-only view
