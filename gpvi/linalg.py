@@ -28,18 +28,9 @@ from scipy.linalg import lapack
 from .exceptions import NotPSDError, NumericalWarning
 
 __all__ = [
-    "CholeskyResult",
-    "triangular_inverse",
-    "sum_of_squares",
-    "cholesky_with_jitter",
-    "cholesky_in_place",
-    "cholesky_plain",
-    "gaussian_log_marginal",
-    "cholesky_update",
-    "cholesky_site_update_",
-    "logdet_from_cholesky",
-    "DEFAULT_JITTER",
-    "DEFAULT_MAX_JITTER",
+    "CholeskyResult", "cholesky_with_jitter", "cholesky_in_place", "cholesky_plain", "cholesky_update",
+    "cholesky_site_update_", "logdet_from_cholesky", "gaussian_log_marginal", "triangular_inverse", "sum_of_squares",
+    "DEFAULT_JITTER", "DEFAULT_MAX_JITTER",
 ]
 
 DEFAULT_JITTER = 1e-8
