@@ -5,8 +5,8 @@ S&K's final bound estimate draws independent draws of q and evaluates the log jo
 these are PSIS's draws of q and of each start's Gaussian in the starts' mixture, whose log joints are then not
 evaluated again (:meth:`~gpvi.posteriors.mixture.GaussianMixture.sample_reusing`: pooled draws are independent of
 the mixture's component counts and of its new draws, so the PSIS draws are still independent draws of each
-proposal). The check's own draws are all new, drawn as they were before that reuse: the check's verdict on the
-stress suite's synth-2 sits at its MCSE threshold, and reusing the base's draws there turned a NUTS answer into a
+proposal). The check's own draws are all new, from a generator seeded with ``seed``: on the stress suite's synth-2
+its verdict sits at the MCSE threshold, and drawing it partly from the base's draws turned a NUTS answer into a
 weighted one that missed (``benchmarks/results/trust_stress_recheck_variant1.md``).
 """
 
@@ -122,7 +122,7 @@ def diagnose(q: Any, target: Any, seed: int, num_psis_draws: int, min_ess: float
             wm = psis(mix, target, draws=th, log_joint=lp)
         mass = [] if wm is None else [float(x) for x in mix.basin_mass(wm)]
         several = bool(mass) and 1.0 - mass[0] > BASIN_MASS_TOL
-        base = mix if several else q                          # the check's draws are all new (see above)
+        base = mix if several else q                          # the check's draws are all new (module docstring)
         wb = psis(defensive_proposal(base, target), target, 4 * n, generator=torch.Generator().manual_seed(seed))
         check = check_weighted(wb, "mixture" if several else "q", min_ess)
     return w, wm, wb, mix, mass, several, check
