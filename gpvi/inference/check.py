@@ -117,7 +117,8 @@ def diagnose(q: Any, target: Any, seed: int, num_psis_draws: int, min_ess: float
         mix = starts_mixture(q, target)
         wm = None
         if mix is not None:                                   # its components' draws are reused, q's first
-            pools = {k: _pool(c, n) for k, c in enumerate(mix.components) if k and _pool(c, n) is not None}
+            pools = {k: p for k, p in ((k, _pool(c, n)) for k, c in enumerate(mix.components) if k)
+                     if p is not None}
             th, lp = mix.sample_reusing(n, {0: (w.draws, w.log_joint), **pools}, seed=seed)
             wm = psis(mix, target, draws=th, log_joint=lp)
         mass = [] if wm is None else [float(x) for x in mix.basin_mass(wm)]

@@ -118,11 +118,12 @@ def _marginals(K: torch.Tensor, tau: torch.Tensor, nu: torch.Tensor):
     Linv = triangular_inverse(LB)
     var = (1.0 - sum_of_squares(Linv, -2)) / tau
     weak = ~(tau * var >= _WEAK) | ~(var > 0)
-    for r, row in enumerate(weak if bool(weak.any()) else ()):
-        idx = row.nonzero().flatten()
-        if idx.numel():
-            V = Linv[r] @ (sW[r].unsqueeze(-1) * K[r][:, idx])
-            var[r, idx] = K[r].diagonal()[idx] - (V * V).sum(0)
+    if bool(weak.any()):
+        for r, row in enumerate(weak):
+            idx = row.nonzero().flatten()
+            if idx.numel():
+                V = Linv[r] @ (sW[r].unsqueeze(-1) * K[r][:, idx])
+                var[r, idx] = K[r].diagonal()[idx] - (V * V).sum(0)
     return LB, sW, mean, var, ok
 
 

@@ -36,8 +36,8 @@ from ..rng import resolve_generator
 from ..validation import check_positive_int
 from .base import Posterior
 
-__all__ = ["WeightedPosterior", "PSISWarning", "psis", "log_joint_at", "pareto_smooth", "verdict", "batch_mcse", "khat_threshold",
-           "KHAT_GOOD", "KHAT_USABLE"]
+__all__ = ["WeightedPosterior", "PSISWarning", "psis", "log_joint_at", "pareto_smooth", "verdict", "batch_mcse",
+           "khat_threshold", "KHAT_GOOD", "KHAT_USABLE"]
 
 KHAT_GOOD = 0.5
 """At or below: q itself is a good approximation (Yao et al. 2018)."""

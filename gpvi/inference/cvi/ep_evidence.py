@@ -173,7 +173,8 @@ class EPEvidenceTarget:
     def _ep_multiclass(self, K: torch.Tensor, sites: tuple[torch.Tensor, torch.Tensor] | None) -> Any:
 
         pi, nu = sites if sites is not None else (None, None)
-        quad = self.bound.cvi.quadrature if self.model.num_classes <= 3 else "qmc"
+        # the bound's nested rule where its CVI integrates by quadrature (max_quadrature_classes), else EP's QMC rule
+        quad = self.bound.cvi.quadrature if self.bound.cvi.elbo_method == "quadrature" else "qmc"
         return multiclass_ep(K, self.model.y, self.model.num_classes, quadrature=quad,
                              damping=self.damping, tol=self.tol, max_sweeps=self.max_sweeps, pi=pi, nu=nu,
                              anderson=self.anderson)
