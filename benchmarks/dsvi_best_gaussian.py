@@ -51,7 +51,7 @@ from benchmarks._common import RESULTS, header, write  # noqa: E402
 from gpvi.inference.dsvi import Convergence  # noqa: E402
 from gpvi.inference.dsvi.engine import DSVI  # noqa: E402
 from gpvi.inference.init import Start, init_to_laplace, init_to_map  # noqa: E402
-from gpvi.inference.sk import SKGaussian  # noqa: E402
+from gpvi.inference.salimans_knowles import SKGaussian  # noqa: E402
 
 LOADERS = {"boston": lambda: gpvi.datasets.load_boston(seed=0),
            "bodyfat": lambda: gpvi.datasets.load_bodyfat(seed=0),

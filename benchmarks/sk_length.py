@@ -37,7 +37,7 @@ from benchmarks.nuts_fidelity import model_of
 from gpvi.inference.dsvi.engine import DSVI
 from gpvi.inference.dsvi.starts import _given
 from gpvi.inference.infer import default_sk
-from gpvi.inference.sk import SKGaussian
+from gpvi.inference.salimans_knowles import SKGaussian
 from gpvi.models.target import as_target
 
 LABELS = {"default": "default (Sobol', max(500, 40 D))", "before": "before (pseudo-random, max(250, 20 D))",

@@ -48,7 +48,7 @@ from gpvi.inference.dsvi.engine import DSVI, SGD  # noqa: E402
 from gpvi.inference.quadrature_fit import fit_gaussian_quadrature  # noqa: E402
 from gpvi.models.logistic import BayesianLogisticRegression  # noqa: E402
 from gpvi.posteriors import SamplePosterior  # noqa: E402
-from gpvi.inference.sk import SKGaussian  # noqa: E402
+from gpvi.inference.salimans_knowles import SKGaussian  # noqa: E402
 
 
 class Counting:
@@ -520,7 +520,7 @@ READING = [
     "**Why.** S&K is a stochastic Newton / natural-gradient method in the precision parametrisation: every step "
     "uses the running curvature P, so its steps are scale free and the conditioning of the posterior does not "
     "matter; the regression of the gradient on the draws is exact on the Gaussian part of log g (the noise-free "
-    "property tested in tests/inference/sk/test_sk.py), and averaging the statistics, not the iterates, over the second half "
+    "property tested in tests/inference/salimans_knowles/test_sk.py), and averaging the statistics, not the iterates, over the second half "
     "removes most of the remaining Monte Carlo noise. DSVI-SGD's step size is capped by the largest curvature "
     "(lr = 0.5 / lambda_max) while the flattest directions (prior-dominated lengthscales on Boston, about 100x "
     "less curved) need ~1 / (rho lambda_min) steps. DSVI-natural preconditions with CC^T and closes most of that "
@@ -534,7 +534,7 @@ READING = [
     "log-joint rows per draw; use the Hessian-free variant when autograd cannot give Hessians. (3) The "
     "Hessian-free variant needs at least ~D antithetic pairs in its averaging window: runs that are too short end "
     "in a clear NumericalFaultError (N = 50 on Boston), not a wrong answer. (4) Like any Newton method it can run "
-    "away from a start much wider than the posterior on heavy-tailed targets (tests/inference/sk/test_sk.py, Student-t); a "
+    "away from a start much wider than the posterior on heavy-tailed targets (tests/inference/salimans_knowles/test_sk.py, Student-t); a "
     "good start (ML-II/MAP point, init_scale='laplace') matters more than for DSVI's small steps.", "",
 ]
 

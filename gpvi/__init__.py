@@ -17,7 +17,7 @@ from .inference.dsvi.engine import DSVI
 from .inference.infer import infer
 from .inference.mcmc import HMC, NUTS
 from .inference.ml2 import ML2
-from .inference.sk import SKGaussian
+from .inference.salimans_knowles import SKGaussian
 from .models.classification import GPClassification
 from .models.logistic import BayesianLogisticRegression
 from .models.regression import GPRegression

@@ -594,7 +594,7 @@ the test set is the full one. Prior on $\theta$: $\mathcal N(0, 10 I)$ for all t
 """),
     ("code", r"""
 from gpvi.inference.cvi import FullyBayesianCVI
-from gpvi.inference.sk import SKGaussian
+from gpvi.inference.salimans_knowles import SKGaussian
 from gpvi.models.whitened import WhitenedLatentGP
 
 M = dict(n=30, chains=1, warmup=30, draws=30, fb_draws=8) if QUICK else dict(n=80, chains=4, warmup=300, draws=500,

@@ -234,13 +234,13 @@ def _small(name: str) -> dict[str, Any]:
             "NUTS": dict(num_chains=1, num_warmup=3, num_draws=3, progress_bar=False, max_tree_depth=3),
             "HMC": dict(num_chains=1, num_warmup=3, num_draws=3, progress_bar=False, num_leapfrog_steps=2),
             "SKGaussian": dict(num_steps=6, window=3, num_elbo_draws=5, progress_bar=False),
-            "SKExpFamily": dict(family=gpvi.inference.sk.Gamma(), num_steps=5),
+            "SKExpFamily": dict(family=gpvi.inference.salimans_knowles.Gamma(), num_steps=5),
             "TypeII": dict(cvi=gpvi.CVI(num_steps=2, progress_bar=False), max_iter=1, inner_num_steps=2)}[name]
 
 
 ENGINES: dict[str, Any] = {"ML2": gpvi.ML2, "DSVI": gpvi.DSVI, "DSVIARD": gpvi.inference.dsvi.DSVIARD, "CVI": gpvi.CVI,
                            "NUTS": gpvi.NUTS, "HMC": gpvi.HMC, "SKGaussian": gpvi.SKGaussian,
-                           "SKExpFamily": gpvi.inference.sk.SKExpFamily, "TypeII": TypeII}
+                           "SKExpFamily": gpvi.inference.salimans_knowles.SKExpFamily, "TypeII": TypeII}
 
 
 def _target_for(name: str):
@@ -256,7 +256,7 @@ def _target_for(name: str):
 def _run(name: str, engine: Any, target: Any = None) -> Any:
     if name == "SKExpFamily":         # Algorithm 1 on a Gamma(3, 1) target, from a proper Gamma start
         log_p = target if target is not None else (lambda x: 2.0 * torch.log(x.clamp_min(1e-300)) - x)
-        return engine.run(log_p, init=gpvi.inference.sk.Gamma().natural(shape=2.0, rate=1.0))
+        return engine.run(log_p, init=gpvi.inference.salimans_knowles.Gamma().natural(shape=2.0, rate=1.0))
     return engine.run(_target_for(name) if target is None else target)
 
 

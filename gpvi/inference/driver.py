@@ -1,6 +1,6 @@
 """The driver: the one run loop every iterative engine goes through (:func:`run`).
 
-It owns what is the same for every engine (:mod:`gpvi.inference.engine` states the contract):
+It owns what is the same for every engine (:mod:`gpvi.inference.contract` states the contract):
 
 * the start: ``init`` becomes a strategy (:func:`gpvi.inference.init.resolve_init`), called once; or a given
   ``state`` is checked and *copied* (``run(target, state=s)`` never changes ``s``);
@@ -27,7 +27,7 @@ import torch
 from ..exceptions import NumericalFaultError
 from ..rng import resolve_generator
 from ..numerics.budget import MemoryBudget
-from .engine import RunReport
+from .contract import RunReport
 from .init import find_start
 from .progress import Progress, warn_interrupted
 

@@ -71,7 +71,7 @@ from .check import BASIN_MASS_TOL, diagnose, q_agrees, starts_mixture
 from .dsvi.engine import DSVI
 from .dsvi.starts import run_starts
 from .mcmc.nuts import NUTS
-from .sk.engine import SKGaussian
+from .salimans_knowles.engine import SKGaussian
 
 __all__ = ["infer", "variational_fit", "default_sk", "InferenceReport", "starts_mixture", "BASIN_MASS_TOL"]
 

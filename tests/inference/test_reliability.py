@@ -28,7 +28,7 @@ def _target():
 
 
 # heavy (a second process imports torch, GPyTorch, Pyro): make test-slow; the in-process state_dict round trip of
-# every engine is in tests/inference/test_engine_contract.py
+# every engine is in tests/inference/test_contract.py
 @pytest.mark.slow
 def test_nuts_state_saved_to_disk_resumes_in_a_new_process(tmp_path):
     kw = dict(num_chains=2, num_warmup=20, num_draws=15, seed=3, progress_bar=False)

@@ -127,7 +127,7 @@ def test_bad_arguments_are_named():
 
 def test_fully_bayesian_cvi_on_ep_evidence_starts_at_the_ep_map_point():
     from gpvi.inference.cvi.bayes import FullyBayesianCVI
-    from gpvi.inference.sk import SKGaussian
+    from gpvi.inference.salimans_knowles import SKGaussian
 
     model = _data(20)
     sk = SKGaussian(num_steps=40, method="gradient", num_draws=4, num_elbo_draws=20, seed=0, progress_bar=False)

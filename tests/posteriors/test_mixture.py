@@ -114,7 +114,7 @@ def test_sk_from_every_map_optimum_finds_both_basins():
     per basin, the best bound first, and PSIS of their mixture gives the basins' masses."""
     from gpvi.inference.dsvi.starts import run_starts
     from gpvi.inference.infer import starts_mixture
-    from gpvi.inference.sk import SKGaussian
+    from gpvi.inference.salimans_knowles import SKGaussian
     target = TwoBasins()
     start = init_to_laplace(init_to_map(5, seed=0, max_starts=3))(target)
     q = run_starts(SKGaussian(num_steps=250, method="gradient", num_draws=4, seed=0, progress_bar=False), target,

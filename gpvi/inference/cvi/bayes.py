@@ -26,7 +26,7 @@ from ...posteriors.bayes_classification import BayesClassificationPosterior
 from ...rng import check_seed
 from ...validation import check_bool, check_choice, check_positive, check_positive_int
 from .engine import CVI
-from ..sk import SKGaussian
+from ..salimans_knowles import SKGaussian
 from .typeii import TypeII
 from .bound import CVIBoundTarget
 from .ep_evidence import multiclass_ep_applies

@@ -6,7 +6,7 @@ functions (:class:`~gpvi.models.multiclass.GPMulticlass`: softmax or robust-max,
 :math:`q(F) = \prod_k q_k(\mathbf f_k)`, GPflow's SVGP with independent latents). The sites have the shape (N,) or
 (N, K); their algebra is :mod:`gpvi.numerics.sites`.
 
-The engine follows the contract of :mod:`gpvi.inference.engine` and is run by :func:`gpvi.inference.driver.run`:
+The engine follows the contract of :mod:`gpvi.inference.contract` and is run by :func:`gpvi.inference.driver.run`:
 :meth:`CVI.init` puts the sites at 0 (:math:`q` = prior, Algorithm 1 line 1) or at given sites, :meth:`CVI.step`
 is one full-batch step (Algorithm 1, O(K N^3)) or one doubly stochastic single-site step (eq. 14, O(K N^2) on cached
 factors of :math:`K + S_k` updated **in place** by rank-one updates), the stop rule ends the run when the relative
@@ -57,7 +57,7 @@ from ...posteriors.latent import LatentPosterior
 from ...rng import check_seed, resolve_generator
 from ...validation import check_bool, check_choice, check_fraction, check_positive, check_positive_int
 from .. import driver
-from ..engine import FaultPolicy, RunReport, resume_copy
+from ..contract import FaultPolicy, RunReport, resume_copy
 from ..init import start_point
 from ..schedules import rate
 from . import steps
@@ -181,7 +181,7 @@ class CVI:
                                                    ["auto", "constant", "robbins_monro"])
         self.invalid = check_choice(invalid, "invalid", ["shrink", "reject"])
         if faults is not None and not isinstance(faults, FaultPolicy):
-            raise TypeError(f"faults must be a gpvi.inference.engine.FaultPolicy; got {type(faults).__name__}")
+            raise TypeError(f"faults must be a gpvi.inference.contract.FaultPolicy; got {type(faults).__name__}")
         self.faults = faults if faults is not None else FaultPolicy(max_consecutive=10)
         self.seed = check_seed(seed)
         self.progress_bar = check_bool(progress_bar, "progress_bar")

@@ -3,7 +3,7 @@
 ``DSVI(optimizer=SGD(lr=0.1), convergence=Convergence(stop=False), faults=FaultPolicy(max_resample=3),
 scale=BlockDiagonal([2, 3]))``: the update rules :class:`SGD`, :class:`Natural`, :class:`Adam` carry their step
 sizes and schedules (:mod:`~gpvi.inference.dsvi.options`), :class:`Convergence` is the monitoring and stop rule
-(:mod:`~gpvi.inference.dsvi.convergence`), :class:`~gpvi.inference.engine.FaultPolicy` is shared by the engines.
+(:mod:`~gpvi.inference.dsvi.convergence`), :class:`~gpvi.inference.contract.FaultPolicy` is shared by the engines.
 
 Modules: :mod:`~gpvi.inference.dsvi.engine` (:class:`DSVI`: Algorithm 1 and the engine contract),
 :mod:`~gpvi.inference.dsvi.state` (the state), :mod:`~gpvi.inference.dsvi.options` (update rules and block
@@ -14,7 +14,7 @@ structure as settings), :mod:`~gpvi.inference.dsvi.updates` (their maths), :mod:
 returned, the final bound estimate), :mod:`~gpvi.inference.dsvi.ard` (DSVI-ARD).
 """
 
-from ..engine import FaultPolicy
+from ..contract import FaultPolicy
 from .ard import ARDTerm, DSVIARD
 from .convergence import Convergence
 from .engine import DSVI, DSVIState, EntropyTerm, GradientEstimate

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from ...validation import check_bool, check_choice, check_positive, check_positive_int
-from ..engine import record_bound
+from ..contract import record_bound
 
 __all__ = ["Convergence", "NATURAL_WINDOW", "DEFAULT_WINDOW", "GAP_CALIBRATION", "average_gap", "batch_average"]
 

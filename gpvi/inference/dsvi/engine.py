@@ -64,7 +64,7 @@ from ...rng import check_seed, resolve_generator
 from ...validation import (check_bool, check_choice, check_fraction, check_nonnegative_int,
                            check_positive, check_positive_int)
 from .. import driver
-from ..engine import FaultPolicy, RunReport, bound_draws, count_draws, resume_copy, skip_step
+from ..contract import FaultPolicy, RunReport, bound_draws, count_draws, resume_copy, skip_step
 from ..init import Start, find_start, init_to_default, start_point
 from .convergence import Convergence
 from .gradient import estimate_gradient

@@ -18,7 +18,7 @@ from ...numerics.budget import MemoryBudget
 from ...models.target import call_log_joint
 from ...rng import copy_generator
 from ...validation import as_float_tensor
-from ..engine import warn_faults
+from ..contract import warn_faults
 from ..progress import Progress, trace_to_tensor
 from .convergence import batch_average
 from .state import COUNTERS, DSVIState

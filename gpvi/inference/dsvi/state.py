@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..engine import RunState, clone_tensors, run_state_dict, run_state_fields
+from ..contract import RunState, clone_tensors, run_state_dict, run_state_fields
 
 __all__ = ["DSVIState", "GradientEstimate", "EntropyTerm", "TRACE_KEYS", "COUNTERS"]
 

@@ -1,6 +1,6 @@
 r"""What NUTS and HMC share: settings, the start, the run over chains, resume and the result.
 
-The engines follow the contract of :mod:`gpvi.inference.engine` except for the step loop, which stays Pyro's
+The engines follow the contract of :mod:`gpvi.inference.contract` except for the step loop, which stays Pyro's
 kernel inside a per-chain loop (:mod:`gpvi.inference.mcmc.chains`):
 
 .. code-block:: text
@@ -32,7 +32,7 @@ from ...posteriors.point import PointPosterior
 from ...posteriors.samples import SamplePosterior
 from ...rng import check_seed, resolve_generator
 from ...validation import check_bool, check_nonnegative_int, check_positive, check_positive_int
-from ..engine import RunReport
+from ..contract import RunReport
 from ..init import Start, init_to_default, resolve_init
 from ..progress import warn_interrupted
 from .chains import Potential, run_chain

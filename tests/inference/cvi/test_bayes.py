@@ -180,7 +180,7 @@ def test_gpclassifier_bayes_refuses_what_it_cannot_do(bayes_classifier, tmp_path
 
 def test_a_failed_default_sk_run_falls_back_to_dsvi(monkeypatch):
     from gpvi.exceptions import NumericalFaultError, NumericalWarning
-    from gpvi.inference.sk import SKGaussian
+    from gpvi.inference.salimans_knowles import SKGaussian
 
     def failing(self, target, init=None, **kw):
         raise NumericalFaultError("averaged precision not positive definite (forced)")

@@ -21,7 +21,7 @@ from gpvi.inference.cvi.inner import theta_objective
 from gpvi.inference.cvi.typeii import COARSE
 from gpvi.numerics.sites import site_elbo
 from gpvi.posteriors import LatentPosterior
-from gpvi.inference.engine import FaultPolicy
+from gpvi.inference.contract import FaultPolicy
 from gpvi.exceptions import InterruptedRunWarning, NotPSDError, NumericalFaultError, NumericalWarning
 from gpvi.models.likelihoods import BernoulliLogit, Gaussian, expected_log_lik
 from gpvi.linalg import cholesky_site_update_, cholesky_update
@@ -526,7 +526,7 @@ def test_same_seed_same_result_and_no_global_rng_use():
 
 
 def test_step_updates_the_cached_factor_in_place_and_is_deterministic():
-    from gpvi.inference.engine import EngineState, IterativeEngine, StopRule
+    from gpvi.inference.contract import EngineState, IterativeEngine, StopRule
 
     X, y = clf_data(30, seed=15)
     model = GPClassification(X, y)
@@ -758,7 +758,7 @@ def test_bad_input_gives_clear_errors():
         TypeII(theta_bounds=(1.0, -1.0))
     with pytest.raises(ValueError, match="num_steps must be >= 1"):
         CVI(num_steps=0)
-    with pytest.raises(TypeError, match="faults must be a gpvi.inference.engine.FaultPolicy"):
+    with pytest.raises(TypeError, match="faults must be a gpvi.inference.contract.FaultPolicy"):
         CVI(faults=3)
     with pytest.raises(TypeError, match="single_site must be"):
         CVI(single_site=7)

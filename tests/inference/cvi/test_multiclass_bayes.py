@@ -8,7 +8,7 @@ import torch
 from gpvi.inference.cvi.bayes import FullyBayesianCVI
 from gpvi.inference.cvi.engine import CVI
 from gpvi.inference.cvi.typeii import TypeII
-from gpvi.inference.sk import SKGaussian
+from gpvi.inference.salimans_knowles import SKGaussian
 from gpvi.models.multiclass import GPMulticlass
 from gpvi.inference.cvi.bound import CVIBoundTarget
 from gpvi.inference.cvi.ep_evidence import EPEvidenceTarget

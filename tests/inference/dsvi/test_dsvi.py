@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import gpvi
-from gpvi.inference.engine import FaultPolicy
+from gpvi.inference.contract import FaultPolicy
 from gpvi.inference.dsvi import SGD, Adam, BlockDiagonal, Convergence, Natural
 from gpvi.inference.dsvi.engine import DSVI, DSVIState
 from gpvi.exceptions import ConvergenceWarning, InterruptedRunWarning, NumericalFaultError, NumericalWarning

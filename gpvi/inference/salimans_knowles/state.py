@@ -1,4 +1,4 @@
-r"""The state of a :class:`~gpvi.inference.sk.engine.SKGaussian` run: everything that evolves, nothing that is set.
+r"""The state of a :class:`~gpvi.inference.salimans_knowles.engine.SKGaussian` run: everything that evolves, nothing that is set.
 
 Names follow the paper (Salimans & Knowles 2013, Algorithm 2): ``m`` = :math:`m_t`, ``L`` the Cholesky factor of
 the precision :math:`P_t = LL^\top`, ``a``, ``z``, ``P`` the running statistics, ``w`` = :math:`w`.
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..engine import RunState, clone_tensors, run_state_dict, run_state_fields
+from ..contract import RunState, clone_tensors, run_state_dict, run_state_fields
 
 __all__ = ["SKState", "TRACE_KEYS", "COUNTERS"]
 
@@ -24,7 +24,7 @@ COUNTERS = ("resampled_draws", "dropped_draws", "skipped_steps", "non_pd_steps",
 
 @dataclass
 class SKState(RunState):
-    r"""Everything that evolves during a :class:`~gpvi.inference.sk.engine.SKGaussian` run (settings stay in
+    r"""Everything that evolves during a :class:`~gpvi.inference.salimans_knowles.engine.SKGaussian` run (settings stay in
     the engine).
 
     ``SKGaussian.step`` advances a state in place. ``state_dict()`` / :meth:`from_state_dict` round-trip
@@ -42,7 +42,7 @@ class SKState(RunState):
         Running (exponentially weighted) statistics. ``method="hessian"``: ``a`` (D,), ``z`` (D,), ``P`` (D, D)
         of Algorithm 2. ``method="gradient"``: ``a``, ``z``, ``A`` = mean of :math:`\tfrac12(x_+ - x_-)
         \varepsilon^\top`, ``B`` = mean of :math:`\tfrac12(g_+ - g_-)\varepsilon^\top` over antithetic pairs (see
-        :class:`~gpvi.inference.sk.engine.SKGaussian`).
+        :class:`~gpvi.inference.salimans_knowles.engine.SKGaussian`).
     sums : list of two dicts
         Plain sums of the per-step estimates over the two halves of the averaging window, with counts ``n``.
     t : int
@@ -83,7 +83,7 @@ class SKState(RunState):
     Examples
     --------
     >>> import torch, gpvi
-    >>> from gpvi.inference.sk import SKGaussian, SKState
+    >>> from gpvi.inference.salimans_knowles import SKGaussian, SKState
     >>> target = gpvi.Target(lambda th: -0.5 * (th ** 2).sum(-1), names=2)
     >>> engine = SKGaussian(num_steps=10, progress_bar=False)
     >>> state = engine.init(target)

@@ -1,8 +1,8 @@
-r"""Option groups of :class:`~gpvi.inference.sk.engine.SKGaussian`: small frozen, validated values.
+r"""Option groups of :class:`~gpvi.inference.salimans_knowles.engine.SKGaussian`: small frozen, validated values.
 
 * :class:`SKSchedule` -- the paper's step size :math:`w` and averaging window, and the window-split check;
 * :class:`HessianSource` -- where Algorithm 2's Hessians come from (autograd or central finite differences);
-* :class:`SKFaultPolicy` -- the shared :class:`~gpvi.inference.engine.FaultPolicy` (consecutive skipped steps,
+* :class:`SKFaultPolicy` -- the shared :class:`~gpvi.inference.contract.FaultPolicy` (consecutive skipped steps,
   resampling of invalid draws) plus what a non-positive-definite precision update does.
 
 Names follow the paper: ``step_size`` = :math:`w`, ``num_steps`` = :math:`N`.
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...validation import check_choice, check_fraction, check_positive
-from ..engine import FaultPolicy
+from ..contract import FaultPolicy
 
 __all__ = ["SKSchedule", "HessianSource", "SKFaultPolicy", "HESSIAN_SOURCES", "ON_NON_PD"]
 
@@ -110,12 +110,12 @@ class HessianSource:
 
 @dataclass(frozen=True)
 class SKFaultPolicy(FaultPolicy):
-    r"""The shared :class:`~gpvi.inference.engine.FaultPolicy` plus what S&K does with a non-positive-definite update.
+    r"""The shared :class:`~gpvi.inference.contract.FaultPolicy` plus what S&K does with a non-positive-definite update.
 
     Parameters
     ----------
     max_consecutive, max_resample : int
-        As in :class:`~gpvi.inference.engine.FaultPolicy`: consecutive skipped steps (no draw with a finite log
+        As in :class:`~gpvi.inference.contract.FaultPolicy`: consecutive skipped steps (no draw with a finite log
         joint and derivatives) that end the run with :class:`~gpvi.exceptions.NumericalFaultError`, and rounds of
         redrawing draws whose log joint, gradient or Hessian is NaN/inf, per step.
     on_non_pd : {"reject", "keep", "raise"}
@@ -128,7 +128,7 @@ class SKFaultPolicy(FaultPolicy):
         coming from the last valid :math:`q_t` until :math:`P` is positive definite again. ``"raise"``: stop at
         once with :class:`~gpvi.exceptions.NumericalFaultError`.
 
-    A plain ``FaultPolicy`` given to :class:`~gpvi.inference.sk.engine.SKGaussian` means ``on_non_pd="reject"``.
+    A plain ``FaultPolicy`` given to :class:`~gpvi.inference.salimans_knowles.engine.SKGaussian` means ``on_non_pd="reject"``.
 
     Examples
     --------

@@ -279,7 +279,7 @@ class SKExpFamily:
     Exponential posterior, approximated in its own family: exact after :math:`2(k+1) = 4` steps (section 4.0.1).
 
     >>> import math, torch
-    >>> from gpvi.inference.sk import SKExpFamily, Exponential
+    >>> from gpvi.inference.salimans_knowles import SKExpFamily, Exponential
     >>> fam = Exponential()
     >>> res = SKExpFamily(fam, num_steps=4, init_C="identity").run(lambda x: math.log(2.0) - 2.0 * x,
     ...                                                               fam.natural(rate=1.0))
@@ -291,7 +291,7 @@ class SKExpFamily:
                  init_C: Any = "moments", init_intercept: float = 0.0, seed: int | None = 0) -> None:
         for attr in ("num_stats", "stats", "sample", "is_valid", "log_normalizer", "params"):
             if not hasattr(family, attr):
-                raise TypeError(f"family must provide {attr} (like gpvi.inference.sk.Gamma); got "
+                raise TypeError(f"family must provide {attr} (like gpvi.inference.salimans_knowles.Gamma); got "
                                 f"{type(family).__name__}")
         self.family = family
         self.num_steps = check_positive_int(num_steps, "num_steps", minimum=2)

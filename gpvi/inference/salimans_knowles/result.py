@@ -15,7 +15,7 @@ from typing import Any
 from ...exceptions import ConvergenceWarning, NumericalFaultError, NumericalWarning
 from ...posteriors.gaussian import GaussianPosterior
 from ...rng import copy_generator
-from ..engine import RunReport, warn_faults
+from ..contract import RunReport, warn_faults
 from ..progress import trace_to_tensor
 from .estimates import averaged, estimate_bound, scale_from_precision, window_drift
 from .state import SKState

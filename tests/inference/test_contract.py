@@ -19,7 +19,7 @@ import gpvi
 from gpvi.exceptions import InterruptedRunWarning, NumericalFaultError, NumericalWarning
 from gpvi.numerics.budget import MemoryBudget
 from gpvi.inference.dsvi import SGD
-from gpvi.inference.engine import FaultPolicy
+from gpvi.inference.contract import FaultPolicy
 
 M = torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64)
 

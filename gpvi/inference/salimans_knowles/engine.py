@@ -4,10 +4,10 @@ r"""Salimans & Knowles (2013), Algorithm 2: a Gaussian fitted by stochastic line
 For an exponential-family :math:`q_\eta` with statistics :math:`\tilde T(x) = [1, T(x)]` the KL-optimal natural
 parameters solve a linear regression of :math:`\log p` on the statistics (paper eq. 9); the paper solves it by
 stochastic approximation with running averages of step :math:`w = 1/\sqrt N` and a final regression from plain
-averages over the second half of the :math:`N` steps (Algorithm 1: :mod:`gpvi.inference.sk.expfamily`).
+averages over the second half of the :math:`N` steps (Algorithm 1: :mod:`gpvi.inference.salimans_knowles.expfamily`).
 
 For a Gaussian :math:`q = \mathcal N(m, V)` fitted to any target (``log_joint`` + autograd gradient) there are two
-sources of regression statistics (:mod:`gpvi.inference.sk.estimates` derives both):
+sources of regression statistics (:mod:`gpvi.inference.salimans_knowles.estimates` derives both):
 
 - ``method="hessian"``: **Algorithm 2** (sections 6.3-6.4, Appendix B). Running averages of the gradient
   :math:`a`, of the negative Hessian :math:`P` (a precision) and of the draws :math:`z`,
@@ -52,7 +52,7 @@ from ...posteriors.gaussian import GaussianPosterior
 from ...rng import check_seed, resolve_generator
 from ...validation import check_bool, check_choice, check_memory, check_nonnegative_int, check_positive_int
 from .. import driver
-from ..engine import NeverStop, RunReport, bound_draws, count_draws, record_bound, resume_copy, skip_step
+from ..contract import NeverStop, RunReport, bound_draws, count_draws, record_bound, resume_copy, skip_step
 from ..init import Start, check_start, init_to_default, start_point
 from .estimates import draw_statistics, estimate_bound, solve
 from .options import HessianSource, SKFaultPolicy, SKSchedule
@@ -77,7 +77,7 @@ class SKGaussian:
     method : {"hessian", "gradient"}
         Regression statistics: ``"hessian"`` is Algorithm 2 (gradient and Hessian of log g at each draw);
         ``"gradient"`` the Hessian-free variant of section 6.2 (gradients only; see
-        :mod:`gpvi.inference.sk.estimates`). Prefer ``"gradient"`` when Hessians need finite differences (e.g.
+        :mod:`gpvi.inference.salimans_knowles.estimates`). Prefer ``"gradient"`` when Hessians need finite differences (e.g.
         :class:`gpvi.GPRegression`: 2D + 1 log-joint rows per draw against 2 per antithetic pair); ``"hessian"``
         needs the fewest log-joint evaluations when autograd Hessians are available. ``"gradient"`` needs at
         least D antithetic pairs in the averaging window (several times more in practice).
@@ -110,7 +110,7 @@ class SKGaussian:
         0`) where :math:`-H` is not positive definite. ``"auto"`` (default): the start's scale if it has one
         (``init="laplace"``), else 0.1 I (q starts narrow). ``info["init"]["scale"]`` records which.
     faults : SKFaultPolicy or FaultPolicy, optional
-        The shared :class:`~gpvi.inference.engine.FaultPolicy` (a plain one means ``on_non_pd="reject"``):
+        The shared :class:`~gpvi.inference.contract.FaultPolicy` (a plain one means ``on_non_pd="reject"``):
         ``max_consecutive`` skipped steps (no valid draw) end the run with
         :class:`~gpvi.exceptions.NumericalFaultError`; ``max_resample`` rounds of redrawing invalid draws per
         step; ``on_non_pd`` ("reject", "keep" or "raise"): what an update that would make the running precision
@@ -145,7 +145,7 @@ class SKGaussian:
     Examples
     --------
     >>> import torch, gpvi
-    >>> from gpvi.inference.sk import SKGaussian
+    >>> from gpvi.inference.salimans_knowles import SKGaussian
     >>> Lam = torch.tensor([[2.0, 0.5], [0.5, 1.0]], dtype=torch.float64)    # target precision
     >>> mu = torch.tensor([1.0, -1.0], dtype=torch.float64)
     >>> target = gpvi.Target(lambda th: -0.5 * (((th - mu) @ Lam) * (th - mu)).sum(-1), names=["a", "b"])
@@ -175,7 +175,7 @@ class SKGaussian:
                              f"m +- R eps); got {self.num_draws}")
         self.draws = check_choice(draws, "draws", ("random", "sobol"))
         if schedule is not None and not isinstance(schedule, SKSchedule):
-            raise TypeError(f"schedule must be a gpvi.inference.sk.SKSchedule; got {type(schedule).__name__}")
+            raise TypeError(f"schedule must be a gpvi.inference.salimans_knowles.SKSchedule; got {type(schedule).__name__}")
         self.schedule = SKSchedule() if schedule is None else schedule
         self.init_scale = check_init_scale(init_scale)
         self.faults = SKFaultPolicy.coerce(faults)
@@ -297,7 +297,7 @@ class SKGaussian:
         return state
 
     def stop_rule(self) -> NeverStop:
-        """Every run takes its N steps (N is part of the algorithm): :class:`~gpvi.inference.engine.NeverStop`."""
+        """Every run takes its N steps (N is part of the algorithm): :class:`~gpvi.inference.contract.NeverStop`."""
         return NeverStop()
 
     def postfix(self, info: dict[str, Any]) -> dict[str, Any]:
@@ -389,7 +389,7 @@ class SKGaussian:
                        seed: int | None = None, budget: MemoryBudget | None = None) -> tuple[float, float, int]:
         r"""Monte Carlo estimate of the Gaussian bound :math:`\mathbb E_q[\log g(x) - \log q(x)]` and its se.
 
-        See :func:`gpvi.inference.sk.estimates.estimate_bound`; ``num_draws`` defaults to ``num_elbo_draws``,
+        See :func:`gpvi.inference.salimans_knowles.estimates.estimate_bound`; ``num_draws`` defaults to ``num_elbo_draws``,
         the draws come from ``generator`` (else a fresh one seeded with ``seed``, default 0).
 
         Returns
@@ -415,7 +415,7 @@ class SKGaussian:
         A faulted run gives the current :math:`q_t`; an interrupted one the average so far (the current
         :math:`q_t` before the averaging window, ``info["averaged"] = False``) and no final estimate. Issues the
         end-of-run warnings (faults survived, the window-split drift check); see
-        :func:`gpvi.inference.sk.result.build_posterior`.
+        :func:`gpvi.inference.salimans_knowles.result.build_posterior`.
 
         Raises
         ------

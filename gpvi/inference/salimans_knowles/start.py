@@ -1,4 +1,4 @@
-r"""Where a :class:`~gpvi.inference.sk.engine.SKGaussian` run starts: the mean :math:`m_1` and the scale of
+r"""Where a :class:`~gpvi.inference.salimans_knowles.engine.SKGaussian` run starts: the mean :math:`m_1` and the scale of
 :math:`V_1 = CC^\top`.
 
 The mean comes from an init strategy's :class:`~gpvi.inference.init.Start`. The scale, in order:

@@ -31,9 +31,9 @@ from gpvi.posteriors import GaussianPosterior, PointPosterior
 from gpvi.numerics.budget import MemoryBudget
 from gpvi.inference.derivatives import value_grad_hessian
 from gpvi.inference.driver import run as driver_run
-from gpvi.inference.engine import FaultPolicy
+from gpvi.inference.contract import FaultPolicy
 from gpvi.inference.quadrature_fit import fit_gaussian_quadrature
-from gpvi.inference.sk import (
+from gpvi.inference.salimans_knowles import (
     Exponential,
     Gamma,
     HessianSource,
@@ -436,7 +436,7 @@ def test_ctrl_c_inside_a_step_rewinds_its_randomness():
 
 RESUME_SCRIPT = textwrap.dedent("""
     import sys, warnings, torch, gpvi
-    from gpvi.inference.sk import SKGaussian
+    from gpvi.inference.salimans_knowles import SKGaussian
     from gpvi.models.logistic import BayesianLogisticRegression
     warnings.simplefilter("ignore")
     ds = gpvi.datasets.load_pima()
@@ -598,7 +598,7 @@ def test_run_never_changes_the_state_it_resumes_from(pima):
     (lambda: dict(faults=SKFaultPolicy(max_resample=-1)), "max_resample"),
     (lambda: dict(faults=SKFaultPolicy(max_consecutive=0)), "max_consecutive"),
     (lambda: dict(schedule=SKSchedule(drift_tol=0.0)), "drift_tol"), (dict(window=0), "window"),
-    (dict(num_elbo_draws=-1), "num_elbo_draws"), (lambda: dict(faults=gpvi.inference.engine.FaultPolicy(0)),
+    (dict(num_elbo_draws=-1), "num_elbo_draws"), (lambda: dict(faults=gpvi.inference.contract.FaultPolicy(0)),
                                                   "max_consecutive"),
     (dict(seed=-3), "seed"), (dict(init_scale="big"), "init_scale"),
     (dict(method="gradient", num_draws=3), "num_draws"), (dict(draws="halton"), "draws"),

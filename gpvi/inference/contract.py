@@ -160,7 +160,7 @@ class FaultPolicy:
             return value
         if isinstance(value, FaultPolicy):
             return cls(max_consecutive=value.max_consecutive, max_resample=value.max_resample)
-        raise TypeError(f"faults must be a gpvi.inference.engine.FaultPolicy (or {cls.__name__}); got "
+        raise TypeError(f"faults must be a gpvi.inference.contract.FaultPolicy (or {cls.__name__}); got "
                         f"{type(value).__name__}")
 
 
