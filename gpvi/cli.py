@@ -200,7 +200,7 @@ def _cmd_fit_classifier(args: argparse.Namespace) -> int:
 
 def _print_fit_facts(post: Any, n: int, latent: bool) -> None:
     """CVI's convergence in one line; the latent table (one row per training point and class) only with --latent."""
-    info = post.info if isinstance(post.info, dict) else vars(post.info)
+    info = post.info
     sweeps, evals = info.get("sweeps"), info.get("theta_evaluations")
     print(f"CVI {'converged' if info.get('converged') else 'did not converge'}"
           + (f": {sweeps:g} sweeps" if isinstance(sweeps, (int, float)) else "")

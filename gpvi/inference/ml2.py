@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from ..exceptions import BoundWarning, ConvergenceWarning, NotPSDError
+from ..posteriors.info import RunInfo
 from ..posteriors.point import PointPosterior
 from ..numerics.lbfgs import box_message, ends_on_box, lbfgs_maximise
 from .progress import Progress, warn_interrupted
@@ -160,11 +161,11 @@ class ML2:
         Returns
         -------
         PointPosterior
-            ``theta``, ``value`` (the maximised objective), ``info["restarts"]`` (a Table of every restart),
-            ``info["best_restart"]`` (chosen as described in the module docstring), ``info["converged"]`` (the
-            chosen run converged, or ended at a stationary point: projected gradient ``info["projected_gradient"]``
-            small), ``info["at_bound"]`` (``{name: "lower" | "upper"}``), ``info["objective"]`` and
-            ``info["time_s"]``.
+            ``theta``, ``value`` (the maximised objective) and ``info``, a :class:`~gpvi.posteriors.info.RunInfo`:
+            ``converged`` (the chosen run converged, or ended at a stationary point: projected gradient
+            ``info["projected_gradient"]`` small), ``steps`` (optimiser iterations of every restart), ``time_s``;
+            details ``restarts`` (a Table of every restart), ``best_restart`` (chosen as described in the module
+            docstring), ``at_bound`` (``{name: "lower" | "upper"}``), ``objective``.
 
         Warns
         -----
@@ -227,11 +228,17 @@ class ML2:
                       {"value": [rec["value"] for rec in records],
                        "iterations": [rec["iterations"] for rec in records],
                        "converged": [rec["converged"] for rec in records]}, title="ML-II restarts")
-        info = {"restarts": table, "best_restart": best["restart"], "records": records,
-                "objective": "log_joint (MAP)" if self.prior else "log_marginal_likelihood (ML-II)",
-                "time_s": time.perf_counter() - t0, "interrupted": interrupted, "converged": converged,
-                "projected_gradient": gradient, "bounds": None if self.bounds is None else list(self.bounds),
-                "at_bound": at_bound}
+        wall = time.perf_counter() - t0
+        settings = {"num_restarts": self.num_restarts, "prior": self.prior, "max_iter": self.max_iter,
+                    "gtol": self.gtol, "ftol": self.ftol, "seed": self.seed, "join_tol": self.join_tol}
+        iterations = sum(int(rec["iterations"]) for rec in records if math.isfinite(rec["iterations"]))
+        info = RunInfo(engine="ML2", converged=converged, interrupted=interrupted, steps=iterations, time_s=wall,
+                       total_time_s=wall,
+                       settings=settings, details={
+                           "restarts": table, "best_restart": best["restart"], "records": records,
+                           "objective": "log_joint (MAP)" if self.prior else "log_marginal_likelihood (ML-II)",
+                           "projected_gradient": gradient,
+                           "bounds": None if self.bounds is None else list(self.bounds), "at_bound": at_bound})
         return PointPosterior(theta, list(target.names), target, value=best["value"], info=info)
 
     def _choose(self, records: list[dict[str, Any]]) -> dict[str, Any]:

@@ -26,6 +26,7 @@ live state: ``engine_state`` is copied when the posterior is built.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -34,6 +35,7 @@ import torch
 from ..table import Table
 from ..validation import check_fraction, check_positive_int
 from ..numerics.predictive import MixturePredictive, _check_probs
+from .info import RunInfo
 
 __all__ = ["Posterior", "posterior_from_state_dict", "STATE_VERSION"]
 
@@ -48,7 +50,7 @@ def _plain(obj: Any) -> Any:
     """Convert to tensors, numbers, strings, lists and dicts only, so ``torch.load(weights_only=True)`` accepts it."""
     if isinstance(obj, Table):
         return {"index": list(obj.index), "columns": {k: _plain(v) for k, v in obj.columns.items()}}
-    if isinstance(obj, dict):
+    if isinstance(obj, Mapping):
         return {str(k): _plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [_plain(v) for v in obj]
@@ -88,8 +90,9 @@ class Posterior:
     names : list of str
     target : optional
         The model it approximates (needed for ``predict`` and natural-scale summaries).
-    info : dict, optional
-        Engine-specific details of the run.
+    info : RunInfo or dict, optional
+        How the run went (kept as a :class:`~gpvi.posteriors.info.RunInfo`; a plain dict's entries named like its
+        fields fill them, the rest become its ``details``).
     engine_state : optional
         The engine's final state; a private copy is kept (see :func:`snapshot_engine_state`).
     """
@@ -107,7 +110,7 @@ class Posterior:
                  engine_state: Any = None) -> None:
         self.names = list(names)
         self.target = target
-        self.info = dict(info or {})
+        self.info = RunInfo.of(info)
         self.engine_state = snapshot_engine_state(engine_state)
 
     @property

@@ -64,6 +64,7 @@ import torch
 
 from ..rng import check_seed
 from ..validation import check_positive_int
+from .info import RunInfo
 from .latent import BernoulliPredictive
 
 __all__ = ["BayesClassificationPosterior"]
@@ -105,7 +106,7 @@ class BayesClassificationPosterior:
         self.q = q
         self.target = target
         self.names = list(target.names)
-        self.info = dict(info or {})
+        self.info = RunInfo.of(info)
         t0 = time.perf_counter()
         draws = q.sample(num_draws, seed=check_seed(seed)).to(target.device)
         kept, latents = [], []

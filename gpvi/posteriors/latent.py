@@ -38,6 +38,7 @@ from ..rng import resolve_generator
 from ..table import Table
 from ..validation import as_float_tensor, check_binary_labels, check_fraction, check_positive_int
 from .base import Posterior
+from .info import RunInfo
 
 __all__ = ["LatentPosterior", "BernoulliPredictive", "CategoricalPredictive"]
 
@@ -331,7 +332,8 @@ class LatentPosterior(Posterior):
         """A copy with ``extra`` merged into ``info`` (the tensors are shared: posteriors never change)."""
         new = object.__new__(type(self))
         new.__dict__.update(self.__dict__)
-        new.info = {**self.info, **extra}
+        new.info = RunInfo.of(self.info)
+        new.info.update(extra)
         if converged is not None:
             new.converged = bool(converged)
         return new

@@ -198,7 +198,8 @@ class FullyBayesianCVI:
         Returns
         -------
         BayesClassificationPosterior
-            ``info``: ``map_theta``, ``map_objective`` (MAP-II on the CVI bound), ``evidence``, with
+            ``info`` (a :class:`~gpvi.posteriors.info.RunInfo`: ``engine``, ``converged`` and ``steps`` of the
+            engine that fitted q(θ), ``time_s`` of the whole fit; details): ``map_theta``, ``map_objective`` (MAP-II on the CVI bound), ``evidence``, with
             ``evidence="ep"`` also ``ep_map_theta``, ``ep_map_objective``, ``ep_map_time_s`` (the start of the
             engine) and ``ep_counters`` (EP's evaluations, sweeps, failures, unconverged rows; multi-class also
             Anderson restarts); ``laplace`` (what the Laplace step did), the times
@@ -249,8 +250,8 @@ class FullyBayesianCVI:
         info = {"map_theta": theta_map.tolist(), "map_objective": map_obj, "map_time_s": t_map, **extra,
                 "laplace": {k: v for k, v in how.items() if k != "hessian"}, "laplace_time_s": t_lap,
                 "engine": type(engine).__name__, "engine_fallback": fallback, "q_time_s": t_q,
-                "q_steps": q.info.get("steps"),
-                "q_converged": q.info.get("converged"),
+                "converged": q.info.converged, "steps": q.info.steps, "q_steps": q.info.steps,
+                "q_converged": q.info.converged,
                 **{k: bound.counters[k] for k in ("evaluations", "inner_steps", "failures", "unconverged")}}
         post = BayesClassificationPosterior(q, target, num_draws=self.num_draws, seed=self.seed, info=info)
         post.info["time_s"] = time.perf_counter() - t0

@@ -53,6 +53,7 @@ from ...numerics import sites
 from ...numerics.budget import MemoryBudget
 from ...numerics.quadrature import Quadrature
 from ...numerics.softmax_rules import default_quadrature
+from ...posteriors.info import RunInfo
 from ...posteriors.latent import LatentPosterior
 from ...rng import check_seed, resolve_generator
 from ...validation import check_bool, check_choice, check_fraction, check_positive, check_positive_int
@@ -421,9 +422,11 @@ class CVI:
         elbo, parts = steps.elbo_from_sites(self, model, lam1, lam2, state.theta)
         L, alpha, m, v = parts["L"], parts["alpha"], parts["m"], parts["v"]
         kind = {"num_classes": model.num_classes, "backtracks": 0} if self.class_factorised else {}
-        info = {**self.settings(model.num_data), "link": model.link, **kind, "learn_hyperparameters": False,
-                "steps": state.t, "sweeps": state.sweeps, "converged": state.converged, "interrupted": False,
-                "wall_time": state.wall_time, "step_time_s": state.step_time_s, **state.counters, **(extra or {})}
+        info = RunInfo(engine="CVI", converged=state.converged, steps=state.t, total_time_s=state.wall_time,
+                       settings=self.settings(model.num_data), counters=dict(state.counters),
+                       details={"link": model.link, **kind, "learn_hyperparameters": False, "sweeps": state.sweeps,
+                                "step_time_s": state.step_time_s})
+        info.update(extra or {})
         if warn and not state.converged and self.tol > 0:
             warnings.warn(f"CVI did not converge within {state.t} steps (tol={self.tol:g}); last relative ELBO change "
                           f"above tol", ConvergenceWarning, stacklevel=5)
@@ -460,8 +463,9 @@ class CVI:
         Returns
         -------
         LatentPosterior
-            Sites, marginals, ELBO, ``trace`` (per check), ``info`` (settings, counters, ``steps``, ``sweeps``,
-            ``interrupted``, ``time_s``...) and ``engine_state`` (a copy of the final state).
+            Sites, marginals, ELBO, ``trace`` (per check), ``info`` (a :class:`~gpvi.posteriors.info.RunInfo`:
+            ``converged``, ``interrupted``, ``steps``, ``time_s``, ``total_time_s``, ``settings``, ``counters``;
+            details ``sweeps``, ``link``, ``step_time_s``...) and ``engine_state`` (a copy of the final state).
 
         Raises
         ------

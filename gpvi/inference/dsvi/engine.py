@@ -465,8 +465,9 @@ class DSVI:
             ``mean``, ``scale_tril`` (the converged-window average, the Polyak average or the final iterate:
             ``info["returned"]``), ``elbo`` and ``elbo_se`` (``num_elbo_draws`` fresh draws at the returned
             :math:`(\mu, C)`), ``trace`` (``bound``, ``bound_avg``, ``rho``, ``num_valid`` per step), ``info``
-            (counters, ``converged``, ``steps``, ``time_s``, ``lr_mu``, ``lr_C``, ``interrupted``, ``settings``,
-            ``convergence``, ``init`` with ``auto``, ``elbo_chunks``) and ``engine_state`` (a copy of the final
+            (a :class:`~gpvi.posteriors.info.RunInfo`: ``converged``, ``interrupted``, ``steps``, ``time_s``,
+            ``total_time_s``, ``settings``, ``counters``; details ``lr_mu``, ``lr_C``, ``convergence``, ``init``
+            with ``auto``, ``elbo_chunks``) and ``engine_state`` (a copy of the final
             :class:`DSVIState`).
 
         Raises

@@ -14,6 +14,7 @@ import torch
 
 from ...exceptions import ConvergenceWarning, NumericalWarning
 from ...posteriors.gaussian import GaussianPosterior
+from ...posteriors.info import RunInfo
 from ...numerics.budget import MemoryBudget
 from ...models.target import call_log_joint
 from ...rng import copy_generator
@@ -132,17 +133,17 @@ def build_posterior(engine: Any, target: Any, state: DSVIState, report: Any) -> 
         if invalid:
             warnings.warn(f"{engine.name}: {invalid} of {engine.num_elbo_draws} draws for the final bound estimate "
                           f"had a non-finite log joint and were left out", NumericalWarning, stacklevel=5)
-    info = dict(state.counters)
-    info.update(
-        converged=state.converged, steps=state.t, steps_this_run=report.steps_this_run, time_s=report.time_s,
-        total_time_s=state.wall_time, bound_time_s=t_est, lr_mu=state.rho0_mu, lr_C=state.rho0_C,
-        interrupted=report.interrupted, polyak_n=state.polyak_n, elbo_method=elbo_method, elbo_invalid=invalid,
-        elbo_chunks=chunks, convergence={**dict(state.check.get("last") or {}),
-                                         **{k: state.check[k] for k in ("plateau_t", "gap") if k in state.check}},
-        settings=engine.settings(),
+    details = dict(
+        steps_this_run=report.steps_this_run, bound_time_s=t_est, lr_mu=state.rho0_mu, lr_C=state.rho0_C,
+        polyak_n=state.polyak_n, elbo_method=elbo_method, elbo_invalid=invalid, elbo_chunks=chunks,
+        convergence={**dict(state.check.get("last") or {}),
+                     **{k: state.check[k] for k in ("plateau_t", "gap") if k in state.check}},
         optimizer=state.optimizer, returned=returned, stopped_on_convergence=bool(report.stopped_early),
         schedule=repr(engine.schedule_for(state)), init=copy.deepcopy(state.init_info),
     )
+    info = RunInfo(engine=engine.name, converged=state.converged, interrupted=report.interrupted, steps=state.t,
+                   time_s=report.time_s, total_time_s=state.wall_time, settings=engine.settings(),
+                   counters=dict(state.counters), details=details)
     trace = {k: trace_to_tensor(v) for k, v in state.trace.items()}
     return GaussianPosterior(mu.clone(), C.clone(), list(target.names), target, base=base, elbo=elbo, elbo_se=se,
                              trace=trace, info=info, engine_state=state)

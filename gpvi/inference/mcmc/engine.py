@@ -29,6 +29,7 @@ import torch
 from ...exceptions import NumericalWarning
 from ...models.target import as_target
 from ...posteriors.point import PointPosterior
+from ...posteriors.info import RunInfo
 from ...posteriors.samples import SamplePosterior
 from ...rng import check_seed, resolve_generator
 from ...validation import check_bool, check_nonnegative_int, check_positive, check_positive_int
@@ -245,10 +246,12 @@ class HamiltonianEngine:
         SamplePosterior
             ``draws`` of shape ``(num_chains, num_draws, D)``; ``stats`` (each ``(num_chains, num_draws)``):
             ``diverging``, ``acceptance_rate``, ``step_size``, ``n_steps``, ``lp`` (+ ``tree_depth`` for NUTS);
-            ``info``: ``chains`` (a per-chain :class:`~gpvi.table.Table`), ``num_divergent``,
-            ``step_size`` and ``inverse_mass_matrix`` per chain, ``warmup_draws`` ``(C, W, D)``,
-            ``warmup_stats``, ``init`` (how the starts were found), times, evaluation counters, ``ess``/``r_hat``
-            and ``interrupted``; ``engine_state`` (an :class:`MCMCState`) for resuming.
+            ``info`` (a :class:`~gpvi.posteriors.info.RunInfo`: ``converged`` (no problem in the convergence
+            checks), ``interrupted``, ``steps`` (transitions over all chains), ``time_s``, ``total_time_s``,
+            ``settings``, counter ``divergences``; details ``chains`` (a per-chain :class:`~gpvi.table.Table`),
+            ``num_divergent``, ``step_size`` and ``inverse_mass_matrix`` per chain, ``warmup_draws`` ``(C, W, D)``,
+            ``warmup_stats``, ``init`` (how the starts were found), per-chain times and evaluation counters,
+            ``ess``/``r_hat``); ``engine_state`` (an :class:`MCMCState`) for resuming.
 
         Raises
         ------
@@ -320,10 +323,8 @@ class HamiltonianEngine:
         ess, rhat = torch.minimum(diag["ess_bulk"], diag["ess_tail"]), diag["r_hat"]
         table, num_div, depth_hits = chain_table(self.name, use, stats, length,
                                                  self._kernel_settings().get("max_tree_depth"))
-        info: dict[str, Any] = {
-            "engine": type(self).__name__, "settings": {**self._settings(), "num_draws": S},
-            "interrupted": interrupted, "chains": table,
-            **diag, "num_divergent": num_div, "divergences": sum(num_div),
+        details: dict[str, Any] = {
+            "chains": table, **diag, "num_divergent": num_div,
             "e_bfmi": e_bfmi(stats["energy"]) if "energy" in stats else [math.nan] * len(use),
             "step_size": [cs.step_size for cs in use],
             "inverse_mass_matrix": torch.stack([cs.inverse_mass_matrix for cs in use]),
@@ -332,19 +333,21 @@ class HamiltonianEngine:
             "warmup_draws": wdraws, "warmup_stats": wstats,
             "warmup_time_s": [cs.warmup_time_s for cs in use],
             "sampling_time_s": [cs.sampling_time_s for cs in use],
-            "time_s": report.time_s,
             "num_evaluations": [cs.num_evaluations for cs in use],
             "num_nonfinite": [cs.num_nonfinite for cs in use],
             "num_numerical_warnings": [cs.num_numerical_warnings for cs in use],
             "num_numerical_warnings_warmup": [cs.num_numerical_warnings_warmup for cs in use],
         }
+        info = RunInfo(engine=type(self).__name__, converged=False, interrupted=interrupted, steps=state.t,
+                       time_s=report.time_s, total_time_s=state.wall_time,
+                       settings={**self._settings(), "num_draws": S}, counters={"divergences": sum(num_div)},
+                       details=details)
         post = SamplePosterior(draws, list(state.names), target, stats=stats, info=info, engine_state=state)
         n_num = sum(info["num_numerical_warnings"])
         if n_num:
             warnings.warn(f"{self.name}: the log joint raised {n_num} NumericalWarning(s) (e.g. Cholesky jitter) "
                           f"while sampling, over {sum(info['num_evaluations'])} evaluations; counts per chain in "
                           f"posterior.info['num_numerical_warnings']", NumericalWarning, stacklevel=3)
-        post.info["converged"] = False
         if interrupted:
             warn_interrupted(f"{self.name} (returning {len(use)} chain(s) x {length} draws of "
                              f"{self.num_chains} x {S})", state.t, self.num_chains * (W + S))

@@ -454,10 +454,11 @@ class SKGaussian:
         GaussianPosterior
             ``mean``, ``scale_tril`` (Cholesky factor of :math:`V`), ``elbo``/``elbo_se`` (fresh Monte Carlo
             estimate at the returned q), ``trace`` (``bound``, ``bound_avg``, ``num_valid``, ``pd`` per step),
-            ``info`` (counters, ``hessian``, ``init``, ``converged`` (the run reached its averaging window and the
-            two halves of the window agree within ``schedule.drift_tol``: the window-split check passed),
-            ``averaged`` and ``num_averaged``, ``drift_mean_sd`` and ``drift_log_sd`` of that check, ``steps``,
-            ``time_s``, ``interrupted``, ``settings``) and ``engine_state`` (a copy of the final state).
+            ``info`` (a :class:`~gpvi.posteriors.info.RunInfo`: ``converged`` (the run reached its averaging
+            window and the two halves of the window agree within ``schedule.drift_tol``: the window-split check
+            passed), ``interrupted``, ``steps``, ``time_s``, ``total_time_s``, ``settings``, ``counters``; details
+            ``hessian``, ``init``, ``averaged`` and ``num_averaged``, ``drift_mean_sd`` and ``drift_log_sd`` of that
+            check) and ``engine_state`` (a copy of the final state).
 
         Raises
         ------

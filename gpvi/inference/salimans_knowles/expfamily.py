@@ -30,6 +30,7 @@ import scipy.special
 import torch
 
 from ...exceptions import NumericalFaultError
+from ...posteriors.info import RunInfo
 from ...rng import resolve_generator
 from ...validation import as_float_tensor, check_choice, check_fraction, check_positive, check_positive_int
 from .estimates import strict_cholesky
@@ -212,8 +213,9 @@ class SKExpFamilyResult:
     trace : dict
         ``eta`` of shape (N, k): the natural parameters used for drawing at each step; ``valid`` (N,): whether
         the regression's :math:`\tilde\eta_{t+1}` was a proper distribution.
-    info : dict
-        ``steps``, ``step_size``, ``num_averaged``, ``improper_steps``, ``log_p_evals``, ``time_s``.
+    info : RunInfo
+        ``steps``, ``time_s``; counters ``improper_steps``, ``log_p_evals``; details ``step_size``,
+        ``num_averaged``.
     """
 
     eta: torch.Tensor
@@ -224,7 +226,7 @@ class SKExpFamilyResult:
     kl: float
     r_squared: float
     trace: dict[str, torch.Tensor]
-    info: dict[str, Any]
+    info: RunInfo
 
     @property
     def params(self) -> dict[str, float]:
@@ -410,8 +412,11 @@ class SKExpFamily:
             eta_hat = torch.linalg.solve(C_bar, g_bar)
         except RuntimeError:
             eta_hat = torch.full_like(g_bar, math.nan)
-        info = {"steps": N, "step_size": w, "num_averaged": N - N // 2, "improper_steps": improper,
-                "log_p_evals": n_evals, "time_s": time.perf_counter() - t0}
+        wall = time.perf_counter() - t0
+        settings = {"family": type(fam).__name__, "num_steps": N, "num_draws": self.num_draws, "seed": self.seed}
+        info = RunInfo(engine="SKExpFamily", steps=N, time_s=wall, total_time_s=wall, settings=settings,
+                       counters={"improper_steps": improper, "log_p_evals": n_evals},
+                       details={"step_size": w, "num_averaged": N - N // 2})
         if not bool(torch.isfinite(eta_hat).all()) or not fam.is_valid(eta_hat[1:]):
             raise NumericalFaultError(
                 f"SKExpFamily: the averaged regression gives eta = {eta_hat[1:].tolist()}, not a proper "

@@ -14,6 +14,7 @@ from typing import Any
 
 from ...exceptions import ConvergenceWarning, NumericalFaultError, NumericalWarning
 from ...posteriors.gaussian import GaussianPosterior
+from ...posteriors.info import RunInfo
 from ...rng import copy_generator
 from ..contract import RunReport, warn_faults
 from ..progress import trace_to_tensor
@@ -83,16 +84,17 @@ def build_posterior(engine: Any, target: Any, state: SKState, report: RunReport)
             warnings.warn(f"SKGaussian: {invalid} of {engine.num_elbo_draws} draws for the final bound estimate "
                           f"had a non-finite log joint and were left out", NumericalWarning, stacklevel=5)
     tol = engine.schedule.drift_tol
-    info: dict[str, Any] = dict(state.counters)
-    info.update(
+    details = dict(
         method=state.method, hessian=state.hessian, hessian_note=state.hessian_note, init=dict(state.init_info),
-        converged=averaged_ok and drift_mean <= tol and drift_sd <= tol,
         averaged=averaged_ok, num_averaged=n_avg, drift_mean_sd=drift_mean, drift_log_sd=drift_sd,
-        steps=state.t, steps_this_run=report.steps_this_run, time_s=report.time_s,
-        total_time_s=state.wall_time, step_size=state.w, interrupted=report.interrupted,
-        faulted=report.faulted, elbo_method=elbo_method, elbo_invalid=invalid, settings=engine.settings(),
+        steps_this_run=report.steps_this_run, step_size=state.w, faulted=report.faulted, elbo_method=elbo_method,
+        elbo_invalid=invalid,
         memory=report.budget.describe(target, engine.num_elbo_draws) if report.budget is not None else None,
     )
+    info = RunInfo(engine="SKGaussian", converged=averaged_ok and drift_mean <= tol and drift_sd <= tol,
+                   interrupted=report.interrupted, steps=state.t, time_s=report.time_s,
+                   total_time_s=state.wall_time, settings=engine.settings(), counters=dict(state.counters),
+                   details=details)
     trace = {k: trace_to_tensor(v) for k, v in state.trace.items()}
     q = GaussianPosterior(m.clone(), scale_tril.clone(), list(target.names), target, elbo=elbo, elbo_se=se,
                           trace=trace, info=info, engine_state=state.copy())
