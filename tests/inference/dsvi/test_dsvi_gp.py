@@ -13,6 +13,7 @@ Tolerances are derived next to each assertion. All data are seeded; the file run
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 
@@ -24,6 +25,7 @@ import gpvi
 from gpvi.inference.dsvi.starts import MAP_RESTARTS
 from gpvi.inference.derivatives import finite_difference_hessian
 from gpvi.inference.dsvi.engine import DSVI, DSVIState
+from gpvi.inference.init import init_to_laplace, init_to_map
 from gpvi.inference.laplace import laplace_approximation
 from gpvi.exceptions import ConvergenceWarning, NumericalWarning
 from gpvi.inference.mcmc.nuts import NUTS
@@ -296,14 +298,16 @@ def test_natural_resume_equals_uninterrupted(synth, tmp_path):
     model, _, _ = synth
     kw = dict(num_steps=300, convergence=Convergence(stop=False), polyak=0.5, num_elbo_draws=50, seed=4,
               progress_bar=False)
-    full = quiet_run(DSVI(**kw), model)
+    # the default's Laplace start at the best MAP point, found once (a run from one start: resume is per run)
+    start = dataclasses.replace(init_to_laplace(init_to_map(seed=0))(model), alternatives=())
+    full = quiet_run(DSVI(**kw), model, init=start)
 
     def stop_at_120(state, info):
         if state.t == 120:
             raise KeyboardInterrupt
 
     with pytest.warns(gpvi.exceptions.InterruptedRunWarning):
-        part = DSVI(**kw).run(model, callback=stop_at_120)
+        part = DSVI(**kw).run(model, init=start, callback=stop_at_120)
     torch.save(part.engine_state.state_dict(), tmp_path / "s.pt")
     state = DSVIState.from_state_dict(torch.load(tmp_path / "s.pt", weights_only=False))
     assert state.optimizer == "natural" and state.init_info["scale"] == "laplace"
