@@ -178,7 +178,8 @@ def phase_q(names: list[str], reuse_nuts: bool = False) -> None:
         rec["infer_report"], rec["infer_times"] = str(ans.report), dict(ans.report.times)
         q = ans.report.q                                          # the q gpvi.infer diagnosed
         rec["dsvi_s"], rec["elbo"], rec["elbo_se"] = ans.report.times["q"], float(q.elbo), float(q.elbo_se)
-        rec["dsvi_info"] = {k: v for k, v in q.info.items() if isinstance(v, (int, float, bool, str))}
+        plain = {**q.info.counters, **q.info}
+        rec["dsvi_info"] = {k: v for k, v in plain.items() if isinstance(v, (int, float, bool, str))}
         t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
