@@ -27,11 +27,9 @@ from scipy.linalg import lapack
 
 from .exceptions import NotPSDError, NumericalWarning
 
-__all__ = [
-    "CholeskyResult", "cholesky_with_jitter", "cholesky_in_place", "cholesky_plain", "cholesky_update",
-    "cholesky_site_update_", "logdet_from_cholesky", "gaussian_log_marginal", "triangular_inverse", "sum_of_squares",
-    "DEFAULT_JITTER", "DEFAULT_MAX_JITTER",
-]
+__all__ = ["CholeskyResult", "cholesky_with_jitter", "cholesky_in_place", "cholesky_plain", "cholesky_update",
+           "cholesky_site_update_", "logdet_from_cholesky", "gaussian_log_marginal", "triangular_inverse",
+           "sum_of_squares", "DEFAULT_JITTER", "DEFAULT_MAX_JITTER"]
 
 DEFAULT_JITTER = 1e-8
 """First relative jitter tried after a failed factorisation (times ``mean(diag K)``)."""
@@ -59,15 +57,9 @@ class CholeskyResult(NamedTuple):
     ok: torch.Tensor
 
 
-def cholesky_with_jitter(
-    K: torch.Tensor,
-    *,
-    jitter: float = DEFAULT_JITTER,
-    max_jitter: float = DEFAULT_MAX_JITTER,
-    raise_on_failure: bool | None = None,
-    theta: Any = None,
-    what: str = "kernel matrix",
-) -> CholeskyResult:
+def cholesky_with_jitter(K: torch.Tensor, *, jitter: float = DEFAULT_JITTER, max_jitter: float = DEFAULT_MAX_JITTER,
+                         raise_on_failure: bool | None = None, theta: Any = None, what: str = "kernel matrix",
+                         overwrite: bool = False) -> CholeskyResult:
     r"""Cholesky factor :math:`K = L L^\top` with bounded, relative jitter retries.
 
     Parameters
@@ -84,6 +76,11 @@ def cholesky_with_jitter(
         Hyperparameters that produced ``K``, quoted in the error message.
     what : str
         Name of the matrix for messages.
+    overwrite : bool
+        ``K`` (both triangles symmetric) is a buffer the caller gives up: on the CPU (C-contiguous float64 or
+        float32) the first
+        attempt is LAPACK's ``potrf`` through SciPy (OpenBLAS; :func:`_potrf_`) in place, and ``L`` is a
+        (column-major) view of ``K``'s memory; members that need jitter are restored first. Same policy.
 
     Returns
     -------
@@ -104,19 +101,23 @@ def cholesky_with_jitter(
     batch_shape = K.shape[:-2]
     n = K.shape[-1]
     Kb = K.reshape(-1, n, n)
-    L, info = torch.linalg.cholesky_ex(Kb)
-    # LAPACK stops at NaN pivots; an infinite diagonal entry would pass, so check the factor's diagonal (O(N)).
-    # A pivot at the level of rounding error (L_ii^2 < N eps mean(diag K)) means the matrix is numerically
-    # singular and the factor is noise: treat it as a failure so that jitter is added.
+    dK = Kb.diagonal(dim1=-2, dim2=-1).clone()
+    in_place = overwrite and Kb.device.type == "cpu" and Kb.dtype in (torch.float64, torch.float32) \
+        and Kb.is_contiguous()
+    L, info = _potrf_(Kb) if in_place else torch.linalg.cholesky_ex(Kb)
+    # LAPACK stops at NaN pivots; an infinite diagonal entry would pass, so check the factor's diagonal (O(N)). A
+    # pivot at rounding level (L_ii^2 < N eps mean(diag K)): numerically singular, the factor is noise; add jitter.
     diagL = L.diagonal(dim1=-2, dim2=-1)
     finite = torch.isfinite(diagL).all(-1) | (info != 0)
-    floor = n * torch.finfo(K.dtype).eps * Kb.diagonal(dim1=-2, dim2=-1).abs().mean(-1)
+    floor = n * torch.finfo(K.dtype).eps * dK.abs().mean(-1)
     ok = (info == 0) & finite & ((diagL * diagL).amin(-1) > floor)
+    for i, good in enumerate(ok.tolist() if in_place else []):    # L's strict upper triangle still holds K's:
+        Kb[i].triu_() if good else Kb[i].copy_(Kb[i].tril(-1) + Kb[i].tril(-1).mT).diagonal().copy_(dK[i])
     if not bool(ok.all()):
         finite = finite & torch.isfinite(Kb).flatten(1).all(dim=1)
     jit = torch.zeros(Kb.shape[0], dtype=K.dtype, device=K.device)
     if not bool(ok.all()):
-        diag_mean = Kb.diagonal(dim1=-2, dim2=-1).abs().mean(-1)
+        diag_mean = dK.abs().mean(-1)
         diag_mean = torch.where(diag_mean > 0, diag_mean, torch.ones_like(diag_mean))
         eye = torch.eye(n, dtype=K.dtype, device=K.device)
         level = jitter
@@ -156,15 +157,22 @@ def cholesky_with_jitter(
     return CholeskyResult(L.reshape(*batch_shape, n, n), jit.reshape(batch_shape), ok.reshape(batch_shape))
 
 
-def cholesky_in_place(
-    build: Callable[[], torch.Tensor],
-    *,
-    jitter: float = DEFAULT_JITTER,
-    max_jitter: float = DEFAULT_MAX_JITTER,
-    raise_on_failure: bool = True,
-    theta: Any = None,
-    what: str = "kernel matrix",
-) -> tuple[torch.Tensor | None, float]:
+def _potrf_(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """LAPACK ``potrf`` (SciPy's OpenBLAS: 1.6x torch's MKL on AMD CPUs) of each symmetric member of a C-contiguous
+    CPU batch ``A`` (B, N, N) in place, as the Fortran matrix ``A[i].T``; returns ``(L = A.mT, info)``, ``L`` lower
+    and column-major as torch's factors, its strict upper triangle still holding ``A``'s entries."""
+    potrf = lapack.dpotrf if A.dtype == torch.float64 else lapack.spotrf
+    info = torch.zeros(A.shape[0], dtype=torch.int32, device=A.device)
+    for i, Ai in enumerate(A.numpy()):
+        c, info[i] = potrf(Ai.T, lower=1, overwrite_a=1, clean=0)       # in place (Fortran-contiguous input)
+        if not np.shares_memory(c, Ai):
+            np.copyto(Ai.T, c)
+    return A.mT, info
+
+
+def cholesky_in_place(build: Callable[[], torch.Tensor], *, jitter: float = DEFAULT_JITTER,
+                      max_jitter: float = DEFAULT_MAX_JITTER, raise_on_failure: bool = True, theta: Any = None,
+                      what: str = "kernel matrix") -> tuple[torch.Tensor | None, float]:
     r"""Lower Cholesky factor of one matrix written over the matrix itself (one N x N buffer), same jitter policy.
 
     For large N, where a second N x N buffer does not fit: ``build()`` returns a fresh (N, N) matrix, LAPACK's
@@ -253,22 +261,25 @@ def logdet_from_cholesky(L: torch.Tensor) -> torch.Tensor:
     return 2.0 * torch.log(L.diagonal(dim1=-2, dim2=-1)).sum(-1)
 
 
-def triangular_inverse(L: torch.Tensor) -> torch.Tensor:
+def triangular_inverse(L: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     r""":math:`L^{-1}` of a lower-triangular ``L`` (..., N, N), batched, lower triangular, on ``L``'s device and dtype:
     LAPACK's ``trtri`` on the CPU (:func:`scipy.linalg.lapack.dtrtri`, :math:`N^3/3` flops, a third of a triangular
-    solve with N right-hand sides), :func:`torch.linalg.solve_triangular` against the identity elsewhere."""
+    solve with N right-hand sides), :func:`torch.linalg.solve_triangular` against the identity elsewhere. ``out``: a
+    contiguous buffer of ``L``'s shape to write into on the CPU (a fresh one is allocated otherwise)."""
     if L.device.type != "cpu" or L.dtype not in (torch.float64, torch.float32) or L.requires_grad:
         eye = torch.eye(L.shape[-1], dtype=L.dtype, device=L.device).expand_as(L)
         return torch.linalg.solve_triangular(L, eye, upper=False)
     trtri = lapack.dtrtri if L.dtype == torch.float64 else lapack.strtri
-    out = L.detach().clone(memory_format=torch.contiguous_format)
+    cm = not L.is_contiguous() and L.mT.is_contiguous()     # column-major (torch's and _potrf_'s factors)
+    src = L.detach().mT if cm else L.detach()
+    out = src.clone(memory_format=torch.contiguous_format) if out is None else out.copy_(src)
     for Li in out.reshape(-1, *L.shape[-2:]).numpy():
-        # the transpose of a C-ordered L is a Fortran-ordered upper factor U = L^T, inverted in place; read back in
-        # C order, U^{-1} = L^{-T} is L^{-1} (its zero upper triangle is the untouched lower one of U)
-        _, info = trtri(Li.T, lower=0, overwrite_c=1)
+        # the Fortran view Li.T of C-ordered memory is L itself (column-major L) or U = L^T (C-ordered L), inverted
+        # in place; U^{-1} = L^{-T} read back in C order is L^{-1} (the zero triangles are left as they are)
+        _, info = trtri(Li.T, lower=int(cm), overwrite_c=1)
         if info != 0:
             raise NotPSDError(f"triangular_inverse: the factor is singular (LAPACK trtri info {info})")
-    return out
+    return out.mT if cm else out
 
 
 def sum_of_squares(A: torch.Tensor, dim: int) -> torch.Tensor:
@@ -279,6 +290,8 @@ def sum_of_squares(A: torch.Tensor, dim: int) -> torch.Tensor:
         raise ValueError(f"dim must be -1 or -2, got {dim!r}")
     if A.device.type != "cpu" or A.dtype not in (torch.float64, torch.float32) or A.requires_grad:
         return (A * A).sum(dim)
+    if not A.is_contiguous() and A.mT.is_contiguous():          # column-major: the same pass over its memory
+        return sum_of_squares(A.mT, -3 - dim)
     a = A.detach().numpy()
     return torch.from_numpy(np.einsum("...ij,...ij->...j" if dim == -2 else "...ij,...ij->...i", a, a))
 
@@ -322,16 +335,9 @@ class _GaussianLogMarginal(torch.autograd.Function):
         return grad_K, grad_y, None, None
 
 
-def gaussian_log_marginal(
-    K: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    jitter: float = DEFAULT_JITTER,
-    max_jitter: float = DEFAULT_MAX_JITTER,
-    raise_on_failure: bool | None = None,
-    theta: Any = None,
-    chol: CholeskyResult | None = None,
-) -> torch.Tensor:
+def gaussian_log_marginal(K: torch.Tensor, y: torch.Tensor, *, jitter: float = DEFAULT_JITTER,
+                          max_jitter: float = DEFAULT_MAX_JITTER, raise_on_failure: bool | None = None,
+                          theta: Any = None, chol: CholeskyResult | None = None) -> torch.Tensor:
     r"""Exact Gaussian log density :math:`\log \mathcal N(y \mid 0, K)` through a Cholesky factorisation.
 
     .. math::

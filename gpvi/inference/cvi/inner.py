@@ -35,10 +35,13 @@ closed form,
 with :math:`\boldsymbol\alpha = P\tilde{\mathbf y}`, :math:`a_n = \partial_m E_n - \tilde\lambda^{(1)}_n - 2\tilde\lambda^{(2)}_n m_n`,
 :math:`b_n = \partial_v E_n - \tilde\lambda^{(2)}_n`; it is pushed through :math:`K(\theta)` by autograd. The
 factorisation is the exact Cholesky of :func:`gpvi.linalg.cholesky_with_jitter`. At a CVI fixed point :math:`a = b = 0`,
-so this is :math:`dF/d\theta` (envelope theorem). Each evaluation costs a few O(N^3) CVI steps (warm start) plus about
-four O(N^3) operations for the gradient; a stochastic engine's phases use the same full-batch inner loop, because the
-gradient in :math:`\theta` costs O(N^3) anyway. (Alternating a few L-BFGS steps with the sites held fixed and CVI
-sweeps, variational-EM style, crept towards the optimum with thousands of evaluations on nearly separable data.)
+so this is :math:`dF/d\theta` (envelope theorem). Each evaluation costs a few O(N^3) CVI steps (warm start: per
+latent function one Cholesky factor and one triangular inverse, :math:`2N^3/3` flops) plus, for the gradient, one
+``lauum`` of the best step's kept inverse and one single-precision ``syrk``
+(:func:`gpvi.numerics.sites.kernel_gradient_summed`); a stochastic engine's phases use the same full-batch inner
+loop, because the gradient in :math:`\theta` costs O(N^3) anyway. (Alternating a few L-BFGS steps with the sites
+held fixed and CVI sweeps, variational-EM style, crept towards the optimum with thousands of evaluations on nearly
+separable data.)
 
 Names: ``theta`` (kernel log-hyperparameters), ``lam1``, ``lam2`` (sites), ``s`` (pseudo-noise), ``P``, ``alpha``,
 ``a``, ``b`` as above.
@@ -72,7 +75,7 @@ def _cols(x: torch.Tensor) -> torch.Tensor:
 
 def converge_sites(cvi: Any, model: Any, theta: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor,
                    counters: dict[str, float], *, tol: float, max_steps: int, anderson: int = 0,
-                   best: dict[str, Any] | None = None) -> CVIState:
+                   best: dict[str, Any] | None = None, work: list[Any] | None = None) -> CVIState:
     r"""Deterministic full-batch CVI at ``theta`` from the given sites until the relative change of the bound is
     below ``tol``; returns the state after the last step (``t`` = steps taken).
 
@@ -88,13 +91,29 @@ def converge_sites(cvi: Any, model: Any, theta: torch.Tensor, lam1: torch.Tensor
 
     ``best``: a dict that receives the ``info["pieces"]`` of the evaluated sites with the highest bound (for
     :func:`theta_objective`'s ``evaluated``; see :func:`profiled_objective`).
+
+    ``work``: a list (empty, or from an earlier call with sites of the same shape) of at most two pairs of buffers
+    that the steps write their factors and inverses into (``full_step(work=)``), each step into the pair ``best``
+    does not hold; a fresh :math:`N\times N` allocation costs about as much as a pass of LAPACK over it
+    (page faults), so reusing them across the steps and evaluations of a phase saves two per step.
     """
     K = model.kernel_matrix(theta)
     inner = CVIState(lam1, lam2, theta, _NO_DRAWS, initialised=True)
     inner.counters = counters
 
+    def buffers() -> tuple[torch.Tensor, torch.Tensor] | None:
+        if work is None:
+            return None
+        held = {best[k].data_ptr() for k in ("L", "Linv") if k in best} if best else set()
+        for pair in work:
+            if not held & {b.data_ptr() for b in pair}:
+                return pair
+        shape = (K.shape[0], K.shape[0]) if lam1.dim() == 1 else (lam1.shape[1], K.shape[0], K.shape[0])
+        work.append(tuple(torch.empty(shape, dtype=K.dtype, device=K.device) for _ in range(2)))
+        return work[-1]
+
     def step(st: CVIState) -> float:
-        info = steps.full_step(cvi, model, st, K, None, method=cvi.elbo_method)
+        info = steps.full_step(cvi, model, st, K, None, method=cvi.elbo_method, work=buffers())
         if best is not None and info["elbo"] >= best.get("elbo", -math.inf):
             best.update(info["pieces"])
         return info["elbo"]
@@ -104,7 +123,8 @@ def converge_sites(cvi: Any, model: Any, theta: torch.Tensor, lam1: torch.Tensor
 
 def profiled_objective(cvi: Any, model: Any, theta: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor,
                        counters: dict[str, float], *, tol: float, max_steps: int, anderson: int = 0,
-                       prior: Any = None) -> tuple[CVIState, float, torch.Tensor | None]:
+                       prior: Any = None, work: list[Any] | None = None
+                       ) -> tuple[CVIState, float, torch.Tensor | None]:
     r"""One evaluation of the profiled objective :math:`F(\theta) + \log p(\theta)`: :func:`converge_sites` from
     ``lam1``, ``lam2``, then the bound and its gradient in :math:`\theta` with the sites held fixed
     (:func:`theta_objective`) at the **best sites the run evaluated**;
@@ -114,10 +134,11 @@ def profiled_objective(cvi: Any, model: Any, theta: torch.Tensor, lam1: torch.Te
     Using the best evaluated sites saves the factorisation, marginals and expectations of the end sites. Both sets
     of sites are within the run's ``tol`` of the fixed point, where the gradient with the sites held fixed is :math:`dF/d\theta` (the
     envelope theorem); the accepted bound of a monotone run is never below the one the run started from.
+    ``work``: the buffers of :func:`converge_sites`, kept by the caller across evaluations.
     """
     best: dict[str, Any] = {}
     inner = converge_sites(cvi, model, theta, lam1, lam2, counters, tol=tol, max_steps=max_steps,
-                           anderson=anderson, best=best)
+                           anderson=anderson, best=best, work=work)
     val, grad = theta_objective(cvi, model, inner.lam1, inner.lam2, theta, prior, evaluated=best or None)
     return inner, val, grad
 
@@ -210,8 +231,11 @@ def theta_objective(cvi: Any, model: Any, lam1: torch.Tensor, lam2: torch.Tensor
 
     :math:`\partial\mathcal L/\partial K` is the closed form of the module docstring
     (:func:`gpvi.numerics.sites.kernel_gradient`); K latent functions share :math:`K_\theta`, so it is
-    :math:`\sum_k G_k` over their factors (batched). It is pushed through :math:`K(\theta)` by autograd (the same
-    gradient as autograd through the Cholesky factors and the marginals, to 2e-15 relative, at half the cost).
+    :math:`\sum_k G_k` over their factors (:func:`gpvi.numerics.sites.kernel_gradient_summed`, which returns a
+    matrix with the same contraction against the symmetric :math:`K_\theta`). It is pushed through
+    :math:`K(\theta)` by autograd: the gradient of autograd through the Cholesky factors and the marginals (in double
+    precision to 2e-15 relative, at half the cost), up to the single-precision rounding of the term proportional
+    to the sites' residual (about 1e-7 of the gradient at arbitrary sites, 1e-11 at the end of an inner run).
 
     ``evaluated``: the ``info["pieces"]`` of a :func:`gpvi.inference.cvi.steps.full_step` at this ``theta`` (its bound, the sites it
     evaluated, their factors, marginals and expectations). Then ``lam1``, ``lam2`` are ignored and nothing is
@@ -221,7 +245,7 @@ def theta_objective(cvi: Any, model: Any, lam1: torch.Tensor, lam2: torch.Tensor
     with torch.enable_grad():
         Kg = model.kernel_matrix(th)
     if evaluated is not None:
-        lam1, lam2, L, m, alpha, ex = (evaluated[k] for k in ("lam1", "lam2", "L", "m", "alpha", "ex"))
+        lam1, lam2, L, Linv, m, alpha, ex = (evaluated[k] for k in ("lam1", "lam2", "L", "Linv", "m", "alpha", "ex"))
         val = torch.as_tensor(evaluated["elbo"], dtype=Kg.dtype, device=Kg.device)
     else:
         K = Kg.detach()
@@ -230,13 +254,12 @@ def theta_objective(cvi: Any, model: Any, lam1: torch.Tensor, lam2: torch.Tensor
             L, _ = sites.site_factor(K, s, theta.detach())
         except NotPSDError:
             return -math.inf, None
-        m, v, alpha = sites.marginals(K, L, ytilde)
+        m, v, alpha, Linv = sites.marginals(K, L, ytilde, keep_inverse=True)
         ex = steps.expectations(cvi, model, m, v, None, cvi.elbo_method)
         val = sites.site_elbo(ex.value.sum(), lam1, lam2, m, v, L, alpha)
     if not bool(torch.isfinite(val)):
         return -math.inf, None
-    G = sites.kernel_gradient(L, _cols(lam1), _cols(lam2), _cols(m), alpha, _cols(ex.dm), _cols(ex.dv))
-    G = G if G.dim() == 2 else G.sum(0)
+    G = sites.kernel_gradient_summed(L, _cols(lam1), _cols(lam2), _cols(m), alpha, _cols(ex.dm), _cols(ex.dv), Linv)
     with torch.enable_grad():
         out = (Kg * G).sum()
         if prior is not None:

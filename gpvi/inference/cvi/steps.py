@@ -176,13 +176,17 @@ def _centres(cvi: Any, st: Any) -> bool:
 
 
 def full_step(cvi: Any, model: Any, st: Any, K: torch.Tensor, gen: torch.Generator | None,
-              method: str | None = None) -> dict[str, Any]:
+              method: str | None = None, work: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, Any]:
     """Evaluate the current q (marginals, ELBO), then update every site (eq. 13). Mutates ``st``; returns info.
 
     With K latent functions and ``cvi.center`` the sites are first moved along the common mode by :func:`center`
     (an exact partial maximisation: the bound reported is that of the centred sites). ``info["pieces"]`` holds
     what :func:`gpvi.inference.cvi.typeii.theta_objective` needs of the evaluated sites (factors, marginals,
     expectations, the sites themselves).
+
+    ``work``: two buffers of the factors' shape, (N, N) or (K, N, N), that the factors and their inverses are
+    written into (:func:`gpvi.numerics.sites.site_factor`, :func:`gpvi.numerics.sites.marginals`) instead of fresh
+    allocations (the inner runs: :func:`gpvi.inference.cvi.inner.converge_sites`).
 
     Raises :class:`~gpvi.numerics.sites.SiteFault` (non-finite ELBO) or :class:`~gpvi.exceptions.NotPSDError`
     (failed factorisation) before changing anything but the counters.
@@ -195,14 +199,14 @@ def full_step(cvi: Any, model: Any, st: Any, K: torch.Tensor, gen: torch.Generat
         elbo = ex_elbo.value.sum()                                           # KL(prior || prior) = 0
     else:
         ytilde, s = sites.pseudo_data(st.lam1, st.lam2)
-        L, jit = sites.site_factor(K, s, st.theta)
+        L, jit = sites.site_factor(K, s, st.theta) if work is None else sites.site_factor(K, s, st.theta, out=work[0])
         if jit > 0:
             st.counters["jitter_events"] += 1
-        m, v, alpha = sites.marginals(K, L, ytilde)
+        m, v, alpha, Linv = sites.marginals(K, L, ytilde, keep_inverse=True, out=None if work is None else work[1])
         if _centres(cvi, st):
             st.lam1, m, alpha = center(st.lam1, st.lam2, m, alpha)
         elbo, ex_elbo = _bound(cvi, model, st.lam1, st.lam2, K, L, m, v, alpha)
-        pieces = {"L": L, "m": m, "alpha": alpha}
+        pieces = {"L": L, "Linv": Linv, "m": m, "alpha": alpha}
     elbo_f = sites.finite_or_fault(elbo, st.t)
     use = method or cvi.estimator
     # the bound's expectations are by the deterministic rule whatever the estimator; with that rule as the

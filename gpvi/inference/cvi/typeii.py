@@ -269,6 +269,7 @@ class TypeII:
         cur = {"lam1": state.lam1, "lam2": state.lam2}
         seen: dict[bytes, tuple[float, torch.Tensor, torch.Tensor]] = {}
         pairs: list[tuple[float, torch.Tensor, torch.Tensor]] = []         # (value, theta, gradient)
+        work: list[Any] = []                                                # the inner runs' N x N buffers
 
         def fn(theta: torch.Tensor) -> tuple[float, torch.Tensor]:
             theta = theta.detach()
@@ -276,7 +277,7 @@ class TypeII:
             try:
                 inner, val, grad = profiled_objective(cvi, model, theta, cur["lam1"], cur["lam2"], counters,
                                                       tol=inner_tol, max_steps=self.inner_num_steps,
-                                                      anderson=self.anderson, prior=prior)
+                                                      anderson=self.anderson, prior=prior, work=work)
             except (sites.SiteFault, NotPSDError):
                 return -math.inf, torch.zeros_like(theta)
             counters["inner_steps"] = counters.get("inner_steps", 0) + inner.t
@@ -373,11 +374,12 @@ class TypeII:
             new.lam1, new.lam2, new.theta, new.converged = lam1, lam2, theta, converged
             new.factor, new.since_refactor = None, 0           # single-site factors belong to the old theta
             steps.forget_kept(new)                             # and so does the accepted bound
-            new.elbo = steps.elbo_from_sites(cvi, model, lam1, lam2, theta)[0]
             if converged or new.t >= cvi.num_steps:
                 post = cvi.posterior(model, new, {"interrupted": False, "stopped_early": converged},
                                      warn=not converged)
+                new.elbo = post.engine_state.elbo = post.elbo       # the bound posterior() evaluated: no second one
                 break
+            new.elbo = steps.elbo_from_sites(cvi, model, lam1, lam2, theta)[0]
             post = cvi.run(model, state=new, callback=callback)
         lp = float(prior_log_prob(prior, post.theta)) if prior is not None else 0.0
         extra = {"learn_hyperparameters": True, "type_ii": self.settings(), "time_s": time.perf_counter() - t0,
