@@ -26,7 +26,9 @@ Phases (each resumable: every finished reference and every finished (problem, se
            the answer's flag, and the same for the answer the previous rule (``rule="v1"``) gives from the same q.
 ``render`` The tables (``results/trust_stress.{md,json}``).
 ``recheck`` Every cached case with the current code: new variational fit, ``infer`` with the cached NUTS
-           (``results/trust_stress_recheck.{md,json}``).
+           (``results/trust_stress_recheck.{md,json}``; ``--out=NAME`` writes ``results/NAME.{md,json}``).
+``fidelity`` Boston, Bodyfat, pendulum against ``nuts_fidelity``'s references (``results/trust_stress_fidelity.json``;
+           ``--out=NAME`` as above).
 
 Usage::
 
@@ -61,6 +63,7 @@ except ImportError:                                   # run as a script from ben
     from _common import RESULTS, header, write
 
 QUICK = "--quick" in sys.argv
+OUT = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--out=")), None)
 NAME = "trust_stress_quick" if QUICK else "trust_stress"
 CACHE = Path(os.environ.get("GPVI_STRESS_CACHE") or Path.home() / ".cache" / "gpvi" / NAME)
 SEEDS = [0] if QUICK else [0, 1, 2, 3, 4]
@@ -257,7 +260,7 @@ def phase_fidelity(names: list[str]) -> None:
     then the rule after (``gpvi.infer(q=...)``) and before (:func:`rule_v1`, NUTS from q not rerun when it is the
     old answer: see ``nuts_fidelity_sk_default.md``) on that q, each timed."""
     refs = np.load(RESULTS / "nuts_fidelity_ref.npz")
-    path = RESULTS / "trust_stress_fidelity.json"
+    path = RESULTS / f"{OUT or 'trust_stress_fidelity'}.json"
     out = json.loads(path.read_text()) if path.exists() else {}
     for name in names:
         if name in out:
@@ -299,7 +302,8 @@ def phase_fidelity(names: list[str]) -> None:
 def phase_recheck(probs: list[dict[str, Any]]) -> None:
     """Every cached case with the current code: a new variational fit and ``gpvi.infer(q=...)`` with the cached
     NUTS from q; the verdict against the cached one (``results/trust_stress_recheck.{md,json}``)."""
-    path = RESULTS / "trust_stress_recheck.json"
+    name = OUT or "trust_stress_recheck"
+    path = RESULTS / f"{name}.json"
     out = json.loads(path.read_text()) if path.exists() else {}
     for p in probs:
         ref_path = CACHE / f"ref_{p['id']}.json"
@@ -327,15 +331,27 @@ def phase_recheck(probs: list[dict[str, Any]]) -> None:
             print(f"recheck {key}: old {_cell(old['v2'])} | new {new['answer']} within {new['within']} trusted "
                   f"{new['trusted']} (q {wall_q:.1f} s, rest {wall_rest:.1f} s, merged {merged})", flush=True)
             path.write_text(json.dumps(out, indent=1))
+    prev_path = RESULTS / "trust_stress_recheck.json"
+    prev = json.loads(prev_path.read_text())["data"] if name != "trust_stress_recheck" and prev_path.exists() else {}
     rows = ["| problem | half | seed | before: route · verdict | now: route · Δ · sd ratios · verdict | starts "
             "(merged) | q wall now (s) | rest of infer now, NUTS replayed (s) |", "|---|---|---|---|---|---|---|---|"]
-    for c in out.values():
+    if prev:
+        rows = [rows[0][:-1] + "| trust_stress_recheck.md: route · Δ · sd ratios |", rows[1] + "---|"]
+    for key, c in out.items():
         n = c["new"]
         mark = "ok" if n["within"] else ("FLAGGED" if not n["trusted"] else "**MISS**")
+        if n["check"].get("refined"):
+            f = n["check"]["first"]
+            mark += (f" (check refined: MCSE {max(f['mcse_mean'], f['mcse_sd']):.3f} -> "
+                     f"{max(n['check']['mcse_mean'], n['check']['mcse_sd']):.3f} sd, {n['check']['num_draws']} draws)")
         rows.append(f"| {c['problem']} | {c['half']} | {c['seed']} | {c['old']['answer']} · "
                     f"{'ok' if c['old']['within'] else ('FLAGGED' if not c['old']['trusted'] else '**MISS**')} | "
                     f"{n['answer']} · {n['max_dmean_sd']:.2f} · {n['sd_ratio_min']:.2f}–{n['sd_ratio_max']:.2f} · "
                     f"{mark} | {n['starts']} ({n['merged']}) | {n['wall_q']:.1f} | {n['wall_after_q']:.1f} |")
+        if prev:
+            p = prev.get(key, {}).get("new")
+            rows[-1] += (f" {p['answer']} · {p['max_dmean_sd']:.2f} · {p['sd_ratio_min']:.2f}–{p['sd_ratio_max']:.2f} |"
+                         if p else " – |")
     changed = [k for k, c in out.items() if (c["new"]["within"], c["new"]["trusted"]) != (c["old"]["within"], c["old"]["trusted"])]
     new_miss = [k for k, c in out.items() if c["new"]["trusted"] and not c["new"]["within"]
                 and not (c["old"]["trusted"] and not c["old"]["within"])]
@@ -344,7 +360,7 @@ def phase_recheck(probs: list[dict[str, Any]]) -> None:
           "it, the NUTS-from-q run replayed from the cache where the route is NUTS (a route newly NUTS runs it). "
           f"Cases: {len(out)}; verdict changed: {', '.join(changed) or 'none'}; new unflagged misses: "
           f"{', '.join(new_miss) or 'none'}.", "", *rows]
-    write("trust_stress_recheck", "\n".join(md) + "\n", out)
+    write(name, "\n".join(md) + "\n", out)
 
 
 def _cell(c: dict[str, Any]) -> str:

@@ -37,6 +37,12 @@ importance sampling*, JMLR 2024):
      :math:`\hat k \le \min(1 - 1/\log_{10}S, 0.7)`, the weights' ESS is at least ``min_ess`` and every
      parameter's batch MCSE of the mean and of the sd is at most ``MCSE_TOL`` of its sd. A wide component that
      finds mass q missed raises :math:`\hat k` or the batch spread, and the answer goes to NUTS.
+   - **Refinement**: when the check fails on its batch MCSE alone (:math:`\hat k` and the ESS pass) and that MCSE
+     is at most ``REFINE_REACH`` x ``MCSE_TOL``, each Gaussian of the base is moved to the weighted mean and
+     marginal sds of the draws it accounts for (one step of population Monte Carlo, Cappé et al. 2004; its
+     correlations and, for the starts' mixture, the basins' weighted masses), the defensive scales are kept
+     around it, and its own new draws (rounds of ``4 x num_psis_draws``, at most ``REFINE_ROUNDS``) are checked
+     by the same rule; they replace the first draws as the weighted answer, and NUTS runs only if they fail too.
 
 5. **Answer**: q itself when its :math:`\hat k \le 0.5`, there is one basin, the weighted answer is reliable and
    q agrees with it (every mean within ``Q_AGREE_MEAN`` weighted sd, every sd ratio within ``Q_AGREE_SD``);
@@ -90,7 +96,9 @@ class InferenceReport:
     check : dict
         The weighted answer's check: ``proposal`` ("q" or "mixture": the base of the defensive proposal), ``khat`` and its ``threshold``,
         ``ess`` and ``num_draws`` of its weights, ``mcse_mean`` and ``mcse_sd`` (largest batch MCSE over the
-        parameters, in weighted sds), ``reliable``.
+        parameters, in weighted sds), ``reliable``; after a refinement (module docstring, step 4) also
+        ``refined`` (its rounds of new draws) and ``first`` (the first check's ``khat``, ``ess``, ``num_draws``,
+        ``mcse_mean``, ``mcse_sd``), the other keys then being the refined proposal's.
     interrupted : str
         The stage a Ctrl-C ended, empty when none did: ``"map"`` (the MAP restarts of the default start),
         ``"laplace"`` (their Laplace scales), ``"q"`` (the engine runs), ``"psis"`` (PSIS and the check) or
@@ -160,8 +168,14 @@ class InferenceReport:
                f"  PSIS of q: k-hat {self.khat:.2f}, weights' ESS {self.psis_ess:.0f}, "
                f"log evidence {self.log_evidence:.3f} +- {self.log_evidence_se:.3f}"]
         c = self.check
+        if c.get("first"):
+            f = c["first"]
+            out.append(f"  first check ({c['proposal']} proposal, {f['num_draws']} draws): k-hat {f['khat']:.2f}, "
+                       f"weights' ESS {f['ess']:.0f}, batch MCSE {max(f['mcse_mean'], f['mcse_sd']):.3f} sd: "
+                       "proposal refined from its weighted draws")
         if c:
-            out.append(f"  check ({c['proposal']} proposal, {c['num_draws']} draws): k-hat {c['khat']:.2f} "
+            out.append(f"  check ({'refined ' if c.get('first') else ''}{c['proposal']} proposal, "
+                       f"{c['num_draws']} draws): k-hat {c['khat']:.2f} "
                        f"(<= {c['threshold']:.2f}?), weights' ESS {c['ess']:.0f}, batch MCSE of means <= "
                        f"{c['mcse_mean']:.3f} sd, of sds <= {c['mcse_sd']:.3f} sd: "
                        + ("reliable" if c["reliable"] else "not reliable"))
@@ -209,7 +223,7 @@ def _mixed(d: dict[str, Any], min_ess: float) -> bool:
 def _choose(khat_q: float, check: dict[str, Any], *, several: bool = False,
             q_agrees: bool = False) -> tuple[str, str]:
     """The answer (module docstring, step 5): ``"q"``, ``"psis"`` or ``"nuts"`` and the reason."""
-    what = "the defensive proposal's"
+    what = "the refined defensive proposal's" if check.get("first") else "the defensive proposal's"
     if check["reliable"]:
         if not several and math.isfinite(khat_q) and khat_q <= KHAT_GOOD and q_agrees:
             return "q", (f"k-hat {khat_q:.2f} <= {KHAT_GOOD} and q agrees with its checked PSIS-weighted draws: "
