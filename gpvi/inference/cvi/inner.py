@@ -139,7 +139,7 @@ def profiled_objective(cvi: Any, model: Any, theta: torch.Tensor, lam1: torch.Te
     best: dict[str, Any] = {}
     inner = converge_sites(cvi, model, theta, lam1, lam2, counters, tol=tol, max_steps=max_steps,
                            anderson=anderson, best=best, work=work)
-    val, grad = theta_objective(cvi, model, inner.lam1, inner.lam2, theta, prior, evaluated=best or None)
+    val, grad = theta_objective(cvi, model, inner.lam1, inner.lam2, theta, prior, evaluated=best or None, single=True)
     return inner, val, grad
 
 
@@ -224,7 +224,7 @@ def monotone_run(inner: Any, step: Callable[[Any], float], *, tol: float, max_st
 
 
 def theta_objective(cvi: Any, model: Any, lam1: torch.Tensor, lam2: torch.Tensor, theta: torch.Tensor,
-                    prior: Any = None, *, evaluated: dict[str, Any] | None = None
+                    prior: Any = None, *, evaluated: dict[str, Any] | None = None, single: bool = False
                     ) -> tuple[float, torch.Tensor | None]:
     r"""The bound at ``theta`` with the sites held fixed, plus :math:`\log p(\theta)` when ``prior`` is given, and
     its gradient in ``theta``. ``(-inf, None)`` when a factorisation fails or the value is not finite.
@@ -233,9 +233,10 @@ def theta_objective(cvi: Any, model: Any, lam1: torch.Tensor, lam2: torch.Tensor
     (:func:`gpvi.numerics.sites.kernel_gradient`); K latent functions share :math:`K_\theta`, so it is
     :math:`\sum_k G_k` over their factors (:func:`gpvi.numerics.sites.kernel_gradient_summed`, which returns a
     matrix with the same contraction against the symmetric :math:`K_\theta`). It is pushed through
-    :math:`K(\theta)` by autograd: the gradient of autograd through the Cholesky factors and the marginals (in double
-    precision to 2e-15 relative, at half the cost), up to the single-precision rounding of the term proportional
-    to the sites' residual (about 1e-7 of the gradient at arbitrary sites, 1e-11 at the end of an inner run).
+    :math:`K(\theta)` by autograd (the same gradient as autograd through the Cholesky factors and the marginals, to
+    2e-15 relative, at half the cost). ``single``: the term proportional to the sites' residual in single
+    precision (``kernel_gradient_summed(single=True)``; :func:`profiled_objective`, whose sites end an inner run:
+    1e-11 of the gradient there, about 1e-7 at arbitrary sites).
 
     ``evaluated``: the ``info["pieces"]`` of a :func:`gpvi.inference.cvi.steps.full_step` at this ``theta`` (its bound, the sites it
     evaluated, their factors, marginals and expectations). Then ``lam1``, ``lam2`` are ignored and nothing is
@@ -259,7 +260,8 @@ def theta_objective(cvi: Any, model: Any, lam1: torch.Tensor, lam2: torch.Tensor
         val = sites.site_elbo(ex.value.sum(), lam1, lam2, m, v, L, alpha)
     if not bool(torch.isfinite(val)):
         return -math.inf, None
-    G = sites.kernel_gradient_summed(L, _cols(lam1), _cols(lam2), _cols(m), alpha, _cols(ex.dm), _cols(ex.dv), Linv)
+    G = sites.kernel_gradient_summed(L, _cols(lam1), _cols(lam2), _cols(m), alpha, _cols(ex.dm), _cols(ex.dv), Linv,
+                                     single=single)
     with torch.enable_grad():
         out = (Kg * G).sum()
         if prior is not None:
