@@ -221,8 +221,8 @@ def kernel_gradient(L: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor, m: 
 
 
 def kernel_gradient_summed(L: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor, m: torch.Tensor,
-                           alpha: torch.Tensor, dm: torch.Tensor, dv: torch.Tensor, Linv: torch.Tensor, *,
-                           single: bool = False) -> torch.Tensor:
+                           alpha: torch.Tensor, dm: torch.Tensor, dv: torch.Tensor, Linv: torch.Tensor
+                           ) -> torch.Tensor:
     r""":func:`kernel_gradient` summed over the factors (latent functions sharing :math:`K`), as a matrix :math:`T`
     (N, N) with :math:`T + T^\top = 2\sum_k G_k`: what a contraction with a symmetric matrix needs,
     :math:`\sum_{ij} T_{ij}A_{ij} = \sum_{ij}(\sum_k G_k)_{ij}A_{ij}` (e.g. autograd through :math:`K(\theta)`).
@@ -231,12 +231,7 @@ def kernel_gradient_summed(L: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tens
     ``lauum`` of ``Linv`` (:math:`N^3/3` flops), :math:`P_k\boldsymbol u = L_k^{-\top}(L_k^{-1}\boldsymbol u)`, and the
     sandwiches :math:`\sum_k P_k\operatorname{diag}(\mathbf c_k)P_k`,
     :math:`\mathbf c_k = \mathbf b_k\odot\mathbf s_k^2`, accumulate in one lower triangle by ``syrk``
-    (:math:`N^3` flops per factor). ``single``: that ``syrk`` in single precision, at twice the double-precision
-    rate, for sites at the end of an inner run (:func:`gpvi.inference.cvi.inner.profiled_objective`): the sandwich
-    is proportional to the sites' residual :math:`\mathbf b` (zero at a CVI fixed point, a few 1e-4 of the gradient
-    in theta there), so single precision's relative error (about 1e-7 of that term) is far below the envelope
-    gradient's own error; at arbitrary sites it is about 1e-7 of the gradient. Elsewhere:
-    ``kernel_gradient(...).sum(0)``.
+    (:math:`N^3` flops per factor, in double precision). Elsewhere: ``kernel_gradient(...).sum(0)``.
     """
     if L.device.type != "cpu" or L.dtype != torch.float64 or Linv.requires_grad:
         G = kernel_gradient(L, lam1, lam2, m, alpha, dm, dv, Linv=Linv)
@@ -251,18 +246,17 @@ def kernel_gradient_summed(L: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tens
     w = (Lb.mT @ (Lb @ (a * s).unsqueeze(-1))).squeeze(-1) + 0.5 * al
     T = torch.cat((w, al)).T @ torch.cat((al, w))
     T.mul_(0.5)
-    dtype, syrk = (np.float32, blas.ssyrk) if single else (np.float64, blas.dsyrk)
-    S = np.zeros((n, n), dtype=dtype, order="F")
+    S = np.zeros((n, n), dtype=np.float64, order="F")
     for k in range(Lb.shape[0]):
         P = _gram_of_inverse(Lb[k])
         T.add_(P, alpha=-0.5)
         Pn, ck = P.numpy(), c[k]
         for sign, cols in ((1.0, ck > 0), (-1.0, ck < 0)):
             if cols.any():             # P symmetric: its columns are its rows, gathered contiguously
-                X = (Pn[cols] * np.sqrt(sign * ck[cols])[:, None]).astype(dtype, copy=False).T
-                S = syrk(sign, X, beta=1.0, c=S, lower=1, overwrite_c=1)
+                X = (Pn[cols] * np.sqrt(sign * ck[cols])[:, None]).T
+                S = blas.dsyrk(sign, X, beta=1.0, c=S, lower=1, overwrite_c=1)
         del P, Pn
-    S64 = torch.from_numpy(S.astype(np.float64, order="F", copy=False))     # lower triangle, zeros above
+    S64 = torch.from_numpy(S)                          # lower triangle, zeros above
     T.add_(S64, alpha=2.0)
     T.diagonal().sub_(S64.diagonal())
     return T

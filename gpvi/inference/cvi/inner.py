@@ -37,7 +37,7 @@ with :math:`\boldsymbol\alpha = P\tilde{\mathbf y}`, :math:`a_n = \partial_m E_n
 factorisation is the exact Cholesky of :func:`gpvi.linalg.cholesky_with_jitter`. At a CVI fixed point :math:`a = b = 0`,
 so this is :math:`dF/d\theta` (envelope theorem). Each evaluation costs a few O(N^3) CVI steps (warm start: per
 latent function one Cholesky factor and one triangular inverse, :math:`2N^3/3` flops) plus, for the gradient, one
-``lauum`` of the best step's kept inverse and one single-precision ``syrk``
+``lauum`` of the best step's kept inverse and one ``syrk``
 (:func:`gpvi.numerics.sites.kernel_gradient_summed`); a stochastic engine's phases use the same full-batch inner
 loop, because the gradient in :math:`\theta` costs O(N^3) anyway. (Alternating a few L-BFGS steps with the sites
 held fixed and CVI sweeps, variational-EM style, crept towards the optimum with thousands of evaluations on nearly
@@ -139,7 +139,7 @@ def profiled_objective(cvi: Any, model: Any, theta: torch.Tensor, lam1: torch.Te
     best: dict[str, Any] = {}
     inner = converge_sites(cvi, model, theta, lam1, lam2, counters, tol=tol, max_steps=max_steps,
                            anderson=anderson, best=best, work=work)
-    val, grad = theta_objective(cvi, model, inner.lam1, inner.lam2, theta, prior, evaluated=best or None, single=True)
+    val, grad = theta_objective(cvi, model, inner.lam1, inner.lam2, theta, prior, evaluated=best or None)
     return inner, val, grad
 
 
@@ -224,7 +224,7 @@ def monotone_run(inner: Any, step: Callable[[Any], float], *, tol: float, max_st
 
 
 def theta_objective(cvi: Any, model: Any, lam1: torch.Tensor, lam2: torch.Tensor, theta: torch.Tensor,
-                    prior: Any = None, *, evaluated: dict[str, Any] | None = None, single: bool = False
+                    prior: Any = None, *, evaluated: dict[str, Any] | None = None
                     ) -> tuple[float, torch.Tensor | None]:
     r"""The bound at ``theta`` with the sites held fixed, plus :math:`\log p(\theta)` when ``prior`` is given, and
     its gradient in ``theta``. ``(-inf, None)`` when a factorisation fails or the value is not finite.
@@ -234,9 +234,7 @@ def theta_objective(cvi: Any, model: Any, lam1: torch.Tensor, lam2: torch.Tensor
     :math:`\sum_k G_k` over their factors (:func:`gpvi.numerics.sites.kernel_gradient_summed`, which returns a
     matrix with the same contraction against the symmetric :math:`K_\theta`). It is pushed through
     :math:`K(\theta)` by autograd (the same gradient as autograd through the Cholesky factors and the marginals, to
-    2e-15 relative, at half the cost). ``single``: the term proportional to the sites' residual in single
-    precision (``kernel_gradient_summed(single=True)``; :func:`profiled_objective`, whose sites end an inner run:
-    1e-11 of the gradient there, about 1e-7 at arbitrary sites).
+    2e-15 relative, at half the cost).
 
     ``evaluated``: the ``info["pieces"]`` of a :func:`gpvi.inference.cvi.steps.full_step` at this ``theta`` (its bound, the sites it
     evaluated, their factors, marginals and expectations). Then ``lam1``, ``lam2`` are ignored and nothing is
@@ -260,8 +258,7 @@ def theta_objective(cvi: Any, model: Any, lam1: torch.Tensor, lam2: torch.Tensor
         val = sites.site_elbo(ex.value.sum(), lam1, lam2, m, v, L, alpha)
     if not bool(torch.isfinite(val)):
         return -math.inf, None
-    G = sites.kernel_gradient_summed(L, _cols(lam1), _cols(lam2), _cols(m), alpha, _cols(ex.dm), _cols(ex.dv), Linv,
-                                     single=single)
+    G = sites.kernel_gradient_summed(L, _cols(lam1), _cols(lam2), _cols(m), alpha, _cols(ex.dm), _cols(ex.dv), Linv)
     with torch.enable_grad():
         out = (Kg * G).sum()
         if prior is not None:

@@ -1,5 +1,5 @@
 """The type-II loop's N x N work (issue 41): in-place LAPACK factors through the jitter policy, triangular inverses
-of either layout, P from a kept inverse, the summed kernel gradient with its single-precision sandwich, reused
+of either layout, P from a kept inverse, the summed kernel gradient, reused
 buffers of the inner runs, and seeded type-II fits against the values the previous code gave."""
 
 from __future__ import annotations
@@ -74,8 +74,7 @@ def test_triangular_inverse_and_gram_of_either_layout(layout):
 
 def test_summed_kernel_gradient_against_the_double_precision_closed_form():
     """kernel_gradient_summed contracted with a symmetric matrix equals kernel_gradient summed over the factors:
-    to 1e-12 in double precision; with the single-precision sandwich to 1e-6 relative at arbitrary sites and to
-    1e-9 near a fixed point (small b); and for one latent function."""
+    to 1e-12, at arbitrary sites and near a fixed point (small b); and for one latent function."""
     g = torch.Generator().manual_seed(3)
     n, C = 60, 3
     X = torch.randn(n, 2, generator=g, dtype=F64)
@@ -91,13 +90,12 @@ def test_summed_kernel_gradient_against_the_double_precision_closed_form():
         dm = lam1 + 2 * lam2 * m + scale * torch.randn(C, n, generator=g, dtype=F64)
         dv = lam2 + scale * torch.randn(C, n, generator=g, dtype=F64)
         G = sites.kernel_gradient(L, lam1, lam2, m, alpha, dm, dv).sum(0)
-        for single, tol in ((False, 1e-12), (True, 1e-6 if scale == 1 else 1e-9)):
-            T = sites.kernel_gradient_summed(L, lam1, lam2, m, alpha, dm, dv, Linv, single=single)
-            assert abs(float((T * A).sum() - (G * A).sum())) <= tol * float((G * A).abs().sum())
-            assert float(((T + T.T) / 2 - G).abs().max()) <= tol * float(G.abs().max())
+        T = sites.kernel_gradient_summed(L, lam1, lam2, m, alpha, dm, dv, Linv)
+        assert abs(float((T * A).sum() - (G * A).sum())) <= 1e-12 * float((G * A).abs().sum())
+        assert float(((T + T.T) / 2 - G).abs().max()) <= 1e-12 * float(G.abs().max())
     G1 = sites.kernel_gradient(L[0], lam1[0], lam2[0], m[0], alpha[0], dm[0], dv[0])
-    T1 = sites.kernel_gradient_summed(L[0], lam1[0], lam2[0], m[0], alpha[0], dm[0], dv[0], Linv[0], single=True)
-    assert float(((T1 + T1.T) / 2 - G1).abs().max()) <= 1e-9 * float(G1.abs().max())
+    T1 = sites.kernel_gradient_summed(L[0], lam1[0], lam2[0], m[0], alpha[0], dm[0], dv[0], Linv[0])
+    assert float(((T1 + T1.T) / 2 - G1).abs().max()) <= 1e-12 * float(G1.abs().max())
 
 
 def test_inner_runs_with_reused_buffers_are_bitwise_the_fresh_ones():
