@@ -320,7 +320,8 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
     seed : int
         Seed of every stage (MAP restarts, the variational engine, PSIS draws, NUTS).
     num_psis_draws : int
-        Draws of q for the first PSIS diagnosis (default 1000); the check's defensive proposal draws 4x as many.
+        Draws of q for the first PSIS diagnosis (default 1000); the check's defensive proposal draws 4x as many, and
+        its refinement (step 4) up to ``REFINE_ROUNDS`` x 4x as many more.
     engine : {"sk", "dsvi"} or engine, optional
         The variational engine. ``"sk"`` (default, also ``None``): Salimans-Knowles' Hessian-free variant
         (:func:`default_sk`: ``SKGaussian(num_steps=max(500, 40 D), method="gradient", num_draws=4,
