@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import gpvi
+from gpvi.inference.cvi.typeii import TypeII
 from gpvi.posteriors import RunInfo, posterior_from_state_dict
 
 
@@ -67,7 +68,9 @@ def test_every_engine_fills_the_same_fields():
                 model, init=point.theta),
         }
         Xc = torch.linspace(-2, 2, 20, dtype=torch.float64).unsqueeze(-1)
-        runs["CVI"] = gpvi.CVI(progress_bar=False).run(gpvi.GPClassification(Xc, (Xc[:, 0] > 0.3).double()))
+        clf = gpvi.GPClassification(Xc, (Xc[:, 0] > 0.3).double())
+        runs["CVI"] = gpvi.CVI(progress_bar=False).run(clf)
+        runs["TypeII"] = TypeII(gpvi.CVI(progress_bar=False)).run(clf)
     for name, post in runs.items():
         info = post.info
         assert isinstance(info, RunInfo), name

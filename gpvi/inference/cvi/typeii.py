@@ -341,13 +341,15 @@ class TypeII:
             At the learned ``theta``; ``info`` adds ``learn_hyperparameters`` (True), ``type_ii`` (the settings),
             ``log_prior`` (:math:`\log p(\theta)`, 0 without a prior), ``objective`` (ELBO + ``log_prior``, what
             was maximised), ``theta_phases``, ``theta_evaluations``, ``inner_steps``, ``inner_backtracks``,
-            ``time_s`` (the whole loop) and ``at_bound`` (``{name: "lower" | "upper"}`` for the components that ended
+            ``engine`` (``"TypeII"``), ``time_s`` (the whole loop of this call; ``total_time_s`` adds the steps of
+            the earlier calls that ``state`` records) and ``at_bound`` (``{name: "lower" | "upper"}`` for the components that ended
             on the box, each named in one :class:`~gpvi.exceptions.BoundWarning`; :func:`report_box`).
         """
         cvi = self.cvi
         cvi._configure(model)
         prior = self._prior(model)
         t0 = time.perf_counter()
+        earlier = state.get("wall_time", 0.0) if isinstance(state, dict) else getattr(state, "wall_time", 0.0)
         coarse = self.coarse and state is None
         step = None
         first = cvi
@@ -382,7 +384,9 @@ class TypeII:
             new.elbo = steps.elbo_from_sites(cvi, model, lam1, lam2, theta)[0]
             post = cvi.run(model, state=new, callback=callback)
         lp = float(prior_log_prob(prior, post.theta)) if prior is not None else 0.0
-        extra = {"learn_hyperparameters": True, "type_ii": self.settings(), "time_s": time.perf_counter() - t0,
+        wall = time.perf_counter() - t0
+        extra = {"engine": "TypeII", "learn_hyperparameters": True, "type_ii": self.settings(), "time_s": wall,
+                 "total_time_s": float(earlier) + wall,
                  "log_prior": lp, "objective": post.elbo + lp,
                  "at_bound": report_box(model, post.theta, self.theta_bounds, self.prior)}
         for k in ("theta_phases", "theta_evaluations", "inner_steps", "inner_backtracks"):
