@@ -1,17 +1,16 @@
 """All Cholesky work in gpvi: bounded jitter, the exact Gaussian log marginal, rank-one updates.
 
-Symbols: ``K`` is a symmetric positive definite matrix (kernel matrix plus noise), ``L`` its lower
-Cholesky factor (``K = L L^T``), ``alpha = K^{-1} y``. Leading dimensions of ``K`` are batch dimensions:
-one factorisation call handles a whole ``(S, N, N)`` batch.
+Symbols: ``K`` is a symmetric positive definite matrix (kernel matrix plus noise), ``L`` its lower Cholesky factor
+(``K = L L^T``), ``alpha = K^{-1} y``. Leading dimensions of ``K`` are batch dimensions: one factorisation call
+handles a whole ``(S, N, N)`` batch.
 
-Jitter policy (one place, auditable): a factorisation that fails is retried on the failing batch
-members only, with ``jitter * mean(diag K)`` added to the diagonal, ``jitter`` going
-``1e-8, 1e-7, ..., 1e-2`` by default. A :class:`~gpvi.exceptions.NumericalWarning` says how much
-was added. Past the cap, a single matrix raises :class:`~gpvi.exceptions.NotPSDError`; in a batch the failed
-members are reported in ``ok`` (callers give them log density ``-inf``) unless ``raise_on_failure=True``.
-A matrix with NaN or inf entries is never "fixed" by jitter: it fails at once. A factorisation whose smallest
-pivot is at rounding level (``L_ii^2 <= N eps mean(diag K)``) is treated as failed: the matrix is numerically
-singular (e.g. duplicated inputs with a tiny noise variance) and jitter is added.
+Jitter policy (one place, auditable): a factorisation that fails is retried on the failing batch members only, with
+``jitter * mean(diag K)`` added to the diagonal, ``jitter`` going ``1e-8, 1e-7, ..., 1e-2`` by default. A
+:class:`~gpvi.exceptions.NumericalWarning` says how much was added. Past the cap, a single matrix raises
+:class:`~gpvi.exceptions.NotPSDError`; in a batch the failed members are reported in ``ok`` (callers give them log
+density ``-inf``) unless ``raise_on_failure=True``. NaN or inf entries fail at once (jitter never "fixes" them). A
+factorisation whose smallest pivot is at rounding level (``L_ii^2 <= N eps mean(diag K)``) counts as failed: the
+matrix is numerically singular (e.g. duplicated inputs with a tiny noise variance), and jitter is added.
 """
 
 from __future__ import annotations
@@ -78,9 +77,8 @@ def cholesky_with_jitter(K: torch.Tensor, *, jitter: float = DEFAULT_JITTER, max
         Name of the matrix for messages.
     overwrite : bool
         ``K`` (both triangles symmetric) is a buffer the caller gives up: on the CPU (C-contiguous float64 or
-        float32) the first
-        attempt is LAPACK's ``potrf`` through SciPy (OpenBLAS; :func:`_potrf_`) in place, and ``L`` is a
-        (column-major) view of ``K``'s memory; members that need jitter are restored first. Same policy.
+        float32) the first attempt is LAPACK's ``potrf`` through SciPy (OpenBLAS; :func:`_potrf_`) in place, and
+        ``L`` is a (column-major) view of ``K``'s memory; members that need jitter are restored first. Same policy.
 
     Returns
     -------
@@ -112,7 +110,10 @@ def cholesky_with_jitter(K: torch.Tensor, *, jitter: float = DEFAULT_JITTER, max
     floor = n * torch.finfo(K.dtype).eps * dK.abs().mean(-1)
     ok = (info == 0) & finite & ((diagL * diagL).amin(-1) > floor)
     for i, good in enumerate(ok.tolist() if in_place else []):    # L's strict upper triangle still holds K's:
-        Kb[i].triu_() if good else Kb[i].copy_(Kb[i].tril(-1) + Kb[i].tril(-1).mT).diagonal().copy_(dK[i])
+        if good:                                    # zeroed (Kb's lower triangle, L = Kb.mT), or the member
+            Kb[i].triu_()                           # rebuilt from it and the saved diagonal, for the jitter
+        else:
+            Kb[i].copy_(Kb[i].tril(-1) + Kb[i].tril(-1).mT).diagonal().copy_(dK[i])
     if not bool(ok.all()):
         finite = finite & torch.isfinite(Kb).flatten(1).all(dim=1)
     jit = torch.zeros(Kb.shape[0], dtype=K.dtype, device=K.device)

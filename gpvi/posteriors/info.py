@@ -74,6 +74,8 @@ class RunInfo(MutableMapping):
         if isinstance(info, RunInfo):
             return cls(**{f.name: (dict(v) if isinstance(v := getattr(info, f.name), dict) else v)
                           for f in fields(cls)})
+        if info is not None and not isinstance(info, Mapping):
+            raise TypeError(f"info must be a RunInfo, a mapping or None; got {type(info).__name__}")
         out = cls()
         for key, value in (info or {}).items():
             out[str(key)] = value

@@ -40,6 +40,13 @@ def test_setting_an_entry_goes_to_its_field_counter_or_details():
         del info["steps"]
 
 
+def test_info_that_is_not_a_mapping_is_a_clear_type_error():
+    with pytest.raises(TypeError, match="info must be"):
+        RunInfo.of([("steps", 3)])
+    with pytest.raises(TypeError, match="info must be"):
+        gpvi.PointPosterior(torch.zeros(2, dtype=torch.float64), ["a", "b"], info="steps=3")
+
+
 def test_plain_dict_round_trip_and_copy_independence():
     info = RunInfo(engine="E", steps=5, counters={"a": 1}, settings={"s": 2}, details={"d": 3})
     plain = dict(info)
