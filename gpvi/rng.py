@@ -6,7 +6,7 @@ import numbers
 
 import torch
 
-__all__ = ["check_seed", "resolve_generator", "generator_from_state", "copy_generator"]
+__all__ = ["check_seed", "resolve_generator", "generator_from_state", "copy_generator", "randn"]
 
 
 def check_seed(seed: object, name: str = "seed", *, allow_none: bool = True) -> int | None:
@@ -88,3 +88,13 @@ def copy_generator(generator: torch.Generator) -> torch.Generator:
     gen = torch.Generator(device=generator.device)
     gen.set_state(generator.get_state())
     return gen
+
+
+def randn(shape: tuple[int, ...], generator: torch.Generator | None, *, dtype: torch.dtype = torch.float64,
+          device: torch.device | str | None = None) -> torch.Tensor:
+    """Standard normals of ``shape`` drawn where ``generator`` lives (the CPU without one), then moved to
+    ``device`` (``None``: left there). One seed gives one stream whatever the data's device, and a CPU generator
+    serves CUDA data (``torch.randn`` refuses a generator on another device)."""
+    z = torch.randn(shape, generator=generator, dtype=dtype,
+                    device=generator.device if generator is not None else torch.device("cpu"))
+    return z if device is None else z.to(device)

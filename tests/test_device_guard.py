@@ -65,3 +65,37 @@ def test_engines_create_no_tensor_on_the_default_device(name):
             torch.set_default_device(None)
     for a, b in zip(want, got):
         assert b.device.type == "cpu" and torch.equal(a, b)
+
+
+class _OnMeta:
+    """A target whose data would live on another device ("meta" stands in for a GPU on a CPU-only machine)."""
+
+    names = ["a", "b"]
+    device = torch.device("meta")
+
+    def log_joint(self, theta):
+        return -0.5 * (theta * theta).sum(-1)
+
+
+def test_starts_move_to_the_target_device():
+    """Found on an H200: starts built on the CPU met CUDA data ("Expected all tensors to be on the same device")."""
+    from gpvi.inference.init import Start, on_target_device
+
+    s = Start(torch.ones(2, dtype=torch.float64), torch.eye(2, dtype=torch.float64), "given",
+              alternatives=(Start(torch.zeros(2, dtype=torch.float64)),))
+    moved = on_target_device(s, _OnMeta())
+    assert moved.theta.device.type == moved.scale_tril.device.type == moved.alternatives[0].theta.device.type == "meta"
+    assert on_target_device(s, gpvi.Target(lambda t: -(t * t).sum(-1), names=2)) is s      # no device: unchanged
+
+
+def test_draws_come_from_the_generator_device_then_move():
+    """A CPU generator serves data on another device (torch.randn refuses it); on the CPU the stream is torch's."""
+    from gpvi.rng import randn
+
+    a = randn((3, 2), torch.Generator().manual_seed(5))
+    b = torch.randn((3, 2), generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    assert torch.equal(a, b)
+    assert randn((3, 2), torch.Generator().manual_seed(5), device="meta").device.type == "meta"
+    from gpvi.numerics.families import StandardNormal
+
+    assert StandardNormal(2).sample(3, torch.Generator().manual_seed(5), device="meta").device.type == "meta"

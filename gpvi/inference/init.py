@@ -24,14 +24,14 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
 
 from ..exceptions import InterruptedRunWarning, NumericalWarning
 from ..linalg import cholesky_plain
-from ..models.target import as_target, is_minibatch_target
+from ..models.target import as_target, is_minibatch_target, target_device
 from ..numerics.budget import MemoryBudget
 from ..posteriors.base import Posterior
 from ..validation import as_float_tensor, check_positive, check_positive_int
@@ -309,6 +309,8 @@ def laplace_scale_at(target: Any, theta: torch.Tensor, *, fallback_scale: float 
     Returns ``(None, info)`` when no curvature is usable at all (``info["scale_reason"]`` says why).
     """
     t0 = time.perf_counter()
+    dev = target_device(target)
+    theta = theta if dev is None else theta.to(dev)
     chunk = MemoryBudget().draws_per_call(target, 32)       # the 2D gradient rows, cut by the memory budget
     H = finite_difference_hessian(target, theta, step=step, chunk=chunk)
     C, how = laplace_scale(H)
@@ -433,6 +435,19 @@ def resolve_init(init: Any, default: Callable[[Any], Start], *, seed: int = 0) -
     return init_to_value(init)
 
 
+def on_target_device(start: Start, target: Any) -> Start:
+    """``start`` with its point, scale and alternatives on the device of ``target``'s data
+    (:func:`~gpvi.models.target.target_device`; unchanged for a target that names none): an engine's state and
+    every draw it makes then live beside the data."""
+    dev = target_device(target)
+    if dev is None or (start.theta.device == dev and (start.scale_tril is None or start.scale_tril.device == dev)
+                       and not start.alternatives):
+        return start
+    return replace(start, theta=start.theta.to(dev),
+                   scale_tril=None if start.scale_tril is None else start.scale_tril.to(dev),
+                   alternatives=tuple(on_target_device(a, target) for a in start.alternatives))
+
+
 def find_start(target: Any, init: Any, default: Callable[[Any], Start], *, seed: int | None = 0) -> Start:
     """The :class:`Start` a run begins from: ``init`` turned into a strategy by :func:`resolve_init` (``default``
     for ``None``, ``seed`` for ``"laplace"``'s MAP restarts), called once on ``target``; ``info["time_s"]`` is the
@@ -441,7 +456,7 @@ def find_start(target: Any, init: Any, default: Callable[[Any], Start], *, seed:
     t0 = time.perf_counter()
     start = strategy(target)
     start.info.setdefault("time_s", time.perf_counter() - t0)
-    return start
+    return on_target_device(start, target)
 
 
 def start_point(target: Any, start: Any, default: Callable[[Any], Start], *, seed: int | None = 0,
@@ -463,7 +478,7 @@ def start_point(target: Any, start: Any, default: Callable[[Any], Start], *, see
     D = len(target.names)
     if tuple(start.theta.shape) != (D,):
         raise ValueError(f"init must have length D = {D}; got shape {tuple(start.theta.shape)}")
-    return start
+    return on_target_device(start, target)
 
 
 def _show(theta: torch.Tensor, most: int = 8) -> str:

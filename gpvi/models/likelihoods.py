@@ -61,7 +61,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..rng import resolve_generator
+from ..rng import randn, resolve_generator
 from ..validation import as_float_tensor, check_choice, check_positive, check_positive_int
 from ..numerics.quadrature import Quadrature, gaussian_expectation
 
@@ -361,7 +361,7 @@ def expected_log_lik(
     num_draws = check_positive_int(num_draws, "num_draws")
     mc_variance_grad = check_choice(mc_variance_grad, "mc_variance_grad", ["hessian", "reparam"])
     gen = resolve_generator(None, generator)
-    eps = torch.randn((m.shape[0], num_draws), generator=gen, dtype=m.dtype, device=m.device)
+    eps = randn((m.shape[0], num_draws), gen, dtype=m.dtype, device=m.device)
     sd = torch.sqrt(v.clamp_min(0.0)).unsqueeze(-1)
     f = m.unsqueeze(-1) + sd * eps
     h, h1, h2 = likelihood.derivatives(y.unsqueeze(-1), f)

@@ -148,6 +148,10 @@ class BayesianLogisticRegression:
             Xt = torch.cat([torch.ones(Xt.shape[0], 1, dtype=Xt.dtype, device=Xt.device), Xt], 1)
         return Xt
 
+    @property
+    def device(self) -> torch.device:
+        return self.Phi.device
+
     def initial_theta(self) -> torch.Tensor:
         """Zeros (the prior mean), shape (D,)."""
         return torch.zeros(self.dim, dtype=torch.float64, device=self.Phi.device)

@@ -58,7 +58,7 @@ from ..linalg import cholesky_plain
 from ..numerics.quadrature import Quadrature, _gauss_hermite
 from ..numerics.softmax_rules import (_others, _workspace, default_quadrature, fixed_draws,
                                       nested_nodes, two_level_moments)
-from ..rng import resolve_generator
+from ..rng import randn, resolve_generator
 from ..validation import check_fraction, check_positive_int
 from .likelihoods import Likelihood
 
@@ -282,8 +282,7 @@ class Softmax(Likelihood):
         else:
             if method == "mc":
                 gen = resolve_generator(None, generator)
-                eps = torch.randn((N, check_positive_int(num_draws, "num_draws"), K), generator=gen, dtype=m.dtype,
-                                  device=m.device)
+                eps = randn((N, check_positive_int(num_draws, "num_draws"), K), gen, dtype=m.dtype, device=m.device)
             elif method == "fixed":
                 eps = fixed_draws(num_draws, K, m)
                 eps = eps.unsqueeze(0).expand(N, -1, -1)

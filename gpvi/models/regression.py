@@ -35,7 +35,7 @@ from ..linalg import DEFAULT_JITTER, DEFAULT_MAX_JITTER, cholesky_with_jitter, g
 from ..numerics.predictive import MixturePredictive
 from .priors import prior_log_prob
 from .regression_parts import NoiseMeanPrior
-from .scaled_rbf import LEAN_COPIES, LEAN_MIN_N, lean_log_marginal
+from .scaled_rbf import LEAN_MIN_N, lean_copies, lean_log_marginal
 from ..validation import (check_column_spread, check_feature_names, check_finite_prediction, check_memory,
                           check_positive, check_positive_int, check_theta, check_X, check_X_y, feature_names_of)
 
@@ -156,7 +156,7 @@ class GPRegression(NoiseMeanPrior):
         self.kernel_params = KernelParametrisation(kernel, dtype=torch.float64, device=X.device)
         self.kernel_params.bind_inputs(X, self.feature_names)
         fast = self.kernel_params.fast_path and self.use_fast_path
-        check_memory(n, copies=LEAN_COPIES if fast and n >= self.lean_min_n else 5, device=X.device,
+        check_memory(n, copies=lean_copies(X.device) if fast and n >= self.lean_min_n else 5, device=X.device,
                      what="exact GP regression")
         self.X, self.y = X, y
         # stationary kernels see centred inputs (same centre for X_new): shift-exact, see gpvi.models.scaled_rbf
@@ -215,7 +215,7 @@ class GPRegression(NoiseMeanPrior):
         """
         n = self.num_data
         if self._lean():
-            return LEAN_COPIES * n * n * self.X.element_size()      # draws are evaluated one at a time
+            return lean_copies(self.X.device) * n * n * self.X.element_size()   # draws one at a time
         return 5 * n * n * self.X.element_size()
 
     def _lean(self) -> bool:

@@ -63,7 +63,8 @@ once: :math:`K_y` is built into one buffer and factorised in place (LAPACK's ``p
 backward pass inverts the factor in place (``potri``), turns it into :math:`G` in place (a scaled identity and a
 rank-one ``addr_``), and only then builds :math:`K_f` a second time into the one other buffer. At N = 50,000 a
 copy is 20 GB (:math:`8N^2` bytes), so the largest N for a device with F free bytes is about
-:math:`\sqrt{F / 16}` (plus the d-column workspaces): N = 50,000 needs 40 GB.
+:math:`\sqrt{F / 16}` (plus the d-column workspaces): N = 50,000 needs 40 GB. On CUDA a third buffer was measured
+(:data:`LEAN_COPIES_CUDA`): :math:`\sqrt{F / 24}`, 60 GB (55.9 GiB peak measured) at N = 50,000.
 
 The models use this path for one :math:`\theta` at a time once :math:`N \ge` ``LEAN_MIN_N`` (a batch of draws
 is then evaluated draw by draw: at that size the O(N^3) factorisation dominates and batching gains nothing, and
@@ -83,7 +84,8 @@ import torch
 from ..linalg import cholesky_in_place
 
 __all__ = ["is_scaled_rbf", "is_stationary", "input_centre", "centre_inputs", "scaled_rbf_covariance",
-           "LEAN_MIN_N", "LEAN_COPIES", "lean_log_marginal", "largest_n"]
+           "LEAN_MIN_N", "LEAN_COPIES", "LEAN_COPIES_CUDA", "lean_copies", "lean_log_marginal",
+           "largest_n"]
 
 
 def is_scaled_rbf(kernel: gpytorch.kernels.Kernel) -> bool:
@@ -215,7 +217,17 @@ LEAN_MIN_N = 4096
 """From this many training points on, the paper's kernel takes the two-buffer path, one theta at a time."""
 
 LEAN_COPIES = 2
-"""Dense N x N buffers alive at once on the two-buffer path."""
+"""Dense N x N buffers alive at once on the two-buffer path (measured 2.1 on the CPU)."""
+
+LEAN_COPIES_CUDA = 3
+"""The same on CUDA, measured (3.00 at N = 5,000-50,000 on an H200: the in-place ``potrf``/``potri`` calls hold a
+third buffer there); the memory check at construction counts this many."""
+
+
+def lean_copies(device: torch.device | str | None) -> int:
+    """N x N buffers the two-buffer path holds at its peak on ``device``: :data:`LEAN_COPIES_CUDA` on CUDA, else
+    :data:`LEAN_COPIES`."""
+    return LEAN_COPIES_CUDA if device is not None and torch.device(device).type == "cuda" else LEAN_COPIES
 
 _LOG_2PI = math.log(2.0 * math.pi)
 

@@ -13,7 +13,7 @@ import torch
 
 from ..validation import check_bool, check_positive_int, check_theta
 
-__all__ = ["TargetLike", "Target", "as_target", "call_log_joint", "is_minibatch_target"]
+__all__ = ["TargetLike", "Target", "as_target", "call_log_joint", "is_minibatch_target", "target_device"]
 
 
 @runtime_checkable
@@ -98,6 +98,13 @@ def as_target(target: object, name: str = "target") -> TargetLike:
         raise TypeError(f"{name} must have a log_joint(theta) method and a names attribute "
                         f"(e.g. gpvi.GPRegression or gpvi.Target(fn, names)); got {type(target).__name__}")
     return target  # type: ignore[return-value]
+
+
+def target_device(target: Any) -> torch.device | None:
+    """The device of ``target``'s data (its ``device`` attribute), or ``None`` for a target that names none
+    (e.g. :class:`Target` around a function): where an engine's state and draws must live."""
+    dev = getattr(target, "device", None)
+    return None if dev is None else torch.device(dev)
 
 
 def is_minibatch_target(target: Any) -> bool:

@@ -57,7 +57,7 @@ from ..validation import check_nonnegative_int, check_positive, check_positive_i
 __all__ = ["EPResult", "expectation_propagation"]
 
 _WEAK = 1e-4
-""":func:`_marginals` takes the direct formula for a site with :math:`\tilde\tau_n\Sigma_{nn}` below this."""
+r""":func:`_marginals` takes the direct formula for a site with :math:`\tilde\tau_n\Sigma_{nn}` below this."""
 
 
 class EPResult(NamedTuple):

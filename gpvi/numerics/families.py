@@ -27,6 +27,7 @@ from typing import Any
 import scipy.special
 import torch
 
+from ..rng import randn
 from ..validation import check_choice, check_positive, check_positive_int
 
 __all__ = ["StandardNormal", "StandardMultivariateT", "StandardStudentT", "Factorised", "make_standard", "check_base"]
@@ -42,8 +43,8 @@ def _gen_device(generator: torch.Generator | None) -> torch.device:
 
 def _uniform(shape: tuple[int, ...], generator: torch.Generator | None, dtype: torch.dtype,
              device: torch.device | None) -> torch.Tensor:
-    u = torch.rand(shape, generator=generator, dtype=dtype, device=_gen_device(generator) if device is None else device)
-    return u.clamp_(_U_LO, _U_HI)
+    u = torch.rand(shape, generator=generator, dtype=dtype, device=_gen_device(generator))
+    return u.clamp_(_U_LO, _U_HI) if device is None else u.clamp_(_U_LO, _U_HI).to(device)
 
 
 class StandardNormal:
@@ -57,8 +58,7 @@ class StandardNormal:
     def sample(self, n: int, generator: torch.Generator | None = None, *, dtype: torch.dtype = torch.float64,
                device: torch.device | str | None = None) -> torch.Tensor:
         """Draw ``(n, D)`` standard normals."""
-        return torch.randn((n, self.dim), generator=generator, dtype=dtype,
-                           device=_gen_device(generator) if device is None else device)
+        return randn((n, self.dim), generator, dtype=dtype, device=device)
 
     def log_prob(self, z: torch.Tensor) -> torch.Tensor:
         """Log density summed over the last dimension."""

@@ -16,6 +16,9 @@ from __future__ import annotations
 import math
 import warnings
 
+from typing import Any
+
+import numpy as np
 import torch
 
 __all__ = ["diagnostics", "DIAGNOSTICS"]
@@ -45,7 +48,27 @@ def diagnostics(draws: torch.Tensor) -> dict[str, torch.Tensor]:
             for j in range(D):
                 a = x[:, :, j]
                 vals = (az.ess(a, method="bulk"), az.ess(a, method="tail"), az.rhat(a), az.mcse(a),
-                        az.mcse(a, method="sd"))
+                        mcse_sd(az, a))
                 for k, v in zip(DIAGNOSTICS, vals):
-                    out[k][j] = float(v)
+                    out[k][j] = np.asarray(v, dtype=np.float64).item()    # with Numba, ArviZ returns (1,) arrays
     return {k: v.to(device=draws.device) for k, v in out.items()}
+
+
+def mcse_sd(az: Any, a: np.ndarray) -> float:
+    r"""``arviz.mcse(a, method="sd")`` for draws ``a`` ``(C, S)``; where ArviZ fails, its own formula.
+
+    ArviZ 0.23 with Numba installed calls ``float`` on a one-element array, a ``TypeError`` in recent NumPy; the
+    same estimate is then computed here with ArviZ's mean ESS of the squared deviations
+    :math:`d = (x - \bar x)^2`:
+
+    .. math::
+
+        \mathrm{MCSE}(\mathrm{sd}) = \sqrt{\frac{\overline{d^2} - \bar d^{\,2}}{4\,\mathrm{ESS}(d)\,\bar d}}.
+    """
+    try:
+        return np.asarray(az.mcse(a, method="sd"), dtype=np.float64).item()
+    except TypeError:
+        d = (a - a.mean()) ** 2
+        evar = float(d.mean())
+        varvar = (float((d * d).mean()) - evar ** 2) / np.asarray(az.ess(d, method="mean"), dtype=np.float64).item()
+        return math.sqrt(varvar / evar / 4) if evar > 0 and varvar >= 0 else math.nan

@@ -34,7 +34,7 @@ from ..models.likelihoods import gaussian_expectation
 from ..numerics.quadrature import Quadrature
 from ..numerics.sites import pseudo_data, site_factor
 from ..numerics.softmax_rules import default_quadrature
-from ..rng import resolve_generator
+from ..rng import randn, resolve_generator
 from ..table import Table
 from ..validation import as_float_tensor, check_binary_labels, check_fraction, check_positive_int
 from .base import Posterior
@@ -361,8 +361,8 @@ class LatentPosterior(Posterior):
         if self.lam1.dim() == 2:
             return self._sample_classes(n, gen, K, Lk)
         N = self.m.shape[0]
-        z = torch.randn((N, n), generator=gen, dtype=self.m.dtype, device=self.m.device)
-        eps = torch.randn((N, n), generator=gen, dtype=self.m.dtype, device=self.m.device)
+        z = randn((N, n), gen, dtype=self.m.dtype, device=self.m.device)
+        eps = randn((N, n), gen, dtype=self.m.dtype, device=self.m.device)
         f0 = Lk @ z
         resid = self.pseudo_targets.unsqueeze(-1) - f0 - torch.sqrt(self.pseudo_noise).unsqueeze(-1) * eps
         return (f0 + K @ torch.cholesky_solve(resid, self._L)).T.contiguous()
@@ -370,8 +370,8 @@ class LatentPosterior(Posterior):
     def _sample_classes(self, n: int, gen: torch.Generator, K: torch.Tensor, Lk: torch.Tensor) -> torch.Tensor:
         N, C = self.m.shape
         s, ytilde = self.pseudo_noise, self.pseudo_targets
-        z = torch.randn((C, N, n), generator=gen, dtype=self.m.dtype, device=self.m.device)
-        eps = torch.randn((C, N, n), generator=gen, dtype=self.m.dtype, device=self.m.device)
+        z = randn((C, N, n), gen, dtype=self.m.dtype, device=self.m.device)
+        eps = randn((C, N, n), gen, dtype=self.m.dtype, device=self.m.device)
         f0 = Lk @ z
         resid = ytilde.T.unsqueeze(-1) - f0 - torch.sqrt(s.T).unsqueeze(-1) * eps
         f = f0 + K @ torch.cholesky_solve(resid, self._L)                        # (C, N, n)

@@ -87,3 +87,6 @@ def test_lean_is_used_from_lean_min_n_and_budget_follows():
 def test_largest_n_formula():
     assert largest_n(40 * 10**9) == 50_000                  # 2 copies x 8 bytes x 50,000^2 = 40 GB
     assert largest_n(0) == 0
+    from gpvi.models.scaled_rbf import lean_copies
+    assert lean_copies("cpu") == lean_copies(None) == 2 and lean_copies("cuda:0") == 3     # 3 measured on an H200
+    assert largest_n(60 * 10**9, copies=lean_copies("cuda")) == 50_000

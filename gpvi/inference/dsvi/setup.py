@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ...exceptions import NumericalWarning
+from ...rng import randn
 from ...validation import as_float_tensor
 from ...models.target import is_minibatch_target
 from ..derivatives import log_joint_and_grad
@@ -151,7 +152,7 @@ def block_mask(blocks: list[Any], D: int) -> torch.Tensor:
 
 def curvature_rate(target: Any, mu0: torch.Tensor, gen: torch.Generator, batch: Any) -> float:
     """0.5 / |largest eigenvalue of the Hessian of log g at mu0| by power iteration (finite differences)."""
-    v = torch.randn(mu0.shape[0], generator=gen, dtype=mu0.dtype, device=mu0.device)
+    v = randn((mu0.shape[0],), gen, dtype=mu0.dtype, device=mu0.device)
     v = v / v.norm()
     h = 1e-4 * (1.0 + float(mu0.abs().max()))
     lam = math.nan

@@ -34,7 +34,7 @@ from ...posteriors.samples import SamplePosterior
 from ...rng import check_seed, resolve_generator
 from ...validation import check_bool, check_nonnegative_int, check_positive, check_positive_int
 from ..contract import RunReport
-from ..init import Start, init_to_default, resolve_init
+from ..init import Start, find_start, init_to_default
 from ..progress import warn_interrupted
 from .chains import Potential, run_chain
 from ...posteriors.diagnostics import diagnostics
@@ -126,11 +126,7 @@ class HamiltonianEngine:
                             f"the chains from its draws pass init={type(init).__name__}.sample(num_chains, seed=...)")
         if _ndim(init) == 2:
             init = init_to_chains(init)
-        strategy = resolve_init(init, self.default_init(target), seed=0 if self.seed is None else self.seed)
-        t0 = time.perf_counter()
-        start = strategy(target)
-        start.info.setdefault("time_s", time.perf_counter() - t0)
-        return start
+        return find_start(target, init, self.default_init(target), seed=0 if self.seed is None else self.seed)
 
     def initial_points(self, target: Any, init: Any = None, *, generator: torch.Generator | None = None,
                        seed: int | None = None) -> torch.Tensor:

@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from ...models.target import as_target
+from ...models.target import as_target, target_device
+from ...rng import randn
 from ...validation import as_float_tensor
 from ..init import Start, check_start
 
@@ -123,7 +124,7 @@ def chain_starts(target: Any, start: Start, num_chains: int, init_scale: float |
         C_ = scale.detach().to(torch.float64).cpu()
 
         def sampler(n: int) -> torch.Tensor:
-            return centre + torch.randn((n, D), generator=generator, dtype=torch.float64, device=centre.device) @ C_.T
+            return centre + randn((n, D), generator, device=centre.device) @ C_.T
         what = f"draws from the start's scale ({start.scale_source})"
         info: dict[str, Any] = {"chains": what}
     else:
@@ -133,8 +134,7 @@ def chain_starts(target: Any, start: Start, num_chains: int, init_scale: float |
         s = DEFAULT_INIT_SCALE if init_scale is None else float(init_scale)
 
         def sampler(n: int) -> torch.Tensor:
-            return centre + s * torch.randn((n, D), generator=generator, dtype=torch.float64,
-                                           device=centre.device)
+            return centre + s * randn((n, D), generator, device=centre.device)
         what = "jittered starting points"
         info = {"chains": "jitter", "init_scale": s}
 
@@ -144,7 +144,8 @@ def chain_starts(target: Any, start: Start, num_chains: int, init_scale: float |
         if bool(good.any()):
             good[good.clone()] = torch.isfinite(_log_joint(target, starts[good]))
         if bool(good.all()):
-            return starts, info
+            dev = target_device(target)
+            return (starts if dev is None else starts.to(dev)), info
         starts[~good] = sampler(int((~good).sum()))
     raise ValueError(f"could not find finite starting points: the log joint was not finite at {what} "
                      f"after {MAX_INIT_TRIES} tries")

@@ -23,6 +23,7 @@ import torch
 from ...exceptions import NumericalWarning
 from ...linalg import cholesky_with_jitter
 from ...models.target import as_target
+from ...rng import randn
 from ...validation import as_float_tensor, check_positive_int
 from ...numerics.budget import MemoryBudget
 from ...models.target import call_log_joint, is_minibatch_target
@@ -272,7 +273,7 @@ def estimate_bound(target: Any, mean: Any, scale_tril: Any, num_draws: int, *,
         with torch.no_grad():
             for start in range(0, n, BOUND_DRAW_BLOCK):
                 k = min(BOUND_DRAW_BLOCK, n - start)
-                eps = torch.randn((k, D), generator=generator, dtype=mean.dtype, device=mean.device)
+                eps = randn((k, D), generator, dtype=mean.dtype, device=mean.device)
                 for e in torch.split(eps, per_call):
                     x = mean + e @ Ct
                     lg = call_log_joint(target, x, None).detach()

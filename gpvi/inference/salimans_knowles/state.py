@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ...rng import randn
 from ..contract import RunState, clone_tensors, run_state_dict, run_state_fields
 
 __all__ = ["SKState", "TRACE_KEYS", "COUNTERS"]
@@ -146,7 +147,7 @@ class SKState(RunState):
         points of the run's scrambled Sobol' sequence through the normal quantile (``qmc_seed`` set)."""
         D, like = self.dim, self.m
         if self.qmc_seed is None:
-            return torch.randn((k, D), generator=self.generator, dtype=like.dtype, device=like.device)
+            return randn((k, D), self.generator, dtype=like.dtype, device=like.device)
         if self._sobol is None or self._sobol.num_generated != self.qmc_drawn:
             self._sobol = torch.quasirandom.SobolEngine(D, scramble=True, seed=self.qmc_seed)
             if self.qmc_drawn:
