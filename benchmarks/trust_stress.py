@@ -147,11 +147,22 @@ def fidelity(mean: torch.Tensor, sd: torch.Tensor, ref: dict[str, Any]) -> dict[
             "within": ok, "dmean_sd": dm.tolist(), "sd_ratio": sr.tolist()}
 
 
+def _load(path: Path) -> dict[str, Any] | None:
+    """A cached pickle (this benchmark's own files), or None when absent or written by code whose classes have since
+    moved (a module rename): that entry is then recomputed."""
+    if not path.exists():
+        return None
+    try:
+        return torch.load(path, weights_only=False)
+    except (ModuleNotFoundError, AttributeError):
+        return None
+
+
 def fit_q(p: dict[str, Any], seed: int) -> tuple[Any, float]:
     """``gpvi.infer``'s variational fit for (problem, seed), cached (pickled posterior and its wall time)."""
     path = CACHE / f"q_{p['id']}_{seed}.pt"
-    if path.exists():
-        blob = torch.load(path, weights_only=False)
+    blob = _load(path)
+    if blob is not None:
         return blob["q"], blob["wall"]
     model = model_of(p)
     t0 = time.perf_counter()
@@ -172,9 +183,8 @@ class _CachedNUTS:
         self.path, self.seed, self.num_draws, self.last_wall = path, seed, 500, 0.0
 
     def run(self, model: Any, init: Any = None, state: Any = None) -> Any:
-        if self.path.exists():
-            blob = torch.load(self.path, weights_only=False)
-        else:
+        blob = _load(self.path)
+        if blob is None:
             t0 = time.perf_counter()
             sampler = gpvi.NUTS(num_chains=4, num_warmup=200, num_draws=500, seed=self.seed, progress_bar=False)
             post = sampler.run(model, init=init)

@@ -36,11 +36,11 @@ from ..numerics.budget import MemoryBudget
 from ..posteriors.base import Posterior
 from ..validation import as_float_tensor, check_positive, check_positive_int
 from .derivatives import finite_difference_hessian, log_joint_and_grad
-from .ml2 import ML2, _check_scales
+from .ml2 import ML2, _check_scales, distinct_optima
 
 __all__ = ["Start", "resolve_init", "find_start", "start_point", "check_start", "init_to_value", "init_to_posterior",
-           "init_to_default", "init_to_map", "init_to_ml2", "distinct_optima", "init_to_laplace", "init_to_prior_draw",
-           "laplace_scale", "laplace_scale_at", "check_laplace_possible", "LAPLACE_MAX_DIM"]
+           "init_to_default", "init_to_map", "init_to_ml2", "init_to_laplace", "init_to_prior_draw",
+           "laplace_scale", "laplace_scale_at", "check_laplace_possible", "LAPLACE_MAX_DIM", "on_target_device"]
 
 LAPLACE_MAX_DIM = 200
 """Largest D for which a Laplace scale is built by finite differences (2D gradient evaluations)."""
@@ -239,41 +239,6 @@ class init_to_map:  # noqa: N801
         extra = f", max_starts={self.max_starts}" if self.max_starts > 1 else ""
         extra += f", init_scale={self.init_scale!r}" if self.init_scale != 1.0 else ""
         return f"init_to_map(num_restarts={self.num_restarts}, seed={self.seed}, prior={self.prior}{extra})"
-
-
-def distinct_optima(records: list[dict[str, Any]], theta_tol: float,
-                    choose: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> list[dict[str, Any]]:
-    """Group optimiser end points (``records`` with ``theta``, ``value``, ``restart``) into distinct optima.
-
-    End points are taken best value first; one joins the first group whose best member is within ``theta_tol``
-    in every component, else it opens a new group. Each group is represented by ``choose(members)`` (ML-II's
-    rule: the best value, a converged run among ties). Returns the groups best first, each ``{"theta", "value",
-    "restart", "restarts"}`` (``restarts``: the indices of its members). Non-finite end points are left out.
-
-    Examples
-    --------
-    >>> import torch
-    >>> recs = [{"theta": torch.tensor([0.0, 1.0]), "value": -1.0, "restart": 0},
-    ...         {"theta": torch.tensor([0.05, 1.0]), "value": -1.01, "restart": 1},
-    ...         {"theta": torch.tensor([2.0, 1.0]), "value": -3.0, "restart": 2}]
-    >>> [(o["restart"], o["restarts"]) for o in distinct_optima(recs, 0.1, lambda m: m[0])]
-    [(0, [0, 1]), (2, [2])]
-    """
-    finite = [r for r in records if math.isfinite(r["value"]) and bool(torch.isfinite(r["theta"]).all())]
-    groups: list[list[dict[str, Any]]] = []
-    for rec in sorted(finite, key=lambda r: -r["value"]):
-        for g in groups:
-            if float((rec["theta"] - g[0]["theta"]).abs().max()) <= theta_tol:
-                g.append(rec)
-                break
-        else:
-            groups.append([rec])
-    out = []
-    for g in groups:
-        rep = choose(g)
-        out.append({"theta": rep["theta"], "value": rep["value"], "restart": rep["restart"],
-                    "restarts": sorted(r["restart"] for r in g)})
-    return sorted(out, key=lambda o: -o["value"])
 
 
 def init_to_ml2(num_restarts: int = 1, *, seed: int = 0) -> init_to_map:

@@ -36,7 +36,7 @@ from ..table import Table
 from ..models.target import as_target
 from ..validation import as_float_tensor, check_bool, check_interval, check_positive, check_positive_int
 
-__all__ = ["ML2"]
+__all__ = ["ML2", "distinct_optima"]
 
 
 def _check_scales(init_scale: Any) -> float | tuple[float, ...]:
@@ -301,3 +301,38 @@ def _projected_gradient_max(objective: Callable[[torch.Tensor], torch.Tensor], t
         g = torch.where((x.detach() >= hi - 1e-6) & (g > 0), torch.zeros_like(g), g)
     val = float(g.abs().max()) if g.numel() else 0.0
     return val if math.isfinite(val) else math.inf
+
+
+def distinct_optima(records: list[dict[str, Any]], theta_tol: float,
+                    choose: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> list[dict[str, Any]]:
+    """Group optimiser end points (``records`` with ``theta``, ``value``, ``restart``) into distinct optima.
+
+    End points are taken best value first; one joins the first group whose best member is within ``theta_tol``
+    in every component, else it opens a new group. Each group is represented by ``choose(members)`` (ML-II's
+    rule: the best value, a converged run among ties). Returns the groups best first, each ``{"theta", "value",
+    "restart", "restarts"}`` (``restarts``: the indices of its members). Non-finite end points are left out.
+
+    Examples
+    --------
+    >>> import torch
+    >>> recs = [{"theta": torch.tensor([0.0, 1.0]), "value": -1.0, "restart": 0},
+    ...         {"theta": torch.tensor([0.05, 1.0]), "value": -1.01, "restart": 1},
+    ...         {"theta": torch.tensor([2.0, 1.0]), "value": -3.0, "restart": 2}]
+    >>> [(o["restart"], o["restarts"]) for o in distinct_optima(recs, 0.1, lambda m: m[0])]
+    [(0, [0, 1]), (2, [2])]
+    """
+    finite = [r for r in records if math.isfinite(r["value"]) and bool(torch.isfinite(r["theta"]).all())]
+    groups: list[list[dict[str, Any]]] = []
+    for rec in sorted(finite, key=lambda r: -r["value"]):
+        for g in groups:
+            if float((rec["theta"] - g[0]["theta"]).abs().max()) <= theta_tol:
+                g.append(rec)
+                break
+        else:
+            groups.append([rec])
+    out = []
+    for g in groups:
+        rep = choose(g)
+        out.append({"theta": rep["theta"], "value": rep["value"], "restart": rep["restart"],
+                    "restarts": sorted(r["restart"] for r in g)})
+    return sorted(out, key=lambda o: -o["value"])

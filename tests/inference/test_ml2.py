@@ -266,7 +266,7 @@ def _two_peaks(th):                     # maxima near (-2, 0) (height 1) and (2,
 def test_join_tol_stops_restarts_at_known_optima_and_keeps_every_optimum():
     """With join_tol, a restart that comes within join_tol of an earlier end point stops and copies it: the same
     distinct optima (values within 1e-9) and the same best point as without, in fewer evaluations."""
-    from gpvi.inference.init import distinct_optima
+    from gpvi.inference.ml2 import distinct_optima
     target = gpvi.Target(_two_peaks, names=2)
     kw = dict(num_restarts=12, prior=True, seed=3, init_scale=1.5)
     full = gpvi.ML2(**kw).run(target)

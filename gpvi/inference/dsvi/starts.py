@@ -4,7 +4,7 @@ The bound of a Gaussian q on GP hyperparameters can have several local optima (s
 log-lengthscales); a run started at one MAP optimum converges to the q of that basin. The default start of an
 exact GP target (:meth:`gpvi.DSVI.default_init`) is therefore ``init_to_laplace(init_to_map(MAP_RESTARTS,
 max_starts=MAX_STARTS, init_scale=MAP_INIT_SCALE))``: the *distinct* optima that ``MAP_RESTARTS`` seeded L-BFGS
-restarts of the MAP find (:func:`gpvi.inference.init.distinct_optima`), each with its Laplace scale. :func:`run_starts` runs the engine
+restarts of the MAP find (:func:`gpvi.inference.ml2.distinct_optima`), each with its Laplace scale. :func:`run_starts` runs the engine
 from each (through :func:`gpvi.inference.driver.run`, so every run is an ordinary run with its own progress
 bar, stop rule and state): every start to its bound's plateau, then the finish (the iterate averaging to
 0.01 nats) only for the starts whose plateau bound can still win, and returns the posterior with the best

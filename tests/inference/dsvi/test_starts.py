@@ -21,7 +21,8 @@ import gpvi
 from gpvi.inference.dsvi import Convergence
 from gpvi.inference.dsvi.convergence import average_gap
 from gpvi.inference.dsvi.engine import DSVI
-from gpvi.inference.init import Start, distinct_optima, init_to_laplace, init_to_map
+from gpvi.inference.init import Start, init_to_laplace, init_to_map
+from gpvi.inference.ml2 import distinct_optima
 
 from tests.conftest import TWO_BASIN_CENTERS as CENTERS, TWO_BASIN_SDS as SDS, TwoBasins as Mixture
 
