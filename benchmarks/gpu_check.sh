@@ -82,7 +82,8 @@
 # Dry run of the device branch here (every command's arguments parse, pytest only collects, nothing is installed):
 #   GPU_CHECK_DRY=1 PYTHON=.venv/bin/python bash benchmarks/gpu_check.sh
 # Other knobs: PYTHON (default python3), GPU_CHECK_BUDGET, GPU_CHECK_STAGES (a space-separated subset to run,
-# e.g. "env install lj_50k summarize" for a rerun of one stage), GPU_CHECK_PYTEST_K (pytest -k expression).
+# e.g. "env install lj_50k summarize" for a rerun of one stage), GPU_CHECK_PYTEST_K (pytest -k expression),
+# GPU_CHECK_CAPS (stage=seconds pairs replacing caps below, e.g. "ml2_50k=280": ML-II's max_iter follows its cap).
 
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -203,6 +204,9 @@ stage() {           # stage NAME COMMAND...: run under timeout, record status, r
     shift
     for ((i = 0; i < ${#PLAN[@]}; i += 3)); do
         [ "${PLAN[i]}" = "$name" ] && cap=${PLAN[i + 1]} && min=${PLAN[i + 2]}
+    done
+    for i in ${GPU_CHECK_CAPS:-}; do                       # e.g. GPU_CHECK_CAPS="ml2_50k=280 pytest=120"
+        [ "${i%%=*}" = "$name" ] && cap=${i#*=}
     done
     if [ "$ONLY" != "  " ] && [[ "$ONLY" != *" $name "* ]]; then return 0; fi
     t=$((DEADLINE - $(date +%s) - $(reserve_after "$name")))
