@@ -199,6 +199,38 @@ def test_a_failed_default_sk_run_falls_back_to_dsvi(monkeypatch):
 
 
 @pytest.mark.slow
+def test_a_failed_default_sk_run_is_rerun_longer_from_its_last_q_and_matches_nuts(nuts_reference, monkeypatch):
+    """The default S&K run's averaged precision fails (forced, once): the fit reruns S&K with twice the steps from
+    the failed run's last valid q_t, not DSVI; its q(theta) and predictive meet the NUTS tolerances of the
+    default engine's test (means within 0.3 NUTS sd, sds within 30%, probabilities within 0.05)."""
+    from gpvi.exceptions import NumericalFaultError, NumericalWarning
+    from gpvi.inference.salimans_knowles import SKGaussian
+    model, target, d = nuts_reference
+    real_run, calls = SKGaussian.run, []
+
+    def fail_once(self, tgt, init=None, **kw):
+        calls.append((self.num_steps, init))
+        q = real_run(self, tgt, init=init, **kw)
+        if len(calls) == 1:
+            raise NumericalFaultError("averaged precision not positive definite (forced)", partial=q)
+        return q
+
+    monkeypatch.setattr(SKGaussian, "run", fail_once)
+    fit = FullyBayesianCVI(prior=_TIGHT, num_draws=16, seed=0)
+    with pytest.warns(NumericalWarning, match="rerun with"):
+        post = fit.run(model)
+    (n1, _), (n2, warm) = calls
+    assert n2 == 2 * n1 == 2 * fit.default_engine(2).num_steps and hasattr(warm, "scale_tril")
+    assert post.info["engine"] == "SKGaussian" and post.info["engine_fallback"] is None
+    assert "forced" in post.info["engine_retry"] and post.info["q_steps"] == n2
+    nm, ns = d[:, :2].mean(0), d[:, :2].std(0)
+    assert bool(((post.mean - nm).abs() <= 0.3 * ns).all()), ((post.mean - nm) / ns).tolist()
+    assert bool(((post.std / ns - 1).abs() <= 0.3).all()), (post.std / ns).tolist()
+    Xs = torch.linspace(-2.5, 2.5, 9, dtype=F64)[:, None]
+    assert float((post.predict_proba(Xs) - target.predict_proba(d[::2], Xs)).abs().max()) < 0.05
+
+
+@pytest.mark.slow
 def test_gpclassifier_bayes_three_classes_is_fully_bayesian_cvi_on_multiclass_ep(monkeypatch):
     """3 classes (softmax): hyperparameters='bayes' is FullyBayesianCVI's default run (seen through a spy: one fit,
     about 30 s), on multi-class EP's evidence, with K probability columns in classes_ order that are the
