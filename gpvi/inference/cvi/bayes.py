@@ -54,7 +54,7 @@ class FullyBayesianCVI:
         binary default before (``max(200, 4 D)`` pseudo-random steps, ``ep_tol`` 1e-6), in
         ``benchmarks/results/classification_bayes_speed_*.md`` (one thread, load about 3; the rule decided on Pima,
         D = 8, and Ripley, D = 3, at N = 100; Ionosphere and Sonar held out): fit 13.7 -> 9.8 s (Pima), 12.1 -> 6.1 s
-        (Ripley), 17-19 -> 12 s (Pima, N = 140), 92.9 -> 30.1 s (a two-input N = 400 set); q(theta) against the long
+        (Ripley), 17-19 -> 12 s (Pima, N = 140), 67-83 -> 29-33 s (a two-input N = 400 set); q(theta) against the long
         NUTS references of ``classification_nuts_ref.json``: means within 0.23 / 0.03 / 0.08 / 0.03 NUTS sd (Pima,
         Ripley, Ionosphere, Sonar; before 0.22 / 0.05 / 0.12 / 0.03), sds 0.62-0.99 / 0.93-0.97 / 0.86-0.99 /
         0.97-1.04 of NUTS's (before 0.59-0.99 / 0.93-0.96 / 0.89-0.99 / 0.97-1.04), test probabilities within

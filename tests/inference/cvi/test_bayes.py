@@ -194,6 +194,7 @@ def test_a_failed_default_sk_run_falls_back_to_dsvi(monkeypatch):
     with pytest.warns(NumericalWarning, match="SKGaussian failed"):
         post = fit.run(model)
     assert post.info["engine"] == "DSVI" and "forced" in post.info["engine_fallback"]
+    assert "rerun with 200 steps" in post.info["engine_retry"]      # the longer S&K run failed too (forced)
     with pytest.raises(NumericalFaultError):             # a user's own engine is not replaced
         FullyBayesianCVI(SKGaussian(num_steps=20, method="gradient", progress_bar=False)).run(model)
 
