@@ -18,7 +18,7 @@ reference's, and the mean absolute difference of the test probabilities.
 
 Reported per fit: wall time, its phases (MAP-II, EP MAP, Laplace, S&K, predictive), EP evaluations and sweeps, the
 largest change of q(theta)'s mean (in the first setting's q sds) and the largest log-ratio of its sds against the
-first setting's fit (same seed), and the comparison with NUTS.
+first setting's fit (same seed; ``--seeds``: the seeds of the fits), and the comparison with NUTS.
 
 Results: ``benchmarks/results/classification_bayes_speed_defaults.md`` (the sets the binary defaults were decided on:
 Pima and Ripley, N = 100, with ``tol=1e-6``), ``..._heldout.md`` (Ionosphere and Sonar, N = 100, held out),
@@ -71,16 +71,16 @@ def data(name: str, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return X, y, torch.as_tensor(ds.X_test, dtype=f64)
 
 
-def fitter(setting: str, dim: int) -> FullyBayesianCVI:
+def fitter(setting: str, dim: int, seed: int = 0) -> FullyBayesianCVI:
     """The :class:`FullyBayesianCVI` of ``setting`` (module docstring) for ``dim`` log-hyperparameters."""
     if setting == "default":
-        return FullyBayesianCVI(seed=0)
+        return FullyBayesianCVI(seed=seed)
     if setting == "before":
-        sk = SKGaussian(num_steps=max(200, 4 * dim), method="gradient", num_draws=4, num_elbo_draws=100, seed=0,
+        sk = SKGaussian(num_steps=max(200, 4 * dim), method="gradient", num_draws=4, num_elbo_draws=100, seed=seed,
                         progress_bar=False)
-        return FullyBayesianCVI(sk, ep_tol=1e-6, seed=0)
+        return FullyBayesianCVI(sk, ep_tol=1e-6, seed=seed)
     if setting.startswith("tol="):
-        return FullyBayesianCVI(ep_tol=float(setting[4:]), seed=0)
+        return FullyBayesianCVI(ep_tol=float(setting[4:]), seed=seed)
     raise ValueError(f"unknown setting {setting!r}")
 
 
@@ -88,17 +88,18 @@ def run(name: str, n: int, args: argparse.Namespace) -> list[dict[str, Any]]:
     X, y, Xt = data(name, n)
     model = gpvi.GPClassification(X, y)
     ref = reference(name, n)
-    rows, first = [], None
-    for rep in range(args.repeats):
+    rows = []
+    for rep, seed in ((r, s) for r in range(args.repeats) for s in args.seeds):
+        first = None
         for setting in args.settings:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 t0 = time.perf_counter()
-                fb = fitter(setting, len(model.names)).run(model)
+                fb = fitter(setting, len(model.names), seed).run(model)
                 wall = time.perf_counter() - t0
                 p = fb.predict_proba(Xt)
             c = fb.info["ep_counters"]
-            row = {"set": name, "N": n, "repeat": rep, "setting": setting, "time_s": wall,
+            row = {"set": name, "N": n, "repeat": rep, "seed": seed, "setting": setting, "time_s": wall,
                    "load_1min": os.getloadavg()[0], "engine": fb.info["engine"],
                    "engine_retry": fb.info.get("engine_retry"), "engine_fallback": fb.info["engine_fallback"],
                    **{k: fb.info[k] for k in ("map_time_s", "ep_map_time_s", "laplace_time_s", "q_time_s",
@@ -115,7 +116,7 @@ def run(name: str, n: int, args: argparse.Namespace) -> list[dict[str, Any]]:
                 row["sd_ratio_min"] = float((np.asarray(row["std"]) / rs).min())
                 row["sd_ratio_max"] = float((np.asarray(row["std"]) / rs).max())
                 row["prob_mad_vs_nuts"] = float(np.abs(np.asarray(row["p_test"]) - np.asarray(ref["prob"])).mean())
-            print(f"{name} N={n} {setting} rep {rep}: {wall:.1f} s (load {row['load_1min']:.1f}), "
+            print(f"{name} N={n} {setting} rep {rep} seed {seed}: {wall:.1f} s (load {row['load_1min']:.1f}), "
                   f"{c['sweeps'] / max(c['evaluations'], 1):.1f} sweeps / evaluation", flush=True)
             rows.append(row)
     return rows
@@ -125,20 +126,20 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
     md = header("Fully Bayesian binary GP classification: settings of the default engine, fit time and accuracy")
     md += ("\nProtocol in the docstring of `benchmarks/classification_bayes_speed.py`: `FullyBayesianCVI` under each "
            "setting, alternated within each repeat (same process, same seed). Changes of q are against the first "
-           "fit of the set (mean in its sds; largest |log| of the sd ratio). NUTS: the long reference of "
+           "fit of the set and seed (mean in its sds; largest |log| of the sd ratio); seed: the fits' seed. NUTS: the long reference of "
            "`classification_nuts_ref.json` where it exists for the same subsample. Engine: the engine that fitted "
            "q (+ retry: the default S&K run was rerun longer after a non-positive-definite averaged precision).\n\n"
-           "| set | N | rep | setting | engine | wall s [load] | MAP-II | EP MAP | Laplace | q | predictive | "
+           "| set | N | rep | seed | setting | engine | wall s [load] | MAP-II | EP MAP | Laplace | q | predictive | "
            "EP evaluations | sweeps / evaluation | change of q mean (sd) / log sd | max theta diff (NUTS sd) | "
            "q sd / NUTS sd | mean abs diff of p vs NUTS |\n"
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     for r in rows:
         nuts = ("| | | " if "theta_diff_sd_max" not in r else
                 f"| {r['theta_diff_sd_max']:.2f} | {r['sd_ratio_min']:.2f}-{r['sd_ratio_max']:.2f} | "
                 f"{r['prob_mad_vs_nuts']:.4f} ")
         eng = r["engine"] + (" + retry" if r.get("engine_retry") else "") + (" (fallback)" if r["engine_fallback"]
                                                                               else "")
-        md += (f"| {r['set']} | {r['N']} | {r['repeat']} | {r['setting']} | {eng} | {r['time_s']:.1f} "
+        md += (f"| {r['set']} | {r['N']} | {r['repeat']} | {r.get('seed', 0)} | {r['setting']} | {eng} | {r['time_s']:.1f} "
                f"[{r['load_1min']:.1f}] | {r['map_time_s']:.1f} | {r['ep_map_time_s']:.1f} | "
                f"{r['laplace_time_s']:.1f} | {r['q_time_s']:.1f} | {r['predictive_time_s']:.1f} | "
                f"{r['ep_evaluations']} | {r['ep_sweeps'] / max(r['ep_evaluations'], 1):.1f} | "
@@ -153,6 +154,7 @@ def main() -> None:
     ap.add_argument("--settings", nargs="+", default=["before", "default"],
                     help="'default', 'before' or 'tol=X' (module docstring)")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0], help="seeds of the fits (every setting per seed)")
     ap.add_argument("--name", default="classification_bayes_speed_defaults")
     args = ap.parse_args()
     rows: list[dict[str, Any]] = []
