@@ -126,9 +126,10 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
     md = header("Fully Bayesian binary GP classification: settings of the default engine, fit time and accuracy")
     md += ("\nProtocol in the docstring of `benchmarks/classification_bayes_speed.py`: `FullyBayesianCVI` under each "
            "setting, alternated within each repeat (same process, same seed). Changes of q are against the first "
-           "fit of the set and seed (mean in its sds; largest |log| of the sd ratio); seed: the fits' seed. NUTS: the long reference of "
-           "`classification_nuts_ref.json` where it exists for the same subsample. Engine: the engine that fitted "
-           "q (+ retry: the default S&K run was rerun longer after a non-positive-definite averaged precision).\n\n"
+           "fit of the set and seed (mean in its sds; largest |log| of the sd ratio); seed: the fits' seed. NUTS: "
+           "the long reference of `classification_nuts_ref.json` where it exists for the same subsample. Engine: "
+           "the engine that fitted q (+ retry: the default S&K run was rerun longer after a non-positive-definite "
+           "averaged precision).\n\n"
            "| set | N | rep | seed | setting | engine | wall s [load] | MAP-II | EP MAP | Laplace | q | predictive | "
            "EP evaluations | sweeps / evaluation | change of q mean (sd) / log sd | max theta diff (NUTS sd) | "
            "q sd / NUTS sd | mean abs diff of p vs NUTS |\n"
@@ -139,8 +140,8 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
                 f"{r['prob_mad_vs_nuts']:.4f} ")
         eng = r["engine"] + (" + retry" if r.get("engine_retry") else "") + (" (fallback)" if r["engine_fallback"]
                                                                               else "")
-        md += (f"| {r['set']} | {r['N']} | {r['repeat']} | {r.get('seed', 0)} | {r['setting']} | {eng} | {r['time_s']:.1f} "
-               f"[{r['load_1min']:.1f}] | {r['map_time_s']:.1f} | {r['ep_map_time_s']:.1f} | "
+        md += (f"| {r['set']} | {r['N']} | {r['repeat']} | {r.get('seed', 0)} | {r['setting']} | {eng} | "
+               f"{r['time_s']:.1f} [{r['load_1min']:.1f}] | {r['map_time_s']:.1f} | {r['ep_map_time_s']:.1f} | "
                f"{r['laplace_time_s']:.1f} | {r['q_time_s']:.1f} | {r['predictive_time_s']:.1f} | "
                f"{r['ep_evaluations']} | {r['ep_sweeps'] / max(r['ep_evaluations'], 1):.1f} | "
                f"{r['mean_change_sd']:.3f} / {r['std_log_ratio']:.3f} {nuts}|\n")
