@@ -50,17 +50,10 @@ class FullyBayesianCVI:
         model: ``SKGaussian(num_steps=max(100, min(200, 25 D), 4 D), method="gradient", num_draws=4,
         draws="sobol", num_elbo_draws=100, seed=seed)``, Salimans & Knowles' Hessian-free stochastic linear
         regression (section 6.2; D the number of log-hyperparameters: the averaged second half then holds at least
-        4 D antithetic pairs, and 100 steps where D <= 4) with randomised quasi-Monte Carlo draws. Against the
-        binary default before (``max(200, 4 D)`` pseudo-random steps, ``ep_tol`` 1e-6), in
-        ``benchmarks/results/classification_bayes_speed_*.md`` (one thread, load about 3; the rule decided on Pima,
-        D = 8, and Ripley, D = 3, at N = 100; Ionosphere and Sonar held out): fit 13.7 -> 9.8 s (Pima), 12.1 -> 6.1 s
-        (Ripley), 17-19 -> 12 s (Pima, N = 140), 67-83 -> 29-33 s (a two-input N = 400 set); q(theta) against the long
-        NUTS references of ``classification_nuts_ref.json``: means within 0.23 / 0.03 / 0.08 / 0.03 NUTS sd (Pima,
-        Ripley, Ionosphere, Sonar; before 0.22 / 0.05 / 0.12 / 0.03), sds 0.62-0.99 / 0.93-0.97 / 0.86-0.99 /
-        0.97-1.04 of NUTS's (before 0.59-0.99 / 0.93-0.96 / 0.89-0.99 / 0.97-1.04), test probabilities within
-        0.011 / 0.007 / 0.009 / 0.000 of NUTS's on average (seed 0; seeds 1 and 2 of Pima and Ionosphere in
-        ``..._seeds.md``). Multi-class default: the same engine with ``max(200, 4 D)`` steps and pseudo-random
-        draws. Where the default run's averaged precision is not positive definite the fit reruns it with twice
+        4 D antithetic pairs, and 100 steps where D <= 4) with randomised quasi-Monte Carlo draws (the rule and
+        its accuracy against long NUTS runs: ``benchmarks/results/classification_bayes_speed_*.md``). Multi-class
+        default: the same engine with ``max(200, 4 D)`` steps and pseudo-random draws. Where the default run's
+        averaged precision is not positive definite the fit reruns it with twice
         the steps from its last valid :math:`q_t` (:meth:`retry_engine`), and only if that fails too runs
         :meth:`fallback_engine`. Every
         evaluation of the target costs a CVI run, so the engine that needs the fewest is the default: on the
@@ -118,8 +111,7 @@ class FullyBayesianCVI:
         1e-6 for a multi-class one); the EP MAP search and the Laplace scale use ``min(ep_tol, 1e-6)`` (finite
         differences of the gradient need it accurate). At 1e-4 a binary evaluation's log evidence is within about
         4e-7 and its gradient within about 1e-3 of the converged ones (Laplace-scaled: 1e-3 of a gradient of
-        size 1-2), far below the Monte Carlo noise of the engine, for 10-30% less time per evaluation (at
-        N = 100-400); q(theta) moved by 1.4e-4 sd from its ep_tol = 1e-6 fit on Pima (N = 100, same seed).
+        size 1-2), far below the Monte Carlo noise of the engine, with fewer EP sweeps per evaluation.
     seed : int
         Seed of DSVI (when ``dsvi`` is not given) and of the predictive draws.
     progress_bar : bool
