@@ -5,7 +5,7 @@ kernel inside a per-chain loop (:mod:`gpvi.inference.mcmc.chains`):
 
 .. code-block:: text
 
-    start = resolve_init(init, engine.default_init(target))(target)   # an init strategy, called once
+    start = find_start(target, init, engine.default_init(target))    # an init strategy, called once
     state = engine.init(target, start, generator)                    # chain starts and per-chain seeds
     for each chain: warm-up, then draws (state.chains[c] is a consistent snapshot at every moment)
     posterior = engine.result(target, state, report)                 # draws, statistics, diagnostics
