@@ -95,6 +95,8 @@ def randn(shape: tuple[int, ...], generator: torch.Generator | None, *, dtype: t
     """Standard normals of ``shape`` drawn where ``generator`` lives (the CPU without one), then moved to
     ``device`` (``None``: left there). One seed gives one stream whatever the data's device, and a CPU generator
     serves CUDA data (``torch.randn`` refuses a generator on another device)."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None; got {type(generator).__name__}")
     z = torch.randn(shape, generator=generator, dtype=dtype,
                     device=generator.device if generator is not None else torch.device("cpu"))
     return z if device is None else z.to(device)

@@ -99,3 +99,10 @@ def test_draws_come_from_the_generator_device_then_move():
     from gpvi.numerics.families import StandardNormal
 
     assert StandardNormal(2).sample(3, torch.Generator().manual_seed(5), device="meta").device.type == "meta"
+
+
+def test_randn_refuses_a_generator_that_is_not_one():
+    from gpvi.rng import randn
+
+    with pytest.raises(TypeError, match="generator"):
+        randn((2, 2), "seed 0")

@@ -405,8 +405,7 @@ def on_target_device(start: Start, target: Any) -> Start:
     (:func:`~gpvi.models.target.target_device`; unchanged for a target that names none): an engine's state and
     every draw it makes then live beside the data."""
     dev = target_device(target)
-    if dev is None or (start.theta.device == dev and (start.scale_tril is None or start.scale_tril.device == dev)
-                       and not start.alternatives):
+    if dev is None:
         return start
     return replace(start, theta=start.theta.to(dev),
                    scale_tril=None if start.scale_tril is None else start.scale_tril.to(dev),

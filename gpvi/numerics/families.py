@@ -109,7 +109,7 @@ class StandardMultivariateT:
     def sample(self, n: int, generator: torch.Generator | None = None, *, dtype: torch.dtype = torch.float64,
                device: torch.device | str | None = None) -> torch.Tensor:
         """Draw ``(n, D)``: normals and one chi-square per row, all from ``generator``."""
-        g = torch.randn((n, self.dim), generator=generator, dtype=torch.float64, device=_gen_device(generator))
+        g = randn((n, self.dim), generator)
         u = _uniform((n,), generator, torch.float64, None)
         chi2 = 2.0 * torch.from_numpy(scipy.special.gammaincinv(0.5 * self.df, u.cpu().numpy())).to(g.device)
         return (g * torch.sqrt(self.df / chi2)[:, None]).to(dtype=dtype, device=device)
