@@ -48,8 +48,10 @@ importance sampling*, JMLR 2024):
    q agrees with it (every mean within ``Q_AGREE_MEAN`` weighted sd, every sd ratio within ``Q_AGREE_SD``);
    otherwise the reliable weighted answer (``"psis"``); otherwise NUTS warm-started from q (chains start at draws
    of q, q's covariance is the inverse mass matrix, only the step size is adapted; with several basins, the
-   Gaussian with the mixture's mean and covariance takes q's place), extended until bulk ESS ``min_ess`` and
-   R-hat 1.01. NUTS that does not reach them leaves the answer **not trusted**.
+   Gaussian with the mixture's mean and covariance takes q's place), extended until every parameter's bulk
+   **and tail** ESS reach ``min_ess`` and R-hat 1.01 (Vehtari, Gelman, Simpson, Carpenter & Bürkner 2021: the tail
+   ESS, of the 5% and 95% quantiles, is what a chain that has not yet explored a tail shows). NUTS that does not
+   reach them leaves the answer **not trusted**.
 
 The returned posterior carries a :class:`InferenceReport` as ``.report``: :math:`\hat k`, the bound, the answer and
 why, ``trusted`` (False also warns; Ctrl-C in any stage returns that stage's partial result, not trusted, with an
@@ -216,8 +218,9 @@ _FIT_STAGES = {"map": "the MAP restarts of the variational fit's start (q is tha
 
 
 def _mixed(d: dict[str, Any], min_ess: float) -> bool:
-    """The chains' diagnostics ``d`` meet the targets: every bulk ESS >= ``min_ess`` and R-hat <= 1.01."""
-    return bool((d["ess_bulk"] >= min_ess).all()) and bool((d["r_hat"] <= 1.01).all())
+    """The chains' diagnostics ``d`` meet the targets: every bulk and tail ESS >= ``min_ess`` and R-hat <= 1.01."""
+    return (bool((d["ess_bulk"] >= min_ess).all()) and bool((d["ess_tail"] >= min_ess).all())
+            and bool((d["r_hat"] <= 1.01).all()))
 
 
 def _choose(khat_q: float, check: dict[str, Any], *, several: bool = False,
@@ -337,8 +340,8 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
         num_warmup=200, num_draws=500, seed=seed)``: a short warm-up suffices because q supplies the mass matrix).
     min_ess : float
         The smallest weights' ESS of a weighted answer; when NUTS runs, extend the chains (doubling the draws,
-        exactly as an uninterrupted longer run) until the smallest bulk ESS reaches ``min_ess`` (default 400) and
-        split R-hat <= 1.01.
+        exactly as an uninterrupted longer run) until the smallest bulk and tail ESS reach ``min_ess`` (default 400)
+        and split R-hat <= 1.01.
     max_extensions : int
         At most this many doublings (default 3); the report says when the target was not reached.
     progress_bar : bool
@@ -420,7 +423,8 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
                             "returned)", times, report, "psis")
         times["nuts"] = time.perf_counter() - t0
         report.nuts = {"draws per chain": int(post.draws.shape[1]), "extensions": ext,
-                       "min ESS": float(d["ess_bulk"].min()), "max R-hat": float(d["r_hat"].max()),
+                       "min ESS": float(d["ess_bulk"].min()), "min tail ESS": float(d["ess_tail"].min()),
+                       "max R-hat": float(d["r_hat"].max()),
                        "divergences": int(post.stats["diverging"].sum()),
                        "gradient evaluations": int(post.stats["n_steps"].sum())}
         report.mcse_mean = float((d["mcse_mean"].cpu() / post.std.cpu()).max())
@@ -428,8 +432,8 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
             return _stopped(post, "nuts", "NUTS (its partial chains are returned)", times, report, "nuts")
         if not _mixed(d, min_ess):
             report.trusted = False
-            report.reason += (f"; after {ext} extension(s) the chains still miss min ESS {min_ess:g} / R-hat 1.01: "
-                              "run longer (sampler.run(target, state=post.engine_state) with more num_draws)")
+            report.reason += (f"; after {ext} extension(s) the chains still miss min bulk / tail ESS {min_ess:g} "
+                              "/ R-hat 1.01: run longer (sampler.run(target, state=post.engine_state) with more num_draws)")
     if not report.trusted:
         warnings.warn(f"gpvi.infer: the answer is not trusted: {report.reason}", NumericalWarning, stacklevel=2)
     post.report = report

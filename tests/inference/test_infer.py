@@ -57,6 +57,26 @@ def test_a_funnel_goes_to_nuts_warm_started_from_q():
                    progress_bar=False)
 
 
+def test_nuts_counts_as_mixed_only_when_bulk_and_tail_ess_both_reach_min_ess():
+    """A chain that has not explored a tail shows it in the tail ESS (5% / 95% quantiles) before the bulk ESS:
+    ``infer`` extends (and otherwise flags) NUTS until both reach ``min_ess``, with R-hat <= 1.01."""
+    from gpvi.inference.infer import _mixed
+
+    t = lambda *v: torch.tensor(v, dtype=torch.float64)                      # noqa: E731
+    ok = {"ess_bulk": t(900.0, 500.0), "ess_tail": t(450.0, 400.0), "r_hat": t(1.001, 1.01)}
+    assert _mixed(ok, 400.0)
+    assert not _mixed({**ok, "ess_tail": t(450.0, 399.0)}, 400.0)            # bulk ample, one tail short
+    assert not _mixed({**ok, "ess_bulk": t(399.0, 900.0)}, 400.0)
+    assert not _mixed({**ok, "r_hat": t(1.0, 1.011)}, 400.0)
+    # on real draws: ArviZ's tail ESS of independent draws is about their number, and a chain stuck in half of a
+    # symmetric target's range keeps a good bulk ESS within its half but R-hat / tail ESS expose it
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 500, 1, generator=g, dtype=torch.float64)
+    assert _mixed(gpvi.posteriors.diagnostics.diagnostics(x), 400.0)
+    stuck = x.abs() * torch.tensor([1.0, 1.0, -1.0, -1.0], dtype=torch.float64).view(4, 1, 1)
+    assert not _mixed(gpvi.posteriors.diagnostics.diagnostics(stuck), 400.0)
+
+
 def _chk(reliable, khat=0.4, proposal="adapted"):
     return {"proposal": proposal, "khat": khat, "threshold": 0.7, "ess": 900.0, "num_draws": 4000,
             "mcse_mean": 0.02, "mcse_sd": 0.03, "reliable": reliable}
