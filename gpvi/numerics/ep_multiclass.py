@@ -115,13 +115,6 @@ class MulticlassEPResult(NamedTuple):
     """Failed Anderson extrapolations, each a restart from the damped step (module docstring)."""
 
 
-def _blocks_to_big(P: torch.Tensor) -> torch.Tensor:
-    """``(N, K, K)`` per-point blocks -> the ``(NK, NK)`` class-major matrix with them at (k N + n, j N + n)."""
-    N, C, _ = P.shape
-    eye = torch.eye(N, dtype=P.dtype, device=P.device)
-    return torch.einsum("nkj,nm->knjm", P, eye).reshape(C * N, C * N)
-
-
 def _psd_sqrt(P: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric square roots of PSD blocks ``(N, K, K)`` and the blocks with negative eigenvalues set to 0."""
     evals, evecs = torch.linalg.eigh(0.5 * (P + P.mT))
@@ -387,11 +380,13 @@ def multiclass_ep(K: torch.Tensor, y: torch.Tensor, num_classes: int, *,
                      + 0.5 * st.logdet_ratio.sum()
                      - 0.5 * (st.mun.unsqueeze(-2) @ st.Pnn @ st.mun.unsqueeze(-1)).sum()
                      + 0.5 * (st.mc * st.eta_c).sum())
-            b = st.nu_f - _blocks_to_big(pi) @ st.mu
-            S = _blocks_to_big(st.Sn)
-            R = S @ torch.cholesky_inverse(st.LB) @ S
-            G = 0.5 * (torch.outer(b, b) - R)
-            grad_k = torch.einsum("kikj->ij", G.view(C, N, C, N))
+            # the K diagonal class blocks of 1/2 (b b^T - S B^-1 S), summed; S is block diagonal over the points,
+            # so (S B^-1 S)_{(k,n),(k,m)} = sum_{a,c} S_n[k,a] (B^-1)_{(a,n),(c,m)} S_m[c,k]: O(K^3 N^2), not two
+            # (NK)^3 products
+            bk = (st.nu_f - (pi @ st.mun.unsqueeze(-1)).squeeze(-1).T.reshape(-1)).view(C, N)
+            Binv = torch.cholesky_inverse(st.LB).view(C, N, C, N)
+            R = torch.einsum("knbm,mbk->nm", torch.einsum("nka,anbm->knbm", st.Sn, Binv), st.Sn)
+            grad_k = 0.5 * (bk.T @ bk - R)
     except torch.linalg.LinAlgError:
         return fail._replace(sweeps=sweeps, anderson_restarts=anderson_restarts)
     ok = bool(torch.isfinite(log_z)) and bool(torch.isfinite(grad_k).all())
