@@ -72,14 +72,14 @@ def _mixed(d: Any) -> bool:
 
 def run_to_ess(sampler: Any, model: Any, init: Any = None, mixed: Any = None) -> tuple[Any, dict[str, Any]]:
     """Run ``sampler`` and double its draws (resumed) until min bulk ESS >= 400 and R-hat <= 1.01 (or until
-    ``mixed(diagnostics)`` holds, at most ``MAX_EXT`` doublings); record cost."""
-    mixed = _mixed if mixed is None else mixed
+    ``mixed(diagnostics, posterior)`` holds, at most ``MAX_EXT`` doublings); record cost."""
+    mixed = (lambda d, mc: _mixed(d)) if mixed is None else mixed
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mc = sampler.run(model, init=init)
         d, ext = mc.diagnostics(), 0
-        while not mixed(d) and ext < MAX_EXT:
+        while not mixed(d, mc) and ext < MAX_EXT:
             sampler = copy.copy(sampler)
             sampler.num_draws = 2 * sampler.num_draws
             mc = sampler.run(model, state=mc.engine_state)

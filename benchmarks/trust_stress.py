@@ -18,8 +18,8 @@ Phases (each resumable: every finished reference and every finished (problem, se
 
 ``ref``    **Default NUTS** (``gpvi.NUTS(num_chains=4, num_warmup=500, num_draws=200, seed=1)``, i.e. the default
            sampler with 200 draws per chain in place of 1,000) doubled (a resumed run) until every parameter has
-           bulk and tail ESS >= 400 and split R-hat <= 1.01 (at most 3 doublings; ``gpvi.infer``'s own targets for
-           its NUTS route). These draws are the reference, and its wall time pro-rated to 400 ESS (the smaller of
+           bulk and tail ESS >= 400, split R-hat <= 1.01 and every MCSE of a mean or sd <= 0.05 sd (at most 3
+           doublings; ``gpvi.infer``'s own targets for its NUTS route). These draws are the reference, and its wall time pro-rated to 400 ESS (the smaller of
            bulk and tail, as in ``nuts_fidelity.py``) is "default NUTS to 400 ESS". (Before the tail-ESS
            requirement the references stopped at bulk ESS 400; the synth-2 long run of ``trust_stress_longref.py``
            showed such a reference missing a tail.)
@@ -120,7 +120,7 @@ def model_of(p: dict[str, Any]) -> Any:
 
 
 def reference(p: dict[str, Any]) -> dict[str, Any]:
-    """Default NUTS to 400 bulk and tail ESS (cached)."""
+    """Default NUTS to 400 bulk and tail ESS and MCSE <= 0.05 sd (cached)."""
     path = CACHE / f"ref_{p['id']}.json"
     if path.exists():
         return json.loads(path.read_text())
@@ -128,7 +128,7 @@ def reference(p: dict[str, Any]) -> dict[str, Any]:
     sampler = gpvi.NUTS(num_chains=4, num_warmup=500, num_draws=100 if QUICK else 200, seed=1,
                         progress_bar=False)
     # nuts_fidelity's doubling rule with gpvi.infer's targets: bulk and tail ESS >= 400, R-hat <= 1.01
-    mc, run = run_to_ess(sampler, model, mixed=lambda d: infer_mod._mixed(d, MIN_ESS))
+    mc, run = run_to_ess(sampler, model, mixed=lambda d, mc: infer_mod._mixed(d, MIN_ESS, mc.std))
     d = mc.diagnostics()
     x = mc.draws.reshape(-1, mc.draws.shape[-1]).cpu().numpy()
     ev_warm, ev_samp = run["evals_warmup"], run["evals_sampling"]
@@ -138,7 +138,8 @@ def reference(p: dict[str, Any]) -> dict[str, Any]:
            "ess_tail": [float(v) for v in d["ess_tail"]], "r_hat": [float(v) for v in d["r_hat"]],
            **{k: run[k] for k in ("min_ess_bulk", "min_ess_tail", "max_r_hat", "draws_per_chain", "extensions",
                                   "divergences", "wall_s")},
-           "mixed": infer_mod._mixed(d, MIN_ESS), "rule": "bulk and tail ESS >= 400, R-hat <= 1.01",
+           "mcse_sd": [float(v) for v in d["mcse_sd"]], "mixed": infer_mod._mixed(d, MIN_ESS, mc.std),
+           "rule": "bulk and tail ESS >= 400, R-hat <= 1.01, MCSE of every mean and sd <= 0.05 sd",
            "wall_to_400": run["wall_s"] * (ev_warm + ev_samp * MIN_ESS / ess) / max(ev_warm + ev_samp, 1),
            "load": list(os.getloadavg())}
     path.write_text(json.dumps(rec))
@@ -197,26 +198,27 @@ class _CachedNUTS:
             sampler = gpvi.NUTS(num_chains=4, num_warmup=200, num_draws=500, seed=self.seed, progress_bar=False)
             post = sampler.run(model, init=init)
             d, ext = post.diagnostics(), 0
-            while not infer_mod._mixed(d, MIN_ESS) and ext < MAX_EXT:
+            while not infer_mod._mixed(d, MIN_ESS, post.std) and ext < MAX_EXT:
                 sampler = copy.copy(sampler)
                 sampler.num_draws = 2 * sampler.num_draws
                 post = sampler.run(model, state=post.engine_state)
                 d, ext = post.diagnostics(), ext + 1
-            blob = {"post": post, "wall": time.perf_counter() - t0, "mixed": infer_mod._mixed(d, MIN_ESS)}
+            blob = {"post": post, "wall": time.perf_counter() - t0,
+                    "mixed": infer_mod._mixed(d, MIN_ESS, post.std)}
             torch.save(blob, self.path)
         post = blob["post"]
         cap = 500 * 2 ** MAX_EXT
-        if not infer_mod._mixed(post.diagnostics(), MIN_ESS) and post.draws.shape[1] < cap:
+        if not infer_mod._mixed(post.diagnostics(), MIN_ESS, post.std) and post.draws.shape[1] < cap:
             # a run cached under an earlier rule (bulk ESS only): extended as infer now extends it, to the same cap
             t0 = time.perf_counter()
             sampler = gpvi.NUTS(num_chains=4, num_warmup=200, num_draws=post.draws.shape[1], seed=self.seed,
                                 progress_bar=False)
-            while not infer_mod._mixed(post.diagnostics(), MIN_ESS) and sampler.num_draws < cap:
+            while not infer_mod._mixed(post.diagnostics(), MIN_ESS, post.std) and sampler.num_draws < cap:
                 sampler = copy.copy(sampler)
                 sampler.num_draws = 2 * sampler.num_draws
                 post = sampler.run(model, state=post.engine_state)
             blob = {"post": post, "wall": blob["wall"] + time.perf_counter() - t0,
-                    "mixed": infer_mod._mixed(post.diagnostics(), MIN_ESS)}
+                    "mixed": infer_mod._mixed(post.diagnostics(), MIN_ESS, post.std)}
             torch.save(blob, self.path)
         self.last_wall = blob["wall"]
         return post
@@ -225,7 +227,7 @@ class _CachedNUTS:
 def _nuts_from(init: Any, model: Any, seed: int, path: Path) -> tuple[Any, bool, float]:
     s = _CachedNUTS(path, seed)
     post = s.run(model, init=init)
-    return post, infer_mod._mixed(post.diagnostics(), MIN_ESS), s.last_wall
+    return post, infer_mod._mixed(post.diagnostics(), MIN_ESS, post.std), s.last_wall
 
 
 def rule_v1(q: Any, model: Any, seed: int, path: Path) -> dict[str, Any]:
@@ -456,7 +458,8 @@ def render(probs: list[dict[str, Any]]) -> None:
         md.append(f"| {s['half']} | {s['rule']} | {s['cases']} | {s['ok']} | {s['flagged_miss']} | "
                   f"{s['unflagged_miss']} | {s['flagged_but_ok']} | {s['routes']['q']} / {s['routes']['psis']} / "
                   f"{s['routes']['nuts']} | {s['median_wall']:.1f} | {s['total_wall']:.0f} |")
-    md += ["", "## References (default NUTS, 4 chains, doubled to bulk and tail ESS >= 400 and R-hat <= 1.01)", "",
+    md += ["", "## References (default NUTS, 4 chains, doubled to bulk and tail ESS >= 400, R-hat <= 1.01 and MCSE "
+           "<= 0.05 sd)", "",
            "| problem | half | N | D | draws per chain | min bulk ESS | min tail ESS | max R-hat | mixed | "
            "divergences | largest sd | default NUTS wall to 400 ESS (s) |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]

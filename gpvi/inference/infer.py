@@ -49,9 +49,10 @@ importance sampling*, JMLR 2024):
    otherwise the reliable weighted answer (``"psis"``); otherwise NUTS warm-started from q (chains start at draws
    of q, q's covariance is the inverse mass matrix, only the step size is adapted; with several basins, the
    Gaussian with the mixture's mean and covariance takes q's place), extended until every parameter's bulk
-   **and tail** ESS reach ``min_ess`` and R-hat 1.01 (Vehtari, Gelman, Simpson, Carpenter & Bürkner 2021: the tail
-   ESS, of the 5% and 95% quantiles, is what a chain that has not yet explored a tail shows). NUTS that does not
-   reach them leaves the answer **not trusted**.
+   **and tail** ESS reach ``min_ess``, R-hat 1.01, and every Monte Carlo error of a mean and of a sd is at most
+   ``MCSE_TOL`` of the parameter's sd, the tolerance the weighted answer is held to (Vehtari, Gelman, Simpson,
+   Carpenter & Bürkner 2021: the tail ESS, of the 5% and 95% quantiles, and the MCSE of the sd are what chains
+   that have not yet explored a heavy tail show). NUTS that does not reach them leaves the answer **not trusted**.
 
 The returned posterior carries a :class:`InferenceReport` as ``.report``: :math:`\hat k`, the bound, the answer and
 why, ``trusted`` (False also warns; Ctrl-C in any stage returns that stage's partial result, not trusted, with an
@@ -75,7 +76,7 @@ from ..models.target import as_target
 from ..posteriors.weighted import KHAT_GOOD
 from ..rng import check_seed
 from ..validation import check_bool, check_choice, check_nonnegative_int, check_positive, check_positive_int
-from .check import BASIN_MASS_TOL, diagnose, q_agrees, starts_mixture
+from .check import BASIN_MASS_TOL, MCSE_TOL, diagnose, q_agrees, starts_mixture
 from .dsvi.engine import DSVI
 from .dsvi.starts import run_starts
 from .mcmc.nuts import NUTS
@@ -217,10 +218,14 @@ _FIT_STAGES = {"map": "the MAP restarts of the variational fit's start (q is tha
                "q": "the variational fit (q is partial and unchecked)"}
 
 
-def _mixed(d: dict[str, Any], min_ess: float) -> bool:
-    """The chains' diagnostics ``d`` meet the targets: every bulk and tail ESS >= ``min_ess`` and R-hat <= 1.01."""
+def _mixed(d: dict[str, Any], min_ess: float, std: Any) -> bool:
+    """The chains' diagnostics ``d`` meet the targets: every bulk and tail ESS >= ``min_ess``, R-hat <= 1.01, and
+    every Monte Carlo error of a mean and of a sd at most ``MCSE_TOL`` of that parameter's sd ``std`` (the
+    weighted answer's tolerance, :mod:`gpvi.inference.check`)."""
+    sd = std.detach().cpu()
+    mcse = max(float((d["mcse_mean"].cpu() / sd).max()), float((d["mcse_sd"].cpu() / sd).max()))
     return (bool((d["ess_bulk"] >= min_ess).all()) and bool((d["ess_tail"] >= min_ess).all())
-            and bool((d["r_hat"] <= 1.01).all()))
+            and bool((d["r_hat"] <= 1.01).all()) and mcse <= MCSE_TOL)
 
 
 def _choose(khat_q: float, check: dict[str, Any], *, several: bool = False,
@@ -340,8 +345,8 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
         num_warmup=200, num_draws=500, seed=seed)``: a short warm-up suffices because q supplies the mass matrix).
     min_ess : float
         The smallest weights' ESS of a weighted answer; when NUTS runs, extend the chains (doubling the draws,
-        exactly as an uninterrupted longer run) until the smallest bulk and tail ESS reach ``min_ess`` (default 400)
-        and split R-hat <= 1.01.
+        exactly as an uninterrupted longer run) until the smallest bulk and tail ESS reach ``min_ess`` (default 400),
+        split R-hat <= 1.01 and every MCSE of a mean or sd is at most ``MCSE_TOL`` (0.05) of the sd.
     max_extensions : int
         At most this many doublings (default 3); the report says when the target was not reached.
     progress_bar : bool
@@ -412,7 +417,7 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
                 warnings.simplefilter("ignore")               # judged below, after any extension
                 post = sampler.run(target, init=mix if several else q)
                 d, ext = post.diagnostics(), 0
-                while not _mixed(d, min_ess) and ext < max_extensions and not post.info.get("interrupted"):
+                while not _mixed(d, min_ess, post.std) and ext < max_extensions and not post.info.get("interrupted"):
                     sampler = copy.copy(sampler)
                     sampler.num_draws = 2 * sampler.num_draws
                     post = sampler.run(target, state=post.engine_state)
@@ -425,15 +430,16 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
         report.nuts = {"draws per chain": int(post.draws.shape[1]), "extensions": ext,
                        "min ESS": float(d["ess_bulk"].min()), "min tail ESS": float(d["ess_tail"].min()),
                        "max R-hat": float(d["r_hat"].max()),
+                       "max MCSE of a sd (sd)": float((d["mcse_sd"].cpu() / post.std.detach().cpu()).max()),
                        "divergences": int(post.stats["diverging"].sum()),
                        "gradient evaluations": int(post.stats["n_steps"].sum())}
         report.mcse_mean = float((d["mcse_mean"].cpu() / post.std.cpu()).max())
         if post.info.get("interrupted"):
             return _stopped(post, "nuts", "NUTS (its partial chains are returned)", times, report, "nuts")
-        if not _mixed(d, min_ess):
+        if not _mixed(d, min_ess, post.std):
             report.trusted = False
-            report.reason += (f"; after {ext} extension(s) the chains still miss min bulk / tail ESS {min_ess:g} "
-                              "/ R-hat 1.01: run longer (sampler.run(target, state=post.engine_state) with more num_draws)")
+            report.reason += (f"; after {ext} extension(s) the chains still miss min bulk / tail ESS {min_ess:g}, "
+                              f"R-hat 1.01 or MCSE {MCSE_TOL:g} sd: run longer (sampler.run(target, state=post.engine_state) with more num_draws)")
     if not report.trusted:
         warnings.warn(f"gpvi.infer: the answer is not trusted: {report.reason}", NumericalWarning, stacklevel=2)
     post.report = report

@@ -57,24 +57,37 @@ def test_a_funnel_goes_to_nuts_warm_started_from_q():
                    progress_bar=False)
 
 
-def test_nuts_counts_as_mixed_only_when_bulk_and_tail_ess_both_reach_min_ess():
-    """A chain that has not explored a tail shows it in the tail ESS (5% / 95% quantiles) before the bulk ESS:
-    ``infer`` extends (and otherwise flags) NUTS until both reach ``min_ess``, with R-hat <= 1.01."""
+def test_nuts_counts_as_mixed_only_when_ess_rhat_and_mcse_all_meet_their_targets():
+    """A chain that has not explored a heavy tail shows it in the tail ESS (5% / 95% quantiles) and in the Monte
+    Carlo error of the sd before the bulk ESS: ``infer`` extends (and otherwise flags) NUTS until bulk and tail ESS
+    reach ``min_ess``, R-hat <= 1.01 and every MCSE of a mean or sd is at most MCSE_TOL of the sd."""
+    from gpvi.inference.check import MCSE_TOL
     from gpvi.inference.infer import _mixed
 
     t = lambda *v: torch.tensor(v, dtype=torch.float64)                      # noqa: E731
-    ok = {"ess_bulk": t(900.0, 500.0), "ess_tail": t(450.0, 400.0), "r_hat": t(1.001, 1.01)}
-    assert _mixed(ok, 400.0)
-    assert not _mixed({**ok, "ess_tail": t(450.0, 399.0)}, 400.0)            # bulk ample, one tail short
-    assert not _mixed({**ok, "ess_bulk": t(399.0, 900.0)}, 400.0)
-    assert not _mixed({**ok, "r_hat": t(1.0, 1.011)}, 400.0)
-    # on real draws: ArviZ's tail ESS of independent draws is about their number, and a chain stuck in half of a
-    # symmetric target's range keeps a good bulk ESS within its half but R-hat / tail ESS expose it
+    sd = t(2.0, 1.0)
+    ok = {"ess_bulk": t(900.0, 500.0), "ess_tail": t(450.0, 400.0), "r_hat": t(1.001, 1.01),
+          "mcse_mean": t(0.09, 0.04), "mcse_sd": t(0.1, MCSE_TOL)}
+    assert _mixed(ok, 400.0, sd)
+    assert not _mixed({**ok, "ess_tail": t(450.0, 399.0)}, 400.0, sd)        # bulk ample, one tail short
+    assert not _mixed({**ok, "ess_bulk": t(399.0, 900.0)}, 400.0, sd)
+    assert not _mixed({**ok, "r_hat": t(1.0, 1.011)}, 400.0, sd)
+    assert not _mixed({**ok, "mcse_sd": t(0.1, 1.01 * MCSE_TOL)}, 400.0, sd)  # the sd not pinned down
+    assert not _mixed({**ok, "mcse_mean": t(0.11, 0.04)}, 400.0, sd)
+    # on real draws (ArviZ's diagnostics): 4 x 1,000 independent normal draws pass; the same with every 100th draw
+    # replaced by +-25 (a heavy tail; ESS and R-hat unchanged) do not: the sd's MCSE is then, in closed form for
+    # independent draws, sqrt((mu4 - sigma^4) / n) / (2 sigma) = 0.068 sigma > MCSE_TOL sigma
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(4, 500, 1, generator=g, dtype=torch.float64)
-    assert _mixed(gpvi.posteriors.diagnostics.diagnostics(x), 400.0)
-    stuck = x.abs() * torch.tensor([1.0, 1.0, -1.0, -1.0], dtype=torch.float64).view(4, 1, 1)
-    assert not _mixed(gpvi.posteriors.diagnostics.diagnostics(stuck), 400.0)
+    x = torch.randn(4, 1000, 1, generator=g, dtype=torch.float64)
+    assert _mixed(gpvi.posteriors.diagnostics.diagnostics(x), 400.0, x.reshape(-1, 1).std(0))
+    heavy = x.clone()
+    heavy[:, ::100] = 25.0 * torch.sign(x[:, ::100])
+    dh, sd_h = gpvi.posteriors.diagnostics.diagnostics(heavy), heavy.reshape(-1, 1).std(0)
+    var, mu4 = 0.99 + 0.01 * 25.0 ** 2, 0.99 * 3.0 + 0.01 * 25.0 ** 4
+    closed = math.sqrt((mu4 - var ** 2) / 4000) / (2 * var)
+    assert abs(float(dh["mcse_sd"][0] / sd_h[0]) - closed) < 0.01 and closed > MCSE_TOL
+    assert float(dh["ess_bulk"].min()) >= 400 and float(dh["ess_tail"].min()) >= 400 and float(dh["r_hat"][0]) < 1.01
+    assert not _mixed(dh, 400.0, sd_h)
 
 
 def _chk(reliable, khat=0.4, proposal="adapted"):
