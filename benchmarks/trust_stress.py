@@ -435,12 +435,20 @@ def render(probs: list[dict[str, Any]]) -> None:
           "0.34-0.38 agreeing with its own weighted draws while its sds were 0.63-0.84x the reference's; the check "
           "was changed to the multi-scale defensive proposal, always run (tried offline on the cached q's of those "
           "cases only), and every case was rerun with it. No constant was changed after that.", "",
+          "**NUTS targets (this run).** Every unflagged miss of the first 30 cases was a NUTS answer (``infer``'s or "
+          "the reference's) that met bulk ESS 400 and R-hat 1.01 with a tail ESS of 142-383 or an MCSE of the sd of "
+          "0.10-0.32 sd (a heavy tail not yet pinned down). Both ``infer``'s NUTS route and the references now also "
+          "need tail ESS >= 400 and MCSE of every mean and sd <= 0.05 sd (the weighted answer's own tolerance; no "
+          "new constant). The diagnostics of every cached NUTS run, held-out ones included, were looked at before "
+          "this change, so for it the held-out half is not held out; the references were rerun and every case "
+          "re-judged.", "",
           "**Partial run.** On a 2-core machine shared with two other sessions (load 3-4) default NUTS to 400 ESS "
           "took 150-1,000 s per problem and NUTS from q 100-720 s per case, so only the cases listed above were run "
           "in the time available; `python -m benchmarks.trust_stress cases` resumes from the cache.", ""]
     summary = []
-    for half in ("tuning", "held-out"):
-        hc = [c for c in cases if c["half"] == half]
+    ref_ok = {k: bool(r.get("mixed")) for k, r in refs.items()}
+    for half, sel in (("tuning", "all"), ("held-out", "all"), ("tuning", "ref met"), ("held-out", "ref met")):
+        hc = [c for c in cases if c["half"] == half and (sel == "all" or ref_ok.get(c["problem"], False))]
         for rule in ("v1", "v2"):
             n_ok = sum(c[rule]["within"] for c in hc)
             n_flag = sum((not c[rule]["within"]) and (not c[rule]["trusted"]) for c in hc)
@@ -448,27 +456,32 @@ def render(probs: list[dict[str, Any]]) -> None:
             n_flag_ok = sum(c[rule]["within"] and not c[rule]["trusted"] for c in hc)
             routes = {a: sum(c[rule]["answer"] == a for c in hc) for a in ("q", "psis", "nuts")}
             walls = [c[rule]["wall"] for c in hc]
-            summary.append({"half": half, "rule": rule, "cases": len(hc), "ok": n_ok, "flagged_miss": n_flag,
+            summary.append({"half": half, "refs": sel, "rule": rule, "cases": len(hc), "ok": n_ok,
+                            "flagged_miss": n_flag,
                             "unflagged_miss": n_miss, "flagged_but_ok": n_flag_ok, "routes": routes,
                             "median_wall": float(np.median(walls)) if walls else math.nan,
                             "total_wall": float(np.sum(walls)) if walls else math.nan})
-    md += ["## Summary", "", "| half | rule | cases | ok | flagged (not ok) | **unflagged miss** | flagged but ok | "
-           "routes q / psis / nuts | median wall (s) | total wall (s) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    md += ["## Summary", "", "Cases of every problem, then only those whose reference met its own targets (bulk and "
+           "tail ESS >= 400, R-hat <= 1.01, MCSE of every mean and sd <= 0.05 sd within 3 doublings): against a "
+           "reference that did not, an sd ratio outside 0.8-1.25 may be the reference's error.", "",
+           "| half | references | rule | cases | ok | flagged (not ok) | **unflagged miss** | flagged but ok | "
+           "routes q / psis / nuts | median wall (s) | total wall (s) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in summary:
-        md.append(f"| {s['half']} | {s['rule']} | {s['cases']} | {s['ok']} | {s['flagged_miss']} | "
+        md.append(f"| {s['half']} | {s['refs']} | {s['rule']} | {s['cases']} | {s['ok']} | {s['flagged_miss']} | "
                   f"{s['unflagged_miss']} | {s['flagged_but_ok']} | {s['routes']['q']} / {s['routes']['psis']} / "
                   f"{s['routes']['nuts']} | {s['median_wall']:.1f} | {s['total_wall']:.0f} |")
     md += ["", "## References (default NUTS, 4 chains, doubled to bulk and tail ESS >= 400, R-hat <= 1.01 and MCSE "
            "<= 0.05 sd)", "",
-           "| problem | half | N | D | draws per chain | min bulk ESS | min tail ESS | max R-hat | mixed | "
-           "divergences | largest sd | default NUTS wall to 400 ESS (s) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| problem | half | N | D | draws per chain | min bulk ESS | min tail ESS | max R-hat | max MCSE of a sd "
+           "(sd) | met | divergences | largest sd | default NUTS wall to 400 ESS (s) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in probs:
         r = refs.get(p["id"])
         if r:
             md.append(f"| {p['id']} | {p['half']} | {p['n']} | {len(r['names'])} | {r['draws_per_chain']} | "
                       f"{r['min_ess_bulk']:.0f} | {r.get('min_ess_tail', math.nan):.0f} | {r['max_r_hat']:.3f} | "
-                      f"{r['mixed']} | {r['divergences']} | {max(r['sd']):.2f} | {r['wall_to_400']:.0f} |")
+                      f"{max(np.asarray(r.get('mcse_sd', [math.nan])) / np.asarray(r['sd'])):.3f} | {r['mixed']} | "
+                      f"{r['divergences']} | {max(r['sd']):.2f} | {r['wall_to_400']:.0f} |")
     for half in ("tuning", "held-out"):
         md += ["", f"## Cases: {half} half", "",
                "Per cell: route, k̂ and weights' ESS of the answer's proposal, max |Δmean|/sd, sd ratio range, "

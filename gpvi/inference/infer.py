@@ -439,7 +439,8 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
         if not _mixed(d, min_ess, post.std):
             report.trusted = False
             report.reason += (f"; after {ext} extension(s) the chains still miss min bulk / tail ESS {min_ess:g}, "
-                              f"R-hat 1.01 or MCSE {MCSE_TOL:g} sd: run longer (sampler.run(target, state=post.engine_state) with more num_draws)")
+                              f"R-hat 1.01 or MCSE {MCSE_TOL:g} sd: run longer "
+                              "(sampler.run(target, state=post.engine_state) with more num_draws)")
     if not report.trusted:
         warnings.warn(f"gpvi.infer: the answer is not trusted: {report.reason}", NumericalWarning, stacklevel=2)
     post.report = report

@@ -96,15 +96,15 @@ class FullyBayesianCVI:
         quadrature for K <= 3, by a shifted quasi-Monte Carlo rule for K >= 4); ``"cvi"`` the profiled bound
         of the class-factorised family (:class:`~gpvi.inference.cvi.bound.CVIBoundTarget`), with the
         same caveat. Measured against NUTS over :math:`(\theta, V)` on iris and wine
-        (``benchmarks/results/multiclass_bayes_iris.md``, ``..._wine.md``): on EP, every q(theta) mean within
-        0.18 / 0.14 NUTS sd, test probabilities 0.0034 / 0.0097 from NUTS's (MAP-II: 0.0050 / 0.0100), test log
-        loss 0.0425 / 0.0651 (MAP-II 0.0475 / 0.0750, NUTS 0.0456 / 0.0793), 245 / 299 s against NUTS's
-        604 / 821 s (about 940 evaluations of 25-27 EP sweeps each); on the bound, the log signal variance
-        0.97 / 1.66 NUTS sd too low, test probabilities 0.0075 / 0.0120 from NUTS's, 181 / 168 s. With K = 4 and
-        K = 6 (synthetic sets, N = 100 / 90, ``..._synth4.md``, ``..._synth6.md``), on EP: every mean within 0.20 /
-        0.09 NUTS sd (MAP-II: 1.10 / 0.84), test probabilities 0.011 / 0.008 from NUTS's (MAP-II: 0.021 / 0.008),
-        q's sds 0.82-0.92 / 0.85-0.95 of NUTS's; there the fit costs about as much as that NUTS run (EP is
-        :math:`O((NK)^3)` per sweep).
+        (``benchmarks/results/multiclass_bayes_v2_iris_wine.md``): on EP, every q(theta) mean within
+        0.14 / 0.11 NUTS sd, test probabilities 0.0030 / 0.0098 from NUTS's (MAP-II: 0.0050 / 0.0100), test log
+        loss 0.0429 / 0.0645 (MAP-II 0.0475 / 0.0750, NUTS 0.0456 / 0.0793); on the bound
+        (``multiclass_bayes_iris.md``, ``..._wine.md``), the log signal variance 0.97 / 1.66 NUTS sd too low,
+        test probabilities 0.0075 / 0.0120 from NUTS's. With K = 4 and K = 6 (synthetic sets,
+        N = 100 / 90, ``multiclass_bayes_v2_synth4.md``, ``..._v2_synth6.md``), on EP: every mean within 0.23 /
+        0.10 NUTS sd (MAP-II: 1.10 / 0.84), test probabilities 0.011 / 0.009 from NUTS's (MAP-II: 0.021 / 0.008),
+        q's sds 0.81-0.89 / 0.85-0.96 of NUTS's (EP is :math:`O((NK)^3)` per sweep; wall times in
+        ``docs/results.md``).
     ep_tol : float, optional
         EP's stopping rule with ``evidence="ep"`` in the engine's evaluations
         (:class:`~gpvi.inference.cvi.ep_evidence.EPEvidenceTarget`'s ``tol``; default 1e-4); the EP MAP search and
