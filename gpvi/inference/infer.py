@@ -218,14 +218,19 @@ _FIT_STAGES = {"map": "the MAP restarts of the variational fit's start (q is tha
                "q": "the variational fit (q is partial and unchecked)"}
 
 
+def _relative_mcse(d: dict[str, Any], std: Any) -> tuple[float, float]:
+    """The largest Monte Carlo error of a mean and of a sd in the chains' diagnostics ``d``, each in units of its
+    parameter's sd ``std``."""
+    sd = std.detach().cpu()
+    return float((d["mcse_mean"].cpu() / sd).max()), float((d["mcse_sd"].cpu() / sd).max())
+
+
 def _mixed(d: dict[str, Any], min_ess: float, std: Any) -> bool:
     """The chains' diagnostics ``d`` meet the targets: every bulk and tail ESS >= ``min_ess``, R-hat <= 1.01, and
     every Monte Carlo error of a mean and of a sd at most ``MCSE_TOL`` of that parameter's sd ``std`` (the
     weighted answer's tolerance, :mod:`gpvi.inference.check`)."""
-    sd = std.detach().cpu()
-    mcse = max(float((d["mcse_mean"].cpu() / sd).max()), float((d["mcse_sd"].cpu() / sd).max()))
     return (bool((d["ess_bulk"] >= min_ess).all()) and bool((d["ess_tail"] >= min_ess).all())
-            and bool((d["r_hat"] <= 1.01).all()) and mcse <= MCSE_TOL)
+            and bool((d["r_hat"] <= 1.01).all()) and max(_relative_mcse(d, std)) <= MCSE_TOL)
 
 
 def _choose(khat_q: float, check: dict[str, Any], *, several: bool = False,
@@ -427,13 +432,12 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
             return _stopped(wb, "nuts", "NUTS before its first draw (the weighted draws that failed the check are "
                             "returned)", times, report, "psis")
         times["nuts"] = time.perf_counter() - t0
+        report.mcse_mean, mcse_sd = _relative_mcse(d, post.std)
         report.nuts = {"draws per chain": int(post.draws.shape[1]), "extensions": ext,
                        "min ESS": float(d["ess_bulk"].min()), "min tail ESS": float(d["ess_tail"].min()),
-                       "max R-hat": float(d["r_hat"].max()),
-                       "max MCSE of a sd (sd)": float((d["mcse_sd"].cpu() / post.std.detach().cpu()).max()),
+                       "max R-hat": float(d["r_hat"].max()), "max MCSE of a sd (sd)": mcse_sd,
                        "divergences": int(post.stats["diverging"].sum()),
                        "gradient evaluations": int(post.stats["n_steps"].sum())}
-        report.mcse_mean = float((d["mcse_mean"].cpu() / post.std.cpu()).max())
         if post.info.get("interrupted"):
             return _stopped(post, "nuts", "NUTS (its partial chains are returned)", times, report, "nuts")
         if not _mixed(d, min_ess, post.std):
