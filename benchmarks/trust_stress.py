@@ -72,6 +72,10 @@ CACHE = Path(os.environ.get("GPVI_STRESS_CACHE") or Path.home() / ".cache" / "gp
 SEEDS = [0] if QUICK else [0, 1, 2, 3, 4]
 MIN_ESS, MAX_RHAT, MAX_EXT = 400.0, 1.01, 3
 TOL_MEAN, SD_LO, SD_HI = 0.2, 0.8, 1.25
+SEEN = {**{pid: range(5) for pid in ("boston-0", "bodyfat-0", "pendulum-1", "bodyfat-2", "synth-0", "synth-1",
+                                     "synth-2", "synth-5", "synth-7", "synth-10")}, "synth-8": range(1)}
+"""The (problem, seeds) whose cases had run when the check's coordinate components were chosen: every rule decision
+so far saw them (held-out half included); the cases outside are held out from every decision ("unseen")."""
 LOADERS = {"boston": gpvi.datasets.load_boston, "bodyfat": gpvi.datasets.load_bodyfat,
            "pendulum": gpvi.datasets.load_pendulum}
 
@@ -442,6 +446,13 @@ def render(probs: list[dict[str, Any]]) -> None:
           "new constant). The diagnostics of every cached NUTS run, held-out ones included, were looked at before "
           "this change, so for it the held-out half is not held out; the references were rerun and every case "
           "re-judged.", "",
+          "**The check's proposal (this run).** After the NUTS change the four unflagged misses left (pendulum-1 "
+          "seed 2, synth-10 seeds 0 and 2, synth-2 seed 2) were all weighted answers on a posterior with a heavy "
+          "one-sided tail in one parameter, and three of them had passed only after the check's refinement. The "
+          "variants of `trust_stress_tailcheck.md` were compared on all 29 cached weighted cases (held-out ones "
+          "included); the proposal's per-coordinate wide components (scale 3, weight 0.2) without the refinement "
+          "was chosen, and every case rerun. For this change no case run before it is held out: the summary's "
+          "\"unseen\" rows are the cases run after it, held out from every decision.", "",
           "**Partial run.** On this 2-core machine (this suite on one core, one thread, other benchmarks on the "
           "other; load about 2) the references took 100-550 s per problem and NUTS from q 50-2,000 s per case (its "
           "walls include runs made under earlier rules and extended from their cached state), so only the cases "
@@ -449,8 +460,13 @@ def render(probs: list[dict[str, Any]]) -> None:
           "cache.", ""]
     summary = []
     ref_ok = {k: bool(r.get("mixed")) for k, r in refs.items()}
-    for half, sel in (("tuning", "all"), ("held-out", "all"), ("tuning", "ref met"), ("held-out", "ref met")):
-        hc = [c for c in cases if c["half"] == half and (sel == "all" or ref_ok.get(c["problem"], False))]
+    def unseen(c: dict[str, Any]) -> bool:
+        return c["seed"] not in SEEN.get(c["problem"], ())
+
+    for half, sel in (("tuning", "all"), ("held-out", "all"), ("tuning", "ref met"), ("held-out", "ref met"),
+                      ("unseen", "all"), ("unseen", "ref met")):
+        hc = [c for c in cases if (unseen(c) if half == "unseen" else c["half"] == half)
+              and (sel == "all" or ref_ok.get(c["problem"], False))]
         for rule in ("v1", "v2"):
             n_ok = sum(c[rule]["within"] for c in hc)
             n_flag = sum((not c[rule]["within"]) and (not c[rule]["trusted"]) for c in hc)

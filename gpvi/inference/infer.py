@@ -24,25 +24,25 @@ importance sampling*, JMLR 2024):
    missing mass. So the answer is computed from a **multi-scale defensive proposal** and accepted only when
    **independent batches agree**:
 
-   - the proposal :math:`g = \sum_j \alpha_j\,\mathcal N(\mu_0, s_j^2\Sigma_0)` with scales
-     :math:`s = (1, 1.5, 2.5)` and weights :math:`\alpha = (0.6, 0.3, 0.1)` (``CHECK_SCALES``) around the base
-     :math:`q_0` (q, or the starts' mixture, whose component replaces the first term), :math:`\mu_0, \Sigma_0`
-     its moments: the wide components reach a tail q misses, and bound the weights there (Hesterberg's
-     defensive mixtures, 1995);
+   - the proposal :math:`g = (1-\beta)\sum_k \alpha_k\,\mathcal N(\mu_0, s_k^2\Sigma_0) +
+     \tfrac{\beta}{D}\sum_j \mathcal N(\mu_0, \Sigma_j)` around the base :math:`q_0` (q, or the starts' mixture,
+     whose component replaces the first term; :math:`\mu_0, \Sigma_0` its moments): scaled copies with
+     :math:`s = (1, 1.5, 2.5)`, :math:`\alpha = (0.6, 0.3, 0.1)` (``CHECK_SCALES``), and per coordinate j a
+     Gaussian whose sd in :math:`\theta_j` alone is ``COORD_SCALE`` = 3 times the base's,
+     :math:`\Sigma_j = \Sigma_0 + 8\,\Sigma_0 e_j e_j^\top\Sigma_0/\Sigma_{0,jj}`, together weighing
+     :math:`\beta` = ``COORD_WEIGHT`` = 0.2. The wide components reach a tail q misses and bound the weights there
+     (Hesterberg's defensive mixtures, 1995); the coordinate components reach a heavy tail in one parameter (the
+     log noise variance towards zero noise at small N) with the other parameters typical;
    - PSIS of g with ``4 x num_psis_draws`` draws, cut into ``CHECK_BATCHES`` batches whose estimates give the
      Monte Carlo error (:func:`~gpvi.posteriors.weighted.batch_mcse`).
 
    Steps 2-4 and their constants are in :mod:`gpvi.inference.check`; the engine's bound draws are PSIS's draws
-   of q and of the starts' Gaussians (their log joints are known: still independent draws of each proposal). The weighted answer is **reliable** when
-     :math:`\hat k \le \min(1 - 1/\log_{10}S, 0.7)`, the weights' ESS is at least ``min_ess`` and every
-     parameter's batch MCSE of the mean and of the sd is at most ``MCSE_TOL`` of its sd. A wide component that
-     finds mass q missed raises :math:`\hat k` or the batch spread, and the answer goes to NUTS.
-   - **Refinement**: when the check fails on its batch MCSE alone (:math:`\hat k` and the ESS pass) and that MCSE
-     is at most ``REFINE_REACH`` x ``MCSE_TOL``, each Gaussian of the base is moved to the weighted mean and
-     marginal sds of the draws it accounts for (one step of population Monte Carlo, Cappé et al. 2004; its
-     correlations and, for the starts' mixture, the basins' weighted masses), the defensive scales are kept
-     around it, and its own new draws (rounds of ``4 x num_psis_draws``, at most ``REFINE_ROUNDS``) are checked
-     by the same rule; they replace the first draws as the weighted answer, and NUTS runs only if they fail too.
+   of q and of the starts' Gaussians (their log joints are known: still independent draws of each proposal). The
+   weighted answer is **reliable** when :math:`\hat k \le \min(1 - 1/\log_{10}S, 0.7)`, the weights' ESS is at
+   least ``min_ess`` and every parameter's batch MCSE of the mean and of the sd is at most ``MCSE_TOL`` of its sd.
+   A wide component that finds mass q missed raises :math:`\hat k` or the batch spread, and the answer goes to
+   NUTS. Importance sampling cannot see mass that no proposal draw reaches: ``trust_stress.md`` counts the
+   weighted answers that were still wrong.
 
 5. **Answer**: q itself when its :math:`\hat k \le 0.5`, there is one basin, the weighted answer is reliable and
    q agrees with it (every mean within ``Q_AGREE_MEAN`` weighted sd, every sd ratio within ``Q_AGREE_SD``);
@@ -97,11 +97,9 @@ class InferenceReport:
         False when the answer failed its own check (NUTS short of ``min_ess`` / R-hat 1.01); the reason and the
         first line of the report say so, and ``infer`` warns.
     check : dict
-        The weighted answer's check: ``proposal`` ("q" or "mixture": the base of the defensive proposal), ``khat`` and its ``threshold``,
-        ``ess`` and ``num_draws`` of its weights, ``mcse_mean`` and ``mcse_sd`` (largest batch MCSE over the
-        parameters, in weighted sds), ``reliable``; after a refinement (module docstring, step 4) also
-        ``refined`` (its rounds of new draws) and ``first`` (the first check's ``khat``, ``ess``, ``num_draws``,
-        ``mcse_mean``, ``mcse_sd``), the other keys then being the refined proposal's.
+        The weighted answer's check: ``proposal`` ("q" or "mixture": the base of the defensive proposal),
+        ``khat`` and its ``threshold``, ``ess`` and ``num_draws`` of its weights, ``mcse_mean`` and ``mcse_sd``
+        (largest batch MCSE over the parameters, in weighted sds), ``reliable``.
     interrupted : str
         The stage a Ctrl-C ended, empty when none did: ``"map"`` (the MAP restarts of the default start),
         ``"laplace"`` (their Laplace scales), ``"q"`` (the engine runs), ``"psis"`` (PSIS and the check) or
@@ -171,13 +169,8 @@ class InferenceReport:
                f"  PSIS of q: k-hat {self.khat:.2f}, weights' ESS {self.psis_ess:.0f}, "
                f"log evidence {self.log_evidence:.3f} +- {self.log_evidence_se:.3f}"]
         c = self.check
-        if c.get("first"):
-            f = c["first"]
-            out.append(f"  first check ({c['proposal']} proposal, {f['num_draws']} draws): k-hat {f['khat']:.2f}, "
-                       f"weights' ESS {f['ess']:.0f}, batch MCSE {max(f['mcse_mean'], f['mcse_sd']):.3f} sd: "
-                       "proposal refined from its weighted draws")
         if c:
-            out.append(f"  check ({'refined ' if c.get('first') else ''}{c['proposal']} proposal, "
+            out.append(f"  check ({c['proposal']} proposal, "
                        f"{c['num_draws']} draws): k-hat {c['khat']:.2f} "
                        f"(<= {c['threshold']:.2f}?), weights' ESS {c['ess']:.0f}, batch MCSE of means <= "
                        f"{c['mcse_mean']:.3f} sd, of sds <= {c['mcse_sd']:.3f} sd: "
@@ -236,16 +229,16 @@ def _mixed(d: dict[str, Any], min_ess: float, std: Any) -> bool:
 def _choose(khat_q: float, check: dict[str, Any], *, several: bool = False,
             q_agrees: bool = False) -> tuple[str, str]:
     """The answer (module docstring, step 5): ``"q"``, ``"psis"`` or ``"nuts"`` and the reason."""
-    what = "the refined defensive proposal's" if check.get("first") else "the defensive proposal's"
     if check["reliable"]:
         if not several and math.isfinite(khat_q) and khat_q <= KHAT_GOOD and q_agrees:
             return "q", (f"k-hat {khat_q:.2f} <= {KHAT_GOOD} and q agrees with its checked PSIS-weighted draws: "
                          "the variational q is close to the posterior")
         lead = "several basins; " if several else ""
-        return "psis", (f"{lead}{what} PSIS-weighted draws pass the check (k-hat {check['khat']:.2f}, ESS "
-                        f"{check['ess']:.0f}, batch MCSE <= {max(check['mcse_mean'], check['mcse_sd']):.3f} sd)")
-    return "nuts", (f"q's k-hat {khat_q:.2f}; {what} weighted draws fail the check (k-hat {check['khat']:.2f} vs "
-                    f"{check['threshold']:.2f}, ESS {check['ess']:.0f}, batch MCSE "
+        return "psis", (f"{lead}the defensive proposal's PSIS-weighted draws pass the check (k-hat "
+                        f"{check['khat']:.2f}, ESS {check['ess']:.0f}, batch MCSE <= "
+                        f"{max(check['mcse_mean'], check['mcse_sd']):.3f} sd)")
+    return "nuts", (f"q's k-hat {khat_q:.2f}; the defensive proposal's weighted draws fail the check (k-hat "
+                    f"{check['khat']:.2f} vs {check['threshold']:.2f}, ESS {check['ess']:.0f}, batch MCSE "
                     f"{max(check['mcse_mean'], check['mcse_sd']):.3f} sd): NUTS warm-started from q")
 
 
@@ -333,8 +326,7 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
     seed : int
         Seed of every stage (MAP restarts, the variational engine, PSIS draws, NUTS).
     num_psis_draws : int
-        Draws of q for the first PSIS diagnosis (default 1000); the check's defensive proposal draws 4x as many, and
-        its refinement (step 4) up to ``REFINE_ROUNDS`` x 4x as many more.
+        Draws of q for the first PSIS diagnosis (default 1000); the check's defensive proposal draws 4x as many.
     engine : {"sk", "dsvi"} or engine, optional
         The variational engine. ``"sk"`` (default, also ``None``): Salimans-Knowles' Hessian-free variant
         (:func:`default_sk`: ``SKGaussian(num_steps=max(500, 40 D), method="gradient", num_draws=4,
