@@ -44,63 +44,14 @@ import numpy as np
 import torch
 
 from gpvi.inference import check as ck
-from gpvi.posteriors.gaussian import GaussianPosterior
-from gpvi.posteriors.mixture import GaussianMixture
 from gpvi.posteriors.weighted import pareto_smooth, psis
 
 from benchmarks import trust_stress as ts
 from benchmarks._common import header, write
 
 COORD_WEIGHT, PMC_ROUNDS, AGREE, MIN_ESS = 0.2, 6, 0.1, 400.0
-REFINE_REACH, REFINE_ROUNDS = 2.0, 3
 BEFORE = "scales+refine"
 VARIANTS = ["scales+refine", "scales", "coord-3+refine", "coord-3", "coord-5", "coord-8", "pmc", "pmc+coord-3"]
-
-
-def refined_base(base: Any, w: Any, target: Any) -> Any:
-    """Each Gaussian of the base moved to the weighted mean and marginal sds of the draws it accounts for (its
-    correlations kept; its weight the draws' weighted mass, floored at 0.001; kept as it is when those draws' ESS
-    is under 2 D): the refinement of ``gpvi.infer``'s check at commit ce790a4 (one step of population Monte Carlo,
-    Cappé et al. 2004)."""
-    comps = list(base.components) if isinstance(base, GaussianMixture) else [base]
-    x, wt = w.draws, w.weights
-    resp = base.responsibilities(x) if len(comps) > 1 else torch.ones_like(wt)[:, None]
-    out = []
-    for k, c in enumerate(comps):
-        a = wt * resp[:, k]
-        total = float(a.sum())
-        if not total > 0 or total ** 2 / float((a * a).sum()) < 2 * x.shape[1]:
-            out.append(c)
-            continue
-        a = a / total
-        mu = a @ x
-        sd = torch.sqrt(a @ (x - mu) ** 2)
-        out.append(GaussianPosterior(mu, (sd / c.std)[:, None] * c.scale_tril, list(base.names), target))
-    return out[0] if len(out) == 1 else GaussianMixture(out, torch.log((wt @ resp).clamp(min=1e-3)), target)
-
-
-def _refinable(chk: dict[str, Any]) -> bool:
-    mcse = max(chk["mcse_mean"], chk["mcse_sd"])
-    return (not chk["reliable"] and math.isfinite(chk["khat"]) and chk["khat"] <= chk["threshold"]
-            and chk["ess"] >= MIN_ESS and mcse <= REFINE_REACH * ck.MCSE_TOL)
-
-
-def refine(base: Any, w: Any, target: Any, make: Any, gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
-    """The refinement at commit ce790a4: rounds of as many new draws of the proposal around :func:`refined_base`
-    (at most 3), PSIS of all of them checked after each (batches of the first check's size); stop when reliable,
-    when the check fails on more than its MCSE, or when the MCSE could not reach the tolerance in time."""
-    S0, prop = int(w.draws.shape[0]), make(refined_base(base, w, target))
-    draws, log_joint = [], []
-    for r in range(1, REFINE_ROUNDS + 1):
-        part = psis(prop, target, S0, generator=gen)
-        draws.append(part.draws)
-        log_joint.append(part.log_joint)
-        wr = part if r == 1 else psis(prop, target, draws=torch.cat(draws), log_joint=torch.cat(log_joint))
-        out = ck.check_weighted(wr, "q", MIN_ESS, ck.CHECK_BATCHES * r)
-        mcse = max(out["mcse_mean"], out["mcse_sd"])
-        if out["reliable"] or not _refinable(out) or mcse * math.sqrt(r / REFINE_ROUNDS) > ck.MCSE_TOL:
-            break
-    return wr, dict(out, rounds=r)
 
 
 def _agrees(base: Any, w: Any) -> bool:
@@ -118,8 +69,10 @@ def run_variant(name: str, base: Any, target: Any, seed: int) -> tuple[Any, dict
     if not name.startswith("pmc"):
         wb = psis(make(base), target, 4000, generator=gen)
         chk = ck.check_weighted(wb, "q", MIN_ESS)
-        if "refine" in name and _refinable(chk):
-            wb, chk = refine(base, wb, target, make, gen)
+        if "refine" in name and ck._refinable(chk, MIN_ESS):
+            wb, chk = ck.refine(base, wb, target, chk, MIN_ESS, gen,
+                                coord_weight=0.0 if coord is None else COORD_WEIGHT)
+            chk["rounds"] = chk["refined"]
         return wb, chk
     for r in range(1, PMC_ROUNDS + 1):
         wb = psis(make(base), target, 4000, generator=gen)
@@ -127,7 +80,7 @@ def run_variant(name: str, base: Any, target: Any, seed: int) -> tuple[Any, dict
         fixed = _agrees(base, wb)
         if (fixed and chk["reliable"]) or not (math.isfinite(chk["khat"]) and chk["khat"] <= chk["threshold"]):
             break
-        base = refined_base(base, wb, target)
+        base = ck.refined_base(base, wb, target)
     return wb, dict(chk, rounds=r, fixed_point=fixed, reliable=bool(fixed and chk["reliable"]))
 
 

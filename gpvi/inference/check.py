@@ -13,10 +13,23 @@ The check's proposal adds, to the scaled copies of the base, one component per c
 coordinate alone (:func:`defensive_proposal`). The stress suite's unflagged misses were weighted answers on
 posteriors with a heavy one-sided tail in one parameter (the log noise variance towards zero noise, where the
 likelihood flattens and the posterior follows the prior) that the scaled copies, wide in every coordinate at once,
-reach only where their draws are far out in all the others too; and three of the four had passed after a
-*refinement* (the proposal moved to the weighted moments of its first draws, its new draws judged on their own),
-which was removed: a proposal moved towards where the first draws put the mass passes on draws that still never
-reach the tail (``benchmarks/results/trust_stress_tailcheck.md``: every variant tried, on every cached weighted case).
+reach only where their draws are far out in all the others too (``benchmarks/results/trust_stress_tailcheck.md``:
+every variant tried, on every cached weighted case).
+
+When the base is the starts' mixture and the check fails on its batch MCSE alone (:math:`\hat k` and the weights'
+ESS pass) by at most ``REFINE_REACH`` x ``MCSE_TOL``, one step of adaptive importance sampling (population Monte
+Carlo: Cappé, Guillin, Marin & Robert, *Population Monte Carlo*, JCGS 2004) refines the proposal before NUTS is
+called (:func:`refine`): each Gaussian of the base is moved to the weighted mean and marginal sds of the check's
+draws it accounts for (its correlations kept), its weight set to their weighted mass (:func:`refined_base`), the
+defensive components are kept around the refined base, and its draws, again all new (the same generator,
+continued), are drawn in rounds of as many as the check drew, at most ``REFINE_ROUNDS``, and judged by the same rule
+on their own (the first draws only chose the proposal). What it corrects is the mixture's basin weights and
+placement (weights :math:`\propto e^{\mathcal L_k}`): on Boston the starts' second basin holds 42% of the mass while
+its Gaussian is 0.36 sd off and up to 0.68x too narrow there, and more draws of the same proposal leave the batch
+MCSE at 0.05-0.07 sd up to 16,000 (``benchmarks/results/trust_stress_refine.md``). A single q is not refined: moved
+towards where its first draws put the mass, it passed on new draws that still never reached a heavy tail, in three
+of the stress suite's four unflagged misses before the coordinate components (``trust_stress_tailcheck.md``,
+variant ``scales+refine``).
 """
 
 from __future__ import annotations
@@ -34,8 +47,9 @@ from ..posteriors.weighted import batch_mcse, khat_threshold, psis
 from .dsvi.starts import BASIN_SEPARATION
 
 __all__ = ["diagnose", "starts_mixture", "defensive_proposal", "check_weighted", "q_agrees",
+           "refined_base", "refine",
            "BASIN_MASS_TOL", "CHECK_SCALES", "COORD_SCALE", "COORD_WEIGHT", "CHECK_BATCHES", "MCSE_TOL", "Q_AGREE_MEAN",
-           "Q_AGREE_SD"]
+           "Q_AGREE_SD", "REFINE_REACH", "REFINE_ROUNDS"]
 
 BASIN_MASS_TOL = 0.01
 """Posterior mass (estimated by PSIS of the starts' mixture) the basins other than the best q's may hold before
@@ -52,6 +66,11 @@ MCSE_TOL = 0.05
 """Largest batch MCSE of a weighted mean or sd, in posterior sds, for a reliable weighted answer."""
 Q_AGREE_MEAN, Q_AGREE_SD = 0.1, (0.9, 1.1)
 """q is the answer only when its means are within 0.1 weighted sd of the checked weighted ones, its sds 0.9-1.1x."""
+REFINE_REACH = 2.0
+"""The refinement (of the starts' mixture only) is tried only when the check's batch MCSE is at most this multiple
+of ``MCSE_TOL``."""
+REFINE_ROUNDS = 3
+"""At most this many rounds of new draws of the refined proposal (each as many as the check's)."""
 
 
 def starts_mixture(q: Any, target: Any) -> Any:
@@ -113,6 +132,88 @@ def defensive_proposal(base: Any, target: Any, *, coord_scale: float = COORD_SCA
     return GaussianMixture(comps, log_w, target)
 
 
+def _refinable(check: dict[str, Any], min_ess: float) -> bool:
+    """The check failed on its batch MCSE alone, by at most ``REFINE_REACH`` times ``MCSE_TOL``."""
+    mcse = max(check["mcse_mean"], check["mcse_sd"])
+    return (not check["reliable"] and math.isfinite(check["khat"]) and check["khat"] <= check["threshold"]
+            and check["ess"] >= min_ess and mcse <= REFINE_REACH * MCSE_TOL)
+
+
+def refined_base(base: Any, w: Any, target: Any) -> Any:
+    r"""The base with each Gaussian moved to the weighted mean and marginal sds of the draws it accounts for.
+
+    With PSIS weights :math:`w_s` of draws :math:`\theta_s` and the base's responsibilities :math:`r_{sk}`
+    (1 for a single Gaussian), component :math:`\mathcal N(\mu_k, \Sigma_k)` becomes
+    :math:`\mathcal N(\hat\mu_k, S_k\Sigma_k S_k)` with
+
+    .. math:: a_{sk} \propto w_s r_{sk}, \quad \hat\mu_k = \sum_s a_{sk}\theta_s, \quad
+              S_k = \mathrm{diag}(\hat\sigma_{kj} / \sigma_{kj}), \quad
+              \hat\sigma_{kj}^2 = \sum_s a_{sk}(\theta_{sj} - \hat\mu_{kj})^2,
+
+    (its correlations kept: a full weighted covariance from a basin's few effective draws, 116 for Boston's second
+    basin in 15 dimensions, is too noisy to propose from), and its weight :math:`\hat m_k = \sum_s w_s r_{sk}`
+    (floored at 0.001 so that no basin is dropped). A component whose draws' ESS
+    :math:`(\sum_s a_{sk})^2/\sum_s a_{sk}^2` is under :math:`2D` is kept as it is.
+
+    Parameters
+    ----------
+    base : GaussianPosterior or GaussianMixture
+    w : WeightedPosterior
+        PSIS of a proposal around ``base`` (the check's).
+    target : model
+
+    Returns
+    -------
+    GaussianPosterior or GaussianMixture
+    """
+    comps = list(base.components) if isinstance(base, GaussianMixture) else [base]
+    x, wt = w.draws, w.weights
+    resp = base.responsibilities(x) if len(comps) > 1 else torch.ones_like(wt)[:, None]
+    out = []
+    for k, c in enumerate(comps):
+        a = wt * resp[:, k]
+        total = float(a.sum())
+        if not total > 0 or total ** 2 / float((a * a).sum()) < 2 * x.shape[1]:
+            out.append(c)
+            continue
+        a = a / total
+        mu = a @ x
+        sd = torch.sqrt(a @ (x - mu) ** 2)
+        out.append(GaussianPosterior(mu, (sd / c.std)[:, None] * c.scale_tril, list(base.names), target))
+    if len(out) == 1:
+        return out[0]
+    mass = (wt @ resp).clamp(min=1e-3)
+    return GaussianMixture(out, torch.log(mass), target)
+
+
+def refine(base: Any, w: Any, target: Any, check: dict[str, Any], min_ess: float,
+           generator: torch.Generator, *, coord_weight: float = COORD_WEIGHT) -> tuple[Any, dict[str, Any]]:
+    r"""The check again with the refined proposal (module docstring): ``(weighted posterior, its check)``.
+
+    The defensive proposal around :func:`refined_base` draws rounds of ``len(w.draws)`` new draws from
+    ``generator``; after each, PSIS of all its draws so far is checked (batches of the first check's size), and the
+    rounds stop when it is reliable, when it fails on anything but its MCSE, or when that MCSE, falling as
+    :math:`1/\sqrt S`, could not reach ``MCSE_TOL`` within ``REFINE_ROUNDS``. The check returned has ``refined``
+    (rounds drawn) and ``first`` (the first check's k-hat, ESS, draws and batch MCSEs). ``coord_weight`` is the
+    proposal's (:func:`defensive_proposal`).
+    """
+    S0 = int(w.draws.shape[0])
+    prop = defensive_proposal(refined_base(base, w, target), target, coord_weight=coord_weight)
+    first = {k: check[k] for k in ("khat", "ess", "num_draws", "mcse_mean", "mcse_sd")}
+    draws, log_joint = [], []
+    for r in range(1, REFINE_ROUNDS + 1):
+        part = psis(prop, target, S0, generator=generator)
+        draws.append(part.draws)
+        log_joint.append(part.log_joint)
+        wr = part if r == 1 else psis(prop, target, draws=torch.cat(draws), log_joint=torch.cat(log_joint))
+        out = check_weighted(wr, check["proposal"], min_ess, CHECK_BATCHES * r)
+        mcse = max(out["mcse_mean"], out["mcse_sd"])
+        if out["reliable"] or not _refinable(out, min_ess) or mcse * math.sqrt(r / REFINE_ROUNDS) > MCSE_TOL:
+            break
+    out.update(refined=r, first=first)
+    return wr, out
+
+
 def q_agrees(q: Any, w: Any) -> bool:
     """q's means within ``Q_AGREE_MEAN`` of ``w``'s sds of its means, its sds within ``Q_AGREE_SD`` of ``w``'s."""
     sd = w.std
@@ -144,7 +245,8 @@ def diagnose(q: Any, target: Any, seed: int, num_psis_draws: int, min_ess: float
     -------
     (w, wm, wb, mix, mass, several, check)
         PSIS of q, of the starts' mixture (None without one) and of the defensive proposal; the mixture, each
-        basin's mass, whether the other basins hold more than ``BASIN_MASS_TOL``, and :func:`check_weighted`.
+        basin's mass, whether the other basins hold more than ``BASIN_MASS_TOL``, and :func:`check_weighted`
+        (of the refined proposal's draws, with ``refined`` and ``first``, when :func:`refine` ran).
     """
     n = num_psis_draws
     with warnings.catch_warnings():
@@ -163,4 +265,6 @@ def diagnose(q: Any, target: Any, seed: int, num_psis_draws: int, min_ess: float
         gen = torch.Generator().manual_seed(seed)
         wb = psis(defensive_proposal(base, target), target, 4 * n, generator=gen)
         check = check_weighted(wb, "mixture" if several else "q", min_ess)
+        if several and _refinable(check, min_ess):            # new draws of a refined mixture (module docstring)
+            wb, check = refine(base, wb, target, check, min_ess, gen)
     return w, wm, wb, mix, mass, several, check

@@ -43,6 +43,13 @@ importance sampling*, JMLR 2024):
    A wide component that finds mass q missed raises :math:`\hat k` or the batch spread, and the answer goes to
    NUTS. Importance sampling cannot see mass that no proposal draw reaches: ``trust_stress.md`` counts the
    weighted answers that were still wrong.
+   - **Refinement** (the starts' mixture only): when its check fails on the batch MCSE alone (:math:`\hat k` and
+     the ESS pass) and that MCSE is at most ``REFINE_REACH`` x ``MCSE_TOL``, each Gaussian of the mixture is moved
+     to the weighted mean and marginal sds of the draws it accounts for and its weight to their weighted mass (one
+     step of population Monte Carlo, Cappé et al. 2004; correlations kept), the defensive components are kept
+     around it, and its own new draws (rounds of ``4 x num_psis_draws``, at most ``REFINE_ROUNDS``) are checked by
+     the same rule; they replace the first draws as the weighted answer, and NUTS runs only if they fail too. A
+     single q is not refined (:mod:`gpvi.inference.check`).
 
 5. **Answer**: q itself when its :math:`\hat k \le 0.5`, there is one basin, the weighted answer is reliable and
    q agrees with it (every mean within ``Q_AGREE_MEAN`` weighted sd, every sd ratio within ``Q_AGREE_SD``);
@@ -99,7 +106,9 @@ class InferenceReport:
     check : dict
         The weighted answer's check: ``proposal`` ("q" or "mixture": the base of the defensive proposal),
         ``khat`` and its ``threshold``, ``ess`` and ``num_draws`` of its weights, ``mcse_mean`` and ``mcse_sd``
-        (largest batch MCSE over the parameters, in weighted sds), ``reliable``.
+        (largest batch MCSE over the parameters, in weighted sds), ``reliable``; after a refinement (module
+        docstring, step 4) also ``refined`` (its rounds of new draws) and ``first`` (the first check's ``khat``,
+        ``ess``, ``num_draws``, ``mcse_mean``, ``mcse_sd``), the other keys then being the refined proposal's.
     interrupted : str
         The stage a Ctrl-C ended, empty when none did: ``"map"`` (the MAP restarts of the default start),
         ``"laplace"`` (their Laplace scales), ``"q"`` (the engine runs), ``"psis"`` (PSIS and the check) or
@@ -169,8 +178,13 @@ class InferenceReport:
                f"  PSIS of q: k-hat {self.khat:.2f}, weights' ESS {self.psis_ess:.0f}, "
                f"log evidence {self.log_evidence:.3f} +- {self.log_evidence_se:.3f}"]
         c = self.check
+        if c.get("first"):
+            f = c["first"]
+            out.append(f"  first check ({c['proposal']} proposal, {f['num_draws']} draws): k-hat {f['khat']:.2f}, "
+                       f"weights' ESS {f['ess']:.0f}, batch MCSE {max(f['mcse_mean'], f['mcse_sd']):.3f} sd: "
+                       "proposal refined from its weighted draws")
         if c:
-            out.append(f"  check ({c['proposal']} proposal, "
+            out.append(f"  check ({'refined ' if c.get('first') else ''}{c['proposal']} proposal, "
                        f"{c['num_draws']} draws): k-hat {c['khat']:.2f} "
                        f"(<= {c['threshold']:.2f}?), weights' ESS {c['ess']:.0f}, batch MCSE of means <= "
                        f"{c['mcse_mean']:.3f} sd, of sds <= {c['mcse_sd']:.3f} sd: "
@@ -229,15 +243,16 @@ def _mixed(d: dict[str, Any], min_ess: float, std: Any) -> bool:
 def _choose(khat_q: float, check: dict[str, Any], *, several: bool = False,
             q_agrees: bool = False) -> tuple[str, str]:
     """The answer (module docstring, step 5): ``"q"``, ``"psis"`` or ``"nuts"`` and the reason."""
+    what = "the refined defensive proposal's" if check.get("first") else "the defensive proposal's"
     if check["reliable"]:
         if not several and math.isfinite(khat_q) and khat_q <= KHAT_GOOD and q_agrees:
             return "q", (f"k-hat {khat_q:.2f} <= {KHAT_GOOD} and q agrees with its checked PSIS-weighted draws: "
                          "the variational q is close to the posterior")
         lead = "several basins; " if several else ""
-        return "psis", (f"{lead}the defensive proposal's PSIS-weighted draws pass the check (k-hat "
+        return "psis", (f"{lead}{what} PSIS-weighted draws pass the check (k-hat "
                         f"{check['khat']:.2f}, ESS {check['ess']:.0f}, batch MCSE <= "
                         f"{max(check['mcse_mean'], check['mcse_sd']):.3f} sd)")
-    return "nuts", (f"q's k-hat {khat_q:.2f}; the defensive proposal's weighted draws fail the check (k-hat "
+    return "nuts", (f"q's k-hat {khat_q:.2f}; {what} weighted draws fail the check (k-hat "
                     f"{check['khat']:.2f} vs {check['threshold']:.2f}, ESS {check['ess']:.0f}, batch MCSE "
                     f"{max(check['mcse_mean'], check['mcse_sd']):.3f} sd): NUTS warm-started from q")
 
@@ -326,7 +341,8 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
     seed : int
         Seed of every stage (MAP restarts, the variational engine, PSIS draws, NUTS).
     num_psis_draws : int
-        Draws of q for the first PSIS diagnosis (default 1000); the check's defensive proposal draws 4x as many.
+        Draws of q for the first PSIS diagnosis (default 1000); the check's defensive proposal draws 4x as many, and
+        its refinement (step 4, the starts' mixture only) up to ``REFINE_ROUNDS`` x 4x as many more.
     engine : {"sk", "dsvi"} or engine, optional
         The variational engine. ``"sk"`` (default, also ``None``): Salimans-Knowles' Hessian-free variant
         (:func:`default_sk`: ``SKGaussian(num_steps=max(500, 40 D), method="gradient", num_draws=4,
