@@ -5,7 +5,7 @@ Sets: iris, wine and digits from scikit-learn (the splits of ``benchmarks/multic
 ``GPMulticlass`` (softmax, K latent GPs sharing one ``ScaleKernel(RBFKernel(ard_num_dims=d))``; on digits one
 isotropic lengthscale started at the model's data-scaled theta, as in ``benchmarks/multiclass.py``), prior
 N(0, 10 I) on the log-hyperparameters throughout. Synthetic sets ``synth4`` (K = 4, 100 training rows, 5 inputs)
-and ``synth6`` (K = 6, 90 rows, 3 inputs), 300 test rows each (:func:`synthetic`). Multi-class EP costs
+``synth6`` (K = 6, 90 rows, 3 inputs) and ``synth10`` (K = 10, 100 rows, 3 inputs; 10 training and 30 test rows per class), 300 test rows each (:func:`synthetic`). Multi-class EP costs
 :math:`O((NK)^3)` per sweep, with quasi-Monte Carlo tilted moments for K >= 4: an EP row on digits (N K = 2,100)
 takes hours.
 
@@ -47,8 +47,11 @@ import torch
 from benchmarks._common import header, nuts_latent_summary, write
 from benchmarks.multiclass import load, log_loss
 
-SETS = ["iris", "wine", "digits", "synth4", "synth6"]
-SYNTH = {"synth4": (4, 100, 5), "synth6": (6, 90, 3)}
+SETS = ["iris", "wine", "digits", "synth4", "synth6", "synth10"]
+SYNTH = {"synth4": (4, 100, 5), "synth6": (6, 90, 3), "synth10": (10, 100, 3)}
+STRATIFIED = {"synth10"}
+"""Sets whose training and test rows are drawn per class (n / K and 300 / K of each) from a pool of 20,000 draws:
+the first n draws of ``synth10`` leave a class with no training row."""
 """Synthetic sets: name -> (K, training rows, inputs); 300 test rows each (:func:`synthetic`)."""
 
 
@@ -61,9 +64,16 @@ def synthetic(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray
     rng = np.random.default_rng(0)
     W, A = rng.normal(0, np.sqrt(0.5), (K, d)), rng.normal(0, 0.5, (K, d))
     b = rng.uniform(0, 2 * np.pi, K)
-    X = rng.normal(size=(n + 300, d))
-    g = 2 * np.sin(X @ W.T + b) + X @ A.T + 0.5 * rng.gumbel(size=(n + 300, K))
+    pool = 20_000 if name in STRATIFIED else n + 300
+    X = rng.normal(size=(pool, d))
+    g = 2 * np.sin(X @ W.T + b) + X @ A.T + 0.5 * rng.gumbel(size=(pool, K))
     y = g.argmax(1)
+    if name in STRATIFIED:                            # the first n // K and next 300 // K rows of each class
+        rows = [np.flatnonzero(y == k) for k in range(K)]
+        tr = np.concatenate([r[:n // K] for r in rows])
+        te = np.concatenate([r[n // K:n // K + 300 // K] for r in rows])
+        X, y = np.concatenate([X[tr], X[te]]), np.concatenate([y[tr], y[te]])
+        n = len(tr)
     Xtr, Xte, ytr, yte = X[:n], X[n:], y[:n], y[n:]
     mu, sd = Xtr.mean(0), Xtr.std(0)
     return (Xtr - mu) / sd, (Xte - mu) / sd, ytr, yte, f"synthetic, K={K}, d={d}, seed 0"
@@ -154,7 +164,7 @@ def compare(out: dict[str, Any]) -> None:
 def merge(names: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
     """The sets of the committed runs ``names`` (``results/<name>.json``) joined set by set: each fitted row from
     the first run that has it (MAP-II from the first), comparisons recomputed by :func:`compare`. ``args`` takes
-    the NUTS settings of the run that sampled and the union of the runs' ``evidence``."""
+    the NUTS settings of the run whose NUTS row is kept and the union of the runs' ``evidence``."""
     import json
 
     from benchmarks._common import RESULTS
@@ -165,11 +175,12 @@ def merge(names: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
         data = json.loads((RESULTS / f"{nm}.json").read_text())["data"]
         run_args = data["args"]
         args.evidence += [e for e in run_args["evidence"] if e not in args.evidence]
-        if run_args["chains"] > 0:
-            for k in ("chains", "warmup", "draws", "pred_draws", "seed"):
-                setattr(args, k, run_args[k])
         for r in data["results"]:
+            fresh = r["set"] not in joined
             have = joined.setdefault(r["set"], dict(r))
+            if "nuts" in r and (fresh or "nuts" not in have) and run_args["chains"] > 0:
+                for k in ("chains", "warmup", "draws", "pred_draws", "seed"):   # the run whose NUTS row is kept
+                    setattr(args, k, run_args[k])
             for key in ("map", "nuts", *BAYES_LABEL):
                 if key in r and key not in have:
                     have[key] = r[key]
