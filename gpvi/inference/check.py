@@ -119,6 +119,10 @@ def defensive_proposal(base: Any, target: Any, *, coord_scale: float = COORD_SCA
     they are far out in the others too, with weights near zero; the coordinate's own component reaches it with the
     others typical.
     """
+    if not 0.0 <= coord_weight < 1.0:
+        raise ValueError(f"coord_weight must be in [0, 1); got {coord_weight!r}")
+    if not coord_scale >= 1.0:
+        raise ValueError(f"coord_scale must be at least 1; got {coord_scale!r}")
     C = 0.5 * (base.covariance + base.covariance.T)
     L = cholesky_with_jitter(C, what="proposal covariance").L
     comps = [base] + [GaussianPosterior(base.mean, s * L, list(base.names), target) for s, _ in CHECK_SCALES[1:]]

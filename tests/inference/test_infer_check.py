@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import warnings
 
+import pytest
 import torch
 
 import gpvi
@@ -37,6 +38,9 @@ def test_each_coordinate_component_is_wide_in_its_coordinate_alone():
     scaled = len(ck.CHECK_SCALES)
     assert len(prop.components) == scaled + 4
     assert len(ck.defensive_proposal(base, None, coord_weight=0.0).components) == scaled
+    for bad in ({"coord_weight": 1.0}, {"coord_weight": -0.1}, {"coord_scale": 0.5}, {"coord_scale": math.nan}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            ck.defensive_proposal(base, None, **bad)
     expect = [(1 - ck.COORD_WEIGHT) * a for _, a in ck.CHECK_SCALES] + [ck.COORD_WEIGHT / 4] * 4
     assert torch.allclose(prop.weights, torch.tensor(expect, dtype=torch.float64), atol=1e-12)
     for k, (s, _) in enumerate(ck.CHECK_SCALES):
