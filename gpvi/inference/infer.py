@@ -41,8 +41,10 @@ importance sampling*, JMLR 2024):
    weighted answer is **reliable** when :math:`\hat k \le \min(1 - 1/\log_{10}S, 0.7)`, the weights' ESS is at
    least ``min_ess`` and every parameter's batch MCSE of the mean and of the sd is at most ``MCSE_TOL`` of its sd.
    A wide component that finds mass q missed raises :math:`\hat k` or the batch spread, and the answer goes to
-   NUTS. Importance sampling cannot see mass that no proposal draw reaches: ``trust_stress.md`` counts the
-   weighted answers that were still wrong.
+   NUTS. A passed check gets a **second opinion** from the scaled copies alone (new draws, the same rule): the
+   coordinate components also smooth the weights where they reach nothing, and lower :math:`\hat k` with them;
+   the weighted answer is reliable only when both pass (``report.check["second"]``). Importance sampling cannot see
+   mass that no proposal draw reaches: ``trust_stress.md`` counts the weighted answers that were still wrong.
    - **Refinement** (the starts' mixture only): when its check fails on the batch MCSE alone (:math:`\hat k` and
      the ESS pass) and that MCSE is at most ``REFINE_REACH`` x ``MCSE_TOL``, each Gaussian of the mixture is moved
      to the weighted mean and marginal sds of the draws it accounts for and its weight to their weighted mass (one
@@ -108,7 +110,9 @@ class InferenceReport:
         ``khat`` and its ``threshold``, ``ess`` and ``num_draws`` of its weights, ``mcse_mean`` and ``mcse_sd``
         (largest batch MCSE over the parameters, in weighted sds), ``reliable``; after a refinement (module
         docstring, step 4) also ``refined`` (its rounds of new draws) and ``first`` (the first check's ``khat``,
-        ``ess``, ``num_draws``, ``mcse_mean``, ``mcse_sd``), the other keys then being the refined proposal's.
+        ``ess``, ``num_draws``, ``mcse_mean``, ``mcse_sd``), the other keys then being the refined proposal's;
+        when that check passed, ``second`` (the second opinion's ``khat``, ``threshold``, ``ess``, ``num_draws``,
+        ``mcse_mean``, ``mcse_sd``, ``reliable``), ``reliable`` then being both.
     interrupted : str
         The stage a Ctrl-C ended, empty when none did: ``"map"`` (the MAP restarts of the default start),
         ``"laplace"`` (their Laplace scales), ``"q"`` (the engine runs), ``"psis"`` (PSIS and the check) or
@@ -189,6 +193,12 @@ class InferenceReport:
                        f"(<= {c['threshold']:.2f}?), weights' ESS {c['ess']:.0f}, batch MCSE of means <= "
                        f"{c['mcse_mean']:.3f} sd, of sds <= {c['mcse_sd']:.3f} sd: "
                        + ("reliable" if c["reliable"] else "not reliable"))
+        if c.get("second"):
+            t = c["second"]
+            out.append(f"  second opinion (the scaled copies alone, {t['num_draws']} draws): k-hat {t['khat']:.2f} "
+                       f"(<= {t['threshold']:.2f}?), weights' ESS {t['ess']:.0f}, batch MCSE "
+                       f"{max(t['mcse_mean'], t['mcse_sd']):.3f} sd: "
+                       + ("reliable" if t["reliable"] else "not reliable"))
         out.append(f"  answer's Monte Carlo error: means within {self.mcse_mean:.3f} sd (1 MCSE)"
                    if self.mcse_mean > 0 else "  answer's Monte Carlo error: none (q's moments are exact)")
         if self.basin_mass:
@@ -252,6 +262,12 @@ def _choose(khat_q: float, check: dict[str, Any], *, several: bool = False,
         return "psis", (f"{lead}{what} PSIS-weighted draws pass the check (k-hat "
                         f"{check['khat']:.2f}, ESS {check['ess']:.0f}, batch MCSE <= "
                         f"{max(check['mcse_mean'], check['mcse_sd']):.3f} sd)")
+    if check.get("second"):
+        t = check["second"]
+        return "nuts", (f"q's k-hat {khat_q:.2f}; {what} weighted draws pass the check but the second opinion (the "
+                        f"scaled copies alone) fails it (k-hat {t['khat']:.2f} vs {t['threshold']:.2f}, ESS "
+                        f"{t['ess']:.0f}, batch MCSE {max(t['mcse_mean'], t['mcse_sd']):.3f} sd): NUTS warm-started "
+                        "from q")
     return "nuts", (f"q's k-hat {khat_q:.2f}; {what} weighted draws fail the check (k-hat "
                     f"{check['khat']:.2f} vs {check['threshold']:.2f}, ESS {check['ess']:.0f}, batch MCSE "
                     f"{max(check['mcse_mean'], check['mcse_sd']):.3f} sd): NUTS warm-started from q")
@@ -341,8 +357,9 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
     seed : int
         Seed of every stage (MAP restarts, the variational engine, PSIS draws, NUTS).
     num_psis_draws : int
-        Draws of q for the first PSIS diagnosis (default 1000); the check's defensive proposal draws 4x as many, and
-        its refinement (step 4, the starts' mixture only) up to ``REFINE_ROUNDS`` x 4x as many more.
+        Draws of q for the first PSIS diagnosis (default 1000); the check's defensive proposal draws 4x as many, its
+        refinement (step 4, the starts' mixture only) up to ``REFINE_ROUNDS`` x 4x as many more, and the second
+        opinion as many again.
     engine : {"sk", "dsvi"} or engine, optional
         The variational engine. ``"sk"`` (default, also ``None``): Salimans-Knowles' Hessian-free variant
         (:func:`default_sk`: ``SKGaussian(num_steps=max(500, 40 D), method="gradient", num_draws=4,

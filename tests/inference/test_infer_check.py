@@ -75,3 +75,33 @@ def test_a_heavy_one_sided_tail_is_not_answered_by_the_weighted_draws():
             chk = ck.check_weighted(w, "q", 400.0)
             assert not chk["reliable"] or 0.8 <= float(w.std[0]) / true_sd <= 1.25, (seed, chk, float(w.std[0]))
     assert wrong_before >= 3
+
+
+def test_a_passed_check_needs_the_second_opinion_of_the_scaled_copies(monkeypatch):
+    """The wiring of the second opinion: the check with the coordinate components passes, the scaled copies' alone
+    fails, so the answer is NUTS and the report says why; when both pass the weighted answer is the first's."""
+    target = gpvi.Target(lambda th: -0.5 * (th ** 2).sum(-1), names=["a", "b"])
+    q = GaussianPosterior(torch.zeros(2, dtype=torch.float64), torch.eye(2, dtype=torch.float64), ["a", "b"], target)
+    seen: list[float] = []
+    real_proposal, real_check = ck.defensive_proposal, ck.check_weighted
+
+    def proposal(base, tgt, *, coord_weight=ck.COORD_WEIGHT, **kw):
+        seen.append(coord_weight)
+        return real_proposal(base, tgt, coord_weight=coord_weight, **kw)
+
+    def check(w, proposal_name, min_ess, num_batches=ck.CHECK_BATCHES):
+        return dict(real_check(w, proposal_name, min_ess, num_batches), reliable=seen[-1] > 0 or passes_second)
+
+    monkeypatch.setattr(ck, "defensive_proposal", proposal)
+    monkeypatch.setattr(ck, "check_weighted", check)
+    for passes_second in (False, True):
+        seen.clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            w, _, wb, _, _, _, chk = ck.diagnose(q, target, 0, 100, 50.0)
+        assert seen == [ck.COORD_WEIGHT, 0.0]
+        assert chk["second"]["reliable"] is passes_second and chk["reliable"] is passes_second
+        assert chk["second"]["num_draws"] == 400 == wb.draws.shape[0]
+    answer, reason = gpvi.inference.infer._choose(0.3, dict(chk, reliable=False, second=dict(chk["second"],
+                                                                                            reliable=False)))
+    assert answer == "nuts" and "second opinion" in reason
