@@ -359,7 +359,7 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
     num_psis_draws : int
         Draws of q for the first PSIS diagnosis (default 1000); the check's defensive proposal draws 4x as many, its
         refinement (step 4, the starts' mixture only) up to ``REFINE_ROUNDS`` x 4x as many more, and the second
-        opinion as many again.
+        opinion as many again (with its own refinement for the starts' mixture).
     engine : {"sk", "dsvi"} or engine, optional
         The variational engine. ``"sk"`` (default, also ``None``): Salimans-Knowles' Hessian-free variant
         (:func:`default_sk`: ``SKGaussian(num_steps=max(500, 40 D), method="gradient", num_draws=4,
