@@ -9,7 +9,7 @@ Stages::
 
     python -m benchmarks.gpu_check env       --work W
     python -m benchmarks.gpu_check logjoint  --work W --tag lj_small --device cuda --sizes 1000 2000 --cpu-sizes 1000
-    python -m benchmarks.gpu_check ml2       --work W --device cuda --n 50000 --warm-n 5000 --budget 120
+    python -m benchmarks.gpu_check ml2       --work W --device cuda --n 50000 --warm-n 5000,20000 --budget 120
     python -m benchmarks.gpu_check engines   --work W --tag engines_cuda --device cuda --cvi-n 16000
     python -m benchmarks.gpu_check summarize --work W --device cuda
 
@@ -141,7 +141,8 @@ def stage_logjoint(a: argparse.Namespace, log: Log) -> None:
 
 
 def stage_ml2(a: argparse.Namespace, log: Log) -> None:
-    """ML-II at N = ``--n``: optionally from the optimum on the first ``--warm-n`` rows; max_iter from the budget."""
+    """ML-II at N = ``--n``: optionally warm-started through the optima on the first ``--warm-n`` rows (a list, each
+    fit starting from the last); max_iter from the budget."""
     import gpvi
     from benchmarks import gpu_scaling as gs
     dev, n, t_stage = a.device, a.n, time.perf_counter()
@@ -149,14 +150,16 @@ def stage_ml2(a: argparse.Namespace, log: Log) -> None:
     X, y = gs.synthetic(n)
     init, rec = None, {"ml2_N": n, "device": dev, "warm_n": a.warm_n, "budget_s": a.budget}
     if a.warm_n:
-        t0 = time.perf_counter()
-        sub = gpvi.GPRegression(X[:a.warm_n], y[:a.warm_n], device=dev)
-        fit0 = gpvi.ML2(num_restarts=1, seed=0, progress_bar=False).run(sub)
-        _sync(dev)
-        init = fit0.theta.detach().cpu()
-        rec.update(warm_s=time.perf_counter() - t0, warm_iterations=int(fit0.info["restarts"].columns["iterations"][0]),
-                   warm_converged=bool(fit0.info["converged"]))
-        del sub, fit0
+        t0, its, conv = time.perf_counter(), [], []
+        for m in a.warm_n:                      # each subset's optimum starts the next (and the full fit)
+            sub = gpvi.GPRegression(X[:m], y[:m], device=dev)
+            fit0 = gpvi.ML2(num_restarts=1, seed=0, progress_bar=False).run(sub, init=init)
+            _sync(dev)
+            init = fit0.theta.detach().cpu()
+            its.append(int(fit0.info["records"][0]["iterations"]))
+            conv.append(bool(fit0.info["converged"]))
+            del sub, fit0
+        rec.update(warm_s=time.perf_counter() - t0, warm_iterations=its, warm_converged=conv)
         log("ml2_warm", **rec)
     if dev.startswith("cuda"):
         torch.cuda.empty_cache()
@@ -370,7 +373,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cpu-sizes", type=int, nargs="*", default=[])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--n", type=int, default=50_000)
-    p.add_argument("--warm-n", type=int, default=5000)
+    p.add_argument("--warm-n", type=lambda v: [int(x) for x in v.split(",") if x], default=[5000],
+                   help="comma-separated subset sizes fitted in turn before the full N (empty: no warm start)")
     p.add_argument("--budget", type=float, default=120.0)
     p.add_argument("--dsvi-steps", type=int, default=2)
     p.add_argument("--what", nargs="+", default=["cvi", "nuts", "dsvi"], choices=["dsvi", "cvi", "nuts"])

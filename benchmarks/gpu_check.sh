@@ -32,7 +32,7 @@
 #   lj_small         60    log joint + grad vs floor vs GPyTorch: cuda at N = 1k, 2k, 5k, 10k, 20k; cpu at 1k, 2k, 5k
 #   lj_40k           45    the same on cuda at N = 40,000
 #   lj_50k           70    the same on cuda at N = 50,000
-#   ml2_50k         110    ML-II at N = 50,000 from the optimum on its first 5,000 rows; time, iterations, peak
+#   ml2_50k         110    ML-II at N = 50,000 from the optima on its first 5,000 then 20,000 rows; time, iterations, peak
 #                          memory (max_memory_allocated); max_iter cut to the stage's budget; then 2 DSVI steps
 #   engines_cuda     90    CVI full step vs single-site step at N = 16,000 (3 full steps, 2,000 single-site
 #                          steps); NUTS gradient evaluations per second (Boston); DSVI default run on Boston (wall)
@@ -156,7 +156,7 @@ if [ "$REHEARSE" = 1 ]; then            # CPU, N in the hundreds: every stage ru
     export GPVI_TEST_DEVICE=cpu
     PYTEST_K=${GPU_CHECK_PYTEST_K-"test_ml2 or test_cvi_full or test_large_n or test_gp_classifier"}
     LJ_SMALL=(--sizes 200 400 --cpu-sizes 200); LJ_40K=(--sizes 600); LJ_50K=(--sizes 800)
-    ML2=(--n 800 --warm-n 200)
+    ML2=(--n 800 --warm-n 200,400)
     ENG_DEV=(--cvi-n 300 --cvi-full-steps 2 --cvi-single-steps 50 --nuts-warmup 10 --nuts-draws 10
              --dsvi-num-steps 60 --boston-rows 80)
     ENG_CPU=(--cvi-n 200 --cvi-full-steps 2 --cvi-single-steps 50 --nuts-warmup 10 --nuts-draws 10
@@ -167,7 +167,7 @@ else
     PYTEST_K=${GPU_CHECK_PYTEST_K-}
     LJ_SMALL=(--sizes 1000 2000 5000 10000 20000 --cpu-sizes 1000 2000 5000)
     LJ_40K=(--sizes 40000); LJ_50K=(--sizes 50000)
-    ML2=(--n 50000 --warm-n 5000)
+    ML2=(--n 50000 --warm-n 5000,20000)
     ENG_DEV=(--cvi-n 16000 --cvi-full-steps 3 --cvi-single-steps 2000 --nuts-warmup 50 --nuts-draws 50)
     ENG_CPU=(--cvi-n 8000 --cvi-full-steps 2 --cvi-single-steps 300 --nuts-warmup 50 --nuts-draws 50)
     PYTEST_TIMEOUT=190 PYTEST_WORKERS=4

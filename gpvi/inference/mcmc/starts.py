@@ -73,8 +73,10 @@ class init_to_chains:  # noqa: N801 - strategies read as functions, as in NumPyr
 
 
 def _log_joint(target: Any, theta: torch.Tensor) -> torch.Tensor:
+    """The log joint at ``theta`` (rows kept on the CPU here) evaluated on the target's device, back on theta's."""
+    dev = target_device(target)
     with torch.no_grad():
-        return target.log_joint(theta)
+        return target.log_joint(theta if dev is None else theta.to(dev)).to(theta.device)
 
 
 def chain_starts(target: Any, start: Start, num_chains: int, init_scale: float | None,
@@ -115,7 +117,8 @@ def chain_starts(target: Any, start: Start, num_chains: int, init_scale: float |
         bad = ~torch.isfinite(_log_joint(target, t))
         if bool(bad.any()):
             raise ValueError(f"the log joint is not finite at init rows {bad.nonzero().flatten().tolist()}")
-        return t.clone(), {"chains": "given rows"}
+        dev = target_device(target)
+        return (t.clone() if dev is None else t.to(dev)), {"chains": "given rows"}
 
     centre = start.theta.detach().to(torch.float64).cpu()
     scale = start.scale_tril
