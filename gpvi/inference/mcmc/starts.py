@@ -117,8 +117,7 @@ def chain_starts(target: Any, start: Start, num_chains: int, init_scale: float |
         bad = ~torch.isfinite(_log_joint(target, t))
         if bool(bad.any()):
             raise ValueError(f"the log joint is not finite at init rows {bad.nonzero().flatten().tolist()}")
-        dev = target_device(target)
-        return (t.clone() if dev is None else t.to(dev)), {"chains": "given rows"}
+        return t.to(target_device(target) or t.device, copy=True), {"chains": "given rows"}
 
     centre = start.theta.detach().to(torch.float64).cpu()
     scale = start.scale_tril
