@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks._common import header, write
-from benchmarks.trust_stress import (CACHE, NAME, SD_HI, SD_LO, SEEDS, SEEN, TOL_MEAN, _cell, fidelity)
+from benchmarks.trust_stress_rules import CACHE, NAME, SD_HI, SD_LO, SEEDS, SEEN, TOL_MEAN, _cell, fidelity
 
 
 def long_references() -> dict[str, dict[str, Any]]:

@@ -48,6 +48,7 @@ from gpvi.inference import check as ck
 from gpvi.posteriors.weighted import pareto_smooth, psis
 
 from benchmarks import trust_stress as ts
+from benchmarks.trust_stress_rules import SEEN, fidelity
 from benchmarks._common import header, write
 
 COORD_WEIGHT, PMC_ROUNDS, AGREE, MIN_ESS = 0.2, 6, 0.1, 400.0
@@ -103,7 +104,7 @@ def draw_statistics(wb: Any, prop: Any, base: Any) -> dict[str, float]:
 def main() -> None:
     probs = {p["id"]: p for p in ts.problems()}
     rows = []
-    for p, s in ((probs[pid], s) for pid, seeds in ts.SEEN.items() for s in seeds):
+    for p, s in ((probs[pid], s) for pid, seeds in SEEN.items() for s in seeds):
         ref = ts.reference(p)
         q, _ = ts.fit_q(p, s)
         target = q.target
@@ -117,7 +118,7 @@ def main() -> None:
                 wb, chk = run_variant(v, base, target, s)
                 row[v] = {"reliable": chk["reliable"], "khat": chk["khat"], "ess": chk["ess"],
                           "mcse": max(chk["mcse_mean"], chk["mcse_sd"]), "rounds": chk.get("rounds", 1),
-                          "wall_s": time.perf_counter() - t0, **ts.fidelity(wb.mean, wb.std, ref)}
+                          "wall_s": time.perf_counter() - t0, **fidelity(wb.mean, wb.std, ref)}
                 if v == "scales":
                     gen = torch.Generator().manual_seed(s)
                     prop = ck.defensive_proposal(base, target, coord_weight=0.0)
