@@ -3,13 +3,18 @@
 The names a user needs are here; everything else lives in the sub-packages, which follow the data down the tree:
 :mod:`gpvi.datasets` -> :mod:`gpvi.models` (kernel + likelihood + prior over theta, a log joint) ->
 :mod:`gpvi.inference` (the engines) -> :mod:`gpvi.posteriors` -> :mod:`gpvi.evaluation` (metrics, plots).
-Warnings and errors are in :mod:`gpvi.exceptions`. Importing gpvi changes no global state (no default dtype, no
-RNG seeding).
+Warnings and errors are in :mod:`gpvi.exceptions`. Importing gpvi sets no default dtype and seeds no RNG; it sets
+glibc malloc's two thresholds for large temporaries (:mod:`gpvi.allocator`: otherwise the first fit in a process
+runs slower than a repeated one; ``GPVI_MALLOC_THRESHOLDS=0`` opts out).
 """
 
 from __future__ import annotations
 
-from . import datasets, io
+from .allocator import set_malloc_thresholds as _set_malloc_thresholds
+
+_set_malloc_thresholds()          # before any engine allocates (gpvi.allocator; GPVI_MALLOC_THRESHOLDS=0 opts out)
+
+from . import datasets, io  # noqa: E402
 from .evaluation import metrics, plots
 from .exceptions import ConvergenceWarning, NotPSDError, NumericalWarning
 from .inference.cvi.engine import CVI

@@ -1,0 +1,56 @@
+r"""glibc malloc's thresholds for large temporaries, set once when gpvi is imported.
+
+gpvi's engines allocate and free many arrays of 0.1-30 MB at every step: the :math:`N\times N` and
+:math:`NK\times NK` temporaries of the Cholesky bookkeeping, EP's sweeps, the :math:`(N, K, S)` arrays of the
+quasi-Monte Carlo tilted moments. glibc's ``malloc`` serves a block above ``M_MMAP_THRESHOLD`` (128 KiB at start)
+with a fresh ``mmap``, and gives the top of its heap back to the system once more than ``M_TRIM_THRESHOLD``
+(128 KiB at start) is free there. Both rise as large blocks are freed, to at most 32 MiB and 64 MiB (its "dynamic
+mmap threshold", see ``mallopt(3)``). Until they have risen, and whenever the heap's top is trimmed, each new
+temporary is memory the kernel maps and zeroes page by page. On a multi-class fully Bayesian fit the first fit in
+a process was markedly slower than the same fit run again in that process, all of the difference in element-wise
+operations that allocate their result (the in-place ones took the same time in both).
+
+:func:`set_malloc_thresholds` sets the two thresholds to the values that rule tends to, 32 MiB and 64 MiB, so the
+first fit runs like a warm one, with identical results (timings: ``benchmarks/results/malloc_thresholds.md``). It
+changes this process's allocator: up to 64 MiB of freed memory may stay with the process instead of going back to
+the system, and blocks above 32 MiB are still mapped and unmapped each time. glibc only (a no-op on other C
+libraries and platforms); opt out with the environment variable ``GPVI_MALLOC_THRESHOLDS=0`` set before gpvi is
+imported.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+
+__all__ = ["set_malloc_thresholds", "MMAP_THRESHOLD", "TRIM_THRESHOLD", "applied"]
+
+MMAP_THRESHOLD = 32 * 2**20
+"""Bytes: blocks up to this size come from the heap (glibc's ``DEFAULT_MMAP_THRESHOLD_MAX`` on 64-bit systems)."""
+TRIM_THRESHOLD = 64 * 2**20
+"""Bytes of free memory at the heap's top kept before it is given back (twice the mmap threshold, as glibc's rule)."""
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3        # mallopt's parameter numbers (malloc.h)
+
+applied = False
+"""Whether :func:`set_malloc_thresholds` set both thresholds in this process (``import gpvi`` calls it)."""
+
+
+def set_malloc_thresholds(environ: dict[str, str] | None = None) -> bool:
+    """Set glibc's ``M_MMAP_THRESHOLD`` and ``M_TRIM_THRESHOLD`` to :data:`MMAP_THRESHOLD` and :data:`TRIM_THRESHOLD`
+    (module docstring). Returns whether both were set: False on a platform without glibc's ``mallopt`` or when
+    ``environ`` (default ``os.environ``) has ``GPVI_MALLOC_THRESHOLDS=0``."""
+    env = os.environ if environ is None else environ
+    if env.get("GPVI_MALLOC_THRESHOLDS", "1").strip() == "0" or not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):                    # musl and others: no mallopt, nothing to tune
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    global applied
+    applied = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    return applied
