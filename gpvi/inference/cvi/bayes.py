@@ -107,13 +107,18 @@ class FullyBayesianCVI:
         ``docs/results.md``).
     ep_tol : float, optional
         EP's stopping rule with ``evidence="ep"`` in the engine's evaluations
-        (:class:`~gpvi.inference.cvi.ep_evidence.EPEvidenceTarget`'s ``tol``; default 1e-4); the EP MAP search and
-        the Laplace scale use ``min(ep_tol, 1e-6)`` (finite differences of the gradient need it accurate). At 1e-4
-        a binary evaluation's log evidence is within about 4e-7 and its gradient within about 1e-3 of the
-        converged ones (Laplace-scaled: 1e-3 of a gradient of size 1-2), far below the Monte Carlo noise of the
-        engine, with fewer EP sweeps per evaluation; on the K = 4 set of ``benchmarks/multiclass_bayes.py``
-        (8 draws of theta about the MAP-II point) the log evidence moved by about 1e-6 and the gradient by up to
-        4e-5 (of components of size 0.1-2), with 6 EP sweeps per evaluation instead of 8.
+        (:class:`~gpvi.inference.cvi.ep_evidence.EPEvidenceTarget`'s ``tol``; default 1e-4 for a binary model,
+        1e-3 for a multi-class one); the EP MAP search and the Laplace scale use ``min(ep_tol, 1e-6)`` (finite
+        differences of the gradient need it accurate). At 1e-4 a binary evaluation's log evidence is within about
+        4e-7 and its gradient within about 1e-3 of the converged ones (Laplace-scaled: 1e-3 of a gradient of size
+        1-2), far below the Monte Carlo noise of the engine, with fewer EP sweeps per evaluation. Multi-class EP
+        costs :math:`O((NK)^3)` a sweep, so its default is looser: on the K = 4 set of
+        ``benchmarks/multiclass_bayes.py`` (8 draws of q(theta), warm-started from the sites at q's mean) 1e-4 /
+        1e-3 / 1e-2 took 6.6 / 4.9 / 3.5 sweeps against 12.8 at 1e-8, with the log evidence within 1e-5 / 1.3e-4 /
+        2e-3 and the gradient times q's sds within 0.002 / 0.031 / 0.23 (components up to 3.1). Chosen there;
+        held out, the fit at 1e-3 moved q's means from the fit at 1e-4 by 0.008 / 0.007 / 0.031 / 0.119 NUTS sd
+        (synth6, synth10, iris, wine; on wine its largest distance from NUTS's means fell from 0.106 to 0.085 sd) and its test probabilities by at most
+        8e-4 on average, with 20-27% fewer sweeps (``benchmarks/results/multiclass_bayes_v3_tol.md``).
     seed : int
         Seed of DSVI (when ``dsvi`` is not given) and of the predictive draws.
     progress_bar : bool
@@ -227,8 +232,9 @@ class FullyBayesianCVI:
             ``info`` (a :class:`~gpvi.posteriors.info.RunInfo`: ``engine``, ``converged`` and ``steps`` of the
             engine that fitted q(θ), ``time_s`` of the whole fit; details): ``map_theta``, ``map_objective`` (MAP-II on the CVI bound), ``evidence``, with
             ``evidence="ep"`` also ``ep_map_theta``, ``ep_map_objective``, ``ep_map_time_s`` (the start of the
-            engine) and ``ep_counters`` (EP's evaluations, sweeps, failures, unconverged rows; multi-class also
-            Anderson restarts); ``laplace`` (what the Laplace step did), the times
+            engine), ``ep_counters`` (EP's evaluations, sweeps, failures, unconverged rows; multi-class also
+            Anderson restarts) and ``ep_tol`` (EP's tolerance in the engine's evaluations); ``laplace`` (what the
+            Laplace step did), the times
             ``map_time_s``, ``laplace_time_s``, ``q_time_s`` (the engine's run), ``predictive_time_s``, ``time_s``
             (all), ``engine`` (its name), ``engine_retry`` (None, or why the default S&K run was rerun by
             :meth:`retry_engine`), ``engine_fallback`` (None, or why it was replaced by
@@ -251,13 +257,13 @@ class FullyBayesianCVI:
         extra: dict[str, Any] = {"evidence": evidence}
         target, theta_start = bound, theta_map
         if evidence == "ep":
-            target, theta_start, ep_info = self._ep_start(bound, theta_map, min(self._ep_tol(), 1e-6))
+            target, theta_start, ep_info = self._ep_start(bound, theta_map, min(self._ep_tol(model), 1e-6))
             extra.update(ep_info)
         C0, how = laplace_scale_at(target, theta_start)
         t_lap = time.perf_counter() - t1
         bound.inner_tol = self.inner_tol
         if evidence == "ep":
-            target.tol = self._ep_tol()           # the engine's evaluations (the start used min(., 1e-6))
+            target.tol = self._ep_tol(model)          # the engine's evaluations (the start used min(., 1e-6))
         engine = self.engine if self.engine is not None else self.default_engine(target.dim)
         start = init_to_value(theta_start, C0) if C0 is not None else init_to_value(theta_start)
         t2 = time.perf_counter()
@@ -265,7 +271,7 @@ class FullyBayesianCVI:
         t_q = time.perf_counter() - t2
         map_obj = float(bound.log_joint(theta_map))
         if evidence == "ep":
-            extra["ep_counters"] = dict(target.counters)
+            extra["ep_counters"], extra["ep_tol"] = dict(target.counters), target.tol
         info = {"map_theta": theta_map.tolist(), "map_objective": map_obj, "map_time_s": t_map, **extra,
                 "laplace": {k: v for k, v in how.items() if k != "hessian"}, "laplace_time_s": t_lap,
                 "engine": type(engine).__name__, "engine_retry": retry, "engine_fallback": fallback, "q_time_s": t_q,
@@ -300,9 +306,12 @@ class FullyBayesianCVI:
         engine = self.fallback_engine()
         return engine.run(target, init=start), engine, retry, fallback
 
-    def _ep_tol(self) -> float:
-        """EP's tolerance in the engine's evaluations: ``ep_tol``, by default 1e-4 (class docstring)."""
-        return 1e-4 if self.ep_tol is None else self.ep_tol
+    def _ep_tol(self, model: Any) -> float:
+        """EP's tolerance in the engine's evaluations: ``ep_tol``, by default 1e-4 for a binary model and 1e-3 for
+        a multi-class one (class docstring)."""
+        if self.ep_tol is not None:
+            return self.ep_tol
+        return 1e-3 if getattr(getattr(model, "likelihood", None), "multiclass", False) else 1e-4
 
     def _ep_start(self, bound: Any, theta_map: torch.Tensor, tol: float
                   ) -> tuple[Any, torch.Tensor, dict[str, Any]]:

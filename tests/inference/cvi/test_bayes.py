@@ -255,6 +255,7 @@ def test_gpclassifier_bayes_three_classes_is_fully_bayesian_cvi_on_multiclass_ep
     assert isinstance(model, GPMulticlass) and clf.posterior_ is post
     assert (fb.evidence, fb.num_draws, fb.seed) == ("auto", 32, 0) and post.info["evidence"] == "ep"
     assert post.info["ep_counters"]["failures"] == 0 and torch.equal(clf.theta_, post.mean)
+    assert post.info["ep_tol"] == 1e-3                      # multi-class EP's default tolerance
     assert list(clf.classes_) == ["hi", "lo", "mid"] and list(model.classes) == ["hi", "lo", "mid"]
     p = clf.predict_proba(X[:4])
     assert p.shape == (4, 3) and np.allclose(p.sum(1), 1.0)
@@ -269,3 +270,14 @@ def test_ep_tol_is_validated():
     with pytest.raises(ValueError, match="ep_tol"):
         FullyBayesianCVI(ep_tol=0.0)
     assert FullyBayesianCVI(ep_tol=1e-7).ep_tol == 1e-7
+
+
+def test_ep_tol_default_follows_the_model():
+    """EP's default tolerance in the engine's evaluations: 1e-4 for a binary model, 1e-3 for a multi-class one
+    (multi-class EP costs O((NK)^3) a sweep; benchmarks/results/multiclass_bayes_v3_tol.md); a given one is kept."""
+    from gpvi.models.multiclass import GPMulticlass
+    X = torch.linspace(-1, 1, 9, dtype=torch.float64).unsqueeze(-1)
+    binary = gpvi.GPClassification(X, (X[:, 0] > 0).double())
+    multi = GPMulticlass(X, torch.arange(9) % 3)
+    assert FullyBayesianCVI()._ep_tol(binary) == 1e-4 and FullyBayesianCVI()._ep_tol(multi) == 1e-3
+    assert FullyBayesianCVI(ep_tol=1e-6)._ep_tol(multi) == 1e-6
