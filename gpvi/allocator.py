@@ -21,9 +21,9 @@ imported.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import sys
+from collections.abc import Mapping
 
 __all__ = ["set_malloc_thresholds", "MMAP_THRESHOLD", "TRIM_THRESHOLD", "applied"]
 
@@ -38,7 +38,7 @@ applied = False
 """Whether :func:`set_malloc_thresholds` set both thresholds in this process (``import gpvi`` calls it)."""
 
 
-def set_malloc_thresholds(environ: dict[str, str] | None = None) -> bool:
+def set_malloc_thresholds(environ: Mapping[str, str] | None = None) -> bool:
     """Set glibc's ``M_MMAP_THRESHOLD`` and ``M_TRIM_THRESHOLD`` to :data:`MMAP_THRESHOLD` and :data:`TRIM_THRESHOLD`
     (module docstring). Returns whether both were set: False on a platform without glibc's ``mallopt`` or when
     ``environ`` (default ``os.environ``) has ``GPVI_MALLOC_THRESHOLDS=0``."""
@@ -46,9 +46,8 @@ def set_malloc_thresholds(environ: dict[str, str] | None = None) -> bool:
     if env.get("GPVI_MALLOC_THRESHOLDS", "1").strip() == "0" or not sys.platform.startswith("linux"):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):                    # musl and others: no mallopt, nothing to tune
+        mallopt = ctypes.CDLL(None).mallopt              # the C library this Python runs on (no library search)
+    except (OSError, AttributeError):                    # no mallopt: nothing to tune (musl's returns 0)
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     global applied
