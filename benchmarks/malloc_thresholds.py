@@ -26,6 +26,17 @@ from benchmarks._common import header, write
 
 ROOT = Path(__file__).resolve().parent.parent
 
+_CLASSIFIER = """
+from benchmarks.classification_scale import make_data
+from gpvi.sklearn import GPClassifier
+X, y, Xt, yt = make_data("{task}", {n})
+t0 = time.perf_counter()
+c = GPClassifier(random_state=0).fit(X, y)
+wall = time.perf_counter() - t0
+digest = [round(float(v), 8) for v in c.theta_]
+"""
+"""A type-II ``GPClassifier`` fit on ``benchmarks/classification_scale.py``'s ``task`` set with ``n`` rows."""
+
 WORKLOADS = {
     "multi-class fully Bayesian, synth4 (K = 4, N = 100)": """
 from benchmarks.multiclass_bayes import synthetic
@@ -38,24 +49,8 @@ fb = FullyBayesianCVI(seed=0, evidence="ep").run(model)
 wall = time.perf_counter() - t0
 digest = [round(float(v), 8) for v in fb.mean]
 """,
-    "GPClassifier type-II, binary, N = 1,500": """
-from benchmarks.classification_scale import make_data
-from gpvi.sklearn import GPClassifier
-X, y, Xt, yt = make_data("binary", 1500)
-t0 = time.perf_counter()
-c = GPClassifier(random_state=0).fit(X, y)
-wall = time.perf_counter() - t0
-digest = [round(float(v), 8) for v in c.theta_]
-""",
-    "GPClassifier type-II, 3 classes, N = 1,000": """
-from benchmarks.classification_scale import make_data
-from gpvi.sklearn import GPClassifier
-X, y, Xt, yt = make_data("3class", 1000)
-t0 = time.perf_counter()
-c = GPClassifier(random_state=0).fit(X, y)
-wall = time.perf_counter() - t0
-digest = [round(float(v), 8) for v in c.theta_]
-""",
+    "GPClassifier type-II, binary, N = 1,500": _CLASSIFIER.format(task="binary", n=1500),
+    "GPClassifier type-II, 3 classes, N = 1,000": _CLASSIFIER.format(task="3class", n=1000),
     "gpvi.infer, Bodyfat (N = 252)": """
 from benchmarks.nuts_fidelity import model_of
 model = model_of("bodyfat")

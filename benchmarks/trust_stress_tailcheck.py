@@ -111,7 +111,7 @@ def main() -> None:
         row: dict[str, Any] = {"problem": p["id"], "half": p["half"], "seed": s, "ref_mixed": ref["mixed"]}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            several = ck.diagnose(q, target, s, 1000, MIN_ESS)[5]       # the base gpvi.infer's check uses
+            several = ck.basins(q, target, s, 1000)[4]                   # the base gpvi.infer's check uses
             base = ck.starts_mixture(q, target) if several else q
             for v in VARIANTS:
                 t0 = time.perf_counter()

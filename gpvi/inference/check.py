@@ -52,7 +52,7 @@ from ..posteriors.mixture import GaussianMixture
 from ..posteriors.weighted import batch_mcse, khat_threshold, psis
 from .dsvi.starts import BASIN_SEPARATION
 
-__all__ = ["diagnose", "starts_mixture", "defensive_proposal", "check_weighted", "q_agrees",
+__all__ = ["basins", "diagnose", "starts_mixture", "defensive_proposal", "check_weighted", "q_agrees",
            "refined_base", "refine",
            "BASIN_MASS_TOL", "CHECK_SCALES", "COORD_SCALE", "COORD_WEIGHT", "CHECK_BATCHES", "MCSE_TOL", "Q_AGREE_MEAN",
            "Q_AGREE_SD", "REFINE_REACH", "REFINE_ROUNDS"]
@@ -248,8 +248,32 @@ def _psis_of_q(q: Any, target: Any, n: int, seed: int) -> Any:
     return psis(q, target, draws=pool[0], log_joint=pool[1])
 
 
+def basins(q: Any, target: Any, seed: int, num_psis_draws: int) -> tuple:
+    """Steps 2-3: PSIS of q and of the starts' mixture (its components' draws reused, q's first).
+
+    Returns
+    -------
+    (w, wm, mix, mass, several)
+        PSIS of q, of the mixture (None without one), the mixture, each basin's mass, and whether the other basins
+        hold more than ``BASIN_MASS_TOL`` (then the check's base is the mixture, else q).
+    """
+    n = num_psis_draws
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                       # the report says what k-hat means
+        w = _psis_of_q(q, target, n, seed)
+        mix = starts_mixture(q, target)
+        wm = None
+        if mix is not None:
+            pools = {k: p for k, p in ((k, _pool(c, n)) for k, c in enumerate(mix.components) if k)
+                     if p is not None}
+            th, lp = mix.sample_reusing(n, {0: (w.draws, w.log_joint), **pools}, seed=seed)
+            wm = psis(mix, target, draws=th, log_joint=lp)
+    mass = [] if wm is None else [float(x) for x in mix.basin_mass(wm)]
+    return w, wm, mix, mass, bool(mass) and 1.0 - mass[0] > BASIN_MASS_TOL
+
+
 def diagnose(q: Any, target: Any, seed: int, num_psis_draws: int, min_ess: float) -> tuple:
-    """Steps 2-4: PSIS of q, the basins, the defensive proposal's weighted answer and its check.
+    """Steps 2-4: :func:`basins`, then the defensive proposal's weighted answer and its check.
 
     Returns
     -------
@@ -260,18 +284,9 @@ def diagnose(q: Any, target: Any, seed: int, num_psis_draws: int, min_ess: float
         ``second``, the second opinion's, when the first passed: ``reliable`` is then both).
     """
     n = num_psis_draws
+    w, wm, mix, mass, several = basins(q, target, seed, n)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")                       # the report says what k-hat means
-        w = _psis_of_q(q, target, n, seed)
-        mix = starts_mixture(q, target)
-        wm = None
-        if mix is not None:                                   # its components' draws are reused, q's first
-            pools = {k: p for k, p in ((k, _pool(c, n)) for k, c in enumerate(mix.components) if k)
-                     if p is not None}
-            th, lp = mix.sample_reusing(n, {0: (w.draws, w.log_joint), **pools}, seed=seed)
-            wm = psis(mix, target, draws=th, log_joint=lp)
-        mass = [] if wm is None else [float(x) for x in mix.basin_mass(wm)]
-        several = bool(mass) and 1.0 - mass[0] > BASIN_MASS_TOL
         base = mix if several else q                          # the check's draws are all new (module docstring)
         gen = torch.Generator().manual_seed(seed)
 

@@ -117,8 +117,9 @@ class FullyBayesianCVI:
         1e-3 / 1e-2 took 6.6 / 4.9 / 3.5 sweeps against 12.8 at 1e-8, with the log evidence within 1e-5 / 1.3e-4 /
         2e-3 and the gradient times q's sds within 0.002 / 0.031 / 0.23 (components up to 3.1). Chosen there;
         held out, the fit at 1e-3 moved q's means from the fit at 1e-4 by 0.008 / 0.007 / 0.031 / 0.119 NUTS sd
-        (synth6, synth10, iris, wine; on wine its largest distance from NUTS's means fell from 0.106 to 0.085 sd) and its test probabilities by at most
-        8e-4 on average, with 20-27% fewer sweeps (``benchmarks/results/multiclass_bayes_v3_tol.md``).
+        (synth6, synth10, iris, wine; on wine its largest distance from NUTS's means fell from 0.106 to 0.085 sd)
+        and its test probabilities by at most 8e-4 on average, with 20-27% fewer sweeps
+        (``benchmarks/results/multiclass_bayes_v3_tol.md``).
     seed : int
         Seed of DSVI (when ``dsvi`` is not given) and of the predictive draws.
     progress_bar : bool
@@ -173,7 +174,7 @@ class FullyBayesianCVI:
     def _setup(self, model: Any) -> tuple[Any, str]:
         """``(cvi engine, evidence)`` for ``model`` (binary or multi-class);
         ``ValueError`` where the settings do not fit the model."""
-        if getattr(getattr(model, "likelihood", None), "multiclass", False):
+        if _is_multiclass(model):
             if self.evidence == "ep" and not multiclass_ep_applies(model):
                 raise ValueError("evidence='ep' on a multi-class model needs the softmax likelihood (robust-max has "
                                  "no EP evidence here); use 'cvi' or 'auto'")
@@ -311,7 +312,7 @@ class FullyBayesianCVI:
         a multi-class one (class docstring)."""
         if self.ep_tol is not None:
             return self.ep_tol
-        return 1e-3 if getattr(getattr(model, "likelihood", None), "multiclass", False) else 1e-4
+        return 1e-3 if _is_multiclass(model) else 1e-4
 
     def _ep_start(self, bound: Any, theta_map: torch.Tensor, tol: float
                   ) -> tuple[Any, torch.Tensor, dict[str, Any]]:
@@ -327,3 +328,8 @@ class FullyBayesianCVI:
             theta = theta_map
         return target, theta, {"ep_map_theta": theta.tolist(), "ep_map_objective": float(target.log_joint(theta)),
                                "ep_map_time_s": time.perf_counter() - t0}
+
+
+def _is_multiclass(model: Any) -> bool:
+    """Whether ``model``'s likelihood is a multi-class one (softmax, robust-max)."""
+    return bool(getattr(getattr(model, "likelihood", None), "multiclass", False))
