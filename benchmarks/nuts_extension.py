@@ -89,7 +89,7 @@ def replay(p: Prefixes, rule: str, margin: float = 1.0) -> dict[str, Any] | None
 
 
 def main() -> None:
-    rows, total = [], {}
+    rows = []
     files = sorted(CACHE.glob("nuts_*.pt"))
     rules = [("double", 1.0)] + [("need", m) for m in MARGINS]
     for f in files:
