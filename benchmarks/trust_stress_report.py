@@ -82,11 +82,13 @@ def render(probs: list[dict[str, Any]]) -> None:
           "rule): on the 58 cases cached then (`SEEN` in the script), no answer accepted by both is outside the "
           "tolerance. Every case was rerun with it. For these changes no case run before them is held out: the "
           "summary's \"unseen\" rows are the cases run after, held out from every decision.", "",
-          "**Partial run.** On this 2-core machine (this suite on one core, one thread, other benchmarks on the "
-          "other; load about 2) the references took 100-550 s per problem and NUTS from q 50-2,000 s per case (its "
-          "walls include runs made under earlier rules and extended from their cached state), so only the cases "
-          "listed above were run in the time available; `python -m benchmarks.trust_stress cases` resumes from the "
-          "cache.", ""]
+          ("**Partial run.** " if len(cases) < len(probs) * len(SEEDS) else "**Walls.** ")
+          + "On this 2-core machine (this suite on one core, one thread, other benchmarks on the other; load about "
+          "2) the references took 100-550 s per problem and NUTS from q 50-2,000 s per case (its walls include runs "
+          "made under earlier rules and extended from their cached state)"
+          + (", so only the cases listed above were run in the time available; `python -m benchmarks.trust_stress "
+             "cases` resumes from the cache." if len(cases) < len(probs) * len(SEEDS) else
+             "; the cases were run over several sessions, resumed from the cache."), ""]
     summary = []
     ref_ok = {k: bool(r.get("mixed")) for k, r in refs.items()}
     longs = {k: v for k, v in long_references().items() if k in refs}
