@@ -44,11 +44,6 @@ MIN_ESS, FIRST, CAP = 400.0, 500, 4000
 MARGINS = (1.1, 1.25, 1.5)
 
 
-def _half(pid: str) -> str:
-    from benchmarks.trust_stress import problems
-    return {p["id"]: p["half"] for p in problems()}[pid]
-
-
 class Prefixes:
     """Diagnostics of the first L draws of every chain of a cached run (memoised)."""
 
@@ -89,6 +84,8 @@ def replay(p: Prefixes, rule: str, margin: float = 1.0) -> dict[str, Any] | None
 
 
 def main() -> None:
+    from benchmarks.trust_stress import problems
+    halves = {p["id"]: p["half"] for p in problems()}
     rows = []
     files = sorted(CACHE.glob("nuts_*.pt"))
     rules = [("double", 1.0)] + [("need", m) for m in MARGINS]
@@ -99,7 +96,7 @@ def main() -> None:
         post = blob["post"]
         draws, steps = post.draws.detach().cpu(), post.stats["n_steps"].detach().cpu().double()
         p = Prefixes(draws)
-        half = _half(pid)
+        half = halves[pid]
         row = {"case": pid_seed, "half": half, "cached": int(draws.shape[1])}
         for rule, m in rules:
             r = replay(p, rule, m)

@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gpvi  # noqa: E402
-from benchmarks._common import header, write  # noqa: E402
+from benchmarks._common import header, median_time, write  # noqa: E402
 
 SIZES = (25, 50, 100, 200, 455)
 D_IN = 8
@@ -78,14 +78,7 @@ class _FusedLogJoint(torch.autograd.Function):
 
 
 def _median_ms(fn: Any, n: int = 200) -> float:
-    for _ in range(5):
-        fn()
-    ts = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return 1000 * sorted(ts)[n // 2]
+    return 1000 * median_time(fn, repeats=n, warmup=5)[0]
 
 
 def measure(N: int) -> dict[str, Any]:
