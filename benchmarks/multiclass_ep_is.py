@@ -1,8 +1,8 @@
 r"""Multi-class EP's evidence against importance sampling at K = 10: where q(theta)'s offset comes from (issue 41).
 
 On ``synth10`` and the held-out ``synth10b`` (K = 10, 100 training rows) q(theta) on multi-class EP puts the log
-signal variance 0.32 and 0.71 NUTS sd below the mean of NUTS over (theta, latents)
-(``results/multiclass_bayes_v2_synth10_merged.md``, ``results/multiclass_bayes_synth10b.md``), and
+signal variance 0.32 and 0.68 NUTS sd below the mean of NUTS over (theta, latents)
+(``results/multiclass_bayes_v2_synth10_merged.md``, ``results/multiclass_bayes_synth10b_merged.md``), and
 ``multiclass_ep_draws.md`` showed that the quasi-Monte Carlo tilted moments are not the cause. This estimates the
 exact evidence :math:`p(\mathbf y\mid\theta) = \int p(\mathbf y\mid F)\,\mathcal N(F\mid 0, I_K\otimes K_\theta)\,dF`
 by importance sampling with EP's own Gaussian posterior :math:`\mathcal N(\boldsymbol\mu, \Sigma)` over the N K
@@ -41,7 +41,7 @@ from gpvi.numerics.ep_multiclass import multiclass_ep
 
 GRID = [-1.0, -0.5, 0.0, 0.5, 1.0]
 DRAWS, BATCHES = 16000, 4
-SOURCE = {"synth10": "multiclass_bayes_v2_synth10_merged", "synth10b": "multiclass_bayes_synth10b"}
+SOURCE = {"synth10": "multiclass_bayes_v2_synth10_merged", "synth10b": "multiclass_bayes_synth10b_merged"}
 
 
 def ep_posterior(Kn: torch.Tensor, r: Any) -> tuple[torch.Tensor, torch.Tensor]:
