@@ -338,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
             g.add_argument("--exclude", metavar="COL[,COL...]", type=_columns, help="columns that are not inputs "
                            "(e.g. a row index)")
 
-    p = sub.add_parser("demo", help="the main demonstration on bundled data (about 15 s on a 2-core machine)",
+    p = sub.add_parser("demo", help="the main demonstration on bundled data (about 30 s on a 2-core machine)",
                        description="ML-II and DSVI hyperparameter posteriors on Bodyfat (test SMSE/NLPD, the most "
                        "relevant hyperparameter marginals) and a CVI GPClassifier on Pima (test error, log-loss); "
                        "prints a summary table.")
