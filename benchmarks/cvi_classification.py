@@ -320,7 +320,7 @@ def main() -> None:
         sp_ngd = gp_ttt(ngd_best) / full_ttt if full_ttt > 0 else math.nan
         abs_adam = min([gp_ttt(r, target_abs) for r in adam], key=lambda t: math.inf if math.isnan(t) else t)
         abs_ngd = min([gp_ttt(r, target_abs) for r in ngd], key=lambda t: math.inf if math.isnan(t) else t)
-        sec += (f"\nCVI full vs GPyTorch Adam (best lr): "
+        sec += ("\nCVI full vs GPyTorch Adam (best lr): "
                 + (f"{sp_adam:.1f}x faster" if not math.isnan(sp_adam) else
                    "Adam did not reach the target within its budget" if math.isnan(gp_ttt(adam_best)) else "n/a")
                 + "; vs NGD (best lr): "

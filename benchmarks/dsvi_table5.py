@@ -318,7 +318,6 @@ def fidelity_report(fb: dict[str, Any], quick: bool, target_ess: float) -> tuple
     ratio = nuts["wall_s"] / dsvi_med
     mean_ok = [abs(x) <= 0.2 for x in c["dmean_sd"]]
     sd_ok = [abs(x - 1) <= 0.25 for x in c["sd_ratio"]]
-    conv = fb["compare"]["DSVI vs DSVI reference"]
     targets = {
         "means within 0.2 NUTS sd (all 15)": all(mean_ok),
         "sds within 25% of NUTS sds (all 15)": all(sd_ok),
@@ -515,8 +514,8 @@ def render(data: dict[str, Any], machine: dict[str, Any], note: str = "") -> tup
              "run remain comparable**" if busy else ""),
           f"- total script time {data['total_s'] / 60:.1f} min; {args['splits']} split(s) per data set; NUTS per "
           f"split: {args['nuts_chains']} chains x ({args['nuts_warmup']} warm-up + {args['nuts_draws']} draws) from "
-          f"ML-II; Boston split 0 NUTS: the long run below",
-          f"- DSVI: `gpvi.DSVI(scale='full', seed=0).run(model)` with every default (`optimizer='natural'` from the "
+          "ML-II; Boston split 0 NUTS: the long run below",
+          "- DSVI: `gpvi.DSVI(scale='full', seed=0).run(model)` with every default (`optimizer='natural'` from the "
           "MAP/Laplace point, stop on convergence; see `gpvi.inference.dsvi.engine.DSVI`)", ""]
     fl, fdata = fidelity_report(fb, args["quick"], args["target_ess"])
     tl, tsum = table5(rows, args["splits"])

@@ -394,7 +394,7 @@ def scaling(quick: bool) -> tuple[list[str], dict]:
     """Engine cost per step vs D on a Gaussian target whose log joint costs O(S D^2): what the engines add."""
     dims = [10, 50, 200] if quick else [10, 50, 200, 400, 800]
     steps = 20 if quick else 40
-    rows, data = [], []
+    data = []
     for D in dims:
         g = torch.Generator().manual_seed(D)
         A = torch.randn(D, D, generator=g, dtype=torch.float64) / math.sqrt(D)

@@ -263,7 +263,7 @@ def test_full_batch_optimum_equals_scipy_lbfgs_on_the_same_bound():
 
 # ------------------------------------------------------------------ speed: centring, monotone inner runs, inner rule
 def test_center_is_the_exact_maximiser_along_the_common_mode():
-    from gpvi.inference.cvi import inner as inner_mod, steps as ms
+    from gpvi.inference.cvi import steps as ms
 
     X, y = mc_data(15, seed=11)
     model = GPMulticlass(X, y)
@@ -663,7 +663,7 @@ def test_accelerated_inner_runs_reach_the_plain_runs_fixed_point_in_fewer_steps(
     """converge_sites with Anderson acceleration: the same fixed point as the plain damped run (bound within 1e-9
     relative, latent means within 1e-4), in fewer steps; the accepted bounds never go down (a plain run's bound is
     a lower bound on the accelerated run's at every tolerance)."""
-    from gpvi.inference.cvi import inner as inner_mod, steps as ms
+    from gpvi.inference.cvi import steps as ms
     from gpvi.inference.cvi.inner import converge_sites
 
     model, eng, st, th = _inner_start()
@@ -691,7 +691,7 @@ def test_a_rejected_extrapolation_falls_back_to_the_plain_step(monkeypatch):
     """An extrapolation that lowers the bound (here every one overshoots tenfold) is replaced by the plain damped
     step from the accepted sites: counted, no step halved, and the run still ends at the fixed point."""
     from gpvi.numerics import anderson
-    from gpvi.inference.cvi import inner as inner_mod, steps as ms
+    from gpvi.inference.cvi import steps as ms
     from gpvi.inference.cvi.inner import converge_sites
 
     model, eng, st, th = _inner_start()
@@ -709,7 +709,7 @@ def test_theta_gradient_closed_form_matches_central_differences_at_any_sites():
     """multiclass_sites.theta_objective's gradient (the binary closed form summed over the classes, plus the
     prior's) against central differences of its own value, at sites that are not a fixed point (so the envelope
     theorem plays no part) and an ARD theta away from the optimum."""
-    from gpvi.inference.cvi import inner as inner_mod, steps as ms
+    from gpvi.inference.cvi import inner as inner_mod
     from gpvi.models.priors import check_prior
 
     model, _, st, th = _inner_start()
@@ -731,7 +731,7 @@ def test_profiled_objective_reuses_the_best_evaluated_step_exactly():
     evaluated) to 1e-12, one factorisation and one set of expectations fewer per evaluation; within the run's tol of
     the value at the sites it ended at, and its gradient that of the profiled bound (central differences of the
     tightly converged objective)."""
-    from gpvi.inference.cvi import inner as inner_mod, steps as ms
+    from gpvi.inference.cvi import inner as inner_mod
     from gpvi.inference.cvi.inner import converge_sites, profiled_objective
     from gpvi.models.multiclass_likelihoods import Softmax
     from gpvi.models.priors import check_prior
