@@ -62,6 +62,7 @@ def run_minibatch(model, steps: int, iterates: list | None = None, callback=None
     M = 500
     rm = SGD(schedule="robbins_monro", schedule_options={"kappa": 1.0, "tau": steps * M / model.num_data})
     eng = DSVI(num_steps=steps, seed=0, progress_bar=False, optimizer=rm, polyak=0.5, num_elbo_draws=200)
+
     def keep(s, i):
         if s.t > steps // 2:
             iterates.append(s.mu.clone())
