@@ -41,7 +41,16 @@ from gpvi.numerics.ep_multiclass import multiclass_ep
 
 GRID = [-1.0, -0.5, 0.0, 0.5, 1.0]
 DRAWS, BATCHES = 16000, 4
-SOURCE = {"synth10": "multiclass_bayes_v2_synth10_merged", "synth10b": "multiclass_bayes_synth10b_merged"}
+SOURCE = {"synth10": "multiclass_bayes_v2_synth10_merged", "synth10b": "multiclass_bayes_synth10b_merged",
+          "synth4": "multiclass_bayes_v2_synth4", "synth6": "multiclass_bayes_v2_synth6",
+          "iris": "multiclass_bayes_v2_iris_wine", "wine": "multiclass_bayes_v2_iris_wine"}
+"""The stored ``multiclass_bayes`` run whose NUTS row is each set's reference (synth10, synth10b: the long runs)."""
+
+
+def stored(name: str) -> dict[str, Any]:
+    """The set's row of its stored ``multiclass_bayes`` run (``SOURCE``): NUTS's and the fits' results."""
+    rows = json.loads((RESULTS / f"{SOURCE[name]}.json").read_text())["data"]["results"]
+    return next(r for r in rows if r["set"] == name)
 
 
 def ep_posterior(Kn: torch.Tensor, r: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,7 +100,7 @@ def peak(vals: list[float]) -> float:
 
 
 def run_set(name: str) -> dict[str, Any]:
-    res = json.loads((RESULTS / f"{SOURCE[name]}.json").read_text())["data"]["results"][0]
+    res = stored(name)
     Xtr, _, ytr, _, _ = synthetic(name)
     model = GPMulticlass(Xtr, ytr)
     bound = CVIBoundTarget(model)

@@ -15,7 +15,6 @@ Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.multiclass_ep_psis synth
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 import warnings
@@ -23,23 +22,13 @@ import warnings
 import numpy as np
 import torch
 
-from benchmarks._common import RESULTS, header, write
+from benchmarks._common import header, write
 from benchmarks.multiclass import load
 from benchmarks.multiclass_bayes import SYNTH, synthetic
+from benchmarks.multiclass_ep_is import stored
 from gpvi.inference.cvi.bayes import FullyBayesianCVI
 from gpvi.models.multiclass import GPMulticlass
 from gpvi.posteriors.weighted import psis
-
-SOURCE = {"synth10": "multiclass_bayes_v2_synth10_merged", "synth10b": "multiclass_bayes_synth10b_merged",
-          "synth4": "multiclass_bayes_v2_synth4", "synth6": "multiclass_bayes_v2_synth6",
-          "iris": "multiclass_bayes_v2_iris_wine", "wine": "multiclass_bayes_v2_iris_wine"}
-
-
-def stored(name: str) -> dict:
-    res = json.loads((RESULTS / f"{SOURCE[name]}.json").read_text())["data"]
-    rows = res["results"] if "results" in res else res
-    return next(r for r in rows if r.get("set") == name)
-
 
 def main(name: str) -> None:
     warnings.simplefilter("ignore")

@@ -20,7 +20,6 @@ draw at K = 10 here; M = 128 by default). Each set writes ``results/multiclass_e
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
@@ -31,9 +30,9 @@ import numpy as np
 import torch
 from scipy.stats import norm, qmc
 
-from benchmarks._common import RESULTS, header, write
+from benchmarks._common import header, write
 from benchmarks.multiclass_bayes import synthetic
-from benchmarks.multiclass_ep_is import SOURCE, ep_posterior, is_evidence
+from benchmarks.multiclass_ep_is import ep_posterior, is_evidence, stored
 from gpvi.inference.cvi.bound import CVIBoundTarget
 from gpvi.models.multiclass import GPMulticlass
 from gpvi.numerics.ep_multiclass import multiclass_ep
@@ -52,7 +51,7 @@ def moments(theta: np.ndarray, lw: np.ndarray) -> dict[str, Any]:
 
 def main(name: str, M: int = 128) -> None:
     warnings.simplefilter("ignore")
-    res = json.loads((RESULTS / f"{SOURCE[name]}.json").read_text())["data"]["results"][0]
+    res = stored(name)
     Xtr, _, ytr, _, _ = synthetic(name)
     model = GPMulticlass(Xtr, ytr)
     bound = CVIBoundTarget(model)

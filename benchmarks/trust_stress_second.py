@@ -66,8 +66,14 @@ def _case(key: str) -> tuple[Any, dict[str, Any], int]:
 
 
 def _diagnose(q: Any, target: Any, seed: int, refined_second: bool) -> tuple[Any, dict[str, Any]]:
-    """:func:`gpvi.inference.check.diagnose`'s steps 3-4, the second opinion around the base the first check's
-    proposal was built on when ``refined_second`` (else around the unrefined base, as today)."""
+    """Today's check (:func:`gpvi.inference.check.diagnose` itself), or with ``refined_second`` the variant: its
+    steps 3-4 again with the second opinion around the base the first check's proposal was built on (the rounds the
+    second opinion's own refinement drew kept as ``second["refined"]``)."""
+    if not refined_second:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _, _, wb, _, _, _, c = chk.diagnose(q, target, seed, N_PSIS, MIN_ESS)
+        return wb, c
     _, _, mix, _, several = chk.basins(q, target, seed, N_PSIS)
     base = mix if several else q
     gen = torch.Generator().manual_seed(seed)
@@ -85,7 +91,7 @@ def _diagnose(q: Any, target: Any, seed: int, refined_second: bool) -> tuple[Any
         warnings.simplefilter("ignore")
         wb, c, used = checked(base, chk.COORD_WEIGHT)
         if c["reliable"]:
-            _, second, _ = checked(used if refined_second else base, 0.0)
+            _, second, _ = checked(used, 0.0)
             c["second"] = {k: second[k] for k in ("khat", "threshold", "ess", "num_draws", "mcse_mean", "mcse_sd",
                                                   "reliable")}
             c["second"]["refined"] = second.get("refined", 0)
