@@ -99,9 +99,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         not apply (FullyBayesianCVI's own full-batch engine), and the fit cannot be saved with
         :func:`gpvi.io.save_fit`. Robust-max raises ``ValueError`` (it has no EP evidence here, and its q(theta)
         would sit on the multi-class CVI bound, biased towards small signal variances in the benchmarks). q(theta)
-        is only as good as EP's evidence: with many classes and few points per class it understates the signal
-        variance (at 10 classes of 10 points, 0.3-0.7 posterior sd below NUTS over the hyperparameters and latents,
-        test probabilities within 0.01 of NUTS's; ``benchmarks/results/multiclass_ep_is.md``).
+        is only as good as EP's evidence: with few points per class it understates the signal variance (at 4 to 10
+        classes of 10-25 points, 0.07-0.37 posterior sd below NUTS over the hyperparameters and latents, test
+        probabilities within 0.013 of NUTS's; ``benchmarks/results/multiclass_ep_rule_*.md``,
+        ``multiclass_ep_is.md``).
     prior : "default", "scaled", None, dict or torch.distributions.Distribution
         Prior :math:`p(\theta)` on the kernel log-hyperparameters (theta's order: ``model_.names``) for ``"type2"``
         and ``"bayes"``; ignored by ``"fixed"``. Priors registered on ``kernel`` always apply to their

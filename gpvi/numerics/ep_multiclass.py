@@ -28,20 +28,34 @@ common mode :math:`\mathbf 1` the tilted equals the cavity, so one eigenvalue is
 :math:`\tilde{\boldsymbol\nu}_n = \hat C^{-1}\hat{\mathbf m} - C_{-n}^{-1}\mathbf m_{-n}`.
 
 **Tilted moments for K >= 4** (``num_draws``): the :math:`40^{K-1}` nodes of the nested rule are too many, and the
-moments come instead from a fixed quasi-Monte Carlo rule in the K values, importance-weighted: the proposal is
-:math:`\mathcal N(\boldsymbol\mu_n, C_{-n})`, the cavity's covariance moved to EP's current posterior mean of the
-point (close to the tilted mean, where the likelihood's mass is), :math:`\mathbf f^{(s)} = \boldsymbol\mu_n +
-L_{-n}\boldsymbol\varepsilon^{(s)}` (:math:`L_{-n}L_{-n}^\top = C_{-n}`), with the scrambled Sobol' normal points of
-:func:`gpvi.numerics.softmax_rules.fixed_draws` and their negatives, each column scaled to unit mean square, and the
-weights :math:`p(y\mid\mathbf f^{(s)})\,\mathcal N(\mathbf f^{(s)}\mid\mathbf m_{-n}, C_{-n}) /
-\mathcal N(\mathbf f^{(s)}\mid\boldsymbol\mu_n, C_{-n}) = p(y\mid\mathbf f^{(s)})\exp(-\mathbf a^\top
-\boldsymbol\varepsilon^{(s)} - \tfrac12\lVert\mathbf a\rVert^2)`, :math:`\mathbf a = L_{-n}^{-1}(\boldsymbol\mu_n -
-\mathbf m_{-n})`. The proposal keeps the cavity's covariance, so the weights stay bounded where the likelihood
-tends to 1. The same points at every call: the moments, EP's fixed point and :math:`\log Z_{EP}` stay
-deterministic functions of :math:`\theta`. Measured against the nested rule on 200 random K = 3 sites (diagonal
-cavities of variance 0.05..5, means of sd 2; 2,048 points): largest error of :math:`\log\hat Z_n` 2.4e-3, of the
-means 5e-3 cavity sd, relative error of the variances 1.7e-2 (at points whose label is improbable under the cavity,
-:math:`\hat Z_n \approx 0.02`); without the shift 2.5e-2, 8e-2, 0.26.
+moments of :math:`\mathbf d` come instead from a fixed quasi-Monte Carlo rule in the K - 1 differences,
+importance-weighted, and are lifted to :math:`\mathbf f_n` exactly as above. The proposal is
+:math:`\mathcal N(A\boldsymbol\mu_n, AC_{-n}A^\top)`, the cavity's covariance of :math:`\mathbf d` moved to EP's
+current posterior mean of the point (close to the tilted mean, where the likelihood's mass is):
+:math:`\mathbf d^{(s)} = A\boldsymbol\mu_n + L_d\boldsymbol\varepsilon^{(s)}` (:math:`L_dL_d^\top = AC_{-n}A^\top`),
+with the scrambled Sobol' normal points of :func:`gpvi.numerics.softmax_rules.fixed_draws` (dimension K - 1) and
+their negatives, each column scaled to unit mean square, and the weights :math:`p(y\mid\mathbf d^{(s)})\,
+\mathcal N(\mathbf d^{(s)}\mid A\mathbf m_{-n}, AC_{-n}A^\top) / \mathcal N(\mathbf d^{(s)}\mid A\boldsymbol\mu_n,
+AC_{-n}A^\top) = p(y\mid\mathbf d^{(s)})\exp(-\mathbf a^\top\boldsymbol\varepsilon^{(s)} -
+\tfrac12\lVert\mathbf a\rVert^2)`, :math:`\mathbf a = L_d^{-1}A(\boldsymbol\mu_n - \mathbf m_{-n})`. The proposal
+keeps the cavity's covariance, so the weights stay bounded where the likelihood tends to 1. The same points at every
+call: the moments, EP's fixed point and :math:`\log Z_{EP}` stay deterministic functions of :math:`\theta`.
+
+Why the differences: along the common mode the tilted equals the cavity, and a rule in all K values estimates it
+there with its Monte Carlo error, so the new site precision :math:`\hat C^{-1} - C_{-n}^{-1}` gets small negative
+eigenvalues that the update clips; a clipped site does not match moments, EP's energy is then not stationary in the
+sites, and the fixed-point gradient below (which assumes stationarity) is wrong. Such a rule (this module's rule
+until 1.0) clipped 62-90 site eigenvalues at the q(theta) means of the K = 6 and K = 10 benchmark sets, and its
+gradient of :math:`\log Z_{EP}` was off by up to 0.80 (per unit log-hyperparameter) from central differences at
+K = 10, against 0.22-0.28 for this rule, which clips none (``benchmarks/results/multiclass_ep_rule_*.md``). On 200
+random sites against the nested rule (diagonal cavities of variance 0.05..5, means of sd 2; 2,048 points,
+``multiclass_ep_rule_sites.md``): largest error of :math:`\log\hat Z_n` 1.1e-3 / 3.4e-3 (K = 3 / 4), of the means
+4.9e-4 / 2.4e-3 cavity sd, relative error of the variances 3.4e-3 / 1.1e-2, of the site precisions 6.6e-3 / 3.1e-2
+(typical size 0.15; the rule in the K values: 0.18). What remains is the rule's own error: over six other scrambles,
+the gradient at the K = 10 set's q mean is off by 0.07-0.58 (median 0.33; the rule in the K values 0.30-1.36,
+median 0.47), with a mean of -0.31 in the log signal variance that more points shrink (-0.21 at 4,096, -0.09 at
+8,192, at 1.2 / 1.9 times the seconds per sweep); at K = 4 the two rules' errors are alike (median 0.15 and 0.11;
+``multiclass_ep_rule_scrambles.md``).
 
 **Posterior and evidence.** With :math:`\tilde\Pi` the block-sparse :math:`NK\times NK` site precision,
 :math:`S = \tilde\Pi^{1/2}` (per site, symmetric), :math:`B = I + S(I_K\otimes K_\theta)S` (R&W section 3.6.3's
@@ -142,16 +156,31 @@ def _posterior(K: torch.Tensor, pi: torch.Tensor, nu: torch.Tensor):
     return LB, Sn, mu, 0.5 * (Snn + Snn.mT), nu_f
 
 
-def _tilted(y: torch.Tensor, mc: torch.Tensor, Cc: torch.Tensor, quad: Quadrature):
-    """``log Z_hat`` (N,), tilted means (N, K) and covariances (N, K, K) of the softmax sites (module docstring)."""
-    N, C = mc.shape
-    oth = _others(y, C)
+def _differences(y: torch.Tensor, mc: torch.Tensor, Cc: torch.Tensor):
+    """``(A, mu_d, C A^T, cov_d)``: the difference map :math:`A` ``(N, K-1, K)`` (:math:`d_j = f_j - f_y`) and the
+    cavity's mean and covariance of :math:`\mathbf d` (module docstring)."""
+    C = mc.shape[1]
     eye = torch.eye(C, dtype=mc.dtype, device=mc.device)
-    A = eye[oth] - eye[y].unsqueeze(1)                                      # (N, K-1, K): d = A f
+    A = eye[_others(y, C)] - eye[y].unsqueeze(1)                            # (N, K-1, K): d = A f
     mu_d = (A @ mc.unsqueeze(-1)).squeeze(-1)
     CAt = Cc @ A.mT                                                         # (N, K, K-1)
     cov_d = A @ CAt
-    cov_d = 0.5 * (cov_d + cov_d.mT)
+    return A, mu_d, CAt, 0.5 * (cov_d + cov_d.mT)
+
+
+def _lift(mc: torch.Tensor, Cc: torch.Tensor, mu_d: torch.Tensor, CAt: torch.Tensor, cov_d: torch.Tensor,
+          Ed: torch.Tensor, Cd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tilted mean and covariance of :math:`\mathbf f` from those of :math:`\mathbf d` (``Ed``, ``Cd``):
+    :math:`\mathbf f\mid\mathbf d` is the cavity's Gaussian conditional (module docstring)."""
+    G = torch.linalg.solve(cov_d, CAt.mT).mT                                # C A^T (A C A^T)^{-1}, (N, K, K-1)
+    m_hat = mc + (G @ (Ed - mu_d).unsqueeze(-1)).squeeze(-1)
+    C_hat = Cc - G @ CAt.mT + G @ Cd @ G.mT
+    return m_hat, 0.5 * (C_hat + C_hat.mT)
+
+
+def _tilted(y: torch.Tensor, mc: torch.Tensor, Cc: torch.Tensor, quad: Quadrature):
+    """``log Z_hat`` (N,), tilted means (N, K) and covariances (N, K, K) of the softmax sites (module docstring)."""
+    A, mu_d, CAt, cov_d = _differences(y, mc, Cc)
     Ld, _ = cholesky_plain(cov_d, raise_on_failure=True)
     d, w = nested_nodes(mu_d, Ld, quad)                                     # (K-1, N, P), (N, P)
     mx = d.amax(0).clamp_min(0.0)
@@ -162,10 +191,7 @@ def _tilted(y: torch.Tensor, mc: torch.Tensor, Cc: torch.Tensor, quad: Quadratur
     Ed = (d * om).sum(-1).T                                                 # (N, K-1)
     dc = d - Ed.T.unsqueeze(-1)
     Cd = torch.einsum("inp,jnp,np->nij", dc, dc, om)                        # tilted Cov[d] (N, K-1, K-1)
-    G = torch.linalg.solve(cov_d, CAt.mT).mT                                # C A^T (A C A^T)^{-1}, (N, K, K-1)
-    m_hat = mc + (G @ (Ed - mu_d).unsqueeze(-1)).squeeze(-1)
-    C_hat = Cc - G @ CAt.mT + G @ Cd @ G.mT
-    return log_z, m_hat, 0.5 * (C_hat + C_hat.mT)
+    return (log_z, *_lift(mc, Cc, mu_d, CAt, cov_d, Ed, Cd))
 
 
 def _qmc_points(num_draws: int, num_classes: int, like: torch.Tensor) -> torch.Tensor:
@@ -177,32 +203,34 @@ def _qmc_points(num_draws: int, num_classes: int, like: torch.Tensor) -> torch.T
 
 def _tilted_qmc(y: torch.Tensor, mc: torch.Tensor, Cc: torch.Tensor, centre: torch.Tensor, num_draws: int):
     r"""``log Z_hat`` (N,), tilted means (N, K) and covariances (N, K, K) by the shifted quasi-Monte Carlo rule of
-    the module docstring (proposal N(centre, Cc)). With :math:`\mathbf f = \text{centre} + L\boldsymbol\varepsilon`
-    (the softmax evaluated in place on the ``(N, K, S)`` array) only the weighted moments of the points are
-    needed: the tilted mean is :math:`\text{centre} + L\bar{\boldsymbol
-    \varepsilon}` and the covariance :math:`L(\overline{\boldsymbol\varepsilon\boldsymbol\varepsilon^\top} -
-    \bar{\boldsymbol\varepsilon}\bar{\boldsymbol\varepsilon}^\top)L^\top` (two matrix products over the points)."""
+    the module docstring, in the K - 1 differences :math:`\mathbf d = A\mathbf f` (proposal
+    :math:`\mathcal N(A\,\text{centre}, AC_{-n}A^\top)`). With :math:`\mathbf d = A\,\text{centre} +
+    L_d\boldsymbol\varepsilon` only the weighted moments of the points are needed: the tilted mean of
+    :math:`\mathbf d` is :math:`A\,\text{centre} + L_d\bar{\boldsymbol\varepsilon}` and its covariance
+    :math:`L_d(\overline{\boldsymbol\varepsilon\boldsymbol\varepsilon^\top} - \bar{\boldsymbol\varepsilon}
+    \bar{\boldsymbol\varepsilon}^\top)L_d^\top`; those of :math:`\mathbf f` follow exactly, as for the nested
+    rule (:func:`_lift`)."""
     N, C = mc.shape
-    eps = _qmc_points(num_draws, C, mc)                                    # (S, K)
+    A, mu_d, CAt, cov_d = _differences(y, mc, Cc)
+    Ld, _ = cholesky_plain(cov_d, raise_on_failure=True)
+    cd = (A @ centre.unsqueeze(-1)).squeeze(-1)                            # the proposal's centre in d, (N, K-1)
+    eps = _qmc_points(num_draws, C - 1, mc)                                # (S, K-1)
     S = eps.shape[0]
-    Lc, _ = cholesky_plain(Cc, raise_on_failure=True)
-    a = torch.linalg.solve_triangular(Lc, (centre - mc).unsqueeze(-1), upper=False).squeeze(-1)    # (N, K)
-    F = (Lc.reshape(N * C, C) @ eps.T).view(N, C, S).add_(centre.unsqueeze(-1))                 # (N, K, S)
-    fy = F.gather(1, y.view(-1, 1, 1).expand(-1, 1, S)).squeeze(1)
-    mx = F.amax(1)
-    lp = fy - mx - torch.log(F.sub_(mx.unsqueeze(1)).exp_().sum(1))       # log softmax_y, in place on F
+    a = torch.linalg.solve_triangular(Ld, (cd - mu_d).unsqueeze(-1), upper=False).squeeze(-1)    # (N, K-1)
+    D = (Ld.reshape(N * (C - 1), C - 1) @ eps.T).view(N, C - 1, S).add_(cd.unsqueeze(-1))        # (N, K-1, S)
+    mx = D.amax(1).clamp_min_(0.0)
+    lp = -(mx + torch.log(torch.exp(-mx) + D.sub_(mx.unsqueeze(1)).exp_().sum(1)))  # log p(y | d), in place on D
     lp = lp - a @ eps.T - 0.5 * a.square().sum(-1, keepdim=True)         # importance weights, log
     top = lp.amax(-1, keepdim=True)
     om = torch.exp(lp - top)
     tot = om.sum(-1, keepdim=True)
     log_z = (top + torch.log(tot)).squeeze(-1) - math.log(S)
     om = om / tot                                                           # (N, S) normalised weights
-    e1 = om @ eps                                                           # (N, K)
-    e2 = (om @ (eps.unsqueeze(-1) * eps.unsqueeze(-2)).reshape(S, C * C)).view(N, C, C)
-    cov_eps = e2 - e1.unsqueeze(-1) * e1.unsqueeze(-2)
-    m_hat = centre + (Lc @ e1.unsqueeze(-1)).squeeze(-1)
-    C_hat = Lc @ cov_eps @ Lc.mT
-    return log_z, m_hat, 0.5 * (C_hat + C_hat.mT)
+    e1 = om @ eps                                                           # (N, K-1)
+    e2 = (om @ (eps.unsqueeze(-1) * eps.unsqueeze(-2)).reshape(S, (C - 1) ** 2)).view(N, C - 1, C - 1)
+    Ed = cd + (Ld @ e1.unsqueeze(-1)).squeeze(-1)
+    Cd = Ld @ (e2 - e1.unsqueeze(-1) * e1.unsqueeze(-2)) @ Ld.mT
+    return (log_z, *_lift(mc, Cc, mu_d, CAt, cov_d, Ed, 0.5 * (Cd + Cd.mT)))
 
 
 class _Sweep(NamedTuple):

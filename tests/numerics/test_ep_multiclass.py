@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from gpvi.numerics.ep import expectation_propagation
-from gpvi.numerics.ep_multiclass import multiclass_ep, tilted_moments
+from gpvi.numerics.ep_multiclass import _sweep, multiclass_ep, tilted_moments
+from gpvi.numerics.softmax_rules import default_quadrature
 from gpvi.models.likelihoods import BernoulliLogit
 
 F64 = torch.float64
@@ -180,8 +181,9 @@ def labels4() -> torch.Tensor:
 @pytest.mark.parametrize("sv", [1.0, 30.0])
 def test_qmc_rule_gives_nested_quadratures_evidence_at_three_classes(sv):
     """The shifted quasi-Monte Carlo tilted moments (the K >= 4 rule) against the nested quadrature at K = 3 (an
-    independent rule): log Z_EP within 0.02 nats and its gradient in K within 5% of the largest entry (measured:
-    0.003 and 2.5% at sv = 1; 0.002 and 0.6% at sv = 30)."""
+    independent rule): log Z_EP within 0.02 nats and its gradient in K within 5% of the largest entry (measured with
+    the rule in the K - 1 differences: 0.0025 and 1.1% at sv = 1; 0.0069 and 0.6% at sv = 30; the old rule in the K
+    values: 0.003 and 2.5%; 0.002 and 0.6%)."""
     y = labels3()
     nested = multiclass_ep(kern(1.0, sv), y, 3, tol=1e-10)
     qmc = multiclass_ep(kern(1.0, sv), y, 3, quadrature="qmc", tol=1e-10)
@@ -193,7 +195,8 @@ def test_qmc_rule_gives_nested_quadratures_evidence_at_three_classes(sv):
 def test_four_classes_default_to_the_qmc_rule_and_its_gradient_matches_central_differences():
     """K = 4 (the quasi-Monte Carlo rule by default): the fixed-point gradient formula against central differences of
     log Z_EP. The rule's moments are not exactly those whose EP energy is stationary, so the two agree to the rule's
-    error, not to 1e-6 (measured: 0.3% relative); the bound is 1%."""
+    error, not to 1e-6 (measured: 1.3% relative with the rule in the K - 1 differences; 0.3% with the old rule in
+    the K values); the bound is 3%."""
     y = labels4()
     ls = torch.tensor(1.0, dtype=F64, requires_grad=True)
     res = multiclass_ep(kern(ls).detach(), y, 4, tol=1e-12, max_sweeps=2000)
@@ -203,15 +206,49 @@ def test_four_classes_default_to_the_qmc_rule_and_its_gradient_matches_central_d
     h = 1e-4
     fd = (float(multiclass_ep(kern(1 + h), y, 4, tol=1e-12, max_sweeps=2000).log_z)
           - float(multiclass_ep(kern(1 - h), y, 4, tol=1e-12, max_sweeps=2000).log_z)) / (2 * h)
-    assert abs(float(g) - fd) <= 0.01 * abs(fd)
+    assert abs(float(g) - fd) <= 0.03 * abs(fd)
     with pytest.raises(ValueError, match="quadrature must be a Quadrature or 'qmc'"):
         multiclass_ep(kern(1.0), y, 4, quadrature="mc")
+
+
+@pytest.mark.parametrize("sv", [4.0, 30.0])
+def test_four_class_qmc_gradient_matches_the_nested_quadratures(sv):
+    """The K = 4 gradient in the lengthscale with the quasi-Monte Carlo rule against EP with the nested quadrature
+    (40^3 nodes a site: an independent, nearly exact rule): within 5% (measured 1.2% / 1.3% at sv = 4 / 30)."""
+    y = labels4()
+    grads = []
+    for quadrature in (default_quadrature(3), "qmc"):
+        ls = torch.tensor(1.0, dtype=F64, requires_grad=True)
+        res = multiclass_ep(kern(ls, sv).detach(), y, 4, quadrature=quadrature, tol=1e-12, max_sweeps=2000)
+        assert res.converged
+        grads.append(float(torch.autograd.grad(kern(ls, sv), ls, grad_outputs=res.grad_k)[0]))
+    assert abs(grads[1] - grads[0]) <= 0.05 * abs(grads[0])
+
+
+@pytest.mark.parametrize("num_classes", [4, 6])
+@pytest.mark.parametrize("sv", [4.0, 30.0])
+def test_qmc_fixed_point_matches_moments_without_clipping(num_classes, sv):
+    """At EP's fixed point the site update :math:`\\hat C^{-1} - C_{-n}^{-1}` is positive semidefinite before its
+    projection: the quasi-Monte Carlo rule integrates over the K - 1 differences only, so along the common mode the
+    tilted equals the cavity exactly and no eigenvalue is clipped (the old rule in the K values left 1 of 48 clipped
+    at K = 4 and 12 of 72 at K = 6, down to -2.7e-3, and EP's energy was then not stationary in the sites). Each site
+    keeps zero precision along the common mode."""
+    y = labels4() if num_classes == 4 else torch.arange(12) % 6
+    K = kern(1.0, sv)
+    res = multiclass_ep(K, y, num_classes, tol=1e-10, max_sweeps=2000)
+    assert res.converged
+    st = _sweep(K, y, res.pi, res.nu, 2048)
+    update = torch.cholesky_inverse(torch.linalg.cholesky(st.C_hat)) - st.lam_c
+    assert float(torch.linalg.eigvalsh(0.5 * (update + update.mT)).min()) > -1e-10
+    ones = torch.ones(num_classes, dtype=F64)
+    assert float((res.pi @ ones).abs().max()) < 1e-8
 
 
 @pytest.mark.slow
 def test_four_class_evidence_is_near_importance_sampling():
     """log p(y | theta) by 1,000,000 prior draws (ESS > 400: log-mean se below 0.05) against K = 4 EP with the
-    quasi-Monte Carlo rule: within 0.15 nats, as at K = 3 (measured 0.09)."""
+    quasi-Monte Carlo rule: within 0.15 nats, as at K = 3 (measured 0.087 with the rule in the K - 1 differences,
+    0.09 with the old rule in the K values)."""
     y, K = labels4(), kern(1.0)
     res = multiclass_ep(K, y, 4)
     exact = prior_draws_log_evidence(K, y, 4, batches=5, min_ess=400)
