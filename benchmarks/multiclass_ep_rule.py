@@ -30,7 +30,9 @@ cavity sds) and of the tilted variances (relative), the largest and mean absolut
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.multiclass_ep_rule synth4 synth10`` (writes
 ``results/multiclass_ep_rule_<first set>.{md,json}``) or ``... --scrambles synth4 synth10`` (writes
 ``results/multiclass_ep_rule_scrambles.{md,json}``) or ``... --sites`` (writes
-``results/multiclass_ep_rule_sites.{md,json}``).
+``results/multiclass_ep_rule_sites.{md,json}``) or ``... --fits-only synth4`` (part 2 alone, with the library's
+number of points, :data:`gpvi.numerics.ep_multiclass.NUM_DRAWS`; writes ``results/multiclass_ep_rule_fits_<first
+set>.{md,json}``).
 """
 
 from __future__ import annotations
@@ -121,14 +123,15 @@ def gradient_check(model: Any, bound: Any, theta: torch.Tensor, rule: str) -> di
             "fd_vs_rule_free": float((torch.tensor(fd, dtype=g.dtype) - ref).abs().max())}
 
 
-def run_set(name: str) -> dict[str, Any]:
+def run_set(name: str, fits_only: bool = False) -> dict[str, Any]:
     old = stored(name)
     Xtr, Xte, ytr, _, _ = synthetic(name)
     model = GPMulticlass(Xtr, ytr)
     bound = CVIBoundTarget(model)
     theta = torch.tensor(old["bayes_ep"]["mean"], dtype=torch.float64)
     out: dict[str, Any] = {"set": name, "K": model.num_classes, "names": list(model.names),
-                           "check": {rule: gradient_check(model, bound, theta, rule) for rule in RULES}}
+                           "num_draws": em.NUM_DRAWS, "check": {} if fits_only else
+                           {rule: gradient_check(model, bound, theta, rule) for rule in RULES}}
     for rule, c in out["check"].items():
         print(name, rule, {k: v for k, v in c.items() if k in ("clipped", "grad_vs_fd", "grad_vs_rule_free")},
               flush=True)
@@ -170,6 +173,8 @@ def report(out: list[dict[str, Any]]) -> str:
         for key, rule in (("old", "full (stored)"), ("fit", "differences")):
             f = o[key]
             d = f["theta_diff_sd"]
+            if key == "fit":
+                rule = f"differences, {o.get('num_draws', 2048):,} points"
             md.append(f"| {o['set']} | {rule} | {', '.join(f'{v:+.2f}' for v in d)} | {max(abs(v) for v in d):.2f} | "
                       f"{min(f['sd_ratio']):.2f}-{max(f['sd_ratio']):.2f} | {f['prob_mad_vs_nuts']:.4f} | "
                       f"{f['wall_s']:.0f} | {o['old']['nuts_wall_s']:.0f} |")
@@ -269,7 +274,7 @@ def sites() -> None:
     write("multiclass_ep_rule_sites", "\n".join(md) + "\n", out)
 
 
-def main(names: list[str], scrambles: bool = False) -> None:
+def main(names: list[str], scrambles: bool = False, fits_only: bool = False) -> None:
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
     if scrambles:
@@ -280,8 +285,8 @@ def main(names: list[str], scrambles: bool = False) -> None:
         return
     out = []
     for name in names:
-        out.append(run_set(name))
-        write(f"multiclass_ep_rule_{names[0]}", report(out), out)
+        out.append(run_set(name, fits_only))
+        write(f"multiclass_ep_rule_{'fits_' if fits_only else ''}{names[0]}", report(out), out)
 
 
 if __name__ == "__main__":
@@ -289,8 +294,9 @@ if __name__ == "__main__":
     ap.add_argument("sets", nargs="*")
     ap.add_argument("--sites", action="store_true", help="part 0 only: the rules on random sites")
     ap.add_argument("--scrambles", action="store_true", help="part 3 only: the rule's error over scrambles")
+    ap.add_argument("--fits-only", action="store_true", help="part 2 only (writes multiclass_ep_rule_fits_<set>)")
     a = ap.parse_args()
     if a.sites:
         sites()
     else:
-        main(a.sets, a.scrambles)
+        main(a.sets, a.scrambles, a.fits_only)

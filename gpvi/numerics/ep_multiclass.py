@@ -45,17 +45,18 @@ Why the differences: along the common mode the tilted equals the cavity, and a r
 there with its Monte Carlo error, so the new site precision :math:`\hat C^{-1} - C_{-n}^{-1}` gets small negative
 eigenvalues that the update clips; a clipped site does not match moments, EP's energy is then not stationary in the
 sites, and the fixed-point gradient below (which assumes stationarity) is wrong. Such a rule (this module's rule
-until 1.0) clipped 62-90 site eigenvalues at the q(theta) means of the K = 6 and K = 10 benchmark sets, and its
-gradient of :math:`\log Z_{EP}` was off by up to 0.80 (per unit log-hyperparameter) from central differences at
-K = 10, against 0.22-0.28 for this rule, which clips none (``benchmarks/results/multiclass_ep_rule_*.md``). On 200
-random sites against the nested rule (diagonal cavities of variance 0.05..5, means of sd 2; 2,048 points,
-``multiclass_ep_rule_sites.md``): largest error of :math:`\log\hat Z_n` 1.1e-3 / 3.4e-3 (K = 3 / 4), of the means
-4.9e-4 / 2.4e-3 cavity sd, relative error of the variances 3.4e-3 / 1.1e-2, of the site precisions 6.6e-3 / 3.1e-2
-(typical size 0.15; the rule in the K values: 0.18). What remains is the rule's own error: over six other scrambles,
-the gradient at the K = 10 set's q mean is off by 0.07-0.58 (median 0.33; the rule in the K values 0.30-1.36,
-median 0.47), with a mean of -0.31 in the log signal variance that more points shrink (-0.21 at 4,096, -0.09 at
-8,192, at 1.2 / 1.9 times the seconds per sweep); at K = 4 the two rules' errors are alike (median 0.15 and 0.11;
-``multiclass_ep_rule_scrambles.md``).
+until 1.0, 2,048 points) clipped 62-90 site eigenvalues at the q(theta) means of the K = 6 and K = 10 benchmark
+sets, and its gradient of :math:`\log Z_{EP}` was off by up to 0.80 (per unit log-hyperparameter) from central
+differences at K = 10, against 0.22-0.28 for this rule with the same points, which clips none
+(``benchmarks/results/multiclass_ep_rule_*.md``). On 200 random sites against the nested rule (diagonal cavities of
+variance 0.05..5, means of sd 2; ``multiclass_ep_rule_sites.md``), with 2,048 points: largest error of
+:math:`\log\hat Z_n` 1.1e-3 / 3.4e-3 (K = 3 / 4), of the means 4.9e-4 / 2.4e-3 cavity sd, relative error of the
+variances 3.4e-3 / 1.1e-2, of the site precisions 6.6e-3 / 3.1e-2 (typical size 0.15; the rule in the K values:
+0.18 / 0.18, with 13 / 97 of the 200 sites clipped). What remains is the rule's own error, which sets the number of
+points (:data:`NUM_DRAWS`, which says why 2,048): over six other scrambles, the gradient at the q means of the K = 4 and K = 10 sets is
+off by a median of 0.15 / 0.33 with 2,048 points (the rule in the K values 0.11 / 0.47) and 0.04 / 0.22 with 4,096,
+with a mean of -0.31 / -0.21 in the K = 10 log signal variance (-0.09 at 8,192 points), at 1.4 / 1.2 times the
+seconds per sweep for 4,096 (``multiclass_ep_rule_scrambles.md``).
 
 **Posterior and evidence.** With :math:`\tilde\Pi` the block-sparse :math:`NK\times NK` site precision,
 :math:`S = \tilde\Pi^{1/2}` (per site, symmetric), :math:`B = I + S(I_K\otimes K_\theta)S` (R&W section 3.6.3's
@@ -104,7 +105,14 @@ from .quadrature import Quadrature
 from .softmax_rules import _others, default_quadrature, fixed_draws, nested_nodes
 from ..validation import check_nonnegative_int, check_positive, check_positive_int
 
-__all__ = ["MulticlassEPResult", "multiclass_ep", "tilted_moments"]
+__all__ = ["MulticlassEPResult", "multiclass_ep", "tilted_moments", "NUM_DRAWS"]
+
+NUM_DRAWS = 2048
+"""Points of the quasi-Monte Carlo rule for K >= 4 (module docstring). 4,096 halves the gradient's error at the q means
+of synth4 and synth10 (median 0.15 / 0.33 -> 0.04 / 0.22 over scrambles), but the fully Bayesian fits it drives did
+not move: q's largest offset from the long NUTS runs 0.37 -> 0.35 (synth4), 0.09 -> 0.11 (synth6), 0.13 -> 0.14
+(synth10), 0.27 -> 0.26 (synth10b), test probabilities' distance from NUTS's by at most 4e-4, for 16-45% more wall
+(``benchmarks/results/multiclass_ep_rule_fits_*.md``); so 2,048."""
 
 
 class MulticlassEPResult(NamedTuple):
@@ -292,7 +300,7 @@ def _restart(acc: Anderson, restarts: int) -> tuple[int, Anderson | None]:
 
 
 def multiclass_ep(K: torch.Tensor, y: torch.Tensor, num_classes: int, *,
-                  quadrature: Quadrature | str | None = None, num_draws: int = 2048, damping: float = 0.5,
+                  quadrature: Quadrature | str | None = None, num_draws: int = NUM_DRAWS, damping: float = 0.5,
                   anderson: int = 5, tol: float = 1e-8, max_sweeps: int = 200, pi: torch.Tensor | None = None,
                   nu: torch.Tensor | None = None) -> MulticlassEPResult:
     r"""Parallel, damped EP for the softmax likelihood with K latent GPs sharing ``K`` (module docstring).
@@ -310,7 +318,8 @@ def multiclass_ep(K: torch.Tensor, y: torch.Tensor, num_classes: int, *,
         docstring. Default: :func:`~gpvi.numerics.softmax_rules.default_quadrature` for K <= 3 (:math:`40^{K-1}`
         nodes per point), ``"qmc"`` for K >= 4.
     num_draws : int
-        Points of the quasi-Monte Carlo rule (K >= 4 without ``quadrature``; antithetic pairs, default 2048).
+        Points of the quasi-Monte Carlo rule (K >= 4 without ``quadrature``; antithetic pairs, default
+        :data:`NUM_DRAWS`, 2,048).
     damping : float in (0, 1]
         :math:`\delta` (default 0.5).
     anderson : int

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gpvi.numerics.ep import expectation_propagation
-from gpvi.numerics.ep_multiclass import _sweep, multiclass_ep, tilted_moments
+from gpvi.numerics.ep_multiclass import NUM_DRAWS, _sweep, multiclass_ep, tilted_moments
 from gpvi.numerics.softmax_rules import default_quadrature
 from gpvi.models.likelihoods import BernoulliLogit
 
@@ -181,9 +181,9 @@ def labels4() -> torch.Tensor:
 @pytest.mark.parametrize("sv", [1.0, 30.0])
 def test_qmc_rule_gives_nested_quadratures_evidence_at_three_classes(sv):
     """The shifted quasi-Monte Carlo tilted moments (the K >= 4 rule) against the nested quadrature at K = 3 (an
-    independent rule): log Z_EP within 0.02 nats and its gradient in K within 5% of the largest entry (measured with
-    the rule in the K - 1 differences: 0.0025 and 1.1% at sv = 1; 0.0069 and 0.6% at sv = 30; the old rule in the K
-    values: 0.003 and 2.5%; 0.002 and 0.6%)."""
+    independent rule): log Z_EP within 0.02 nats and its gradient in K within 5% of the largest entry (measured in
+    the K - 1 differences: 0.0025 and 1.1% at sv = 1; 0.0069 and 0.6% at sv = 30; in the K values, the rule before
+    1.0: 0.003 and 2.5%; 0.002 and 0.6%)."""
     y = labels3()
     nested = multiclass_ep(kern(1.0, sv), y, 3, tol=1e-10)
     qmc = multiclass_ep(kern(1.0, sv), y, 3, quadrature="qmc", tol=1e-10)
@@ -195,8 +195,8 @@ def test_qmc_rule_gives_nested_quadratures_evidence_at_three_classes(sv):
 def test_four_classes_default_to_the_qmc_rule_and_its_gradient_matches_central_differences():
     """K = 4 (the quasi-Monte Carlo rule by default): the fixed-point gradient formula against central differences of
     log Z_EP. The rule's moments are not exactly those whose EP energy is stationary, so the two agree to the rule's
-    error, not to 1e-6 (measured: 1.3% relative with the rule in the K - 1 differences; 0.3% with the old rule in
-    the K values); the bound is 3%."""
+    error, not to 1e-6 (measured: 1.3% relative with the rule in the K - 1 differences; 0.3% with the rule before
+    1.0, in the K values); the bound is 3%."""
     y = labels4()
     ls = torch.tensor(1.0, dtype=F64, requires_grad=True)
     res = multiclass_ep(kern(ls).detach(), y, 4, tol=1e-12, max_sweeps=2000)
@@ -214,7 +214,8 @@ def test_four_classes_default_to_the_qmc_rule_and_its_gradient_matches_central_d
 @pytest.mark.parametrize("sv", [4.0, 30.0])
 def test_four_class_qmc_gradient_matches_the_nested_quadratures(sv):
     """The K = 4 gradient in the lengthscale with the quasi-Monte Carlo rule against EP with the nested quadrature
-    (40^3 nodes a site: an independent, nearly exact rule): within 5% (measured 1.2% / 1.3% at sv = 4 / 30)."""
+    (40^3 nodes a site: an independent, nearly exact rule): within 5% (measured 1.2% / 1.3% at sv = 4 / 30; the
+    rule before 1.0, in the K values: 0.3% / 0.9%)."""
     y = labels4()
     grads = []
     for quadrature in (default_quadrature(3), "qmc"):
@@ -237,7 +238,7 @@ def test_qmc_fixed_point_matches_moments_without_clipping(num_classes, sv):
     K = kern(1.0, sv)
     res = multiclass_ep(K, y, num_classes, tol=1e-10, max_sweeps=2000)
     assert res.converged
-    st = _sweep(K, y, res.pi, res.nu, 2048)
+    st = _sweep(K, y, res.pi, res.nu, NUM_DRAWS)
     update = torch.cholesky_inverse(torch.linalg.cholesky(st.C_hat)) - st.lam_c
     assert float(torch.linalg.eigvalsh(0.5 * (update + update.mT)).min()) > -1e-10
     ones = torch.ones(num_classes, dtype=F64)
@@ -248,7 +249,7 @@ def test_qmc_fixed_point_matches_moments_without_clipping(num_classes, sv):
 def test_four_class_evidence_is_near_importance_sampling():
     """log p(y | theta) by 1,000,000 prior draws (ESS > 400: log-mean se below 0.05) against K = 4 EP with the
     quasi-Monte Carlo rule: within 0.15 nats, as at K = 3 (measured 0.087 with the rule in the K - 1 differences,
-    0.09 with the old rule in the K values)."""
+    0.09 with the rule before 1.0, in the K values)."""
     y, K = labels4(), kern(1.0)
     res = multiclass_ep(K, y, 4)
     exact = prior_draws_log_evidence(K, y, 4, batches=5, min_ess=400)

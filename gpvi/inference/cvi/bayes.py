@@ -105,8 +105,8 @@ class FullyBayesianCVI:
         ``..._synth10.md``), on EP: every mean within 0.37 / 0.09 / 0.13 / 0.27 NUTS sd, all four largest in the
         log signal variance, too low (MAP-II: 1.10 / 0.84 / 1.19 / 1.65), test probabilities 0.013 / 0.009 / 0.005
         / 0.007 from NUTS's, q's sds 0.82-1.00 of NUTS's (EP is :math:`O((NK)^3)` per sweep; wall times in
-        ``docs/results.md``). How far the K >= 4 means sit from NUTS's depends on the quasi-Monte Carlo rule's
-        own error by about 0.1-0.2 sd (:mod:`gpvi.numerics.ep_multiclass`).
+        ``docs/results.md``). These offsets are EP's evidence, not its quasi-Monte Carlo rule: with twice the
+        rule's points the means move by at most 0.02 sd (:data:`gpvi.numerics.ep_multiclass.NUM_DRAWS`).
     ep_tol : float, optional
         EP's stopping rule with ``evidence="ep"`` in the engine's evaluations
         (:class:`~gpvi.inference.cvi.ep_evidence.EPEvidenceTarget`'s ``tol``; default 1e-4 for a binary model,
