@@ -53,10 +53,10 @@ variance 0.05..5, means of sd 2; ``multiclass_ep_rule_sites.md``), with 2,048 po
 :math:`\log\hat Z_n` 1.1e-3 / 3.4e-3 (K = 3 / 4), of the means 4.9e-4 / 2.4e-3 cavity sd, relative error of the
 variances 3.4e-3 / 1.1e-2, of the site precisions 6.6e-3 / 3.1e-2 (typical size 0.15; the rule in the K values:
 0.18 / 0.18, with 13 / 97 of the 200 sites clipped). What remains is the rule's own error, which sets the number of
-points (:data:`NUM_DRAWS`, which says why 2,048): over six other scrambles, the gradient at the q means of the K = 4 and K = 10 sets is
-off by a median of 0.15 / 0.33 with 2,048 points (the rule in the K values 0.11 / 0.47) and 0.04 / 0.22 with 4,096,
-with a mean of -0.31 / -0.21 in the K = 10 log signal variance (-0.09 at 8,192 points), at 1.4 / 1.2 times the
-seconds per sweep for 4,096 (``multiclass_ep_rule_scrambles.md``).
+points (:data:`NUM_DRAWS`, which says why 2,048): over six other scrambles, the gradient at the q means of the
+K = 4 and K = 10 sets is off by a median of 0.15 / 0.33 with 2,048 points (the rule in the K values 0.11 / 0.47)
+and 0.04 / 0.22 with 4,096, with a mean of -0.31 / -0.21 in the K = 10 log signal variance (-0.09 at 8,192 points),
+at 1.4 / 1.2 times the seconds per sweep for 4,096 (``multiclass_ep_rule_scrambles.md``).
 
 **Posterior and evidence.** With :math:`\tilde\Pi` the block-sparse :math:`NK\times NK` site precision,
 :math:`S = \tilde\Pi^{1/2}` (per site, symmetric), :math:`B = I + S(I_K\otimes K_\theta)S` (R&W section 3.6.3's

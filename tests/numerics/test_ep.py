@@ -143,7 +143,29 @@ def test_fully_bayesian_cvi_on_ep_evidence_starts_at_the_ep_map_point():
     assert float(grad.abs().max()) < 1e-3                      # a stationary point of log Z_EP + log prior
     assert info["ep_map_objective"] >= float(target.log_joint(torch.tensor(info["map_theta"], dtype=F64))) - 1e-9
     assert torch.equal(post.mean, again.mean)
+    assert torch.equal(post.target.warm_theta, torch.tensor(info["ep_map_theta"], dtype=F64))
     assert len(post.latents) == 4 and post.predict_proba(model.X[:3]).shape == (3,)
+
+
+def test_warm_from_moves_eps_start_and_keeps_the_evidence_a_function_of_theta():
+    """``warm_from``: every later evaluation starts from EP's sites at the given point; the values are those of a
+    start at the anchor to EP's tolerance, do not depend on the order of evaluations, and need fewer sweeps near the
+    new start (FullyBayesianCVI moves the start to its EP MAP point)."""
+    model = _data(25)
+    near = torch.tensor([[1.2, 3.0], [1.25, 3.05], [1.15, 2.95]], dtype=F64)
+    anchored = EPEvidenceTarget(CVIBoundTarget(model), tol=1e-10)
+    moved = EPEvidenceTarget(CVIBoundTarget(model), tol=1e-10)
+    moved.warm_from(near[0])
+    a = anchored.log_joint(near)
+    sweeps_anchor = anchored.counters["sweeps"]
+    b = moved.log_joint(near)
+    assert moved.counters["sweeps"] < sweeps_anchor
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-8)
+    one_by_one = torch.stack([moved.log_joint(r) for r in near.flip(0)]).flip(0)
+    torch.testing.assert_close(b, one_by_one, rtol=1e-12, atol=1e-10)
+    assert torch.equal(b, moved.log_joint(near))
+    moved.warm_from(None)
+    assert torch.equal(moved.log_joint(near), anchored.log_joint(near))
 
 
 @pytest.mark.parametrize("likelihood", ["logit", "probit"])

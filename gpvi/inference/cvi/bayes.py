@@ -329,6 +329,7 @@ class FullyBayesianCVI:
         theta = torch.as_tensor(fit.x, dtype=torch.float64, device=target.device)
         if not bool(torch.isfinite(theta).all()) or not math.isfinite(float(fit.value)):
             theta = theta_map
+        target.warm_from(theta)    # the engine's draws sit around this point: EP starts from its sites (ep_warm_start)
         return target, theta, {"ep_map_theta": theta.tolist(), "ep_map_objective": float(target.log_joint(theta)),
                                "ep_map_time_s": time.perf_counter() - t0}
 
