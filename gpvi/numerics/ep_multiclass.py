@@ -8,8 +8,8 @@ K values of its data point, :math:`\tilde t_n(\mathbf f_n)\propto\exp(\tilde{\bo
 (the sites couple the classes of a point, unlike the class-factorised CVI family), and matches the moments of the
 tilted distributions :math:`\hat p_n(\mathbf f_n)\propto p(y_n\mid\mathbf f_n)\,\mathcal N(\mathbf f_n\mid
 \mathbf m_{-n}, C_{-n})` (Minka 2001; for the multinomial probit, Riihimäki, Jylänki & Vehtari 2013, who also
-write the multi-class EP evidence). Every step is dense in the :math:`NK` stacked values (:math:`O((NK)^3)` per
-sweep: fine for the benchmark sets, N K of a few hundred). Sites factorised over the classes would cost
+write the multi-class EP evidence). Every step is dense in the :math:`N(K-1)` reduced values (:math:`O((NK)^3)`
+per sweep: fine for the benchmark sets, N K of a few hundred; reduced coordinates below). Sites factorised over the classes would cost
 :math:`O(KN^3)`, but their evidence is biased in the signal variance: on iris at the NUTS posterior mean it fell
 2.0 to 4.8 nats below this one's as the log signal variance went from -2 to +2 NUTS sd, moving its peak half an sd
 down, and it took more sweeps (``benchmarks/results/multiclass_ep_sites.md``).
@@ -74,6 +74,15 @@ covariance holds the sites fixed (the EP fixed point is stationary in the sites)
 5.27): :math:`\partial\log Z_{EP}/\partial K_F = \tfrac12(\mathbf b\mathbf b^\top - S B^{-1} S)`,
 :math:`\mathbf b = \tilde{\boldsymbol\nu} - \tilde\Pi\boldsymbol\mu`, and :math:`\partial/\partial K_\theta` sums its
 K diagonal blocks. Tested against finite differences, the binary EP at K = 2 and importance sampling.
+
+**Reduced coordinates.** The softmax is flat along the common mode, so every site has zero precision there (the
+tilted equals the cavity along :math:`\mathbf 1`; both rules lift the moments of :math:`\mathbf d` exactly) and
+:math:`S_n = UR_nU^\top` with :math:`U` (K x (K - 1)) an orthonormal basis of the complement. With :math:`W =
+U\otimes I_N`, :math:`W^\top(I_K\otimes K_\theta)W = I_{K-1}\otimes K_\theta`, hence :math:`|B| = |B'|` and
+:math:`SB^{-1}S = W\tilde RB'^{-1}\tilde RW^\top` for :math:`B' = I + \tilde R(I_{K-1}\otimes K_\theta)\tilde R`
+of size :math:`N(K-1)`: every factorisation and solve above runs there, :math:`((K-1)/K)^3` of the flops (0.73 at
+K = 10; measured per posterior computation in ``benchmarks/results/ep_reduced.md``), to the same numbers up to
+rounding.
 
 Names: ``pi`` (N, K, K) and ``nu`` (N, K) the sites; ``damping`` :math:`\delta`: a sweep moves every site to
 :math:`(1-\delta)` old + :math:`\delta` new (convex, so the precisions stay positive semidefinite).
@@ -145,23 +154,37 @@ def _psd_sqrt(P: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return root, (evecs * evals.unsqueeze(-2)) @ evecs.mT
 
 
+def _complement(num_classes: int, like: torch.Tensor) -> torch.Tensor:
+    """``(K, K-1)``: an orthonormal basis :math:`U` of the complement of the common mode :math:`\mathbf 1`."""
+    eye = torch.eye(num_classes, dtype=like.dtype, device=like.device)
+    return torch.linalg.qr(eye[:, :-1] - 1.0 / num_classes)[0]
+
+
 def _posterior(K: torch.Tensor, pi: torch.Tensor, nu: torch.Tensor):
-    r"""From the sites: the factor of B, the per-point roots of the site precisions (N, K, K), the stacked mean
-    (NK,), the marginal blocks Sigma_nn (N, K, K) and the stacked shifts. Uses the block structure:
-    :math:`B_{(k,n),(j,m)} = \delta + K_{nm}(S_nS_m)_{kj}`, and only the diagonal blocks of :math:`\Sigma`."""
+    r"""From the sites: the factor of B (reduced), the per-point roots of the site precisions in the complement of
+    the common mode (N, K-1, K-1), the stacked mean (NK,), the marginal blocks Sigma_nn (N, K, K) and the stacked
+    shifts. The site roots are :math:`S_n = UR_nU^\top` (module docstring: every site has zero precision along
+    :math:`\mathbf 1`), so :math:`B = I + S(I_K\otimes K)S` has the nonzero part
+    :math:`B' = I + \tilde R(I_{K-1}\otimes K)\tilde R`, :math:`B'_{(a,n),(b,m)} = \delta + K_{nm}(R_nR_m)_{ab}`, of
+    size :math:`N(K-1)`, with :math:`|B| = |B'|` and :math:`SB^{-1}S = W\tilde RB'^{-1}\tilde RW^\top`
+    (:math:`W = U\otimes I_N`); only the diagonal blocks of :math:`\Sigma` are formed."""
     N, C, _ = pi.shape
-    Sn = _psd_sqrt(pi)[0]
-    B = (torch.einsum("nkl,mlj->knjm", Sn, Sn) * K.view(1, N, 1, N)).reshape(C * N, C * N)
+    U = _complement(C, K)
+    Rn = U.mT @ _psd_sqrt(pi)[0] @ U                                      # (N, K-1, K-1)
+    c = C - 1
+    B = (torch.einsum("nkl,mlj->knjm", Rn, Rn) * K.view(1, N, 1, N)).reshape(c * N, c * N)
     B.diagonal().add_(1.0)
     LB, _ = cholesky_plain(B, raise_on_failure=True)
-    SK = torch.einsum("nkj,nm->knjm", Sn, K).reshape(C * N, C * N)       # S (I_K x K)
-    V = torch.linalg.solve_triangular(LB, SK, upper=False)
+    RK = torch.einsum("nkj,nm->knjm", Rn, K).reshape(c * N, c * N)       # R (I_{K-1} x K)
+    V = torch.linalg.solve_triangular(LB, RK, upper=False)
     nu_f = nu.T.reshape(-1)
-    Knu = (K @ nu).T.reshape(-1)                                           # (I_K x K) nu
-    mu = Knu - V.mT @ (V @ nu_f)
-    V3 = V.view(C * N, C, N)
-    Snn = torch.diag_embed(K.diagonal().unsqueeze(-1).expand(N, C)) - torch.einsum("rkn,rjn->nkj", V3, V3)
-    return LB, Sn, mu, 0.5 * (Snn + Snn.mT), nu_f
+    Knu = K @ nu                                                           # (N, K): (I_K x K) nu
+    corr = (V.mT @ (V @ (nu @ U).T.reshape(-1))).view(c, N)              # B'^-1 terms in the reduced coordinates
+    mu = (Knu - (U @ corr).T).T.reshape(-1)
+    V3 = V.view(c * N, c, N)
+    Snn = (torch.diag_embed(K.diagonal().unsqueeze(-1).expand(N, C))
+           - U @ torch.einsum("rkn,rjn->nkj", V3, V3) @ U.mT)
+    return LB, Rn, mu, 0.5 * (Snn + Snn.mT), nu_f
 
 
 def _differences(y: torch.Tensor, mc: torch.Tensor, Cc: torch.Tensor):
@@ -245,7 +268,7 @@ class _Sweep(NamedTuple):
     """Everything one set of sites determines: the posterior, the cavities and the tilted moments."""
 
     LB: torch.Tensor
-    Sn: torch.Tensor
+    Rn: torch.Tensor
     mu: torch.Tensor
     nu_f: torch.Tensor
     mun: torch.Tensor
@@ -264,7 +287,7 @@ class _Sweep(NamedTuple):
 def _sweep(K: torch.Tensor, y: torch.Tensor, pi: torch.Tensor, nu: torch.Tensor, quad: Quadrature | int) -> _Sweep:
     """Posterior, cavities (from the K x K marginal blocks) and tilted moments at the sites ``pi``, ``nu``."""
     N, C, _ = pi.shape
-    LB, Sn, mu, Snn, nu_f = _posterior(K, pi, nu)
+    LB, Rn, mu, Snn, nu_f = _posterior(K, pi, nu)
     mun = mu.view(C, N).T
     Ls, _ = cholesky_plain(Snn, raise_on_failure=True)
     Pnn = torch.cholesky_inverse(Ls)
@@ -278,7 +301,7 @@ def _sweep(K: torch.Tensor, y: torch.Tensor, pi: torch.Tensor, nu: torch.Tensor,
     else:                                                                  # K >= 4: the shifted QMC rule
         log_z_hat, m_hat, C_hat = _tilted_qmc(y, mc, Cc, mun, quad)
     logdet_ratio = -logdet_from_cholesky(Lc) - logdet_from_cholesky(Ls)
-    return _Sweep(LB, Sn, mu, nu_f, mun, Snn, Pnn, lam_c, eta_c, mc, logdet_ratio, log_z_hat, m_hat, C_hat)
+    return _Sweep(LB, Rn, mu, nu_f, mun, Snn, Pnn, lam_c, eta_c, mc, logdet_ratio, log_z_hat, m_hat, C_hat)
 
 
 def _new_sites(st: _Sweep) -> tuple[torch.Tensor, torch.Tensor]:
@@ -417,12 +440,12 @@ def multiclass_ep(K: torch.Tensor, y: torch.Tensor, num_classes: int, *,
                      + 0.5 * st.logdet_ratio.sum()
                      - 0.5 * (st.mun.unsqueeze(-2) @ st.Pnn @ st.mun.unsqueeze(-1)).sum()
                      + 0.5 * (st.mc * st.eta_c).sum())
-            # the K diagonal class blocks of 1/2 (b b^T - S B^-1 S), summed; S is block diagonal over the points,
-            # so (S B^-1 S)_{(k,n),(k,m)} = sum_{a,c} S_n[k,a] (B^-1)_{(a,n),(c,m)} S_m[c,k]: O(K^3 N^2), not two
-            # (NK)^3 products
+            # the K diagonal class blocks of 1/2 (b b^T - S B^-1 S), summed; S B^-1 S = W R B'^-1 R W^T and U^T U = I,
+            # so the sum is sum_k (R B'^-1 R)_{(k,n),(k,m)} over the K - 1 reduced coordinates, with R block diagonal
+            # over the points: sum_{a,c} R_n[k,a] (B'^-1)_{(a,n),(c,m)} R_m[c,k], O(K^3 N^2), not two (NK)^3 products
             bk = (st.nu_f - (pi @ st.mun.unsqueeze(-1)).squeeze(-1).T.reshape(-1)).view(C, N)
-            Binv = torch.cholesky_inverse(st.LB).view(C, N, C, N)
-            R = torch.einsum("knbm,mbk->nm", torch.einsum("nka,anbm->knbm", st.Sn, Binv), st.Sn)
+            Binv = torch.cholesky_inverse(st.LB).view(C - 1, N, C - 1, N)       # reduced (see _posterior)
+            R = torch.einsum("knbm,mbk->nm", torch.einsum("nka,anbm->knbm", st.Rn, Binv), st.Rn)
             grad_k = 0.5 * (bk.T @ bk - R)
     except torch.linalg.LinAlgError:
         return fail._replace(sweeps=sweeps, anderson_restarts=anderson_restarts)

@@ -105,8 +105,12 @@ class FullyBayesianCVI:
         ``..._synth10.md``), on EP: every mean within 0.37 / 0.09 / 0.13 / 0.27 NUTS sd, all four largest in the
         log signal variance, too low (MAP-II: 1.10 / 0.84 / 1.19 / 1.65), test probabilities 0.013 / 0.009 / 0.005
         / 0.007 from NUTS's, q's sds 0.82-1.00 of NUTS's (EP is :math:`O((NK)^3)` per sweep; wall times in
-        ``docs/results.md``). These offsets are EP's evidence, not its quasi-Monte Carlo rule: with twice the
-        rule's points the means move by at most 0.02 sd (:data:`gpvi.numerics.ep_multiclass.NUM_DRAWS`).
+        ``docs/results.md``). They are not the quasi-Monte Carlo rule's error (with twice its points the means
+        move by at most 0.02 sd, :data:`gpvi.numerics.ep_multiclass.NUM_DRAWS`). At K = 10 q sits on EP's own
+        posterior over theta (importance-reweighted: -0.12 / -0.32 NUTS sd in the log signal variance), so that
+        offset is EP's evidence; on synth4 EP's posterior is at -0.17 +- 0.11 and the exact one (pseudo-marginal
+        importance sampling) at -0.12 +- 0.12, so most of q's -0.37 there is the Gaussian family fitted to a
+        skewed posterior (``multiclass_ep_reweight_*.md``).
     ep_tol : float, optional
         EP's stopping rule with ``evidence="ep"`` in the engine's evaluations
         (:class:`~gpvi.inference.cvi.ep_evidence.EPEvidenceTarget`'s ``tol``; default 1e-4 for a binary model,
