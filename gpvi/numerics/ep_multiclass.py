@@ -8,9 +8,9 @@ K values of its data point, :math:`\tilde t_n(\mathbf f_n)\propto\exp(\tilde{\bo
 (the sites couple the classes of a point, unlike the class-factorised CVI family), and matches the moments of the
 tilted distributions :math:`\hat p_n(\mathbf f_n)\propto p(y_n\mid\mathbf f_n)\,\mathcal N(\mathbf f_n\mid
 \mathbf m_{-n}, C_{-n})` (Minka 2001; for the multinomial probit, Riihimäki, Jylänki & Vehtari 2013, who also
-write the multi-class EP evidence). Every step is dense in the :math:`N(K-1)` reduced values (:math:`O((NK)^3)`
-per sweep: fine for the benchmark sets, N K of a few hundred; reduced coordinates below). Sites factorised over the classes would cost
-:math:`O(KN^3)`, but their evidence is biased in the signal variance: on iris at the NUTS posterior mean it fell
+write the multi-class EP evidence). Every step is dense in the :math:`N(K-1)` reduced values
+(:math:`O((N(K-1))^3)` per sweep: fine for the benchmark sets, N K of a few hundred; reduced coordinates below).
+Sites factorised over the classes would cost :math:`O(KN^3)`, but their evidence is biased in the signal variance: on iris at the NUTS posterior mean it fell
 2.0 to 4.8 nats below this one's as the log signal variance went from -2 to +2 NUTS sd, moving its peak half an sd
 down, and it took more sweeps (``benchmarks/results/multiclass_ep_sites.md``).
 
