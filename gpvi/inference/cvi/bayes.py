@@ -93,8 +93,8 @@ class FullyBayesianCVI:
         posterior at each draw is CVI's :math:`q^*(\mathbf f\mid\theta)`. Multi-class: ``"ep"`` (softmax, else
         ``ValueError``) is multi-class EP with a full K x K site per point
         (:func:`gpvi.numerics.ep_multiclass.multiclass_ep`, Anderson-accelerated; tilted moments by nested
-        quadrature for K <= 3, by a shifted quasi-Monte Carlo rule for K >= 4); ``"cvi"`` the profiled bound
-        of the class-factorised family (:class:`~gpvi.inference.cvi.bound.CVIBoundTarget`), with the
+        quadrature for K <= 3, by a shifted quasi-Monte Carlo rule in the differences for K >= 4); ``"cvi"`` the
+        profiled bound of the class-factorised family (:class:`~gpvi.inference.cvi.bound.CVIBoundTarget`), with the
         same caveat. Measured against NUTS over :math:`(\theta, V)` on iris and wine
         (``benchmarks/results/multiclass_bayes_v2_iris_wine.md``): on EP, every q(theta) mean within
         0.14 / 0.11 NUTS sd, test probabilities 0.0030 / 0.0098 from NUTS's (MAP-II: 0.0050 / 0.0100), test log

@@ -39,8 +39,8 @@ from the wrapped :class:`~gpvi.inference.cvi.bound.CVIBoundTarget`: EP only weig
 **Multi-class** (a wrapped :class:`~gpvi.inference.cvi.bound.CVIBoundTarget` of a multi-class model, softmax, any
 K): EP with a full :math:`K\times K` site per data point (:func:`gpvi.numerics.ep_multiclass.multiclass_ep`),
 warm-started in the same way; the tilted moments by the bound's nested softmax rule for K <= 3 and by
-multi-class EP's shifted quasi-Monte Carlo rule (2,048 points) for K >= 4. The cost per sweep is
-:math:`O((NK)^3)`.
+multi-class EP's shifted quasi-Monte Carlo rule in the K - 1 differences (2,048 points) for K >= 4. The cost per
+sweep is :math:`O((N(K-1))^3)` (the posterior in the complement of the common mode).
 
 Names: ``theta`` (kernel log-hyperparameters), ``bound`` (the wrapped CVI-bound target).
 """
