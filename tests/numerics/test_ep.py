@@ -166,6 +166,9 @@ def test_warm_from_moves_eps_start_and_keeps_the_evidence_a_function_of_theta():
     assert torch.equal(b, moved.log_joint(near))
     moved.warm_from(None)
     assert torch.equal(moved.log_joint(near), anchored.log_joint(near))
+    for bad in (torch.zeros(3, dtype=F64), torch.tensor([math.nan, 0.0], dtype=F64)):
+        with pytest.raises(ValueError, match="theta must be a finite vector"):
+            moved.warm_from(bad)
 
 
 @pytest.mark.parametrize("likelihood", ["logit", "probit"])

@@ -104,7 +104,7 @@ class FullyBayesianCVI:
         synth6, synth10, synth10b, N = 100 / 90 / 100 / 100; ``multiclass_ep_rule_synth10b.md``,
         ``..._synth10.md``), on EP: every mean within 0.37 / 0.09 / 0.13 / 0.27 NUTS sd, all four largest in the
         log signal variance, too low (MAP-II: 1.10 / 0.84 / 1.19 / 1.65), test probabilities 0.013 / 0.009 / 0.005
-        / 0.007 from NUTS's, q's sds 0.82-1.00 of NUTS's (EP is :math:`O((NK)^3)` per sweep; wall times in
+        / 0.007 from NUTS's, q's sds 0.82-1.00 of NUTS's (EP is :math:`O((N(K-1))^3)` per sweep; wall times in
         ``docs/results.md``). They are not the quasi-Monte Carlo rule's error (with twice its points the means
         move by at most 0.02 sd, :data:`gpvi.numerics.ep_multiclass.NUM_DRAWS`). At K = 10 q sits on EP's own
         posterior over theta (importance-reweighted: -0.12 / -0.32 NUTS sd in the log signal variance), so that
@@ -118,7 +118,7 @@ class FullyBayesianCVI:
         differences of the gradient need it accurate). At 1e-4 a binary evaluation's log evidence is within about
         4e-7 and its gradient within about 1e-3 of the converged ones (Laplace-scaled: 1e-3 of a gradient of size
         1-2), far below the Monte Carlo noise of the engine, with fewer EP sweeps per evaluation. Multi-class EP
-        costs :math:`O((NK)^3)` a sweep, so its default is looser (measured with the quasi-Monte Carlo rule in the
+        costs :math:`O((N(K-1))^3)` a sweep, so its default is looser (measured with the quasi-Monte Carlo rule in the
         K values, before 1.0's rule in the differences): on the K = 4 set of
         ``benchmarks/multiclass_bayes.py`` (8 draws of q(theta), warm-started from the sites at q's mean) 1e-4 /
         1e-3 / 1e-2 took 6.6 / 4.9 / 3.5 sweeps against 12.8 at 1e-8, with the log evidence within 1e-5 / 1.3e-4 /

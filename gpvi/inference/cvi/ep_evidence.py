@@ -194,7 +194,14 @@ class EPEvidenceTarget:
         """Start every later evaluation from EP's sites at ``theta`` (``None``: at the bound's anchor, the default);
         :class:`~gpvi.inference.cvi.bayes.FullyBayesianCVI` moves the start to the EP MAP point, where its engine
         starts, before the engine runs."""
-        self.warm_theta = None if theta is None else torch.as_tensor(theta, dtype=torch.float64).detach().clone()
+        if theta is None:
+            self.warm_theta = None
+            return
+        th = torch.as_tensor(theta, dtype=torch.float64).detach().clone()
+        if th.shape != (self.dim,) or not bool(torch.isfinite(th).all()):
+            raise ValueError(f"theta must be a finite vector of the {self.dim} log-hyperparameters; got shape "
+                             f"{tuple(th.shape)}")
+        self.warm_theta = th
 
     def warm_sites(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """EP's sites at the warm-start theta (:meth:`warm_from`; by default the bound's anchor theta), run once
