@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 import gpvi.numerics.ep_multiclass as em
-from benchmarks._common import header, write
+from benchmarks._common import header, median_time, write
 from benchmarks.ep_map_tol import model_of
 from benchmarks.multiclass_ep_is import stored
 from gpvi.inference.cvi.bayes import FullyBayesianCVI
@@ -51,15 +51,6 @@ def posterior_full(K: torch.Tensor, pi: torch.Tensor, nu: torch.Tensor):
     return LB, mu, 0.5 * (Snn + Snn.mT)
 
 
-def median_time(fn) -> float:
-    ts = []
-    for _ in range(REPEATS):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
-
-
 def run_set(name: str) -> dict[str, Any]:
     model = model_of(name)
     bound = CVIBoundTarget(model)
@@ -69,8 +60,8 @@ def run_set(name: str) -> dict[str, Any]:
     LBf, muf, Sf = posterior_full(K, r.pi, r.nu)
     LBr, _, mur, Sr, _ = em._posterior(K, r.pi, r.nu)
     logdet_diff = float(torch.log(LBf.diagonal()).sum() - torch.log(LBr.diagonal()).sum())
-    t_full = median_time(lambda: posterior_full(K, r.pi, r.nu))
-    t_red = median_time(lambda: em._posterior(K, r.pi, r.nu))
+    t_full = median_time(lambda: posterior_full(K, r.pi, r.nu), repeats=REPEATS, warmup=0)[0]
+    t_red = median_time(lambda: em._posterior(K, r.pi, r.nu), repeats=REPEATS, warmup=0)[0]
     runs = []
     for _ in range(REPEATS):
         t0 = time.perf_counter()
