@@ -84,6 +84,7 @@
 # Other knobs: PYTHON (default python3), GPU_CHECK_BUDGET, GPU_CHECK_STAGES (a space-separated subset to run,
 # e.g. "env install lj_50k summarize" for a rerun of one stage), GPU_CHECK_PYTEST_K (pytest -k expression),
 # GPU_CHECK_CAPS (stage=seconds pairs replacing caps below, e.g. "ml2_50k=280": ML-II's max_iter follows its cap).
+# Both lists take spaces or commas; an unknown stage or a cap that is not a whole number stops the script at once.
 
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -184,7 +185,19 @@ PLAN=(      install       60   10
             engines_cuda  90   20
             engines_cpu   70   15
             summarize     20   10 )
-ONLY=" ${GPU_CHECK_STAGES:-} "
+# Check the knobs before anything runs: a typo must not cost device time (commas are taken as spaces).
+CAPS=${GPU_CHECK_CAPS:-}; CAPS=${CAPS//,/ }
+STAGES=${GPU_CHECK_STAGES:-}; STAGES=${STAGES//,/ }
+NAMES=" "; for ((i = 0; i < ${#PLAN[@]}; i += 3)); do NAMES+="${PLAN[i]} "; done
+for i in $STAGES; do
+    [[ "$NAMES" == *" $i "* ]] || { echo "GPU_CHECK_STAGES: unknown stage '$i' (stages:$NAMES)"; exit 2; }
+done
+for i in $CAPS; do
+    if [[ "$i" != *=* ]] || [[ "$NAMES" != *" ${i%%=*} "* ]] || ! [[ "${i#*=}" =~ ^[0-9]+$ ]]; then
+        echo "GPU_CHECK_CAPS: '$i' is not stage=seconds with a known stage (stages:$NAMES)"; exit 2
+    fi
+done
+ONLY=" $STAGES "
 : >"$W/stages.tsv"
 echo "gpu_check: rehearse=$REHEARSE device=$DEV budget=${BUDGET}s work=$W out=$OUT start=$(date -u +%FT%TZ)"
 
@@ -205,7 +218,7 @@ stage() {           # stage NAME COMMAND...: run under timeout, record status, r
     for ((i = 0; i < ${#PLAN[@]}; i += 3)); do
         [ "${PLAN[i]}" = "$name" ] && cap=${PLAN[i + 1]} && min=${PLAN[i + 2]}
     done
-    for i in ${GPU_CHECK_CAPS:-}; do                       # e.g. GPU_CHECK_CAPS="ml2_50k=280 pytest=120"
+    for i in $CAPS; do                                     # e.g. GPU_CHECK_CAPS="ml2_50k=280 pytest=120"
         [ "${i%%=*}" = "$name" ] && cap=${i#*=}
     done
     if [ "$ONLY" != "  " ] && [[ "$ONLY" != *" $name "* ]]; then return 0; fi

@@ -25,7 +25,7 @@ Part 0 (``--sites``): each rule's tilted moments on 200 random sites against the
 K = 3 and 4; diagonal cavities of variance 0.05..5, means of sd 2, labels uniform, seed 0), with the proposal centred
 at the nested tilted mean (where EP's fixed point puts it): the largest errors of log Z_hat, of the tilted means (in
 cavity sds) and of the tilted variances (relative), the largest and mean absolute error of the new site precision
-:math:`\hat C^{-1} - C_{-n}^{-1}`, and the sites whose update has an eigenvalue below -1e-10 (clipped).
+:math:`\\hat C^{-1} - C_{-n}^{-1}`, and the sites whose update has an eigenvalue below -1e-10 (clipped).
 
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.multiclass_ep_rule synth4 synth10`` (writes
 ``results/multiclass_ep_rule_<first set>.{md,json}``) or ``... --scrambles synth4 synth10`` (writes

@@ -155,7 +155,7 @@ def _psd_sqrt(P: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _complement(num_classes: int, like: torch.Tensor) -> torch.Tensor:
-    """``(K, K-1)``: an orthonormal basis :math:`U` of the complement of the common mode :math:`\mathbf 1`."""
+    r"""``(K, K-1)``: an orthonormal basis :math:`U` of the complement of the common mode :math:`\mathbf 1`."""
     eye = torch.eye(num_classes, dtype=like.dtype, device=like.device)
     return torch.linalg.qr(eye[:, :-1] - 1.0 / num_classes)[0]
 
@@ -188,7 +188,7 @@ def _posterior(K: torch.Tensor, pi: torch.Tensor, nu: torch.Tensor):
 
 
 def _differences(y: torch.Tensor, mc: torch.Tensor, Cc: torch.Tensor):
-    """``(A, mu_d, C A^T, cov_d)``: the difference map :math:`A` ``(N, K-1, K)`` (:math:`d_j = f_j - f_y`) and the
+    r"""``(A, mu_d, C A^T, cov_d)``: the difference map :math:`A` ``(N, K-1, K)`` (:math:`d_j = f_j - f_y`) and the
     cavity's mean and covariance of :math:`\mathbf d` (module docstring)."""
     C = mc.shape[1]
     eye = torch.eye(C, dtype=mc.dtype, device=mc.device)
@@ -201,7 +201,7 @@ def _differences(y: torch.Tensor, mc: torch.Tensor, Cc: torch.Tensor):
 
 def _lift(mc: torch.Tensor, Cc: torch.Tensor, mu_d: torch.Tensor, CAt: torch.Tensor, cov_d: torch.Tensor,
           Ed: torch.Tensor, Cd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tilted mean and covariance of :math:`\mathbf f` from those of :math:`\mathbf d` (``Ed``, ``Cd``):
+    r"""The tilted mean and covariance of :math:`\mathbf f` from those of :math:`\mathbf d` (``Ed``, ``Cd``):
     :math:`\mathbf f\mid\mathbf d` is the cavity's Gaussian conditional (module docstring)."""
     G = torch.linalg.solve(cov_d, CAt.mT).mT                                # C A^T (A C A^T)^{-1}, (N, K, K-1)
     m_hat = mc + (G @ (Ed - mu_d).unsqueeze(-1)).squeeze(-1)
