@@ -29,7 +29,7 @@ import torch
 from ..exceptions import BoundWarning, ConvergenceWarning, NotPSDError
 from ..posteriors.info import RunInfo
 from ..posteriors.point import PointPosterior
-from ..numerics.lbfgs import box_message, ends_on_box, lbfgs_maximise
+from ..numerics.lbfgs import LBFGSInterrupted, box_message, ends_on_box, lbfgs_maximise
 from .progress import Progress, warn_interrupted
 from ..rng import check_seed, resolve_generator
 from ..table import Table
@@ -156,7 +156,9 @@ class ML2:
             Randomness of the restart perturbations.
         callback : callable, optional
             ``callback(restart_index, record)`` after each restart; raising ``KeyboardInterrupt`` stops early
-            (the best restart so far is returned, with a warning).
+            (the best restart so far is returned, with a warning). A ``KeyboardInterrupt`` (Ctrl-C) inside a
+            restart stops there too and keeps that restart's best point so far (its record's ``message`` is
+            ``"interrupted"``; no further evaluation is made): continue with ``run(target, init=fit.theta)``.
 
         Returns
         -------
@@ -195,6 +197,13 @@ class ML2:
                         rec = {**j.record, "restart": r, "iterations": math.nan, "evaluations": watched.calls,
                                "message": f"joined restart {j.record['restart']}", "start": x0.clone(),
                                "joined": j.record["restart"]}
+                    except LBFGSInterrupted as stop:     # keep the interrupted restart's best point, then stop
+                        res = stop.result
+                        records.append({"restart": r, "value": res.value, "iterations": res.iterations,
+                                        "evaluations": res.evaluations, "converged": False,
+                                        "message": res.message, "theta": res.x.cpu(), "start": x0.clone(),
+                                        "joined": None, "interrupted": True})
+                        raise KeyboardInterrupt from None
                     else:
                         rec = {"restart": r, "value": res.value, "iterations": res.iterations,
                                "evaluations": res.evaluations, "converged": res.converged, "message": res.message,
@@ -205,14 +214,15 @@ class ML2:
                         callback(r, rec)
             except KeyboardInterrupt:
                 interrupted = True
-                warn_interrupted("ML-II", len(records), starts.shape[0])
+                warn_interrupted("ML-II", sum(not rec.get("interrupted") for rec in records), starts.shape[0],
+                                 unit="restarts", resume="continue with run(target, init=fit.theta)")
         if not records:   # nothing to return: the interruption goes on up to the caller
             raise KeyboardInterrupt("ML-II was interrupted before the first restart finished")
         best = self._choose(records)
         theta = best["theta"].to(device)
         converged = bool(best["converged"])
         gradient = None
-        if not converged:       # doubtful only if the point is not stationary either
+        if not converged and not best.get("interrupted"):   # doubtful only if the point is not stationary either
             gradient = _projected_gradient_max(objective, theta, self.bounds)
             converged = gradient <= 1e-5 * max(1.0, abs(best["value"]))
             if not converged:

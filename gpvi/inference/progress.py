@@ -85,10 +85,12 @@ class Progress:
         self.close()
 
 
-def warn_interrupted(what: str, done: int, total: int) -> None:
-    """Warn that ``what`` stopped after ``done`` of ``total`` steps and returned its partial result."""
-    warnings.warn(f"{what} interrupted after {done} of {total} steps; returning the result so far "
-                  f"(resume from its state_dict to continue)", InterruptedRunWarning, stacklevel=3)
+def warn_interrupted(what: str, done: int, total: int, *, unit: str = "steps",
+                     resume: str = "resume from its state_dict to continue") -> None:
+    """Warn that ``what`` stopped after ``done`` of ``total`` ``unit`` and returned its partial result (``resume``:
+    how to go on)."""
+    warnings.warn(f"{what} interrupted after {done} of {total} {unit}; returning the result so far ({resume})",
+                  InterruptedRunWarning, stacklevel=3)
 
 
 def trace_to_tensor(a: array) -> torch.Tensor:

@@ -8,6 +8,7 @@ between NumPy (SciPy's side) and torch, the gradient by autograd or from the obj
 every component, and one rule for points where the objective cannot be evaluated -- an exception listed in
 ``catch`` (by default :class:`~gpvi.exceptions.NotPSDError`, a failed Cholesky) or a non-finite value or
 gradient makes the point count as :math:`-\infty` (gradient 0), so the line search backs off instead of failing.
+A ``KeyboardInterrupt`` during the run keeps the best point evaluated so far (:class:`LBFGSInterrupted`).
 
 Names: ``fn`` is the objective :math:`f`, ``x0`` the start, ``bounds`` the box ``(low, high)`` applied to every
 component, ``max_iter``, ``gtol``, ``ftol`` and ``history`` SciPy's ``maxiter``, ``gtol``, ``ftol`` and ``maxcor``.
@@ -28,7 +29,7 @@ from scipy.optimize import minimize
 from ..exceptions import NotPSDError
 from ..validation import check_interval, check_positive, check_positive_int
 
-__all__ = ["lbfgs_maximise", "LBFGSResult"]
+__all__ = ["lbfgs_maximise", "LBFGSResult", "LBFGSInterrupted"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,18 @@ class LBFGSResult:
     evaluations: int
     converged: bool
     message: str
+
+
+class LBFGSInterrupted(KeyboardInterrupt):
+    """A ``KeyboardInterrupt`` (Ctrl-C, or SIGINT from a scheduler) that arrived while :func:`lbfgs_maximise` ran,
+    carrying what it had found: ``result``, an :class:`LBFGSResult` at the best point evaluated so far
+    (``converged`` False, ``message`` ``"interrupted"``). A caller that does not catch it sees a plain
+    ``KeyboardInterrupt``; :class:`gpvi.ML2` catches it and keeps the partial restart."""
+
+    def __init__(self, result: LBFGSResult) -> None:
+        super().__init__(f"L-BFGS-B interrupted after {result.iterations} iterations, {result.evaluations} "
+                         f"evaluations (best value {result.value:.6g})")
+        self.result = result
 
 
 def lbfgs_maximise(fn: Callable[[torch.Tensor], Any], x0: Any, *, bounds: tuple[Any, Any] | None = None,
@@ -102,6 +115,9 @@ def lbfgs_maximise(fn: Callable[[torch.Tensor], Any], x0: Any, *, bounds: tuple[
     ValueError
         ``bounds`` is not ``(low, high)`` with ``low < high`` (componentwise for vectors of ``x0``'s length), or
         ``x0`` is not a finite vector.
+    LBFGSInterrupted
+        On a ``KeyboardInterrupt`` after at least one point was evaluated: the best point so far is in its
+        ``result`` (before any evaluation the plain ``KeyboardInterrupt`` goes on up).
 
     Examples
     --------
@@ -125,7 +141,16 @@ def lbfgs_maximise(fn: Callable[[torch.Tensor], Any], x0: Any, *, bounds: tuple[
         start = np.clip(start, lo, hi)
         box = list(zip(lo.tolist(), hi.tolist()))
 
+    best: dict[str, Any] = {"value": -math.inf, "x": None, "evaluations": 0, "iterations": 0}
+
     def fun(x: np.ndarray) -> tuple[float, np.ndarray]:
+        neg, g = _evaluate(x)
+        best["evaluations"] += 1
+        if -neg > best["value"]:
+            best.update(value=-neg, x=x.copy())
+        return neg, g
+
+    def _evaluate(x: np.ndarray) -> tuple[float, np.ndarray]:
         xt = torch.tensor(x, dtype=torch.float64, device=device, requires_grad=not returns_grad)
         try:
             if returns_grad:
@@ -147,8 +172,16 @@ def lbfgs_maximise(fn: Callable[[torch.Tensor], Any], x0: Any, *, bounds: tuple[
     with warnings.catch_warnings():
         for category in ignore_warnings:
             warnings.simplefilter("ignore", category)
-        res = minimize(fun, start, jac=True, method="L-BFGS-B", bounds=box,
-                       options={"maxiter": max_iter, "gtol": gtol, "ftol": ftol, "maxcor": history})
+        try:
+            res = minimize(fun, start, jac=True, method="L-BFGS-B", bounds=box,
+                           callback=lambda *_: best.__setitem__("iterations", best["iterations"] + 1),
+                           options={"maxiter": max_iter, "gtol": gtol, "ftol": ftol, "maxcor": history})
+        except KeyboardInterrupt:
+            if best["x"] is None:
+                raise
+            raise LBFGSInterrupted(LBFGSResult(torch.tensor(best["x"], dtype=torch.float64, device=device),
+                                               best["value"], best["iterations"], best["evaluations"], False,
+                                               "interrupted")) from None
     value = -float(res.fun) if np.isfinite(res.fun) else -math.inf
     return LBFGSResult(torch.tensor(res.x, dtype=torch.float64, device=device), value, int(res.nit),
                        int(res.nfev), bool(res.success) and math.isfinite(value), str(res.message))

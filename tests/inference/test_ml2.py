@@ -141,6 +141,77 @@ def test_lbfgs_maximise_closed_form_box_and_failed_points():
         lbfgs_maximise(quad, [0.0, float("nan")])
 
 
+def test_lbfgs_interrupt_keeps_the_best_point_evaluated():
+    """Ctrl-C inside the optimiser: LBFGSInterrupted (a KeyboardInterrupt) carries the best point so far, whose value
+    is the objective's there; before any evaluation the plain KeyboardInterrupt goes on up."""
+    from gpvi.numerics.lbfgs import LBFGSInterrupted, lbfgs_maximise
+
+    A = torch.tensor([[3.0, 1.0], [1.0, 2.0]], dtype=torch.float64)
+    b = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    seen = []
+
+    def quad(x):
+        if len(seen) == 4:
+            raise KeyboardInterrupt
+        v = -0.5 * x @ A @ x + b @ x
+        seen.append((float(v.detach()), x.detach().clone()))
+        return v
+    with pytest.raises(LBFGSInterrupted) as info:
+        lbfgs_maximise(quad, torch.tensor([4.0, 4.0], dtype=torch.float64), gtol=1e-12)
+    assert isinstance(info.value, KeyboardInterrupt)
+    res = info.value.result
+    best_value, best_x = max(seen, key=lambda t: t[0])
+    assert res.value == best_value and torch.equal(res.x, best_x)
+    assert res.evaluations == 4 and 1 <= res.iterations < 4 and not res.converged and res.message == "interrupted"
+    assert best_value > seen[0][0]                                      # it moved from the start
+
+    def at_once(x):
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt) as info:
+        lbfgs_maximise(at_once, [0.0, 0.0])
+    assert not isinstance(info.value, LBFGSInterrupted)
+
+
+def test_ml2_interrupted_inside_a_restart_returns_its_best_point(monkeypatch):
+    """A KeyboardInterrupt in the 2nd restart: the 1st restart's optimum and the 2nd's partial point are both kept,
+    the better one is returned, flagged as interrupted, with no evaluation after the interrupt; a single restart
+    interrupted returns its best point so far, whose value is the exact log marginal there."""
+    from gpvi.exceptions import InterruptedRunWarning
+
+    X, y = make_gp_data(40, 2, seed=11)
+    model = gpvi.GPRegression(X, y)
+    full = gpvi.ML2(num_restarts=1).run(model)
+    calls = {"n": 0, "stop": None}
+    real = model.log_marginal_likelihood
+
+    def counted(theta):
+        calls["n"] += 1
+        if calls["n"] == calls["stop"]:
+            raise KeyboardInterrupt
+        return real(theta)
+    monkeypatch.setattr(model, "log_marginal_likelihood", counted)
+    calls["stop"] = 10
+    with pytest.warns(InterruptedRunWarning, match="after 0 of 1 restarts.*init=fit.theta"):
+        part = gpvi.ML2(num_restarts=1).run(model)
+    assert calls["n"] == 10                                             # nothing evaluated after the interrupt
+    rec = part.info["records"][0]
+    assert part.info["interrupted"] and not part.info["converged"] and rec["message"] == "interrupted"
+    assert rec["evaluations"] == 9 and part.info["projected_gradient"] is None
+    assert abs(float(real(part.theta)) - part.value) < 1e-12
+    assert part.value < full.value - 1e-6                               # partial: short of the optimum
+    resumed = gpvi.ML2(num_restarts=1).run(model, init=part.theta)      # and it continues from there
+    assert resumed.value == pytest.approx(full.value, abs=1e-6)
+
+    calls.update(n=0, stop=None)
+    first = gpvi.ML2(num_restarts=1, seed=3).run(model)
+    calls.update(n=0, stop=first.info["records"][0]["evaluations"] + 1 + 5)   # 5 evaluations into restart 2
+    with pytest.warns(InterruptedRunWarning, match="after 1 of 3 restarts"):
+        two = gpvi.ML2(num_restarts=3, seed=3).run(model)
+    recs = two.info["records"]
+    assert [r.get("interrupted", False) for r in recs] == [False, True] and len(two.info["restarts"]) == 2
+    assert two.value == max(r["value"] for r in recs) and two.value == pytest.approx(first.value, abs=1e-9)
+
+
 def test_ml2_and_the_logistic_reference_use_the_shared_wrapper(monkeypatch):
     import gpvi.numerics.lbfgs as lbfgs_mod
 
