@@ -37,7 +37,8 @@
 #                          its projected gradient measured); then 2 DSVI steps if time is left
 #   engines_cuda     90    CVI full step vs single-site step at N = 16,000 (3 full steps, 2,000 single-site
 #                          steps); NUTS gradient evaluations per second (Boston); DSVI default run on Boston (wall)
-#   engines_cpu      70    the same on the CPU (16 cores) with CVI at N = 8,000 (2 full, 300 single-site steps)
+#   engines_cpu      70    the same on the CPU (16 cores): NUTS, DSVI capped at 1,000 steps, then CVI at N = 8,000
+#                          (2 full, 300 single-site steps)
 #   summarize        20    gpu_check.{md,json}, gpu_scaling.{md,json}
 #
 # The deadline: GPU_CHECK_BUDGET seconds (default 450) from the start. A stage runs under
@@ -172,7 +173,9 @@ else
     LJ_40K=(--sizes 40000); LJ_50K=(--sizes 50000)
     ML2=(--n 50000 --warm-n 5000,20000)
     ENG_DEV=(--cvi-n 16000 --cvi-full-steps 3 --cvi-single-steps 2000 --nuts-warmup 50 --nuts-draws 50)
-    ENG_CPU=(--cvi-n 8000 --cvi-full-steps 2 --cvi-single-steps 300 --nuts-warmup 50 --nuts-draws 50)
+    # the host CPU's NUTS rate first, then DSVI for 1,000 steps (a rate per step); its CVI rates are run 1's
+    ENG_CPU=(--what nuts dsvi cvi --dsvi-num-steps 1000 --cvi-n 8000 --cvi-full-steps 2 --cvi-single-steps 300
+             --nuts-warmup 50 --nuts-draws 50)
     PYTEST_TIMEOUT=190 PYTEST_WORKERS=4
 fi
 
