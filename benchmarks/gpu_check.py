@@ -412,6 +412,9 @@ def main(argv: list[str] | None = None) -> None:
     if os.environ.get("GPU_CHECK_DRY") == "1":          # gpu_check.sh's dry run: the arguments parse, nothing runs
         print("dry run:", {k: str(v) for k, v in vars(a).items()}, flush=True)
         return
+    # Reports go under the work folder unless GPVI_BENCH_OUT says otherwise (gpu_check.sh sets it): a stage run by
+    # hand must not overwrite the committed benchmarks/results/gpu_scaling.*
+    os.environ.setdefault("GPVI_BENCH_OUT", str(Path(a.work) / "results"))
     log = Log(a.work, tag)
     _forced(tag)
     {"env": stage_env, "logjoint": stage_logjoint, "ml2": stage_ml2, "engines": stage_engines,
