@@ -189,32 +189,31 @@ class ML2:
             try:
                 for r, x0 in enumerate(starts):
                     watched = _JoinWatch(objective, records, self.join_tol)
+                    stopped = False
                     try:
                         res = lbfgs_maximise(watched, x0, bounds=self.bounds, max_iter=self.max_iter,
                                              gtol=self.gtol, ftol=self.ftol, ignore_warnings=(RuntimeWarning,),
                                              device=device)
                     except _Joined as j:
+                        res = None
                         rec = {**j.record, "restart": r, "iterations": math.nan, "evaluations": watched.calls,
                                "message": f"joined restart {j.record['restart']}", "start": x0.clone(),
                                "joined": j.record["restart"]}
                     except LBFGSInterrupted as stop:     # keep the interrupted restart's best point, then stop
-                        res = stop.result
-                        records.append({"restart": r, "value": res.value, "iterations": res.iterations,
-                                        "evaluations": res.evaluations, "converged": False,
-                                        "message": res.message, "theta": res.x.cpu(), "start": x0.clone(),
-                                        "joined": None, "interrupted": True})
-                        raise KeyboardInterrupt from None
-                    else:
+                        res, stopped = stop.result, True
+                    if res is not None:
                         rec = {"restart": r, "value": res.value, "iterations": res.iterations,
                                "evaluations": res.evaluations, "converged": res.converged, "message": res.message,
-                               "theta": res.x.cpu(), "start": x0.clone(), "joined": None}
+                               "theta": res.x.cpu(), "start": x0.clone(), "joined": None, "interrupted": stopped}
                     records.append(rec)
+                    if stopped:
+                        raise KeyboardInterrupt
                     bar.update(1, best=max(x["value"] for x in records))
                     if callback is not None:
                         callback(r, rec)
             except KeyboardInterrupt:
                 interrupted = True
-                warn_interrupted("ML-II", sum(not rec.get("interrupted") for rec in records), starts.shape[0],
+                warn_interrupted("ML-II", sum(not rec["interrupted"] for rec in records), starts.shape[0],
                                  unit="restarts", resume="continue with run(target, init=fit.theta)")
         if not records:   # nothing to return: the interruption goes on up to the caller
             raise KeyboardInterrupt("ML-II was interrupted before the first restart finished")
@@ -222,7 +221,7 @@ class ML2:
         theta = best["theta"].to(device)
         converged = bool(best["converged"])
         gradient = None
-        if not converged and not best.get("interrupted"):   # doubtful only if the point is not stationary either
+        if not converged and not best["interrupted"]:   # doubtful only if the point is not stationary either
             gradient = _projected_gradient_max(objective, theta, self.bounds)
             converged = gradient <= 1e-5 * max(1.0, abs(best["value"]))
             if not converged:
