@@ -59,10 +59,12 @@ def smse(pred: Any, y: Any) -> float:
     yt = _targets(y, m.shape[0]).to(m.device)
     if yt.shape[0] < 2:
         raise ValueError("smse needs at least 2 test targets")
-    v = float(yt.var(unbiased=False))
-    if v == 0.0:
+    if float(yt.var(unbiased=False)) == 0.0 or bool((yt == yt[0]).all()):
         raise ValueError("smse is undefined for constant test targets (zero variance)")
-    return float(((yt - m) ** 2).mean()) / v
+    # both squares over one common scale, so targets near the float64 limit (|y| ~ 1e154 and up) cannot overflow
+    r, dev = yt - m, yt - yt.mean()
+    s = torch.maximum(r.abs().max(), dev.abs().max())
+    return float(((r / s) ** 2).mean() / ((dev / s) ** 2).mean())
 
 
 def nlpd(pred: Any, y: Any) -> float:

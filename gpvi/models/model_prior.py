@@ -39,7 +39,7 @@ import torch
 
 from .parameters import HyperparameterBlock, RegisteredPrior
 
-__all__ = ["ModelPrior", "shift_part", "resolve_names"]
+__all__ = ["ModelPrior", "shift_part", "resolve_names", "density_and_score"]
 
 _ALIASES = {"signal_sd": ("signal_var", True), "noise_sd": ("noise_var", True), "outputscale": ("signal_var", False),
             "noise": ("noise_var", False), "signal_variance": ("signal_var", False),
@@ -62,6 +62,62 @@ def shift_part(blocks: list[HyperparameterBlock], registered: list[RegisteredPri
     moved = {id(b): replace(b, start=b.start + offset, stop=b.stop + offset) for b in blocks}
     return ([moved[id(b)] for b in blocks],
             [replace(r, block=None if r.block is None else moved[id(r.block)]) for r in registered])
+
+
+_LOG_2PI = math.log(2.0 * math.pi)
+
+
+def density_and_score(dist: Any, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    r"""``(log p(u), d log p / du)`` elementwise, in closed form, for the standard one-dimensional distributions
+    (torch's or GPyTorch's Normal, HalfNormal, LogNormal, Gamma, InverseGamma, HalfCauchy, Cauchy, StudentT,
+    Exponential); ``None`` for any other (or a GPyTorch prior with a transform): the caller then uses the
+    distribution's own ``log_prob`` and autograd. Positive distributions give ``-inf`` below 0."""
+    D = torch.distributions
+    if getattr(dist, "_transform", None) is not None:
+        return None
+    positive = True
+    if isinstance(dist, D.HalfNormal):
+        sc = dist.scale
+        lp, s = 0.5 * math.log(2.0 / math.pi) - torch.log(sc) - 0.5 * (u / sc) ** 2, -u / sc ** 2
+    elif isinstance(dist, D.HalfCauchy):
+        sc = dist.scale
+        lp, s = math.log(2.0 / math.pi) + torch.log(sc) - torch.log(sc ** 2 + u * u), -2.0 * u / (sc ** 2 + u * u)
+    elif isinstance(dist, D.LogNormal):
+        lu, sc = torch.log(u), dist.scale
+        z = (lu - dist.loc) / sc
+        lp, s = -lu - torch.log(sc) - 0.5 * _LOG_2PI - 0.5 * z * z, -(1.0 + z / sc) / u
+    elif isinstance(dist, D.InverseGamma):
+        a, b = dist.concentration, dist.rate
+        lp = a * torch.log(b) - torch.lgamma(a) - (a + 1.0) * torch.log(u) - b / u
+        s = -(a + 1.0) / u + b / (u * u)
+    elif isinstance(dist, D.Gamma):
+        a, b = dist.concentration, dist.rate
+        lp, s = a * torch.log(b) - torch.lgamma(a) + (a - 1.0) * torch.log(u) - b * u, (a - 1.0) / u - b
+    elif isinstance(dist, D.Exponential):
+        lam = dist.rate
+        lp, s = torch.log(lam) - lam * u, -lam * torch.ones_like(u)
+    else:
+        positive = False
+        if isinstance(dist, D.Normal):
+            sc = dist.scale
+            z = (u - dist.loc) / sc
+            lp, s = -torch.log(sc) - 0.5 * _LOG_2PI - 0.5 * z * z, -z / sc
+        elif isinstance(dist, D.Cauchy):
+            sc, z = dist.scale, u - dist.loc
+            lp, s = -math.log(math.pi) + torch.log(sc) - torch.log(sc ** 2 + z * z), -2.0 * z / (sc ** 2 + z * z)
+        elif isinstance(dist, D.StudentT):
+            nu, sc, z = dist.df, dist.scale, u - dist.loc
+            lp = (torch.lgamma(0.5 * (nu + 1.0)) - torch.lgamma(0.5 * nu) - 0.5 * torch.log(nu * math.pi)
+                  - torch.log(sc) - 0.5 * (nu + 1.0) * torch.log1p(z * z / (nu * sc ** 2)))
+            s = -(nu + 1.0) * z / (nu * sc ** 2 + z * z)
+        else:
+            return None
+    lp, s = torch.broadcast_tensors(lp, s)
+    if positive:
+        neg = u < 0
+        lp = torch.where(neg, torch.full_like(lp, -math.inf), lp)
+        s = torch.where(neg, torch.zeros_like(s), s)
+    return lp, s
 
 
 def _stem(name: str) -> str:
@@ -191,6 +247,44 @@ class ModelPrior:
             v = torch.sqrt(v)
         lp = torch.as_tensor(t.dist.log_prob(v.reshape(tuple(lead) + t.shape)))
         return lp.reshape(tuple(lead) + (-1,)).sum(-1) + lj.sum(-1)
+
+    def log_prob_and_grad(self, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""``log p(theta)`` ``(S,)`` and its gradient ``(S, D)`` for a batch, in closed form where the terms'
+        distributions are standard ones (:func:`density_and_score`): by the chain rule through :math:`u = v` or
+        :math:`\sqrt v`, :math:`v = g(\theta)`, plus the derivative of the log-Jacobian; other terms by autograd."""
+        S = theta.shape[0]
+        total = torch.full((S,), self.constant, dtype=theta.dtype, device=theta.device)
+        grad = torch.zeros_like(theta)
+        for t in self.terms:
+            th = theta[:, t.start:t.stop]
+            b = t.block.bijection
+            v = b.forward(th)
+            u = torch.sqrt(v) if t.sd else v
+            ds = density_and_score(t.dist, u.reshape((S,) + t.shape))
+            if ds is None:                                  # an unusual distribution: autograd on this term alone
+                with torch.enable_grad():
+                    full = theta.detach().clone().requires_grad_(True)
+                    lp = self._term_log_prob(t, full)
+                    (g,) = torch.autograd.grad(lp.sum(), full)
+                total = total + lp.detach()
+                grad += g
+                continue
+            lp, sc = ds[0].reshape(S, -1), ds[1].reshape(th.shape)
+            dv = b.derivative(th, v)
+            lj = b.log_abs_det(th)
+            dlj = (b.power if b.kind == "log" else 1.0 if b.kind == "greater" else
+                   1.0 - 2.0 * torch.sigmoid(th) if b.kind == "interval" else 0.0)
+            if t.sd:
+                lj = lj - math.log(2.0) - 0.5 * torch.log(v)
+                sc, dlj = 0.5 * sc / u, dlj - 0.5 * dv / v
+            total = total + lp.sum(-1) + lj.sum(-1)
+            grad[:, t.start:t.stop] += sc * dv + dlj
+        if self.base is not None and self.uncovered.numel():
+            idx = self.uncovered.to(theta.device)
+            z = (theta[:, idx] - self._loc.to(theta)) / self._scale
+            total = total + (-0.5 * z * z - math.log(self._scale) - 0.5 * _LOG_2PI).sum(-1)
+            grad[:, idx] += -z / self._scale
+        return total, grad
 
     def log_prob(self, theta: torch.Tensor) -> torch.Tensor:
         """``log p(theta)``: ``(D,) -> ()``, ``(S, D) -> (S,)``; differentiable."""

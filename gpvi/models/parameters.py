@@ -80,6 +80,17 @@ class Bijection:
                     + torch.nn.functional.logsigmoid(-theta))
         return torch.zeros_like(theta)
 
+    def derivative(self, theta: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        r""":math:`dv/d\theta` at ``theta`` (``value`` = :meth:`forward` of it)."""
+        if self.kind == "log":
+            return self.power * value
+        if self.kind == "greater":
+            return value - self.lower
+        if self.kind == "interval":
+            s = torch.sigmoid(theta)
+            return (self.upper - self.lower) * s * (1.0 - s)
+        return torch.ones_like(value)
+
     def inverse(self, value: torch.Tensor) -> torch.Tensor:
         if self.kind == "log":
             return torch.log(value) / self.power
@@ -364,3 +375,4 @@ class ModuleParametrisation:
                              f"a parameter (e.g. lengthscale_prior=) or give it by name: prior={{name: distribution}}")
         self._registered = out
         return out
+

@@ -36,6 +36,7 @@ from ..numerics.predictive import MixturePredictive
 from .priors import prior_log_prob
 from .regression_parts import NoiseMeanPrior
 from .scaled_rbf import LEAN_MIN_N, lean_copies, lean_log_marginal
+from .lean_joint import LEAN_JOINT_MAX_N, LeanLogJoint, lean_apply
 from ..validation import (check_column_spread, check_feature_names, check_finite_prediction, check_memory,
                           check_positive, check_positive_int, check_theta, check_X, check_X_y, feature_names_of)
 
@@ -113,7 +114,8 @@ class GPRegression(NoiseMeanPrior):
     """
 
     use_fast_path: bool = True
-    """Use the hand-written covariance of :mod:`gpvi.models.scaled_rbf` for ``ScaleKernel(RBFKernel)`` (same values and
+    """Use the closed-form log joint of :mod:`gpvi.models.lean_joint` (stationary kernels, small and moderate N) and
+    the hand-written covariance of :mod:`gpvi.models.scaled_rbf` for ``ScaleKernel(RBFKernel)`` (same values and
     gradients as GPyTorch's generic path, which tests check; set False to force the generic path)."""
 
     lean_min_n: int = LEAN_MIN_N
@@ -167,6 +169,7 @@ class GPRegression(NoiseMeanPrior):
         self.natural_names = [n for b in self._blocks for n in b.natural_names]
         self.fixed = {**self.kernel_params.fixed, **self._lik_fixed, **self._mean_fixed}
         self.prior = self._make_prior(prior)
+        self._lean_joint = LeanLogJoint.from_model(self) if n <= LEAN_JOINT_MAX_N else None
 
     # ------------------------------------------------------------------ basics
     @property
@@ -216,6 +219,8 @@ class GPRegression(NoiseMeanPrior):
         n = self.num_data
         if self._lean():
             return lean_copies(self.X.device) * n * n * self.X.element_size()   # draws one at a time
+        if self._lean_path() is not None:
+            return max(5, self._lean_joint.copies) * n * n * self.X.element_size()
         return 5 * n * n * self.X.element_size()
 
     def _lean(self) -> bool:
@@ -258,6 +263,8 @@ class GPRegression(NoiseMeanPrior):
         theta = self._theta(theta)
         if not bool(torch.isfinite(theta).all()):
             return self._finite_rows_only(self.log_marginal_likelihood, theta)
+        if self._lean_path() is not None:
+            return lean_apply(self._lean_joint, theta, prior=False)
         if self._lean():
             def one(t: torch.Tensor, strict: bool) -> torch.Tensor:
                 return lean_log_marginal(self._fast_theta(t), self._Xc, self.y, jitter=self.jitter,
@@ -296,7 +303,35 @@ class GPRegression(NoiseMeanPrior):
         theta = self._theta(theta)
         if not bool(torch.isfinite(theta).all()):
             return self._finite_rows_only(self.log_joint, theta)
+        if self._lean_path() is not None:
+            return lean_apply(self._lean_joint, theta, prior=True)
         return self.log_marginal_likelihood(theta) + self.log_prior(theta)
+
+    def log_joint_and_grad(self, theta: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""Log joint and its gradient for a batch, detached: ``(S, D) -> (S,), (S, D)``.
+
+        The closed form of :mod:`gpvi.models.lean_joint` where the kernel is supported (no autograd graph at all),
+        else :meth:`log_joint` and autograd. Rows that cannot be factorised, or that are not finite, get ``-inf``
+        and a zero gradient. This is what the samplers and the engines' gradient calls use.
+        """
+        if not (isinstance(theta, torch.Tensor) and theta.dtype == torch.float64 and theta.device == self.X.device):
+            theta = self._theta(theta)
+        if theta.dim() != 2 or theta.shape[1] != self.dim:
+            raise ValueError(f"theta must have shape (S, {self.dim}); got {tuple(theta.shape)}")
+        theta = theta.detach()
+        lean = self._lean_path()
+        if lean is not None and bool(torch.isfinite(theta).all()):
+            return lean.log_joint(theta)
+        t = theta.requires_grad_(True)
+        with torch.enable_grad():
+            v = self.log_joint(t)
+            g = torch.autograd.grad(v.sum(), t, allow_unused=True)[0] if v.requires_grad else None
+        g = torch.zeros_like(theta) if g is None else torch.nan_to_num(g.detach(), nan=0.0, posinf=0.0, neginf=0.0)
+        return v.detach(), torch.where(torch.isfinite(v.detach())[:, None], g, torch.zeros_like(g))
+
+    def _lean_path(self) -> LeanLogJoint | None:
+        """The closed-form evaluator when this model has one and the fast paths are on."""
+        return self._lean_joint if self.use_fast_path else None
 
     # ------------------------------------------------------------------ prediction
     def predict(self, theta: Any, X_new: Any, *, include_noise: bool = True,

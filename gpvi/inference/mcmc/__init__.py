@@ -1,4 +1,4 @@
-"""NUTS/HMC baseline over the same log joint (Pyro's kernels inside).
+"""NUTS/HMC baseline over the same log joint (NumPy transitions, one gradient call per leapfrog step).
 
 =====================  ======================================================================================
 :mod:`.nuts`           :class:`NUTS` (and the model: Hamiltonian, leapfrog, dual averaging)
@@ -6,7 +6,9 @@
 :mod:`.engine`         what both share: settings, start, run over chains, resume, result
 :mod:`.settings`       :class:`Adaptation` (warm-up) and :class:`ConvergenceChecks` (end-of-run warnings)
 :mod:`.starts`         chain starts from an init strategy's ``Start``; :class:`init_to_chains`
-:mod:`.chains`         the per-chain loop around Pyro's kernel
+:mod:`.kernel`         one transition: leapfrog, multinomial NUTS, fixed-length HMC, step-size search
+:mod:`.adaptation`     warm-up: dual averaging, Stan's windows, regularised (co)variance
+:mod:`.chains`         the per-chain loop: warm-up, frozen sampling, snapshots for resume
 :mod:`.state`          :class:`MCMCState`, :class:`ChainState`
 :mod:`.diagnostics`    divergences, E-BFMI, per-chain table, convergence warnings (ESS and split R-hat:
                        :mod:`gpvi.posteriors.diagnostics`)

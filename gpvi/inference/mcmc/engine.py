@@ -1,7 +1,7 @@
 r"""What NUTS and HMC share: settings, the start, the run over chains, resume and the result.
 
-The engines follow the contract of :mod:`gpvi.inference.contract` except for the step loop, which stays Pyro's
-kernel inside a per-chain loop (:mod:`gpvi.inference.mcmc.chains`):
+The engines follow the contract of :mod:`gpvi.inference.contract` except for the step loop, a per-chain loop
+(:mod:`gpvi.inference.mcmc.chains`) around the NumPy transitions of :mod:`gpvi.inference.mcmc.kernel`:
 
 .. code-block:: text
 
@@ -37,6 +37,7 @@ from ..contract import RunReport
 from ..init import Start, find_start, init_to_default
 from ..progress import warn_interrupted
 from .chains import Potential, run_chain
+from .kernel import Metric, Uniforms
 from ...posteriors.diagnostics import diagnostics
 from .diagnostics import chain_table, convergence_problems, e_bfmi, usable_block, warn_convergence
 from .settings import Adaptation, ConvergenceChecks
@@ -63,7 +64,7 @@ class HamiltonianEngine:
 
     Holds validated settings only; everything that evolves lives in an
     :class:`~gpvi.inference.mcmc.state.MCMCState`. Subclasses set ``name`` and provide ``_kernel_settings``,
-    ``_make_kernel`` and (optionally) ``_extra_stats``.
+    ``_transition`` and (optionally) ``_extra_stats``.
     """
 
     name = ""
@@ -89,11 +90,13 @@ class HamiltonianEngine:
     def _kernel_settings(self) -> dict[str, Any]:
         raise NotImplementedError
 
-    def _make_kernel(self, potential: Potential, step_size: float, adapt: bool, fixed_mass: bool = False) -> Any:
-        """Pyro's kernel; ``fixed_mass``: a dense :math:`M^{-1}` given by the caller, never adapted."""
+    def _transition(self, z: np.ndarray, lp: float, g: np.ndarray, potential: Potential, step_size: float,
+                    metric: Metric, rng: Uniforms) -> tuple[np.ndarray, float, np.ndarray, dict[str, Any]]:
+        """One transition from ``z`` (:mod:`gpvi.inference.mcmc.kernel`): next state and its statistics."""
         raise NotImplementedError
 
-    def _extra_stats(self, stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def _extra_stats(self, stats: dict[str, torch.Tensor], rows: list[dict[str, Any]] | None = None
+                     ) -> dict[str, torch.Tensor]:
         return {}
 
     # -- settings that must agree between a run and its resumption
@@ -281,13 +284,12 @@ class HamiltonianEngine:
         potential = Potential(target)
         interrupted = False
         t_before, t0 = st.t, time.perf_counter()
-        with torch.random.fork_rng(devices=[]):
-            for c in range(self.num_chains):
-                try:
-                    run_chain(self, c, st, potential, callback)
-                except KeyboardInterrupt:
-                    interrupted = True
-                    break
+        for c in range(self.num_chains):
+            try:
+                run_chain(self, c, st, potential, callback)
+            except KeyboardInterrupt:
+                interrupted = True
+                break
         report = RunReport(interrupted=interrupted, stopped_early=False, time_s=time.perf_counter() - t0,
                            steps_this_run=st.t - t_before, budget=None, progress_bar=self.progress_bar)
         return self.result(target, st, report)

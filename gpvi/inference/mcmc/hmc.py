@@ -1,4 +1,4 @@
-r"""HMC with a fixed trajectory length over theta (Pyro's HMC kernel); see :mod:`gpvi.inference.mcmc.nuts`.
+r"""HMC with a fixed trajectory length over theta (:func:`gpvi.inference.mcmc.kernel.hmc_transition`); see :mod:`gpvi.inference.mcmc.nuts`.
 
 Each transition draws :math:`r \sim \mathcal N(0, M)`, takes :math:`L` leapfrog steps of size :math:`\epsilon` on
 :math:`H(\theta, r) = -\log g(\theta) + \tfrac12 r^\top M^{-1} r` (Neal 2011, eqs. 5.18-5.20) and accepts with
@@ -14,10 +14,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pyro.infer.mcmc import HMC as PyroHMC
+
+import numpy as np
 
 from ...validation import check_positive_int
 from .chains import Potential
+from .kernel import Metric, Uniforms, hmc_transition
 from .engine import HamiltonianEngine
 from .settings import Adaptation, ConvergenceChecks
 
@@ -25,10 +27,10 @@ __all__ = ["HMC"]
 
 
 class HMC(HamiltonianEngine):
-    r"""Hamiltonian Monte Carlo with a fixed trajectory length over theta (Pyro's HMC kernel).
+    r"""Hamiltonian Monte Carlo with a fixed trajectory length over theta (:func:`gpvi.inference.mcmc.kernel.hmc_transition`).
 
     When the step size is adapted, the trajectory length :math:`L\epsilon` = ``step_size * num_leapfrog_steps``
-    is kept and :math:`L = \lfloor \text{length} / \epsilon \rfloor` follows :math:`\epsilon` (Pyro's rule).
+    is kept and :math:`L = \lfloor \text{length} / \epsilon \rfloor` follows :math:`\epsilon`.
 
     Parameters
     ----------
@@ -71,13 +73,10 @@ class HMC(HamiltonianEngine):
     def _kernel_settings(self) -> dict[str, Any]:
         return {"num_leapfrog_steps": self.num_leapfrog_steps}
 
-    def _make_kernel(self, potential: Potential, step_size: float, adapt: bool, fixed_mass: bool = False) -> Any:
-        a = self.adaptation
-        return PyroHMC(potential_fn=potential, step_size=step_size, trajectory_length=self.trajectory_length,
-                       adapt_step_size=adapt and a.adapt_step_size,
-                       adapt_mass_matrix=adapt and a.adapt_mass_matrix and not fixed_mass,
-                       full_mass=a.dense_mass or fixed_mass,
-                       target_accept_prob=a.target_accept)
+    def _transition(self, z: np.ndarray, lp: float, g: np.ndarray, potential: Potential, step_size: float,
+                    metric: Metric, rng: Uniforms) -> tuple[np.ndarray, float, np.ndarray, dict[str, Any]]:
+        steps = max(1, int(math.floor(self.trajectory_length / step_size + 1e-9)))
+        return hmc_transition(z, lp, g, potential, step_size, metric, steps, rng)
 
     def __repr__(self) -> str:
         return (f"HMC(step_size={self.step_size}, num_leapfrog_steps={self.num_leapfrog_steps}, "

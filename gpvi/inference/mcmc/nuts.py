@@ -31,19 +31,21 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
-from pyro.infer.mcmc import NUTS as PyroNUTS
 
 from ...validation import check_positive_int
 from .chains import Potential, tree_depth
 from .engine import HamiltonianEngine
+from .kernel import Metric, Uniforms, nuts_transition
 from .settings import Adaptation, ConvergenceChecks
 
 __all__ = ["NUTS"]
 
 
 class NUTS(HamiltonianEngine):
-    r"""No-U-Turn sampler over theta with step-size and mass-matrix adaptation (Pyro's NUTS kernel).
+    r"""No-U-Turn sampler over theta with step-size and mass-matrix adaptation (multinomial NUTS in NumPy,
+    :mod:`gpvi.inference.mcmc.kernel`).
 
     Samples :math:`\pi(\theta) \propto g(\theta)` with potential :math:`U = -\log g(\theta)` (the log joint of
     DSVI paper eq. 3); the trajectory doubles until a U-turn or ``max_tree_depth`` doublings
@@ -109,16 +111,14 @@ class NUTS(HamiltonianEngine):
     def _kernel_settings(self) -> dict[str, Any]:
         return {"max_tree_depth": self.max_tree_depth}
 
-    def _make_kernel(self, potential: Potential, step_size: float, adapt: bool, fixed_mass: bool = False) -> Any:
-        a = self.adaptation
-        return PyroNUTS(potential_fn=potential, step_size=step_size,
-                        adapt_step_size=adapt and a.adapt_step_size,
-                        adapt_mass_matrix=adapt and a.adapt_mass_matrix and not fixed_mass,
-                        full_mass=a.dense_mass or fixed_mass,
-                        use_multinomial_sampling=True, target_accept_prob=a.target_accept,
-                        max_tree_depth=self.max_tree_depth)
+    def _transition(self, z: np.ndarray, lp: float, g: np.ndarray, potential: Potential, step_size: float,
+                    metric: Metric, rng: Uniforms) -> tuple[np.ndarray, float, np.ndarray, dict[str, Any]]:
+        return nuts_transition(z, lp, g, potential, step_size, metric, self.max_tree_depth, rng)
 
-    def _extra_stats(self, stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def _extra_stats(self, stats: dict[str, torch.Tensor], rows: list[dict[str, Any]] | None = None
+                     ) -> dict[str, torch.Tensor]:
+        if rows is not None and all("tree_depth" in r for r in rows):
+            return {"tree_depth": torch.tensor([int(r["tree_depth"]) for r in rows], dtype=torch.int64, device="cpu")}
         return {"tree_depth": tree_depth(stats["n_steps"])}
 
     def __repr__(self) -> str:

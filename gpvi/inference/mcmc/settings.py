@@ -26,7 +26,7 @@ __all__ = ["Adaptation", "ConvergenceChecks"]
 
 @dataclass(frozen=True)
 class Adaptation:
-    r"""What the warm-up adapts, and towards what (Stan's windowed adaptation, run by Pyro's kernels).
+    r"""What the warm-up adapts, and towards what (Stan's windowed adaptation, :mod:`gpvi.inference.mcmc.adaptation`).
 
     During the ``num_warmup`` transitions of each chain the step size :math:`\epsilon` is tuned by dual averaging
     towards a mean acceptance statistic :math:`\delta` = ``target_accept`` (Hoffman & Gelman 2014, Algorithm 5),

@@ -53,7 +53,7 @@ class ChainState:
     warmup_draws : torch.Tensor of shape (w, D)
         Warm-up draws (``w = num_warmup`` once the warm-up is complete, else 0).
     warmup_stats : dict of str to torch.Tensor of shape (w,)
-        As ``stats`` without ``diverging`` (Pyro records divergences only after warm-up).
+        As ``stats`` without ``diverging`` and ``energy`` (recorded only after warm-up).
     step_size : float or None
         Adapted step size after warm-up; ``None`` while the warm-up is not complete.
     inverse_mass_matrix : torch.Tensor of shape (D,) or (D, D), or None
@@ -61,7 +61,7 @@ class ChainState:
     position : torch.Tensor of shape (D,) or None
         Current state of the chain (the last draw, or the last warm-up state).
     rng_state : torch.Tensor or None
-        torch CPU RNG state before the chain's next transition.
+        State of the chain's torch generator before its next transition.
     warmup_time_s, sampling_time_s : float
         Wall time spent in warm-up and in sampling.
     num_evaluations : int

@@ -1,0 +1,215 @@
+"""The closed-form log joint (gpvi.models.lean_joint) against GPyTorch's generic path: value and gradient to 1e-10.
+
+Inputs are distinct points on a grid of multiples of 1/4. One exception to 1e-10: GPyTorch's Matern 1/2 under autograd
+is off by about 1e-8 relative (its distances near r = 0 on the diagonal carry rounding that exp(-r) passes on at first
+order); there the lean path is checked against a direct formula to 1e-12 instead, and against GPyTorch to 1e-7.
+"""
+
+from __future__ import annotations
+
+import gpytorch as gp
+import pytest
+import torch
+
+import gpvi
+from gpvi.exceptions import NotPSDError
+from gpvi.models.lean_joint import LeanLogJoint
+
+N, D_IN = 24, 3
+
+
+def _data(n: int = N, d: int = D_IN):
+    g = torch.Generator().manual_seed(3)
+    X = torch.randint(-8, 9, (3 * n, d), generator=g).to(torch.float64) / 4.0
+    X = torch.unique(X, dim=0)[torch.randperm(len(torch.unique(X, dim=0)), generator=g)[:n]]   # distinct rows
+    assert X.shape[0] == n
+    y = torch.sin(X.sum(-1)) + 0.1 * torch.randn(n, generator=g, dtype=torch.float64)
+    return X, y
+
+
+def _kernels():
+    frozen = gp.kernels.ScaleKernel(gp.kernels.RBFKernel())
+    frozen.base_kernel.lengthscale = 0.7
+    frozen.base_kernel.raw_lengthscale.requires_grad_(False)
+    fixed_const = gp.kernels.ConstantKernel()
+    fixed_const.constant = torch.tensor(0.3)
+    fixed_const.raw_constant.requires_grad_(False)
+    return {
+        "rbf_ard": gp.kernels.ScaleKernel(gp.kernels.RBFKernel(ard_num_dims=D_IN)),
+        "rbf_iso": gp.kernels.ScaleKernel(gp.kernels.RBFKernel()),
+        "rbf_bare": gp.kernels.RBFKernel(ard_num_dims=D_IN),
+        "m12_ard": gp.kernels.ScaleKernel(gp.kernels.MaternKernel(nu=0.5, ard_num_dims=D_IN)),
+        "m32_iso": gp.kernels.ScaleKernel(gp.kernels.MaternKernel(nu=1.5)),
+        "m52_ard": gp.kernels.ScaleKernel(gp.kernels.MaternKernel(nu=2.5, ard_num_dims=D_IN)),
+        "rq_ard": gp.kernels.ScaleKernel(gp.kernels.RQKernel(ard_num_dims=D_IN)),
+        "rq_iso": gp.kernels.ScaleKernel(gp.kernels.RQKernel()),
+        "sum_const": gp.kernels.ScaleKernel(gp.kernels.RBFKernel()) + gp.kernels.ConstantKernel(),
+        "sum_fixed_const": gp.kernels.ScaleKernel(gp.kernels.MaternKernel(nu=2.5, ard_num_dims=D_IN)) + fixed_const,
+        "sum_mixed": gp.kernels.RBFKernel(ard_num_dims=D_IN) + gp.kernels.ScaleKernel(gp.kernels.MaternKernel(nu=1.5)),
+        "frozen_ls": frozen,
+        "prior_ls": gp.kernels.ScaleKernel(gp.kernels.RBFKernel(lengthscale_prior=gp.priors.GammaPrior(2.0, 1.0))),
+    }
+
+
+def _extras():
+    lik = gp.likelihoods.GaussianLikelihood(noise_prior=gp.priors.GammaPrior(2.0, 4.0))
+    fixed_mean = gp.means.ConstantMean()
+    fixed_mean.constant = torch.tensor(0.2)
+    fixed_mean.raw_constant.requires_grad_(False)
+    return {"plain": {}, "lik_mean": {"likelihood": lik, "mean": gp.means.ConstantMean()},
+            "fixed_mean": {"mean": fixed_mean}}
+
+
+def _reference(model, theta):
+    model.use_fast_path = False
+    try:
+        t = theta.clone().requires_grad_(True)
+        v = model.log_joint(t)
+        (g,) = torch.autograd.grad(v.sum(), t)
+    finally:
+        model.use_fast_path = True
+    return v.detach(), g
+
+
+@pytest.mark.parametrize("extra", list(_extras()))
+@pytest.mark.parametrize("name", list(_kernels()))
+def test_value_and_gradient_match_gpytorch(name, extra):
+    X, y = _data()
+    model = gpvi.GPRegression(X, y, kernel=_kernels()[name], **_extras()[extra])
+    assert model._lean_joint is not None
+    g = torch.Generator().manual_seed(0)
+    theta = model.initial_theta() + 0.4 * torch.randn(4, model.dim, generator=g, dtype=torch.float64)
+    v_ref, g_ref = _reference(model, theta)
+    v, grad = model.log_joint_and_grad(theta)
+    tol = 1e-7 if name.startswith("m12") else 1e-10
+    assert torch.allclose(v, v_ref, rtol=tol, atol=tol * float(v_ref.abs().max()))
+    assert torch.allclose(grad, g_ref, rtol=tol, atol=tol * float(g_ref.abs().max()))
+    # the autograd entry point (one node) gives the same numbers
+    t = theta.clone().requires_grad_(True)
+    v2 = model.log_joint(t)
+    (g2,) = torch.autograd.grad(v2.sum(), t)
+    assert torch.equal(v2.detach(), v) and torch.equal(g2, grad)
+    # log marginal alone: the prior is the only difference
+    lm = model.log_marginal_likelihood(theta)
+    assert torch.allclose(lm + model.log_prior(theta), v, rtol=1e-12, atol=1e-12 * float(v.abs().max()))
+
+
+@pytest.mark.parametrize("n", [14, 700])
+def test_both_distance_strategies_match(n):
+    """Precomputed squared differences (small N) and the expanded form (larger N) against GPyTorch."""
+    X, y = _data(n, 4)
+    model = gpvi.GPRegression(X, y)
+    dist = next(iter(model._lean_joint._dist.values()))
+    assert (dist.pre is not None) == (n == 14)
+    theta = model.initial_theta().unsqueeze(0)
+    v_ref, g_ref = _reference(model, theta)
+    v, g = model.log_joint_and_grad(theta)
+    assert torch.allclose(v, v_ref, rtol=1e-10) and torch.allclose(g, g_ref, rtol=1e-9, atol=1e-9 * float(g_ref.abs().max()))
+
+
+def test_matern12_against_a_direct_formula():
+    """Matern 1/2 (ARD) by plain differences, r = 0 exactly on the diagonal, autograd: value and gradient to 1e-12."""
+    X, y = _data()
+    model = gpvi.GPRegression(X, y, kernel=gp.kernels.ScaleKernel(gp.kernels.MaternKernel(nu=0.5, ard_num_dims=D_IN)))
+    Xc, n = model._Xc, X.shape[0]
+    off = ~torch.eye(n, dtype=torch.bool)
+
+    def direct(th):
+        r2 = (((Xc[:, None, :] - Xc[None, :, :]) / torch.exp(0.5 * th[:D_IN])) ** 2).sum(-1)
+        r = torch.zeros_like(r2).masked_scatter(off, r2[off].sqrt())
+        K = torch.exp(th[D_IN]) * torch.exp(-r) + torch.exp(th[D_IN + 1]) * torch.eye(n, dtype=torch.float64)
+        mvn = torch.distributions.MultivariateNormal(torch.zeros(n, dtype=torch.float64), covariance_matrix=K)
+        return mvn.log_prob(y) + model.log_prior(th)
+
+    g = torch.Generator().manual_seed(1)
+    theta = model.initial_theta() + 0.4 * torch.randn(3, model.dim, generator=g, dtype=torch.float64)
+    v, grad = model.log_joint_and_grad(theta)
+    for i in range(3):
+        t = theta[i].clone().requires_grad_(True)
+        vr = direct(t)
+        (gr,) = torch.autograd.grad(vr, t)
+        assert abs(float(vr) - float(v[i])) < 1e-12 * abs(float(vr))
+        assert torch.allclose(grad[i], gr, rtol=1e-10, atol=1e-12 * float(gr.abs().max()))
+
+
+def test_gradient_matches_finite_differences():
+    X, y = _data()
+    model = gpvi.GPRegression(X, y, kernel=gp.kernels.ScaleKernel(gp.kernels.RQKernel(ard_num_dims=D_IN)),
+                              likelihood=gp.likelihoods.GaussianLikelihood(), mean=gp.means.ConstantMean())
+    theta = model.initial_theta().unsqueeze(0)
+    _, g = model.log_joint_and_grad(theta)
+    h = 1e-5
+    for j in range(model.dim):
+        e = torch.zeros_like(theta)
+        e[0, j] = h
+        fd = (model.log_joint(theta + e) - model.log_joint(theta - e)) / (2 * h)
+        assert abs(float(fd[0]) - float(g[0, j])) < 1e-6 * max(1.0, abs(float(g[0, j])))
+
+
+def test_unsupported_kernels_keep_the_gpytorch_path():
+    X, y = _data()
+    assert gpvi.GPRegression(X, y, kernel=gp.kernels.ScaleKernel(gp.kernels.RBFKernel(active_dims=[0])))._lean_joint is None
+    for k in (gp.kernels.ScaleKernel(gp.kernels.PeriodicKernel()),
+              gp.kernels.ScaleKernel(gp.kernels.RBFKernel()) * gp.kernels.ScaleKernel(gp.kernels.LinearKernel()),
+              gp.kernels.ScaleKernel(gp.kernels.MaternKernel(nu=2.5)) + gp.kernels.ScaleKernel(gp.kernels.PeriodicKernel())):
+        model = gpvi.GPRegression(X, y, kernel=k)
+        assert model._lean_joint is None
+        theta = model.initial_theta().unsqueeze(0)
+        v, g = model.log_joint_and_grad(theta)
+        v_ref, g_ref = _reference(model, theta)
+        assert torch.equal(v, v_ref) and torch.equal(g, g_ref)
+
+
+def test_failed_members_get_minus_inf_and_zero_gradient():
+    X, y = _data()
+    X = torch.cat([X, X[:1]])                     # a duplicated row: singular without noise
+    y = torch.cat([y, y[:1]])
+    model = gpvi.GPRegression(X, y, max_jitter=1e-16, jitter=1e-17)   # below the pivot floor N eps
+    good = model.initial_theta()
+    bad = good.clone()
+    bad[-1] = -200.0                              # noise variance e^-200: K singular beyond the jitter allowed
+    v, g = model.log_joint_and_grad(torch.stack([good, bad]))
+    assert torch.isfinite(v[0]) and v[1] == -float("inf")
+    assert torch.equal(g[1], torch.zeros_like(g[1])) and torch.isfinite(g[0]).all()
+    with pytest.raises(NotPSDError):
+        model.log_joint(bad)
+
+
+def test_second_derivatives_are_refused_not_wrong():
+    X, y = _data()
+    model = gpvi.GPRegression(X, y, kernel=gp.kernels.ScaleKernel(gp.kernels.MaternKernel(nu=1.5)))
+    t = model.initial_theta().requires_grad_(True)
+    with pytest.raises(NotImplementedError, match="second derivatives"):
+        torch.autograd.grad(model.log_joint(t), t, create_graph=True)
+
+
+def test_from_model_follows_data_dtype_and_device():
+    X, y = _data()
+    model = gpvi.GPRegression(X, y)
+    lean = LeanLogJoint.from_model(model)
+    v, g = lean.log_joint(model.initial_theta().unsqueeze(0))
+    assert v.dtype == g.dtype == torch.float64 and v.device == X.device
+
+
+def test_closed_form_priors_are_float64():
+    """Named and registered priors' density and score in closed form against float64 torch distributions (GPyTorch's
+    HalfNormal / HalfCauchy priors keep a float32 base distribution, so their own log_prob rounds to float32; the
+    closed form does not)."""
+    D = torch.distributions
+    X, y = _data()
+    f64 = {"dtype": torch.float64}
+    named = {"lengthscale": D.HalfNormal(torch.tensor(2.0, **f64)), "signal_sd": D.HalfCauchy(torch.tensor(1.0, **f64)),
+             "noise_var": D.InverseGamma(torch.tensor(3.0, **f64), torch.tensor(0.5, **f64))}
+    for prior in (named, {"lengthscale": D.LogNormal(torch.tensor(0.0, **f64), torch.tensor(1.0, **f64)),
+                          "signal_var": D.Gamma(torch.tensor(2.0, **f64), torch.tensor(1.0, **f64)),
+                          "noise_sd": D.Exponential(torch.tensor(3.0, **f64))}):
+        model = gpvi.GPRegression(X, y, kernel=gp.kernels.ScaleKernel(gp.kernels.RBFKernel(ard_num_dims=D_IN)),
+                                  prior=prior)
+        g = torch.Generator().manual_seed(2)
+        theta = model.initial_theta() + 0.5 * torch.randn(6, model.dim, generator=g, dtype=torch.float64)
+        t = theta.clone().requires_grad_(True)
+        v_ref = model.prior.log_prob(t)
+        (g_ref,) = torch.autograd.grad(v_ref.sum(), t)
+        v, grad = model.prior.log_prob_and_grad(theta)
+        assert torch.allclose(v, v_ref.detach(), rtol=1e-12, atol=1e-12)
+        assert torch.allclose(grad, g_ref, rtol=1e-12, atol=1e-12)
