@@ -16,7 +16,9 @@ import torch
 
 QUICK = "--quick" in sys.argv
 OUT = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--out=")), None)
-NAME = "trust_stress_quick" if QUICK else "trust_stress"
+NAME = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--name=")),
+            "trust_stress_quick" if QUICK else "trust_stress")
+"""Name of the results file and of the cache folder (``--name=NAME``: e.g. a rerun beside the committed one)."""
 CACHE = Path(os.environ.get("GPVI_STRESS_CACHE") or Path.home() / ".cache" / "gpvi" / NAME)
 SEEDS = [0] if QUICK else [0, 1, 2, 3, 4]
 TOL_MEAN, SD_LO, SD_HI = 0.2, 0.8, 1.25

@@ -23,12 +23,16 @@ def log_joint_and_grad(target: Any, theta: torch.Tensor, batch: Any = None, *, c
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log joint ``(S,)`` and its autograd gradient ``(S, D)`` at the rows of ``theta``, detached.
 
-    ``chunk`` caps the rows per log-joint call (``None``: one call). A target that does not depend on
+    ``chunk`` caps the rows per log-joint call (``None``: one call). A target with its own ``log_joint_and_grad``
+    (:meth:`gpvi.GPRegression.log_joint_and_grad`) is asked directly. A target that does not depend on
     ``theta`` (no autograd graph) gets a zero gradient; so does a row whose value is ``-inf`` and carries none.
     """
     if chunk is not None and theta.shape[0] > chunk:
         parts = [log_joint_and_grad(target, part, batch) for part in torch.split(theta, chunk)]
         return torch.cat([v for v, _ in parts]), torch.cat([g for _, g in parts])
+    fast = getattr(target, "log_joint_and_grad", None)
+    if batch is None and callable(fast):              # gpvi.GPRegression: closed form, no autograd graph
+        return fast(theta.detach())
     theta = theta.detach().requires_grad_(True)
     with torch.enable_grad():
         lj = call_log_joint(target, theta, batch)

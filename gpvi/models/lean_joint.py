@@ -240,6 +240,10 @@ class LeanLogJoint:
         Members that cannot be factorised even with the largest jitter get ``-inf`` and a zero gradient (or a
         :class:`~gpvi.exceptions.NotPSDError` with ``raise_on_failure``).
         """
+        return self._log_marginal(theta, grad, raise_on_failure)[:2]
+
+    def _log_marginal(self, theta: torch.Tensor, grad: bool, raise_on_failure: bool):
+        """:meth:`log_marginal` and whether every member was factorised."""
         S, n = theta.shape[0], self.n
         V, dV = self.natural(theta)
         parts, K = [], None
@@ -260,7 +264,7 @@ class LeanLogJoint:
         if not all_ok:
             val = torch.where(ok, val, torch.full_like(val, -math.inf))
         if not grad:
-            return val, None
+            return val, None, all_ok
         G = torch.cholesky_inverse(L).mul_(-0.5)
         G.baddbmm_(alpha.unsqueeze(-1), alpha.unsqueeze(-2), alpha=0.5)       # G = (alpha alpha^T - K^-1) / 2
         gn = torch.zeros_like(theta)                                             # gradient in the natural values
@@ -298,7 +302,7 @@ class LeanLogJoint:
         g = gn * dV
         if not all_ok:
             g = torch.where(ok[:, None], g, torch.zeros_like(g))
-        return val, g
+        return val, g, all_ok
 
     def _term(self, t: _Term, V: torch.Tensor, grad: bool):
         """``(term, s kappa (S, N, N), s (S, 1) or None, what the gradient needs)``."""
@@ -352,12 +356,11 @@ class LeanLogJoint:
     def log_joint(self, theta: torch.Tensor, *, grad: bool = True, raise_on_failure: bool = False
                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log joint ``(S,)`` and gradient ``(S, D)``: :meth:`log_marginal` plus :meth:`log_prior`."""
-        v, g = self.log_marginal(theta, grad=grad, raise_on_failure=raise_on_failure)
+        v, g, all_ok = self._log_marginal(theta, grad, raise_on_failure)
         pv, pg = self.log_prior(theta, grad=grad)
         if g is None:
             return v + pv, None
-        return v + pv, (g + pg if bool(torch.isfinite(v).all()) else
-                        torch.where(torch.isfinite(v)[:, None], g + pg, torch.zeros_like(g)))
+        return v + pv, (g + pg if all_ok else torch.where(torch.isfinite(v)[:, None], g + pg, torch.zeros_like(g)))
 
 
 # ---------------------------------------------------------------------- helpers
@@ -418,7 +421,7 @@ class _LeanFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, theta, lean, prior, strict):  # type: ignore[override]
         fn = lean.log_joint if prior else lean.log_marginal
-        v, g = fn(theta.detach(), grad=bool(ctx.needs_input_grad[0]), raise_on_failure=strict)
+        v, g = fn(theta.detach(), grad=bool(ctx.needs_input_grad[0]), raise_on_failure=strict)[:2]
         ctx.g = g
         return v
 
