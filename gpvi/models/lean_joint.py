@@ -70,8 +70,9 @@ _TERM_COPIES = {"rbf": 1, "const": 1, "m12": 4, "m32": 4, "m52": 4, "rq": 6}
 """Dense ``N x N`` matrices per theta a term holds at the peak besides K, L, G (peak RSS measured at N = 1,000:
 4.0 copies for ``ScaleKernel(RBF)`` in all, 7.0 for Matern 5/2, 9.0 for RQ)."""
 
-PRECOMPUTED_MAX_ELEMENTS = 2 ** 20
-"""Largest ``m N^2`` for which squared differences are precomputed (8 MiB); beyond, distances are expanded."""
+PRECOMPUTED_MAX_ELEMENTS = 2 ** 16
+"""Largest ``m N^2`` for which squared differences are precomputed; beyond, distances are expanded (measured in
+``benchmarks/small_data.py``: equal at N = 56 with 13 inputs, the expanded form 1.5x faster at N = 200)."""
 
 _LOG_2PI = math.log(2.0 * math.pi)
 _SQRT3, _SQRT5 = math.sqrt(3.0), math.sqrt(5.0)
@@ -123,6 +124,7 @@ class _Distances:
         if m * n * n <= PRECOMPUTED_MAX_ELEMENTS:
             diff2 = (X.unsqueeze(1) - X.unsqueeze(0)).square_().reshape(n * n, d)
             self.pre = (diff2 if ard else diff2.sum(-1, keepdim=True)).T.contiguous()     # (m, N^2)
+            self._preT = self.pre.T
         self._X2 = X.square()
 
     def r2(self, ils2: torch.Tensor) -> torch.Tensor:
@@ -140,7 +142,7 @@ class _Distances:
         r"""``(S, m)``: :math:`\sum_{ij} H_{ij} D_{k,ij}` for ``H`` ``(S, N, N)`` symmetric."""
         S = H.shape[0]
         if self.pre is not None:
-            return H.reshape(S, -1) @ self.pre.T
+            return H.reshape(S, -1) @ self._preT
         out = 2.0 * (H.sum(-1) @ self._X2) - 2.0 * (self.X * torch.matmul(H, self.X)).sum(-2)   # (S, d)
         return out if self.ard else out.sum(-1, keepdim=True)
 
@@ -193,6 +195,10 @@ class LeanLogJoint:
         self.prior = prior
         self._normal_prior = _independent_normal(prior)
         self.copies = 4 + sum(_TERM_COPIES[t.kind] for t in terms)
+        self._kernel_terms = [t for t in terms if t.kind != "const"]
+        self._const_terms = [t for t in terms if t.kind == "const"]
+        self._single = len(self._kernel_terms) == 1 and not self._const_terms     # K may then be the term itself
+        self._true = torch.ones(1, dtype=torch.bool, device=X.device)
         """Dense ``N x N`` matrices per theta at the peak of a batched evaluation (a bound used by memory budgets)."""
 
     # ------------------------------------------------------------------ construction
@@ -247,19 +253,28 @@ class LeanLogJoint:
         S, n = theta.shape[0], self.n
         V, dV = self.natural(theta)
         parts, K = [], None
-        for t in self.terms:
+        for t in self._kernel_terms:
             part = self._term(t, V, grad)
             parts.append(part)
-            # a single term's matrix becomes K itself (its diagonal then holds the noise too)
-            K = part[1] if K is None and len(self.terms) == 1 else (part[1].clone() if K is None else K + part[1])
+            # a single kernel term's matrix becomes K itself (it then also holds the noise)
+            K = part[1] if K is None and self._single else (part[1].clone() if K is None else K + part[1])
+        const = None
+        for t in self._const_terms:                                              # constant kernels: added in place
+            c = t.scale.value(V)                                                 # (S, 1)
+            const = c if const is None else const + c
+            parts.append((t, None, c, None))
+        if K is None:
+            K = const.unsqueeze(-1).expand(S, n, n).clone()
+        elif const is not None:
+            K.add_(const.unsqueeze(-1))
         sn = self.noise.value(V)                                                 # (S, 1)
         K.diagonal(dim1=-2, dim2=-1).add_(sn)
         yc = self.y.expand(S, n)
         if self.mean is not None:
             yc = yc - self.mean.value(V)
-        L, ok = self._cholesky(K, theta, raise_on_failure)
+        L, ok, diag_l = self._cholesky(K, theta, raise_on_failure)
         alpha = torch.cholesky_solve(yc.unsqueeze(-1), L).squeeze(-1)           # (S, N)
-        val = -0.5 * (yc * alpha).sum(-1) - torch.log(L.diagonal(dim1=-2, dim2=-1)).sum(-1) - 0.5 * n * _LOG_2PI
+        val = -0.5 * (yc * alpha).sum(-1) - torch.log(diag_l).sum(-1) - 0.5 * n * _LOG_2PI
         all_ok = bool(ok.all())
         if not all_ok:
             val = torch.where(ok, val, torch.full_like(val, -math.inf))
@@ -283,7 +298,7 @@ class LeanLogJoint:
                 GK = G * sk                                                       # G o (s kappa)
                 if t.scale is not None and t.scale.free:
                     tot = GK.sum((-1, -2)).unsqueeze(-1)
-                    if sk is K:                                                   # K's diagonal holds the noise
+                    if sk is K:                                                   # K's diagonal also holds the noise
                         tot = tot - tr * sn
                     gn[:, t.scale.start:t.scale.stop] += tot / s
                 if t.lengthscale.free:                                            # s kappa' = -s kappa / 2
@@ -291,6 +306,7 @@ class LeanLogJoint:
                         self._dist[ls.shape[-1]].contract(GK) / ls.pow(3)
                 continue
             k, kp, ka, a = extra[1:]
+            # (K may be this term's s k, never k itself when a scale is free: its gradient reads k and kappa')
             if t.scale is not None and t.scale.free:
                 gn[:, t.scale.start:t.scale.stop] += (G * k).sum((-1, -2)).unsqueeze(-1)
             Gs = G if s is None else G * s.unsqueeze(-1)
@@ -322,16 +338,24 @@ class LeanLogJoint:
         return t, (k if s is None else s.unsqueeze(-1) * k), s, (ls, k, kp, ka, a)
 
     def _cholesky(self, K: torch.Tensor, theta: torch.Tensor, raise_on_failure: bool):
-        """``(L, ok)``: LAPACK first; :func:`gpvi.linalg.cholesky_with_jitter` (same acceptance rule: no pivot below
-        ``N eps mean(diag K)``; jitter retries; warnings) only when a member fails it."""
+        """``(L, ok, diag L)``: LAPACK first; :func:`gpvi.linalg.cholesky_with_jitter` (same acceptance rule: no pivot
+        below ``N eps mean(diag K)``; jitter retries; warnings) only when a member fails it. The kernels here are
+        stationary, so every diagonal entry of K equals its mean, ``K[:, 0, 0]``."""
         L, info = torch.linalg.cholesky_ex(K)
-        dmin = L.diagonal(dim1=-2, dim2=-1).amin(-1)
-        ok = (info == 0) & (dmin * dmin > self._floor * K.diagonal(dim1=-2, dim2=-1).mean(-1))   # NaN: False
-        if bool(ok.all()):
-            return L, ok
+        dl = L.diagonal(dim1=-2, dim2=-1)
+        if K.shape[0] == 1:                          # a sampler's single theta: three numbers, no tensor algebra
+            dmin = float(dl.min())
+            good = int(info) == 0 and dmin * dmin > self._floor * float(K[0, 0, 0])     # NaN: False
+            if good:
+                return L, self._true, dl
+        else:
+            dmin = dl.amin(-1)
+            ok = (info == 0) & (dmin * dmin > self._floor * K[:, 0, 0])                 # NaN: False
+            if bool(ok.all()):
+                return L, ok, dl
         chol = cholesky_with_jitter(K, jitter=self.jitter, max_jitter=self.max_jitter,
                                     raise_on_failure=raise_on_failure, theta=theta.detach())
-        return chol.L, chol.ok
+        return chol.L, chol.ok, chol.L.diagonal(dim1=-2, dim2=-1)
 
     def log_prior(self, theta: torch.Tensor, *, grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``log p(theta)`` ``(S,)`` and its gradient ``(S, D)`` (closed form for an independent normal prior)."""

@@ -320,7 +320,8 @@ class GPRegression(NoiseMeanPrior):
             raise ValueError(f"theta must have shape (S, {self.dim}); got {tuple(theta.shape)}")
         theta = theta.detach()
         lean = self._lean_path()
-        if lean is not None and bool(torch.isfinite(theta).all()):
+        if lean is not None and (math.isfinite(sum(theta[0].tolist())) if theta.shape[0] == 1 else
+                                 bool(torch.isfinite(theta).all())):
             return lean.log_joint(theta)
         t = theta.requires_grad_(True)
         with torch.enable_grad():
@@ -332,6 +333,13 @@ class GPRegression(NoiseMeanPrior):
     def _lean_path(self) -> LeanLogJoint | None:
         """The closed-form evaluator when this model has one and the fast paths are on."""
         return self._lean_joint if self.use_fast_path else None
+
+    @property
+    def closed_form(self) -> LeanLogJoint | None:
+        """The closed-form log joint (:class:`gpvi.models.lean_joint.LeanLogJoint`) this model evaluates through, or
+        None when its kernel takes GPyTorch's path (or ``use_fast_path`` is off). Its ``log_joint(theta)`` takes a
+        finite float64 ``(S, D)`` batch on the data's device, unchecked: what samplers call in their inner loop."""
+        return self._lean_path()
 
     # ------------------------------------------------------------------ prediction
     def predict(self, theta: Any, X_new: Any, *, include_noise: bool = True,

@@ -18,6 +18,7 @@ import math
 import time
 import warnings
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -47,13 +48,15 @@ class Potential:
     target is evaluated as a batch of one, so a kernel matrix that cannot be factorised gives ``-inf`` (zero density,
     zero gradient) instead of an exception, and the transition rejects it (or marks the trajectory divergent).
     :class:`~gpvi.exceptions.NumericalWarning` s raised by the target (e.g. Cholesky jitter at extreme theta, common
-    in early warm-up) are counted instead of repeated at every leapfrog step; the run reports the counts and warns
-    once if any happened after warm-up.
+    in early warm-up) are counted instead of repeated at every leapfrog step (:meth:`watching`, around a whole
+    chain); the run reports the counts and warns once if any happened after warm-up. Other warnings of the target
+    are raised once each at the end of the chain.
     """
 
     def __init__(self, target: Any) -> None:
         self.target = target
-        fast = getattr(target, "log_joint_and_grad", None)
+        closed = getattr(target, "closed_form", None)          # gpvi.GPRegression: the unchecked closed form
+        fast = closed.log_joint if closed is not None else getattr(target, "log_joint_and_grad", None)
         self._fast = fast if callable(fast) else None
         self.device = target_device(target) or torch.device("cpu")
         self._on_cpu = self.device.type == "cpu"
@@ -72,29 +75,60 @@ class Potential:
 
     def __call__(self, z: np.ndarray) -> tuple[float, np.ndarray]:
         self.evaluations += 1
+        if not math.isfinite(z.sum()):                # a diverged trajectory: zero density, never evaluated
+            self.nonfinite += 1
+            return -math.inf, np.zeros_like(z)
         theta = torch.from_numpy(z).unsqueeze(0)
         if not self._on_cpu:
             theta = theta.to(self.device)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                v, g = self._eval(theta)
-            except NotPSDError:
-                v = g = None
-        for w in caught:
-            if issubclass(w.category, NumericalWarning):
-                self.numerical_warnings += 1
-            else:
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
-        lp = -math.inf if v is None else float(v[0])
+        try:
+            v, g = self._eval(theta)
+        except NotPSDError:
+            self.nonfinite += 1
+            return -math.inf, np.zeros_like(z)
+        lp = v.item()
         if not math.isfinite(lp):
             self.nonfinite += 1
             return -math.inf, np.zeros_like(z)
-        grad = g[0].numpy() if self._on_cpu and g.dtype == torch.float64 else g[0].detach().to("cpu", torch.float64).numpy()
-        if not np.isfinite(grad).all():
+        grad = g.numpy()[0] if self._on_cpu and g.dtype == torch.float64 else g[0].detach().to("cpu", torch.float64).numpy()
+        if not math.isfinite(grad.sum()):          # a NaN or an infinity anywhere makes the sum non-finite
             self.nonfinite += 1
             return -math.inf, np.zeros_like(z)
         return lp, grad
+
+    @contextmanager
+    def watching(self):
+        """Record every warning the target raises while the block runs (one ``catch_warnings`` for a whole chain,
+        not one per call); :meth:`flush` counts the NumericalWarnings, and the others are raised again, once each,
+        when the block ends."""
+        others: list[Any] = []
+        self._others = others
+        with warnings.catch_warnings(record=True) as log:
+            warnings.simplefilter("always")
+            self._log = log
+            try:
+                yield
+            finally:
+                self.flush()
+                self._log = None
+        seen = set()
+        for w in others:
+            key = (str(w.message), w.category, w.filename, w.lineno)
+            if key not in seen:
+                seen.add(key)
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+
+    def flush(self) -> None:
+        """Count the NumericalWarnings recorded so far (:meth:`watching`); keep the others for the end."""
+        log = getattr(self, "_log", None)
+        if not log:
+            return
+        for w in log:
+            if issubclass(w.category, NumericalWarning):
+                self.numerical_warnings += 1
+            else:
+                self._others.append(w)
+        log.clear()
 
 
 def tree_depth(n_steps: torch.Tensor) -> torch.Tensor:
@@ -122,7 +156,8 @@ def run_chain(engine: Any, c: int, st: MCMCState, potential: Potential, callback
     if cs.warmed_up and cs.num_draws >= S:
         return
     desc = f"{engine.name} chain {c + 1}/{engine.num_chains}"
-    with Progress(W + S, enabled=engine.progress_bar, desc=desc, initial=cs.transitions(W)) as bar:
+    with Progress(W + S, enabled=engine.progress_bar, desc=desc, initial=cs.transitions(W)) as bar, \
+            potential.watching():
         if not cs.warmed_up:
             # on interruption the chain keeps no warm-up progress (resume repeats it exactly)
             st.chains[c] = _warmup(engine, c, cs, potential, callback, bar,
@@ -189,6 +224,7 @@ def _warmup(engine: Any, c: int, cs: ChainState, potential: Potential, callback:
             callback(c, i, {"theta": theta, "phase": "warmup", **row})
     final_eps = dual.final if adapt_eps else eps
     rng.reset()
+    potential.flush()
     wstats = {k: torch.tensor(v, dtype=torch.int64 if k == "n_steps" else torch.float64, device="cpu")
               for k, v in rec.items()}                   # per-draw statistics live on the CPU
     wstats.update(engine._extra_stats(wstats, depths))
@@ -221,6 +257,7 @@ def _sample(engine: Any, c: int, st: MCMCState, potential: Potential, callback: 
     dev = cs.position.device
 
     def snapshot() -> ChainState:
+        potential.flush()
         rows = [e[1] for e in committed]
         new_stats = {k: torch.tensor([r[k] for r in rows], device="cpu", dtype=torch.bool if k == "diverging" else
                                      torch.int64 if k == "n_steps" else torch.float64)
