@@ -16,8 +16,7 @@ with any parameter free (in theta, through its bijection) or frozen; the noise a
 :class:`gpvi.GPRegression` (gpvi's own ``log_noise_var``, a ``GaussianLikelihood``'s constrained noise, a
 ``ConstantMean``); and the model's prior, whatever it is.
 
-Maths. With :math:`r^2_{ij} = \sum_k (x_{ik} - x_{jk})^2 / \ell_k^2` (precomputed squared differences per column, so a
-batch of :math:`r^2` is one matrix product), a term :math:`s\,\kappa(r^2)` and
+Maths. With :math:`r^2_{ij} = \sum_k (x_{ik} - x_{jk})^2 / \ell_k^2` (:class:`_Distances`), a term :math:`s\,\kappa(r^2)` and
 :math:`K_y = \sum_t s_t \kappa_t + \sigma^2 I`, :math:`\tilde y = y - c\mathbf 1`, :math:`\alpha = K_y^{-1}\tilde y`:
 
 .. math::
@@ -41,13 +40,15 @@ Each natural value then chains to its theta entry through the derivative of its 
 (:class:`gpvi.models.parameters.Bijection`). The Cholesky factorisation and its jitter policy are
 :func:`gpvi.linalg.cholesky_with_jitter`'s, as on the GPyTorch path; values agree with it to rounding (tests: 1e-10).
 
-Distances are expanded as GPyTorch does, :math:`r^2_{ij} = \|\tilde x_i\|^2 + \|\tilde x_j\|^2 - 2\tilde x_i^\top
-\tilde x_j` with :math:`\tilde x = x / \ell` (one batched matrix product; clamped at 0, zero diagonal), on the models'
-centred inputs (:mod:`gpvi.models.scaled_rbf`), and the lengthscale gradient uses the same expansion,
-:math:`\sum_{ij} H_{ij}(\tilde x_{ik} - \tilde x_{jk})^2 = 2\sum_i \tilde x_{ik}^2 \sum_j H_{ij} -
-2(\tilde X^\top H \tilde X)_{kk}` for symmetric :math:`H`. Memory: about eight ``(S, N, N)`` matrices per batch, so
-models use this path up to :data:`LEAN_JOINT_MAX_N` points (beyond, the factorisation dominates and the GPyTorch or
-two-buffer paths keep memory lower).
+Distances, on the models' centred inputs (:mod:`gpvi.models.scaled_rbf`): for small problems (``m N^2`` up to
+:data:`PRECOMPUTED_MAX_ELEMENTS`, ``m`` = 1 or the number of ARD columns) the squared differences per column are
+precomputed, so a batch of :math:`r^2` and the lengthscale gradient's contraction are one matrix product each; beyond,
+they are expanded as GPyTorch does, :math:`r^2_{ij} = \|x_i/\ell\|^2 + \|x_j/\ell\|^2 - 2 (x_i/\ell)^\top (x_j/\ell)`
+(clamped at 0, zero diagonal), and the contraction is :math:`\sum_{ij} H_{ij}(x_{ik} - x_{jk})^2 = 2\sum_i x_{ik}^2
+\sum_j H_{ij} - 2(X^\top H X)_{kk}` for symmetric :math:`H`. Memory: :attr:`LeanLogJoint.copies` ``(S, N, N)``
+matrices per batch (4 for one RBF term, measured), so models use this path up to :data:`LEAN_JOINT_MAX_N` points
+(beyond, the factorisation dominates and the GPyTorch or two-buffer paths keep memory lower). A model hands its
+evaluator out as :attr:`gpvi.GPRegression.closed_form`: the samplers' inner loop calls it directly.
 """
 
 from __future__ import annotations

@@ -29,14 +29,14 @@ from typing import Any
 import gpytorch
 import torch
 
-from .scaled_rbf import centre_inputs, input_centre, scaled_rbf_covariance
-from .hyperparameters import KernelParametrisation
 from ..linalg import DEFAULT_JITTER, DEFAULT_MAX_JITTER, cholesky_with_jitter, gaussian_log_marginal
 from ..numerics.predictive import MixturePredictive
-from .priors import prior_log_prob
-from .regression_parts import NoiseMeanPrior
-from .scaled_rbf import LEAN_MIN_N, lean_copies, lean_log_marginal
+from .hyperparameters import KernelParametrisation
 from .lean_joint import LEAN_JOINT_MAX_N, LeanLogJoint, lean_apply
+from .priors import prior_log_prob
+from .regression_parts import NoiseMeanPrior, finite_rows_only
+from .scaled_rbf import (LEAN_MIN_N, centre_inputs, input_centre, lean_copies, lean_log_marginal,
+                         scaled_rbf_covariance)
 from ..validation import (check_column_spread, check_feature_names, check_finite_prediction, check_memory,
                           check_positive, check_positive_int, check_theta, check_X, check_X_y, feature_names_of)
 
@@ -219,7 +219,7 @@ class GPRegression(NoiseMeanPrior):
         n = self.num_data
         if self._lean():
             return lean_copies(self.X.device) * n * n * self.X.element_size()   # draws one at a time
-        if self._lean_path() is not None:
+        if self.closed_form is not None:
             return max(5, self._lean_joint.copies) * n * n * self.X.element_size()
         return 5 * n * n * self.X.element_size()
 
@@ -262,8 +262,8 @@ class GPRegression(NoiseMeanPrior):
         """
         theta = self._theta(theta)
         if not bool(torch.isfinite(theta).all()):
-            return self._finite_rows_only(self.log_marginal_likelihood, theta)
-        if self._lean_path() is not None:
+            return finite_rows_only(self.log_marginal_likelihood, theta)
+        if self.closed_form is not None:
             return lean_apply(self._lean_joint, theta, prior=False)
         if self._lean():
             def one(t: torch.Tensor, strict: bool) -> torch.Tensor:
@@ -279,17 +279,6 @@ class GPRegression(NoiseMeanPrior):
             Ky = self.covariance(torch.where(chol.ok[:, None], theta, theta.detach()))
         return gaussian_log_marginal(Ky, self._centred_y(theta), chol=chol)
 
-    @staticmethod
-    def _finite_rows_only(fn, theta: torch.Tensor) -> torch.Tensor:
-        """Evaluate ``fn`` on the finite rows of a batch; non-finite rows get ``-inf`` (a single theta raises)."""
-        if theta.dim() == 1:
-            raise ValueError(f"theta contains non-finite values: {theta.detach().tolist()}")
-        good = torch.isfinite(theta).all(-1)
-        out = torch.full(theta.shape[:1], -math.inf, dtype=theta.dtype, device=theta.device)
-        if bool(good.any()):
-            out = out.index_put((good.nonzero().flatten(),), fn(theta[good]))
-        return out
-
     def log_prior(self, theta: Any) -> torch.Tensor:
         """``log p(theta)``: ``(D,) -> ()``, ``(S, D) -> (S,)``."""
         theta = self._theta(theta)
@@ -302,8 +291,8 @@ class GPRegression(NoiseMeanPrior):
         """
         theta = self._theta(theta)
         if not bool(torch.isfinite(theta).all()):
-            return self._finite_rows_only(self.log_joint, theta)
-        if self._lean_path() is not None:
+            return finite_rows_only(self.log_joint, theta)
+        if self.closed_form is not None:
             return lean_apply(self._lean_joint, theta, prior=True)
         return self.log_marginal_likelihood(theta) + self.log_prior(theta)
 
@@ -319,27 +308,22 @@ class GPRegression(NoiseMeanPrior):
         if theta.dim() != 2 or theta.shape[1] != self.dim:
             raise ValueError(f"theta must have shape (S, {self.dim}); got {tuple(theta.shape)}")
         theta = theta.detach()
-        lean = self._lean_path()
+        lean = self.closed_form
         if lean is not None and (math.isfinite(sum(theta[0].tolist())) if theta.shape[0] == 1 else
                                  bool(torch.isfinite(theta).all())):
             return lean.log_joint(theta)
-        t = theta.requires_grad_(True)
         with torch.enable_grad():
+            t = theta.requires_grad_(True)
             v = self.log_joint(t)
-            g = torch.autograd.grad(v.sum(), t, allow_unused=True)[0] if v.requires_grad else None
-        g = torch.zeros_like(theta) if g is None else torch.nan_to_num(g.detach(), nan=0.0, posinf=0.0, neginf=0.0)
-        return v.detach(), torch.where(torch.isfinite(v.detach())[:, None], g, torch.zeros_like(g))
-
-    def _lean_path(self) -> LeanLogJoint | None:
-        """The closed-form evaluator when this model has one and the fast paths are on."""
-        return self._lean_joint if self.use_fast_path else None
+            (g,) = torch.autograd.grad(v.sum(), t)
+        return v.detach(), torch.where(torch.isfinite(v)[:, None] & torch.isfinite(g), g, 0.0)
 
     @property
     def closed_form(self) -> LeanLogJoint | None:
         """The closed-form log joint (:class:`gpvi.models.lean_joint.LeanLogJoint`) this model evaluates through, or
         None when its kernel takes GPyTorch's path (or ``use_fast_path`` is off). Its ``log_joint(theta)`` takes a
         finite float64 ``(S, D)`` batch on the data's device, unchecked: what samplers call in their inner loop."""
-        return self._lean_path()
+        return self._lean_joint if self.use_fast_path else None
 
     # ------------------------------------------------------------------ prediction
     def predict(self, theta: Any, X_new: Any, *, include_noise: bool = True,

@@ -7,6 +7,7 @@ theta's layout: ``[kernel | noise (absent when frozen) | mean constant (with a t
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import gpytorch
@@ -16,7 +17,7 @@ from .model_prior import ModelPrior, shift_part
 from .parameters import Bijection, HyperparameterBlock, ModuleParametrisation
 from .priors import check_prior, default_prior
 
-__all__ = ["NoiseMeanPrior"]
+__all__ = ["NoiseMeanPrior", "finite_rows_only"]
 
 
 class NoiseMeanPrior:
@@ -93,3 +94,14 @@ class NoiseMeanPrior:
             out = {n: f"{type(self.prior).__name__} over theta" for n in self.names}
         out.update({n: f"fixed at {v}" for n, v in self.fixed.items()})
         return out
+
+
+def finite_rows_only(fn, theta: torch.Tensor) -> torch.Tensor:
+    """Evaluate ``fn`` on the finite rows of a batch; non-finite rows get ``-inf`` (a single theta raises)."""
+    if theta.dim() == 1:
+        raise ValueError(f"theta contains non-finite values: {theta.detach().tolist()}")
+    good = torch.isfinite(theta).all(-1)
+    out = torch.full(theta.shape[:1], -math.inf, dtype=theta.dtype, device=theta.device)
+    if bool(good.any()):
+        out = out.index_put((good.nonzero().flatten(),), fn(theta[good]))
+    return out

@@ -97,7 +97,7 @@ class Metric:
         return n * self._sd
 
 
-@dataclass
+@dataclass(slots=True)
 class _Tree:
     """A trajectory piece: its two ends (left = earlier in time), the summed momenta, its weight and proposal."""
 
@@ -129,7 +129,8 @@ def _merge(old: _Tree, new: _Tree, forward: bool, biased: bool, rng: Uniforms) -
     diverged). The proposal moves to ``new``'s with probability ``w_new / w_old`` capped at 1 (``biased``, top level)
     or ``w_new / (w_old + w_new)`` (within a subtree)."""
     left, right = (old, new) if forward else (new, old)
-    logw = float(np.logaddexp(old.logw, new.logw))
+    hi, lo = (old.logw, new.logw) if old.logw >= new.logw else (new.logw, old.logw)
+    logw = hi + math.log1p(math.exp(lo - hi)) if lo > -math.inf else hi
     p = math.exp(min(0.0, new.logw - old.logw)) if biased else math.exp(new.logw - logw)
     take = rng.uniform() < p
     rho = left.rho + right.rho

@@ -487,3 +487,35 @@ def test_progress_bar_runs(gauss, capsys):
     assert "NUTS chain 1/1" in capsys.readouterr().err
     quiet(NUTS(num_chains=1, num_warmup=5, num_draws=5, seed=0, progress_bar=False), gauss)
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.slow
+def test_gp_posterior_agrees_with_pyros_nuts():
+    """gpvi's NUTS against Pyro's NUTS kernel (the previous release's sampler) on the same GP log joint (ARD, N = 30,
+    D = 5): every mean within 4 combined Monte Carlo standard errors, every sd within 15 %."""
+    import pyro
+    from pyro.infer.mcmc import MCMC, NUTS as PyroNUTS
+    X, y = make_gp_data(n=30, d=3, seed=4)
+    model = gpvi.GPRegression(X, y)
+    mc = quiet(NUTS(num_chains=4, num_warmup=400, num_draws=800, seed=0, progress_bar=False), model)
+
+    def potential(z):
+        return -model.log_joint(z["theta"].unsqueeze(0))[0]
+
+    chains = []
+    g = torch.Generator().manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for c in range(4):
+            pyro.set_rng_seed(c)
+            init = model.initial_theta() + 0.1 * torch.randn(model.dim, generator=g, dtype=torch.float64)
+            run = MCMC(PyroNUTS(potential_fn=potential, use_multinomial_sampling=True), num_samples=800,
+                       warmup_steps=400, initial_params={"theta": init}, disable_progbar=True)
+            run.run()
+            chains.append(run.get_samples()["theta"])
+    ref = torch.stack(chains)                                           # (4, 800, D)
+    ess_ref = effective_sample_size(ref, chain_dim=0, sample_dim=1)
+    flat = ref.reshape(-1, model.dim)
+    se = torch.sqrt(mc.std ** 2 / mc.ess() + flat.std(0) ** 2 / ess_ref)
+    assert bool(((mc.mean - flat.mean(0)).abs() <= 4 * se).all()), (mc.mean, flat.mean(0), se)
+    assert bool(((mc.std / flat.std(0) - 1).abs() < 0.15).all()), (mc.std, flat.std(0))
