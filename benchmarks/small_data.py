@@ -54,7 +54,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gpvi  # noqa: E402
-from benchmarks._common import RESULTS, header, write  # noqa: E402
+from benchmarks._common import RESULTS, header, machine_info, write  # noqa: E402
 from gpvi.inference.mcmc.chains import Potential  # noqa: E402
 from gpvi.posteriors.diagnostics import diagnostics  # noqa: E402
 
@@ -446,6 +446,9 @@ def _rwm_cell(rw: dict[str, Any]) -> str:
 
 def render(data: dict[str, Any]) -> str:
     md = [header("Hyperparameter posteriors on small data (issue 57)"), ""]
+    for sec, m in data.get("machine_per_section", {}).items():
+        md.append(f"- section {sec}: ended {m['date']}, load {m['load_avg_1_5_15']}, {m['command']}")
+    md.append("")
     if "logjoint" in data:
         md += ["## Log joint + gradient (ms per call, medians of interleaved rounds)", "",
                "| problem | N | D | floor | lean | model | sampler's call | previous release | lean / floor | "
@@ -497,6 +500,7 @@ def main() -> None:
     data = json.loads(path.read_text())["data"] if path.exists() and args else {}
     for s in sections:
         data[s] = {"logjoint": section_logjoint, "sampler": section_sampler, "infer": section_infer}[s]()
+        data.setdefault("machine_per_section", {})[s] = machine_info()     # each section's own date and load
         write(NAME, render(data), data)
 
 

@@ -200,6 +200,15 @@ class LeanLogJoint:
         self._const_terms = [t for t in terms if t.kind == "const"]
         self._single = len(self._kernel_terms) == 1 and not self._const_terms     # K may then be the term itself
         self._true = torch.ones(1, dtype=torch.bool, device=X.device)
+        t0 = self._kernel_terms[0] if self._kernel_terms else None
+        self._plain_rbf = bool(self._single and t0.kind == "rbf" and t0.scale is not None and mean is None
+                               and t0.lengthscale.free and t0.scale.free and noise.free
+                               and (t0.lengthscale.start, t0.lengthscale.stop, t0.scale.start, t0.scale.stop,
+                                    noise.start, noise.stop) == (0, t0.lengthscale.width, t0.lengthscale.width,
+                                                                 t0.lengthscale.width + 1, t0.lengthscale.width + 1,
+                                                                 t0.lengthscale.width + 2))
+        """The paper's model (one ScaleKernel(RBF), free lengthscales, signal and noise variances, in that order, no
+        mean): its gradient is assembled by one concatenation."""
         """Dense ``N x N`` matrices per theta at the peak of a batched evaluation (a bound used by memory budgets)."""
 
     # ------------------------------------------------------------------ construction
@@ -275,16 +284,24 @@ class LeanLogJoint:
             yc = yc - self.mean.value(V)
         L, ok, diag_l = self._cholesky(K, theta, raise_on_failure)
         alpha = torch.cholesky_solve(yc.unsqueeze(-1), L).squeeze(-1)           # (S, N)
-        val = -0.5 * (yc * alpha).sum(-1) - torch.log(diag_l).sum(-1) - 0.5 * n * _LOG_2PI
-        all_ok = bool(ok.all())
+        val = -0.5 * torch.linalg.vecdot(yc, alpha) - torch.log(diag_l).sum(-1) - 0.5 * n * _LOG_2PI
+        all_ok = ok is self._true or bool(ok.all())
         if not all_ok:
             val = torch.where(ok, val, torch.full_like(val, -math.inf))
         if not grad:
             return val, None, all_ok
         G = torch.cholesky_inverse(L).mul_(-0.5)
         G.baddbmm_(alpha.unsqueeze(-1), alpha.unsqueeze(-2), alpha=0.5)       # G = (alpha alpha^T - K^-1) / 2
-        gn = torch.zeros_like(theta)                                             # gradient in the natural values
         tr = G.diagonal(dim1=-2, dim2=-1).sum(-1, keepdim=True)
+        if self._plain_rbf:                  # theta = [lengthscales, signal variance, noise]: one concatenation
+            t, sk, s, extra = parts[0]
+            GK = G * sk                                                           # sk is K: its diagonal holds sn
+            ls = extra[0]
+            gn = torch.cat([self._dist[ls.shape[-1]].contract(GK) / ls.pow(3),
+                            (GK.sum((-1, -2)).unsqueeze(-1) - tr * sn) / s, tr], -1)
+            g = gn * dV
+            return val, (g if all_ok else torch.where(ok[:, None], g, torch.zeros_like(g))), all_ok
+        gn = torch.zeros_like(theta)                                             # gradient in the natural values
         if self.noise.free:
             gn[:, self.noise.start:self.noise.stop] = tr
         if self.mean is not None and self.mean.free:
