@@ -339,11 +339,9 @@ class LeanLogJoint:
         return val, g, all_ok
 
     def _term(self, t: _Term, V: torch.Tensor, grad: bool):
-        """``(term, s kappa (S, N, N), s (S, 1) or None, what the gradient needs)``."""
-        S, n = V.shape[0], self.n
+        """``(term, s kappa (S, N, N), s (S, 1) or None, what the gradient needs)`` for a kernel (non-constant)
+        term."""
         s = t.scale.value(V) if t.scale is not None else None                   # (S, 1)
-        if t.kind == "const":
-            return t, s.unsqueeze(-1).expand(S, n, n), s, None
         ls = t.lengthscale.value(V)                                              # (S, m), m = 1 or d
         r2 = self._dist[ls.shape[-1]].r2(ls.pow(-2))
         if t.kind == "rbf":                                                      # s exp(-r^2/2), in place

@@ -315,7 +315,7 @@ class GPRegression(NoiseMeanPrior):
         with torch.enable_grad():
             t = theta.requires_grad_(True)
             v = self.log_joint(t)
-            (g,) = torch.autograd.grad(v.sum(), t)
+            g = torch.autograd.grad(v.sum(), t)[0] if v.requires_grad else torch.zeros_like(theta)
         return v.detach(), torch.where(torch.isfinite(v)[:, None] & torch.isfinite(g), g, 0.0)
 
     @property

@@ -213,3 +213,16 @@ def test_closed_form_priors_are_float64():
         v, grad = model.prior.log_prob_and_grad(theta)
         assert torch.allclose(v, v_ref.detach(), rtol=1e-12, atol=1e-12)
         assert torch.allclose(grad, g_ref, rtol=1e-12, atol=1e-12)
+
+
+def test_non_finite_rows_get_minus_inf_and_zero_gradient_on_every_path():
+    X, y = _data()
+    for kernel in (None, gp.kernels.ScaleKernel(gp.kernels.PeriodicKernel())):      # closed form; GPyTorch's path
+        model = gpvi.GPRegression(X, y, kernel=kernel)
+        good = model.initial_theta()
+        bad = torch.full_like(good, float("nan"))
+        for theta in (torch.stack([good, bad]), bad.unsqueeze(0)):
+            v, g = model.log_joint_and_grad(theta)
+            assert v[-1] == -float("inf") and torch.equal(g[-1], torch.zeros_like(g[-1]))
+        with pytest.raises(ValueError, match="theta must have shape"):
+            model.log_joint_and_grad(good)

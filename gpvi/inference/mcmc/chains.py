@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from ...exceptions import NotPSDError, NumericalWarning
-from ...models.target import call_log_joint, target_device
+from ...models.target import target_device
+from ..derivatives import log_joint_and_grad
 from ..progress import Progress
 from .adaptation import DualAveraging, Welford, Windows
 from .kernel import Metric, Uniforms, find_step_size
@@ -56,8 +57,7 @@ class Potential:
     def __init__(self, target: Any) -> None:
         self.target = target
         closed = getattr(target, "closed_form", None)          # gpvi.GPRegression: the unchecked closed form
-        fast = closed.log_joint if closed is not None else getattr(target, "log_joint_and_grad", None)
-        self._fast = fast if callable(fast) else None
+        self._fast = closed.log_joint if closed is not None else None
         self.device = target_device(target) or torch.device("cpu")
         self._on_cpu = self.device.type == "cpu"
         self.evaluations = 0
@@ -65,13 +65,7 @@ class Potential:
         self.numerical_warnings = 0
 
     def _eval(self, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._fast is not None:
-            return self._fast(theta)
-        t = theta.requires_grad_(True)
-        with torch.enable_grad():
-            v = call_log_joint(self.target, t)
-            g = torch.autograd.grad(v.sum(), t, allow_unused=True)[0] if v.requires_grad else None
-        return v.detach(), (torch.zeros_like(theta) if g is None else g.detach())
+        return self._fast(theta) if self._fast is not None else log_joint_and_grad(self.target, theta)
 
     def __call__(self, z: np.ndarray) -> tuple[float, np.ndarray]:
         self.evaluations += 1
@@ -195,7 +189,7 @@ def _warmup(engine: Any, c: int, cs: ChainState, potential: Potential, callback:
     if adapt_eps:
         eps = find_step_size(z, lp, g, potential, eps, metric, rng)
     dual = DualAveraging(eps, a.target_accept)
-    draws: list[np.ndarray] = []
+    draws: list[torch.Tensor] = []
     rec: dict[str, list[float]] = {k: [] for k in WARMUP_STATS}
     depths: list[dict[str, Any]] = []
     for i in range(W):
@@ -213,7 +207,7 @@ def _warmup(engine: Any, c: int, cs: ChainState, potential: Potential, callback:
                     eps = find_step_size(z, lp, g, potential, eps, metric, rng)
                     dual.restart(eps)
         theta = torch.from_numpy(z.copy())
-        draws.append(z.copy())
+        draws.append(theta)
         row = {"acceptance_rate": stats["acceptance_rate"], "step_size": step,
                "n_steps": potential.evaluations - e, "lp": lp}
         for k in WARMUP_STATS:
@@ -229,7 +223,7 @@ def _warmup(engine: Any, c: int, cs: ChainState, potential: Potential, callback:
               for k, v in rec.items()}                   # per-draw statistics live on the CPU
     wstats.update(engine._extra_stats(wstats, depths))
     dev = cs.init.device
-    return replace(cs, warmup_draws=torch.from_numpy(np.array(draws).reshape(-1, D)).to(dev),
+    return replace(cs, warmup_draws=(torch.stack(draws) if draws else torch.empty((0, D), dtype=torch.float64)).to(dev),
                    warmup_stats=wstats, step_size=float(final_eps),
                    inverse_mass_matrix=torch.from_numpy(metric.inv.copy()),
                    position=torch.from_numpy(z.copy()).to(dev), rng_state=gen.get_state(),

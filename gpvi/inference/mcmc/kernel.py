@@ -120,6 +120,15 @@ class _Tree:
     accept: float = 0.0
 
 
+def _leapfrog(z: np.ndarray, r: np.ndarray, g: np.ndarray, eps: float, metric: Metric, logp_grad: LogpGrad
+              ) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
+    """One leapfrog step of size ``eps`` (negative: backwards in time): ``(z, r, log density, gradient)``."""
+    r = r + (0.5 * eps) * g
+    z = z + eps * metric.velocity(r)
+    lp, g = logp_grad(z)
+    return z, r + (0.5 * eps) * g, lp, g
+
+
 def _no_uturn(ps_left: np.ndarray, ps_right: np.ndarray, rho: np.ndarray) -> bool:
     return float(ps_left @ rho) > 0.0 and float(ps_right @ rho) > 0.0
 
@@ -149,11 +158,7 @@ class _Integrator:
         self.f, self.eps, self.metric, self.h0 = logp_grad, eps, metric, h0
 
     def leaf(self, z: np.ndarray, r: np.ndarray, g: np.ndarray, forward: bool) -> _Tree:
-        e = self.eps if forward else -self.eps
-        r1 = r + (0.5 * e) * g
-        z1 = z + e * self.metric.velocity(r1)
-        lp1, g1 = self.f(z1)
-        r1 = r1 + (0.5 * e) * g1
+        z1, r1, lp1, g1 = _leapfrog(z, r, g, self.eps if forward else -self.eps, self.metric, self.f)
         ps = self.metric.velocity(r1)
         h = -lp1 + 0.5 * float(r1 @ ps)
         if not math.isfinite(h):
@@ -226,10 +231,7 @@ def hmc_transition(z: np.ndarray, lp: float, g: np.ndarray, logp_grad: LogpGrad,
     z1, r1, lp1, g1 = z, r, lp, g
     diverging = False
     for _ in range(num_steps):
-        r1 = r1 + (0.5 * eps) * g1
-        z1 = z1 + eps * metric.velocity(r1)
-        lp1, g1 = logp_grad(z1)
-        r1 = r1 + (0.5 * eps) * g1
+        z1, r1, lp1, g1 = _leapfrog(z1, r1, g1, eps, metric, logp_grad)
         if not math.isfinite(lp1):
             diverging = True
             break
@@ -252,10 +254,7 @@ def find_step_size(z: np.ndarray, lp: float, g: np.ndarray, logp_grad: LogpGrad,
     for _ in range(max_iter):
         r = metric.momentum(rng, d)
         h0 = -lp + 0.5 * float(r @ metric.velocity(r))
-        r1 = r + 0.5 * eps * g
-        z1 = z + eps * metric.velocity(r1)
-        lp1, g1 = logp_grad(z1)
-        r1 = r1 + 0.5 * eps * g1
+        _, r1, lp1, _ = _leapfrog(z, r, g, eps, metric, logp_grad)
         h = -lp1 + 0.5 * float(r1 @ metric.velocity(r1))
         dh = h0 - h if math.isfinite(h) else -math.inf
         up = dh > math.log(0.8)
