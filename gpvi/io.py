@@ -51,6 +51,7 @@ import torch
 from ._fit_specs import (_classifier_from, _classifier_spec, _Invalid, _posterior_from, _regression_from,
                          _regression_spec)
 from .sklearn import GPClassifier
+from .validation import check_feature_columns
 
 __all__ = ["SavedFit", "save_fit", "load_fit", "FORMAT", "FORMAT_VERSION"]
 
@@ -113,7 +114,8 @@ class SavedFit:
         return self.classifier.classes_.tolist()
 
     def _standardised(self, X: Any) -> np.ndarray:
-        """Check ``X`` against the fit's features and standardise it."""
+        """Check ``X`` against the fit's features (a DataFrame's columns by name, in order) and standardise it."""
+        check_feature_columns(X, self.features, "X", what="the fit")
         d = len(self.features)
         Xa = np.asarray(X.detach().cpu() if isinstance(X, torch.Tensor) else X, dtype=np.float64)
         if Xa.ndim != 2:
@@ -134,7 +136,8 @@ class SavedFit:
         Parameters
         ----------
         X : array-like of shape (n, d)
-            Columns in the order of :attr:`features`, in the CSV's units.
+            Columns in the order of :attr:`features`, in the CSV's units (a DataFrame: those columns by name, in that
+            order).
         num_draws : int
             Regression: hyperparameter draws of the mixture predictive (DSVI/NUTS; ignored for ML-II).
         seed, generator
@@ -153,7 +156,7 @@ class SavedFit:
         ------
         ValueError
             ``X`` not 2-D, with a number of columns other than ``len(features)`` (the message gives both numbers),
-            empty, or non-finite.
+            empty, or non-finite; a DataFrame whose columns are not :attr:`features` in that order.
         """
         Xs = self._standardised(X)
         if self.kind == "classification":

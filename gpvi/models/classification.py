@@ -27,9 +27,9 @@ from .scaled_rbf import centre_inputs, input_centre, scaled_rbf_covariance
 from .hyperparameters import KernelParametrisation
 from .model_prior import ModelPrior
 from .priors import resolve_prior
-from ..validation import (as_float_tensor, check_binary_labels, check_column_spread, check_feature_names,
-                          check_finite_prediction, check_memory, check_sample_weight, check_theta, check_X,
-                          feature_names_of)
+from ..validation import (as_float_tensor, check_binary_labels, check_column_spread, check_feature_columns,
+                          check_feature_names, check_finite_prediction, check_memory, check_sample_weight,
+                          check_theta, check_X, feature_names_of)
 
 __all__ = ["LatentGP", "GPClassification"]
 
@@ -60,7 +60,9 @@ class LatentGP:
     device : torch.device or str, optional
     feature_names : sequence of str, optional
         One name per column of ``X`` (default: a pandas DataFrame's string column names); per-column
-        lengthscales are then named by column (``log_lengthscale_sq[nox]``).
+        lengthscales are then named by column (``log_lengthscale_sq[nox]``). A DataFrame at new inputs (every
+        posterior's ``predict*``) must then have these columns in this order, or ``ValueError`` names the
+        columns missing, unexpected or out of order; plain arrays and tensors are read by position.
     weights : array-like of shape (n_samples,), optional
         Non-negative weights :math:`w_n` of the likelihood terms, :math:`\prod_n p(y_n \mid f_n)^{w_n}`
         (``GPClassifier.fit``'s ``sample_weight``): an integer weight is the same as repeating the row, 0 as
@@ -214,7 +216,9 @@ class LatentGP:
         return K
 
     def _new_inputs(self, X_new: Any) -> torch.Tensor:
-        """``X_new`` checked against the training columns and centred like them (shift invariance)."""
+        """``X_new`` checked against the training columns (a DataFrame's names too: ``feature_names``, in order) and
+        centred like them (shift invariance)."""
+        check_feature_columns(X_new, self.feature_names, "X_new")
         return centre_inputs(check_X(X_new, "X_new", n_features=self.X.shape[1], device=self.X.device), self._centre)
 
     def cross_covariance(self, theta: Any, X_new: Any) -> torch.Tensor:

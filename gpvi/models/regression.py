@@ -37,8 +37,9 @@ from .priors import prior_log_prob
 from .regression_parts import NoiseMeanPrior, finite_rows_only
 from .scaled_rbf import (LEAN_MIN_N, centre_inputs, input_centre, lean_copies, lean_log_marginal,
                          scaled_rbf_covariance)
-from ..validation import (check_column_spread, check_feature_names, check_finite_prediction, check_memory,
-                          check_positive, check_positive_int, check_theta, check_X, check_X_y, feature_names_of)
+from ..validation import (check_column_spread, check_feature_columns, check_feature_names, check_finite_prediction,
+                          check_memory, check_positive, check_positive_int, check_theta, check_X, check_X_y,
+                          feature_names_of)
 
 __all__ = ["GPRegression"]
 
@@ -76,7 +77,10 @@ class GPRegression(NoiseMeanPrior):
         Where data and computations live (default: the device of ``X`` if a tensor, else CPU).
     feature_names : sequence of str, optional
         One name per column of ``X``; default: the column names of a pandas DataFrame ``X`` (when they are all
-        strings), else none. Per-column lengthscales are then named by column: ``log_lengthscale_sq[nox]``.
+        strings), else none. Per-column lengthscales are then named by column: ``log_lengthscale_sq[nox]``. A
+        DataFrame at new inputs (:meth:`predict`, every posterior's ``predict``) must then have these columns in this
+        order (else ``ValueError`` naming the columns); arrays and tensors are read by position, and so is a DataFrame
+        given to a model without names, with a ``UserWarning`` (scikit-learn's rule).
 
     Raises
     ------
@@ -341,6 +345,7 @@ class GPRegression(NoiseMeanPrior):
         ----------
         theta : array-like of shape (D,) or (S, D)
         X_new : array-like of shape (n, n_features)
+            Columns by position; a DataFrame by name (``feature_names``, in order; class docstring).
         include_noise : bool
             Variance of y* (default) or of f*.
         full_cov : bool
@@ -354,12 +359,14 @@ class GPRegression(NoiseMeanPrior):
         Raises
         ------
         ValueError
-            ``X_new`` malformed, or a prediction that is not finite (inputs so large that the kernel overflows
-            float64, e.g. ``X * 1e300``): an error naming the rows, never a NaN returned without a word.
+            ``X_new`` malformed (a DataFrame with other columns than ``feature_names``), or a prediction that is
+            not finite (inputs so large that the kernel overflows float64, e.g. ``X * 1e300``): an error naming the
+            rows, never a NaN returned without a word.
         """
         theta = self._theta(theta).detach()
         if not bool(torch.isfinite(theta).all()):
             raise ValueError("theta contains non-finite values")
+        check_feature_columns(X_new, self.feature_names, "X_new")
         Xs = centre_inputs(check_X(X_new, "X_new", n_features=self.X.shape[1], device=self.X.device), self._centre)
         if theta.dim() == 1:
             if full_cov:

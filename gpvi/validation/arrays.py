@@ -7,6 +7,7 @@ are checked, and the columns' spread, feature names and a predictive's finitenes
 from __future__ import annotations
 
 import numbers
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,7 +18,7 @@ from .settings import _describe
 
 __all__ = ["as_float_tensor", "check_device", "check_X", "check_X_y", "check_theta", "check_sample_weight",
            "check_binary_labels", "check_column_spread", "feature_names_of", "check_feature_names",
-           "check_finite_prediction"]
+           "check_feature_columns", "check_finite_prediction"]
 
 _MAX_EXACT_INT = 2**53
 
@@ -111,7 +112,10 @@ def as_float_tensor(
             raise TypeError(f"{name} must be real-valued; got complex dtype {arr.dtype}")
         if arr.dtype.kind in "iu" and arr.size and int(np.max(np.abs(arr.astype(object)))) > _MAX_EXACT_INT:
             raise ValueError(f"{name} holds integers larger than 2**53 that float64 cannot represent exactly")
-        t = torch.from_numpy(np.ascontiguousarray(arr))
+        arr = np.ascontiguousarray(arr)
+        if not arr.flags.writeable:      # a read-only view (a pandas DataFrame's or Series' values): copied, quietly
+            arr = arr.copy()             # (torch warns on a tensor over read-only memory)
+        t = torch.from_numpy(arr)
     if t.dtype in (torch.int64, torch.uint64) and t.numel() and int(t.abs().max()) > _MAX_EXACT_INT:
         raise ValueError(f"{name} holds integers larger than 2**53 that float64 cannot represent exactly")
     dev = check_device(device) if device is not None else t.device
@@ -281,6 +285,45 @@ def check_feature_names(feature_names: Any, n_features: int, name: str = "featur
     if dup:
         raise ValueError(f"{name} holds duplicate names: {', '.join(map(repr, dup))}")
     return names
+
+
+def check_feature_columns(X: Any, feature_names: Sequence[str] | None, name: str = "X_new", *,
+                          what: str = "the model") -> None:
+    """Refuse a DataFrame ``X`` whose columns are not the ones seen in fit (``feature_names``), in the same order.
+
+    Plain arrays, tensors and DataFrames whose column names are not all strings (:func:`feature_names_of`) are
+    used by position, unchecked. A DataFrame given to a model fitted without names (``feature_names`` None) is
+    used by position with a ``UserWarning``, scikit-learn's rule.
+
+    Raises
+    ------
+    ValueError
+        Columns missing, unexpected or in another order; the message names them.
+    """
+    given = feature_names_of(X)
+    if given is None:
+        return
+    if feature_names is None:
+        warnings.warn(f"{name} has feature names ({_names(given)}) but {what} was fitted without feature names; its "
+                      f"columns are used by position", UserWarning, stacklevel=3)
+        return
+    fitted = [str(n) for n in feature_names]
+    if given == fitted:
+        return
+    missing = [n for n in fitted if n not in given]
+    extra = [n for n in given if n not in fitted]
+    parts = ([f"missing {_names(missing)}"] if missing else []) + ([f"unexpected {_names(extra)}"] if extra else [])
+    if not parts:
+        parts = [f"the same names in another order ({_names(given)})"]
+    raise ValueError(f"{name}'s columns do not match those {what} was fitted with ({_names(fitted)}): "
+                     f"{'; '.join(parts)}. Select them by name in that order (X[{fitted!r}]), or pass a plain array "
+                     f"(columns by position)")
+
+
+def _names(names: Sequence[str], shown: int = 8) -> str:
+    """``'a', 'b', ...`` for a message: the first ``shown`` names, then how many more."""
+    more = len(names) - shown
+    return ", ".join(map(repr, names[:shown])) + (f" and {more} more" if more > 0 else "")
 
 
 def check_finite_prediction(mean: torch.Tensor, var: torch.Tensor, name: str = "X_new", *,
