@@ -22,7 +22,7 @@ from typing import Any, TextIO
 
 import gpvi
 
-from .exceptions import InterruptedRunWarning
+from .inference.progress import interrupt_propagates
 from .table import Table
 
 __all__ = ["run_demo", "demo", "DEMO_DSVI_STEPS"]
@@ -69,11 +69,8 @@ def _stop_on_interrupt() -> Iterator[None]:
     (:class:`~gpvi.exceptions.InterruptedRunWarning`) becomes :class:`KeyboardInterrupt`, so the next stage does
     not start (the CLI then exits with status 130)."""
     warnings.simplefilter("always")
-    warnings.simplefilter("error", InterruptedRunWarning)
-    try:
+    with interrupt_propagates():
         yield
-    except InterruptedRunWarning as stop:
-        raise KeyboardInterrupt(str(stop)) from stop
 
 
 def demo(*, quick: bool = False, seed: int = 0, progress_bar: bool = True, out: TextIO | None = None):

@@ -17,6 +17,11 @@ What ``fit`` runs, by the number of classes K in ``y`` and the ``likelihood``:
 
 Inputs may be numpy arrays, pandas DataFrames or torch tensors; scikit-learn's validation turns them into float64
 numpy arrays and the classifier builds float64 tensors on its ``device``. Outputs are numpy arrays.
+
+Ctrl-C: the engines catch ``KeyboardInterrupt`` and return a partial, resumable result with an
+:class:`~gpvi.exceptions.InterruptedRunWarning` (for those who call them directly); ``fit`` does not: it runs them
+inside :func:`gpvi.inference.progress.interrupt_propagates`, so ``KeyboardInterrupt`` leaves ``fit`` and stops the
+caller's loop (``cross_val_score``, a grid search), and the estimator is left not fitted.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from sklearn.utils.validation import _check_sample_weight, check_is_fitted, vali
 from .inference.cvi.engine import CVI
 from .inference.cvi.options import MonteCarlo, SingleSite, num_steps_for_sweeps
 from .inference.cvi.typeii import TypeII
+from .inference.progress import interrupt_propagates
 from .models.classification import GPClassification
 from .models.multiclass import GPMulticlass
 from .numerics.softmax_rules import default_quadrature
@@ -194,7 +200,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     ranks points as the probabilities do (scikit-learn's scorers may use either); the latent posterior itself is
     :meth:`predict_latent`. ``fit(X, y, sample_weight)`` weights the likelihood terms: an integer weight is the
     same model as the repeated row, and the fit is the same computation (the type-II inner runs measure a weighted
-    row as that many repeated rows).
+    row as that many repeated rows). Ctrl-C during ``fit`` raises ``KeyboardInterrupt`` out of ``fit`` (scikit-learn's
+    convention: it stops ``cross_val_score`` or a grid search) and leaves the estimator not fitted (no fitted
+    attribute, ``check_is_fitted`` raises); for a partial, resumable run call the engines directly (module docstring).
 
     Examples
     --------
@@ -310,7 +318,18 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             settings.
         TypeError
             Sparse ``X``, entries that are not numbers, labels of mixed types, settings of the wrong type.
+        KeyboardInterrupt
+            Ctrl-C during the fit (an engine's partial result is not kept): the estimator is then not fitted.
         """
+        try:
+            with interrupt_propagates():
+                return self._fit(X, y, sample_weight)
+        except KeyboardInterrupt:
+            for name in [v for v in vars(self) if v.endswith("_") and not v.startswith("__")]:
+                delattr(self, name)                         # not fitted: check_is_fitted raises
+            raise
+
+    def _fit(self, X: Any, y: Any, sample_weight: Any) -> GPClassifier:
         seed = check_seed(self.random_state, "random_state")
         hp = check_choice(self.hyperparameters, "hyperparameters", ["type2", "fixed", "bayes"])
         prior = check_prior_choice(self.prior)
@@ -356,15 +375,19 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             model = GPMulticlass(Xt, classes[idx], kernel=self.kernel, likelihood=link, theta=self.theta,
                                  feature_names=names, weights=weights)
         if hp == "bayes":
-            return self._set_fitted(model, self._fully_bayesian(seed, prior).run(model), names, classes)
-        if link in _BINARY_LINKS:
-            engine: Any = self._binary_engine(model.num_data, seed)
+            post = self._fully_bayesian(seed, prior).run(model)
         else:
-            engine = self._multiclass_engine(model.num_data, model.num_classes, seed)
-        if hp == "type2":
-            post = TypeII(engine, inner_num_steps=max(int(self.max_sweeps), 50), prior=prior).run(model)
-        else:
-            post = engine.run(model)
+            if link in _BINARY_LINKS:
+                engine: Any = self._binary_engine(model.num_data, seed)
+            else:
+                engine = self._multiclass_engine(model.num_data, model.num_classes, seed)
+            if hp == "type2":
+                post = TypeII(engine, inner_num_steps=max(int(self.max_sweeps), 50), prior=prior).run(model)
+            else:
+                post = engine.run(model)
+        # a partial result that reached here without its warning (interrupt_propagates raises at the warning)
+        if any(bool(getattr(p, "info", {}).get("interrupted")) for p in (post, getattr(post, "q", None))):
+            raise KeyboardInterrupt("the fit was interrupted (Ctrl-C); its partial result is not kept")
         return self._set_fitted(model, post, names, classes)
 
     def _fully_bayesian(self, seed: int | None, prior: Any) -> Any:

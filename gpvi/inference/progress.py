@@ -3,15 +3,19 @@
 Every engine's ``run`` accepts ``progress_bar=True`` (a tqdm bar, with the running bound or acceptance
 rate in its postfix) and ``callback=`` (called after each step; it may raise ``KeyboardInterrupt`` to
 stop). Ctrl-C or such a callback ends the loop cleanly: the engine returns what was computed so far and
-warns with :class:`~gpvi.exceptions.InterruptedRunWarning`.
+warns with :class:`~gpvi.exceptions.InterruptedRunWarning`. Callers that must not go on with a partial result
+(:meth:`gpvi.GPClassifier.fit`, the demo) run engines inside :func:`interrupt_propagates`, where Ctrl-C leaves
+the call as ``KeyboardInterrupt``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from array import array
 import time
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -20,7 +24,7 @@ from tqdm.auto import tqdm
 
 from ..exceptions import InterruptedRunWarning
 
-__all__ = ["Progress", "warn_interrupted", "trace_to_tensor", "trace_from_tensor", "logger"]
+__all__ = ["Progress", "warn_interrupted", "interrupt_propagates", "trace_to_tensor", "trace_from_tensor", "logger"]
 
 logger = logging.getLogger("gpvi")
 
@@ -91,6 +95,22 @@ def warn_interrupted(what: str, done: int, total: int, *, unit: str = "steps",
     how to go on)."""
     warnings.warn(f"{what} interrupted after {done} of {total} {unit}; returning the result so far ({resume})",
                   InterruptedRunWarning, stacklevel=3)
+
+
+@contextlib.contextmanager
+def interrupt_propagates() -> Iterator[None]:
+    """Inside this context, Ctrl-C leaves the call: an engine's partial result is not returned.
+
+    An interrupted engine warns with :class:`~gpvi.exceptions.InterruptedRunWarning` before it returns its partial
+    result; here that warning is an error, re-raised as ``KeyboardInterrupt`` (chained to it) where the engine
+    stopped, so nothing after it runs. Other warnings are left to the caller's filters.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InterruptedRunWarning)
+        try:
+            yield
+        except InterruptedRunWarning as stop:
+            raise KeyboardInterrupt(str(stop)) from stop
 
 
 def trace_to_tensor(a: array) -> torch.Tensor:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import gpvi
-from gpvi.exceptions import ConvergenceWarning, InterruptedRunWarning
+from gpvi.exceptions import ConvergenceWarning
 from gpvi.sklearn import GPClassifier
 
 F64 = torch.float64
@@ -550,36 +550,3 @@ def test_verbose_zero_prints_nothing_and_verbose_one_shows_the_progress_bars(cap
     assert "CVI" in err and "it" in err                       # the engine's tqdm bar (stderr)
     GPClassifier(verbose=True, hyperparameters="fixed").fit(X, y)
     assert "CVI" in capfd.readouterr().err
-
-
-@pytest.mark.parametrize("multiclass", [False, True])
-@pytest.mark.parametrize("where", ["phase", "engine step"])
-def test_an_interrupted_fit_does_not_report_convergence(monkeypatch, multiclass, where):
-    """Ctrl-C (a KeyboardInterrupt) during a type-II hyperparameter phase, or during a CVI step after the first
-    run: the fit returns its partial posterior with a warning, and its info says interrupted, not converged."""
-    from gpvi.inference.cvi import CVI, TypeII
-
-    X, y = small(40, seed=12)
-    if multiclass:
-        y = (X[:, 0] > -0.5).long() + (X[:, 1] > 0.5).long()
-    target = {"phase": TypeII if multiclass else TypeII,
-              "engine step": CVI if multiclass else CVI}[where]
-    name = "phase" if where == "phase" else "step"
-    calls = {"n": 0}
-    original = getattr(target, name)
-    allowed = 0 if where == "phase" else 3                    # a step fails once the first CVI run is under way
-
-    def interrupted(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] > allowed:
-            raise KeyboardInterrupt
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(target, name, interrupted)
-    with pytest.warns(InterruptedRunWarning):
-        clf = GPClassifier().fit(X, y)
-    info = clf.posterior_.info
-    assert calls["n"] == allowed + 1
-    assert info["interrupted"] is True and info["converged"] is False and info["stopped_early"] is False
-    assert clf.posterior_.converged is False
-    assert clf.predict_proba(X).shape == (40, 3 if multiclass else 2)       # the partial posterior predicts
