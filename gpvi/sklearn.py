@@ -39,7 +39,7 @@ from .inference.cvi.options import MonteCarlo, SingleSite, num_steps_for_sweeps
 from .inference.cvi.typeii import TypeII
 from .inference.progress import interrupt_propagates
 from .models.classification import GPClassification
-from .models.multiclass import GPMulticlass
+from .models.multiclass import GPMulticlass, check_no_missing_labels
 from .numerics.softmax_rules import default_quadrature
 from .models.gpytorch_likelihoods import link_of_gpytorch
 from .models.priors import check_prior_choice
@@ -337,6 +337,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             device = check_device(self.device)
         else:
             device = X.device if isinstance(X, torch.Tensor) else torch.device("cpu")
+        if isinstance(y, (list, tuple)) or getattr(y, "dtype", None) == object:
+            check_no_missing_labels(np.asarray(y, dtype=object), "y")     # before sorting fails on them
         X, y = validate_data(self, _host(X), _host(y), dtype=np.float64, order="C", ensure_min_samples=2)
         check_classification_targets(y)
         if y.dtype.kind == "f" and np.abs(y).max() < 2.0 ** 53:

@@ -29,7 +29,20 @@ from .likelihoods import Likelihood
 from .gpytorch_likelihoods import link_of_gpytorch
 from .multiclass_likelihoods import make_multiclass_likelihood
 
-__all__ = ["GPMulticlass", "check_class_labels"]
+__all__ = ["GPMulticlass", "check_class_labels", "check_no_missing_labels"]
+
+
+def check_no_missing_labels(y: np.ndarray, name: str = "y") -> None:
+    """``ValueError`` naming ``name`` when an object array of labels holds a missing value (``None``, NaN,
+    ``pandas.NA``/``NaT``): a label cannot be missing, and sorting the labels would fail with a ``TypeError``."""
+    if y.dtype.kind != "O":
+        return
+    rows = [i for i, v in enumerate(y.reshape(-1)) if v is None or (isinstance(v, (float, np.floating)) and v != v)
+            or type(v).__name__ in ("NAType", "NaTType")]
+    if rows:
+        shown = ", ".join(map(str, rows[:5])) + (", ..." if len(rows) > 5 else "")
+        raise ValueError(f"{name} contains missing labels (None or NaN) at {len(rows)} row(s) ({shown}); drop those "
+                         f"rows or give them a label")
 
 
 def check_class_labels(y: Any, name: str = "y", *, device: torch.device | str | None = None
@@ -47,8 +60,7 @@ def check_class_labels(y: Any, name: str = "y", *, device: torch.device | str | 
         raise ValueError(f"{name} is empty")
     if arr.dtype.kind == "f" and not np.isfinite(arr).all():
         raise ValueError(f"{name} contains NaN or infinite labels")
-    if arr.dtype.kind == "O" and any(v is None for v in arr):
-        raise ValueError(f"{name} contains missing labels (None)")
+    check_no_missing_labels(arr, name)
     try:
         classes, idx = np.unique(arr, return_inverse=True)
     except TypeError as exc:
