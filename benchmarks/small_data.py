@@ -16,7 +16,8 @@ Sections (each one process, one thread; timings interleaved in rounds, medians):
               one value + gradient at the default start: ``floor`` (the faster of two bare analytic torch functions
               written here for exactly that model: squared distances precomputed, or expanded), ``lean``
               (``model.closed_form.log_joint``, what the sampler calls), ``model`` (``GPRegression.log_joint_and_grad``,
-              checked), ``potential`` (the sampler's wrapper around it: NumPy in, NumPy out), ``previous`` (``log_joint`` + autograd with the closed form off:
+              checked), ``potential`` (the sampler's wrapper around it: NumPy in, NumPy out), ``lean4`` (the closed form on
+              4 thetas in one call: the sampler's call for 4 chains), ``previous`` (``log_joint`` + autograd with the closed form off:
               the path of the previous release). Values and gradients of floor and lean are checked equal.
 ``sampler``   gpvi's NUTS (4 chains x (500 warm-up + 1,000 draws), default settings) on every problem: wall, gradient
               evaluations, ms per gradient against the bare ``lean`` call measured in the same process (the sampler's
@@ -195,13 +196,16 @@ def section_logjoint() -> list[dict[str, Any]]:
             t = t1.clone().requires_grad_(True)
             torch.autograd.grad(prev.log_joint(t).sum(), t)
 
+        t4 = th.unsqueeze(0) + 0.01 * torch.arange(4, **F64).unsqueeze(-1)
+
         fns = {**{k: (lambda fl=fl: fl(th)) for k, fl in floors.items()},
                "lean": lambda: lean.log_joint(t1), "model": lambda: model.log_joint_and_grad(t1),
-               "potential": lambda: pot(z), "previous": previous}
+               "potential": lambda: pot.one(z), "lean4": lambda: lean.log_joint(t4), "previous": previous}
         ms = interleaved(fns)
         floor = min(ms[k] for k in floors)
         row = {"problem": name, "N": model.num_data, "D": model.dim, **ms, "floor": floor,
                "lean_over_floor": ms["lean"] / floor, "potential_over_floor": ms["potential"] / floor,
+               "lean4_over_lean": ms["lean4"] / ms["lean"],
                "previous_over_lean": ms["previous"] / ms["lean"]}
         print(row, flush=True)
         rows.append(row)
@@ -451,18 +455,23 @@ def render(data: dict[str, Any]) -> str:
     md.append("")
     if "logjoint" in data:
         md += ["## Log joint + gradient (ms per call, medians of interleaved rounds)", "",
-               "| problem | N | D | floor | lean | model | sampler's call | previous release | lean / floor | "
-               "call / floor | previous / lean |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+               "lean x 4 = one call of the closed form on 4 thetas (the sampler's call for 4 chains).", "",
+               "| problem | N | D | floor | lean | model | sampler's call | lean x 4 | previous release | lean / floor | "
+               "call / floor | lean x 4 / lean | previous / lean |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in data["logjoint"]:
+            l4 = (f"{r['lean4']:.3f}", f"{r['lean4_over_lean']:.2f}") if "lean4" in r else ("-", "-")
             md.append(f"| {r['problem']} | {r['N']} | {r['D']} | {r['floor']:.3f} | {r['lean']:.3f} | "
-                      f"{r['model']:.3f} | {r['potential']:.3f} | {r['previous']:.3f} | {r['lean_over_floor']:.2f} | "
-                      f"{r['potential_over_floor']:.2f} | {r['previous_over_lean']:.2f} |")
+                      f"{r['model']:.3f} | {r['potential']:.3f} | {l4[0]} | {r['previous']:.3f} | "
+                      f"{r['lean_over_floor']:.2f} | {r['potential_over_floor']:.2f} | {l4[1]} | "
+                      f"{r['previous_over_lean']:.2f} |")
         md.append("")
     if "sampler" in data:
         md += ["## Samplers: 4 chains x (500 warm-up + 1,000 draws)", "",
-               "gpvi = `gpvi.NUTS` (NumPy transitions, closed-form gradient); overhead = its wall over the time spent "
-               "inside the log joint + gradient calls (timed around each call in the same run), minus 1: the sampler's "
-               "and its wrapper's own work. ms/grad bare = the closed-form call alone, timed before the run. Pyro = "
+               "gpvi = `gpvi.NUTS` (NumPy transitions; the 4 chains advance together, one closed-form call on 4 "
+               "thetas answering every chain's request); ms/grad in NUTS = its wall per gradient of one chain; "
+               "overhead = its wall over the time spent inside the log joint + gradient calls (timed around each "
+               "call in the same run), minus 1: the sampler's and its wrapper's own work. ms/grad bare = the "
+               "closed-form call alone on one theta, timed before the run. Pyro = "
                "Pyro's NUTS on the previous release's log joint + autograd (same chains, warm-up and draws). Speed-up: "
                "the reference's wall to 400 ESS over this run's, both pro-rated by min(bulk, tail ESS) (the "
                "references' rule; they ran at another time and load). vs ref = the stress suite's committed default-NUTS reference of the "

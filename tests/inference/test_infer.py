@@ -199,13 +199,13 @@ def test_a_failed_sk_run_falls_back_to_dsvi_from_the_same_starts(monkeypatch):
 
 class _CtrlC:
     """A funnel whose log joint raises KeyboardInterrupt (as Ctrl-C does) at the ``at``-th call of ``kind``
-    (``"batch"``: PSIS's calls with many draws; ``"single"``: the sampler's calls with one draw)."""
+    (``"batch"``: PSIS's calls with many draws; ``"single"``: the sampler's calls, one row per chain)."""
 
     def __init__(self, kind, at):
         self.kind, self.at, self.calls = kind, at, 0
 
     def __call__(self, th):
-        single = th.dim() == 1 or th.shape[0] == 1
+        single = th.dim() == 1 or th.shape[0] <= 2
         if single == (self.kind == "single"):
             self.calls += 1
             if self.calls == self.at:

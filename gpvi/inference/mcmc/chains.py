@@ -1,15 +1,22 @@
-r"""The per-chain loop: warm-up with adaptation, then sampling from a frozen snapshot.
+r"""The chains: warm-up with adaptation, then sampling from a frozen snapshot, all chains advancing together.
 
-The transitions are :mod:`gpvi.inference.mcmc.kernel`'s (NumPy, one ``logp_grad`` call per leapfrog step); the
-adaptation is :mod:`gpvi.inference.mcmc.adaptation`'s. This module runs one chain: seeding, per-draw statistics,
-progress, interruption.
+The transitions are :mod:`gpvi.inference.mcmc.kernel`'s (NumPy generators that ask for the log density and gradient
+at one point at a time); the adaptation is :mod:`gpvi.inference.mcmc.adaptation`'s. Each chain is one generator
+(:func:`_chain`: warm-up, then draws). :func:`run_chains` answers the current request of **every** chain with one
+batched call of the log joint, ``(num_chains, D) -> (num_chains,)`` and its gradient: a chain whose transition ends
+starts its next one at once, so no chain waits for another's trajectory, and at tens of data points four chains
+cost little more than one (the call's cost is Python and framework overhead, not arithmetic). Chain ``c`` is
+always row ``c`` of a batch of ``num_chains`` rows (a finished chain's row repeats its last point): for gpvi's own
+models a row's value and gradient do not depend on the other rows, so a chain's draws are those of the same chain
+run in any company of the same size (``benchmarks/results/small_data.md``).
 
-Each chain ``c`` has its own seed and its own torch generator, so the draws of a chain do not depend on the others,
-on the number of chains, on callbacks or on interruptions, and the caller's global RNG is never touched. After
-warm-up a chain's step size and inverse mass matrix are frozen; the snapshot (position, step size, mass matrix,
-generator state), updated after every draw, is what :class:`~gpvi.inference.mcmc.state.ChainState` stores, so
-resuming an interrupted run, or extending a finished one to more draws, reproduces the uninterrupted run exactly. A
-chain interrupted during warm-up repeats its warm-up on resume (same result, time lost).
+Each chain ``c`` has its own seed and its own torch generator, so the draws of a chain do not depend on what the
+other chains do, on callbacks or on interruptions (they do depend, in the last bits, on the number of chains: a
+batch of one row is computed by other kernels than a batch of four), and the caller's global RNG is never touched.
+After warm-up a chain's step size and inverse mass matrix are frozen; the snapshot (position, step size, mass
+matrix, generator state), updated after every draw, is what :class:`~gpvi.inference.mcmc.state.ChainState` stores,
+so resuming an interrupted run, or extending a finished one to more draws, reproduces the uninterrupted run
+exactly. A chain interrupted during warm-up repeats its warm-up on resume (same result, time lost).
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import time
 import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -30,10 +37,10 @@ from ...models.target import target_device
 from ..derivatives import log_joint_and_grad
 from ..progress import Progress
 from .adaptation import DualAveraging, Welford, Windows
-from .kernel import Metric, Uniforms, find_step_size
+from .kernel import Asks, Metric, Uniforms, find_step_size
 from .state import ChainState, MCMCState
 
-__all__ = ["Potential", "tree_depth", "run_chain", "SAMPLE_STATS", "WARMUP_STATS"]
+__all__ = ["Potential", "tree_depth", "run_chains", "SAMPLE_STATS", "WARMUP_STATS"]
 
 SAMPLE_STATS = ("diverging", "acceptance_rate", "step_size", "n_steps", "lp", "energy")
 WARMUP_STATS = ("acceptance_rate", "step_size", "n_steps", "lp")
@@ -42,16 +49,18 @@ Callback = Callable[[int, int, dict[str, Any]], None]
 
 
 class Potential:
-    r"""``logp_grad(z) -> (log g(z), gradient)`` on NumPy vectors, counting evaluations.
+    r"""The log density and gradient at a batch of points: ``(S, D)`` NumPy rows in, ``(S,)`` and ``(S, D)`` out.
 
-    A target with ``log_joint_and_grad`` (:class:`gpvi.GPRegression`: the closed form of
-    :mod:`gpvi.models.lean_joint`) is called directly; any other target through ``log_joint`` and autograd. The
-    target is evaluated as a batch of one, so a kernel matrix that cannot be factorised gives ``-inf`` (zero density,
-    zero gradient) instead of an exception, and the transition rejects it (or marks the trajectory divergent).
-    :class:`~gpvi.exceptions.NumericalWarning` s raised by the target (e.g. Cholesky jitter at extreme theta, common
-    in early warm-up) are counted instead of repeated at every leapfrog step (:meth:`watching`, around a whole
-    chain); the run reports the counts and warns once if any happened after warm-up. Other warnings of the target
-    are raised once each at the end of the chain.
+    A target with ``closed_form`` (:class:`gpvi.GPRegression`: :mod:`gpvi.models.lean_joint`) is called through
+    it directly; any other target through :func:`~gpvi.inference.derivatives.log_joint_and_grad`. A row whose
+    point, value or gradient is not finite, or whose kernel matrix cannot be factorised, gives ``-inf`` (zero
+    density, zero gradient), which the transition rejects (or marks divergent). A non-finite point is never
+    evaluated (its row is computed at zero and discarded). If the target raises
+    :class:`~gpvi.exceptions.NotPSDError` for the batch, each row is computed again in a batch of its own copies,
+    at the same row (so its bits do not depend on the other rows). :class:`~gpvi.exceptions.NumericalWarning` s
+    of the target (e.g. Cholesky jitter at extreme theta, common in early warm-up) are counted instead of repeated
+    at every call (:meth:`watching`, around a whole run); other warnings of the target are raised once each at the
+    end.
     """
 
     def __init__(self, target: Any) -> None:
@@ -60,43 +69,53 @@ class Potential:
         self._fast = closed.log_joint if closed is not None else None
         self.device = target_device(target) or torch.device("cpu")
         self._on_cpu = self.device.type == "cpu"
-        self.evaluations = 0
-        self.nonfinite = 0
-        self.numerical_warnings = 0
+        self._log: list[Any] | None = None
+        self._others: list[Any] = []
 
     def _eval(self, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self._fast(theta) if self._fast is not None else log_joint_and_grad(self.target, theta)
 
-    def __call__(self, z: np.ndarray) -> tuple[float, np.ndarray]:
-        self.evaluations += 1
-        if not math.isfinite(z.sum()):                # a diverged trajectory: zero density, never evaluated
-            self.nonfinite += 1
-            return -math.inf, np.zeros_like(z)
-        theta = torch.from_numpy(z).unsqueeze(0)
+    def _rows(self, Z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        theta = torch.from_numpy(Z)
         if not self._on_cpu:
             theta = theta.to(self.device)
         try:
             v, g = self._eval(theta)
         except NotPSDError:
-            self.nonfinite += 1
-            return -math.inf, np.zeros_like(z)
-        lp = v.item()
-        if not math.isfinite(lp):
-            self.nonfinite += 1
-            return -math.inf, np.zeros_like(z)
-        grad = g.numpy()[0] if self._on_cpu and g.dtype == torch.float64 else g[0].detach().to("cpu", torch.float64).numpy()
-        if not math.isfinite(grad.sum()):          # a NaN or an infinity anywhere makes the sum non-finite
-            self.nonfinite += 1
-            return -math.inf, np.zeros_like(z)
-        return lp, grad
+            lp, grad = np.full(Z.shape[0], -math.inf), np.zeros_like(Z)
+            for i in range(Z.shape[0]):                # row i alone, in a batch of its copies at row i
+                try:
+                    vi, gi = self._eval(theta[i].expand_as(theta).clone())
+                except NotPSDError:
+                    continue
+                lp[i], grad[i] = vi[i].item(), gi[i].detach().to("cpu", torch.float64).numpy()
+            return lp, grad
+        if self._on_cpu and v.dtype == torch.float64:
+            return v.detach().numpy(), g.detach().numpy()
+        return v.detach().to("cpu", torch.float64).numpy(), g.detach().to("cpu", torch.float64).numpy()
+
+    def __call__(self, Z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(log densities (S,), gradients (S, D), failed (S,) bool)`` at the rows of ``Z``."""
+        finite = np.isfinite(Z).all(axis=1)
+        all_finite = bool(finite.all())
+        lp, grad = self._rows(Z if all_finite else np.where(finite[:, None], Z, 0.0))
+        bad = ~(finite & np.isfinite(lp) & np.isfinite(grad).all(axis=1))
+        if bad.any():
+            lp[bad] = -math.inf
+            grad[bad] = 0.0
+        return lp, grad, bad
+
+    def one(self, z: np.ndarray) -> tuple[float, np.ndarray]:
+        """``(log density, gradient)`` at one point ``z`` (D,), as a batch of one."""
+        lp, grad, _ = self(z[None, :])
+        return float(lp[0]), grad[0]
 
     @contextmanager
     def watching(self):
-        """Record every warning the target raises while the block runs (one ``catch_warnings`` for a whole chain,
+        """Record every warning the target raises while the block runs (one ``catch_warnings`` for a whole run,
         not one per call); :meth:`flush` counts the NumericalWarnings, and the others are raised again, once each,
         when the block ends."""
-        others: list[Any] = []
-        self._others = others
+        self._others = others = []
         with warnings.catch_warnings(record=True) as log:
             warnings.simplefilter("always")
             self._log = log
@@ -112,17 +131,31 @@ class Potential:
                 seen.add(key)
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
 
-    def flush(self) -> None:
-        """Count the NumericalWarnings recorded so far (:meth:`watching`); keep the others for the end."""
-        log = getattr(self, "_log", None)
+    def flush(self) -> int:
+        """The number of NumericalWarnings recorded since the last flush (:meth:`watching`); the others are kept
+        for the end."""
+        log = self._log
         if not log:
-            return
+            return 0
+        n = 0
         for w in log:
             if issubclass(w.category, NumericalWarning):
-                self.numerical_warnings += 1
+                n += 1
             else:
                 self._others.append(w)
         log.clear()
+        return n
+
+
+@dataclass
+class _Counts:
+    """One chain's evaluation counters, kept by :func:`run_chains`: its points evaluated, those that failed, and
+    the NumericalWarnings raised by the calls that evaluated its points (a warning of a batched call counts for
+    every chain in the call)."""
+
+    evaluations: int = 0
+    nonfinite: int = 0
+    numerical_warnings: int = 0
 
 
 def tree_depth(n_steps: torch.Tensor) -> torch.Tensor:
@@ -139,41 +172,73 @@ def _generator(seed: int, state: torch.Tensor | None = None) -> torch.Generator:
     return g
 
 
-def run_chain(engine: Any, c: int, st: MCMCState, potential: Potential, callback: Callback | None) -> None:
-    """Run chain ``c`` of ``st`` to ``engine.num_warmup + engine.num_draws`` transitions, updating ``st.chains[c]``.
+def run_chains(engine: Any, st: MCMCState, potential: Potential, callback: Callback | None) -> None:
+    """Run every chain of ``st`` to ``engine.num_warmup + engine.num_draws`` transitions, updating ``st.chains``.
 
-    ``st.chains[c]`` holds a consistent snapshot whenever this returns or raises (``KeyboardInterrupt``
-    included): the committed draws, or the chain as it was before an unfinished warm-up.
+    One batched ``potential`` call per round answers every unfinished chain's request (module docstring). Each
+    ``st.chains[c]`` holds a consistent snapshot whenever this returns or raises (``KeyboardInterrupt`` included):
+    the committed draws, or the chain as it was before an unfinished warm-up.
     """
-    cs = st.chains[c]
-    W, S = engine.num_warmup, engine.num_draws
-    if cs.warmed_up and cs.num_draws >= S:
+    W, S, C = engine.num_warmup, engine.num_draws, len(st.chains)
+    todo = [c for c in range(C) if not (st.chains[c].warmed_up and st.chains[c].num_draws >= S)]
+    if not todo:
         return
-    desc = f"{engine.name} chain {c + 1}/{engine.num_chains}"
-    with Progress(W + S, enabled=engine.progress_bar, desc=desc, initial=cs.transitions(W)) as bar, \
-            potential.watching():
-        if not cs.warmed_up:
-            # on interruption the chain keeps no warm-up progress (resume repeats it exactly)
-            st.chains[c] = _warmup(engine, c, cs, potential, callback, bar,
-                                   st.init_info.get("inverse_mass_matrix_init"))
-        _sample(engine, c, st, potential, callback, bar)
+    counts = [_Counts() for _ in range(C)]
+    Z = torch.stack([cs.position if cs.warmed_up else cs.init for cs in st.chains]).detach().to(
+        "cpu", torch.float64).numpy().copy()
+    desc = f"{engine.name} chain 1/1" if C == 1 else f"{engine.name} {C} chains"
+    mass = st.init_info.get("inverse_mass_matrix_init")
+    with Progress(C * (W + S), enabled=engine.progress_bar, desc=desc,
+                  initial=sum(cs.transitions(W) for cs in st.chains)) as bar, potential.watching():
+        chains = {c: _chain(engine, c, st, counts[c], bar, callback, mass) for c in todo}
+        try:
+            asked = {}
+            for c in todo:
+                asked[c] = next(chains[c])          # every chain has at least its start point to ask for
+            while chains:
+                for c, z in asked.items():
+                    Z[c] = z
+                lp, grad, bad = potential(Z)
+                warned = potential.flush()
+                asked = {}
+                for c in list(chains):
+                    k = counts[c]
+                    k.evaluations += 1
+                    k.nonfinite += int(bad[c])
+                    k.numerical_warnings += warned
+                    try:
+                        asked[c] = chains[c].send((float(lp[c]), grad[c]))
+                    except StopIteration:
+                        del chains[c]
+        finally:
+            for gen in chains.values():                 # interrupted: each chain commits what it has
+                gen.close()
 
 
-def _start_point(potential: Potential, theta: torch.Tensor) -> tuple[np.ndarray, float, np.ndarray]:
+def _chain(engine: Any, c: int, st: MCMCState, counts: _Counts, bar: Progress, callback: Callback | None,
+           mass: torch.Tensor | None) -> Asks[None]:
+    """Chain ``c``: its warm-up (unless done), then its draws; a generator of requests (module docstring)."""
+    if not st.chains[c].warmed_up:
+        # on interruption the chain keeps no warm-up progress (resume repeats it exactly)
+        st.chains[c] = yield from _warmup(engine, c, st.chains[c], counts, callback, bar, mass)
+    yield from _sample(engine, c, st, counts, callback, bar)
+
+
+def _start_point(theta: torch.Tensor) -> Asks[tuple[np.ndarray, float, np.ndarray]]:
     z = theta.detach().to("cpu", torch.float64).numpy().copy()
-    lp, g = potential(z)
+    lp, g = yield z
     return z, lp, g
 
 
-def _warmup(engine: Any, c: int, cs: ChainState, potential: Potential, callback: Callback | None,
-            bar: Progress, mass: torch.Tensor | None = None) -> ChainState:
+def _warmup(engine: Any, c: int, cs: ChainState, counts: _Counts, callback: Callback | None,
+            bar: Progress, mass: torch.Tensor | None = None) -> Asks[ChainState]:
     W = engine.num_warmup
     a = engine.adaptation
     t0 = time.perf_counter()
-    e0, n0, w0 = potential.evaluations, potential.nonfinite, potential.numerical_warnings
+    e0, n0, w0 = counts.evaluations, counts.nonfinite, counts.numerical_warnings
     gen = _generator(cs.seed)
     rng = Uniforms(gen)
-    z, lp, g = _start_point(potential, cs.init)
+    z, lp, g = yield from _start_point(cs.init)
     D = z.shape[0]
     dense = a.dense_mass or mass is not None
     if mass is not None:
@@ -187,15 +252,15 @@ def _warmup(engine: Any, c: int, cs: ChainState, potential: Potential, callback:
     windows = Windows(W) if adapt_mass else None
     welford = Welford(D, dense) if adapt_mass else None
     if adapt_eps:
-        eps = find_step_size(z, lp, g, potential, eps, metric, rng)
+        eps = yield from find_step_size(z, lp, g, eps, metric, rng)
     dual = DualAveraging(eps, a.target_accept)
     draws: list[torch.Tensor] = []
     rec: dict[str, list[float]] = {k: [] for k in WARMUP_STATS}
     depths: list[dict[str, Any]] = []
     for i in range(W):
         step = eps
-        e = potential.evaluations
-        z, lp, g, stats = engine._transition(z, lp, g, potential, step, metric, rng)
+        e = counts.evaluations
+        z, lp, g, stats = yield from engine._transition(z, lp, g, step, metric, rng)
         if adapt_eps:
             eps = dual.update(stats["acceptance_rate"])
         if windows is not None and windows.collects(i):
@@ -204,12 +269,12 @@ def _warmup(engine: Any, c: int, cs: ChainState, potential: Potential, callback:
                 metric = Metric(welford.inverse_mass())
                 welford.reset()
                 if adapt_eps:
-                    eps = find_step_size(z, lp, g, potential, eps, metric, rng)
+                    eps = yield from find_step_size(z, lp, g, eps, metric, rng)
                     dual.restart(eps)
         theta = torch.from_numpy(z.copy())
         draws.append(theta)
         row = {"acceptance_rate": stats["acceptance_rate"], "step_size": step,
-               "n_steps": potential.evaluations - e, "lp": lp}
+               "n_steps": counts.evaluations - e, "lp": lp}
         for k in WARMUP_STATS:
             rec[k].append(row[k])
         depths.append({k: v for k, v in stats.items() if k == "tree_depth"})
@@ -218,7 +283,6 @@ def _warmup(engine: Any, c: int, cs: ChainState, potential: Potential, callback:
             callback(c, i, {"theta": theta, "phase": "warmup", **row})
     final_eps = dual.final if adapt_eps else eps
     rng.reset()
-    potential.flush()
     wstats = {k: torch.tensor(v, dtype=torch.int64 if k == "n_steps" else torch.float64, device="cpu")
               for k, v in rec.items()}                   # per-draw statistics live on the CPU
     wstats.update(engine._extra_stats(wstats, depths))
@@ -228,22 +292,23 @@ def _warmup(engine: Any, c: int, cs: ChainState, potential: Potential, callback:
                    inverse_mass_matrix=torch.from_numpy(metric.inv.copy()),
                    position=torch.from_numpy(z.copy()).to(dev), rng_state=gen.get_state(),
                    warmup_time_s=time.perf_counter() - t0,
-                   num_evaluations=cs.num_evaluations + potential.evaluations - e0,
-                   num_nonfinite=cs.num_nonfinite + potential.nonfinite - n0,
-                   num_numerical_warnings_warmup=potential.numerical_warnings - w0)
+                   num_evaluations=cs.num_evaluations + counts.evaluations - e0,
+                   num_nonfinite=cs.num_nonfinite + counts.nonfinite - n0,
+                   num_numerical_warnings_warmup=counts.numerical_warnings - w0)
 
 
-def _sample(engine: Any, c: int, st: MCMCState, potential: Potential, callback: Callback | None,
-            bar: Progress) -> None:
+def _sample(engine: Any, c: int, st: MCMCState, counts: _Counts, callback: Callback | None,
+            bar: Progress) -> Asks[None]:
     cs = st.chains[c]
     S = engine.num_draws
+    if cs.num_draws >= S:
+        return
     t0 = time.perf_counter()
-    e0, n0, w0 = potential.evaluations, potential.nonfinite, potential.numerical_warnings
+    e0, n0, w0 = counts.evaluations, counts.nonfinite, counts.numerical_warnings
     gen = _generator(cs.seed, cs.rng_state)
     rng = Uniforms(gen)
     metric = Metric(cs.inverse_mass_matrix.detach().to("cpu", torch.float64).numpy())
     eps = float(cs.step_size)
-    z, lp, g = _start_point(potential, cs.position)
     # committed draws: [theta, stats row, generator state after it]; one list append commits a draw atomically, so
     # an interruption anywhere leaves a consistent snapshot (only the last generator state is kept)
     committed: list[list[Any]] = []
@@ -251,7 +316,6 @@ def _sample(engine: Any, c: int, st: MCMCState, potential: Potential, callback: 
     dev = cs.position.device
 
     def snapshot() -> ChainState:
-        potential.flush()
         rows = [e[1] for e in committed]
         new_stats = {k: torch.tensor([r[k] for r in rows], device="cpu", dtype=torch.bool if k == "diverging" else
                                      torch.int64 if k == "n_steps" else torch.float64)
@@ -263,17 +327,18 @@ def _sample(engine: Any, c: int, st: MCMCState, potential: Potential, callback: 
                        position=committed[-1][0].clone().to(dev) if committed else cs.position,
                        rng_state=committed[-1][2] if committed else cs.rng_state,
                        sampling_time_s=cs.sampling_time_s + time.perf_counter() - t0,
-                       num_evaluations=cs.num_evaluations + potential.evaluations - e0,
-                       num_nonfinite=cs.num_nonfinite + potential.nonfinite - n0,
-                       num_numerical_warnings=cs.num_numerical_warnings + potential.numerical_warnings - w0)
+                       num_evaluations=cs.num_evaluations + counts.evaluations - e0,
+                       num_nonfinite=cs.num_nonfinite + counts.nonfinite - n0,
+                       num_numerical_warnings=cs.num_numerical_warnings + counts.numerical_warnings - w0)
 
     try:
+        z, lp, g = yield from _start_point(cs.position)
         for i in range(cs.num_draws, S):
-            e = potential.evaluations
-            z, lp, g, stats = engine._transition(z, lp, g, potential, eps, metric, rng)
+            e = counts.evaluations
+            z, lp, g, stats = yield from engine._transition(z, lp, g, eps, metric, rng)
             rng.reset()                                   # the generator's state alone determines the next draw
             theta = torch.from_numpy(z.copy())
-            row = {**stats, "step_size": eps, "n_steps": potential.evaluations - e, "lp": lp}
+            row = {**stats, "step_size": eps, "n_steps": counts.evaluations - e, "lp": lp}
             committed.append([theta, row, gen.get_state()])
             if len(committed) > 1:
                 committed[-2][2] = None

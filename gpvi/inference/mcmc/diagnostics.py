@@ -48,7 +48,7 @@ def e_bfmi(energy: torch.Tensor) -> list[float]:
 def usable_block(chains: list[ChainState], num_draws: int) -> tuple[int, int]:
     """The chains a result is built from: ``(k, length)`` = the first ``k`` chains, each cut to ``length`` draws.
 
-    The chains that finished (a prefix: chains run in order); if none did, the largest rectangular block of draws
+    The chains that finished, when they are the first ones; if none did, the largest rectangular block of draws
     (the first ``k`` chains, each cut to the shortest of them). ``length`` is 0 when there is no draw at all.
     """
     finished = [cs.num_draws >= num_draws for cs in chains]

@@ -7,7 +7,7 @@ The engines follow the contract of :mod:`gpvi.inference.contract` except for the
 
     start = find_start(target, init, engine.default_init(target))    # an init strategy, called once
     state = engine.init(target, start, generator)                    # chain starts and per-chain seeds
-    for each chain: warm-up, then draws (state.chains[c] is a consistent snapshot at every moment)
+    all chains together: warm-up, then draws (state.chains[c] is a consistent snapshot at every moment)
     posterior = engine.result(target, state, report)                 # draws, statistics, diagnostics
 
 ``run(target, state=s)`` resumes (or extends to a larger ``num_draws``) from a copy of ``s``; ``s`` is never
@@ -36,8 +36,8 @@ from ...validation import check_bool, check_nonnegative_int, check_positive, che
 from ..contract import RunReport
 from ..init import Start, find_start, init_to_default
 from ..progress import warn_interrupted
-from .chains import Potential, run_chain
-from .kernel import Metric, Uniforms
+from .chains import Potential, run_chains
+from .kernel import Asks, Metric, Uniforms
 from ...posteriors.diagnostics import diagnostics
 from .diagnostics import chain_table, convergence_problems, e_bfmi, usable_block, warn_convergence
 from .settings import Adaptation, ConvergenceChecks
@@ -90,9 +90,10 @@ class HamiltonianEngine:
     def _kernel_settings(self) -> dict[str, Any]:
         raise NotImplementedError
 
-    def _transition(self, z: np.ndarray, lp: float, g: np.ndarray, potential: Potential, step_size: float,
-                    metric: Metric, rng: Uniforms) -> tuple[np.ndarray, float, np.ndarray, dict[str, Any]]:
-        """One transition from ``z`` (:mod:`gpvi.inference.mcmc.kernel`): next state and its statistics."""
+    def _transition(self, z: np.ndarray, lp: float, g: np.ndarray, step_size: float, metric: Metric,
+                    rng: Uniforms) -> Asks[tuple[np.ndarray, float, np.ndarray, dict[str, Any]]]:
+        """One transition from ``z`` (a generator of :mod:`gpvi.inference.mcmc.kernel`): next state and its
+        statistics."""
         raise NotImplementedError
 
     def _extra_stats(self, stats: dict[str, torch.Tensor], rows: list[dict[str, Any]] | None = None
@@ -284,12 +285,10 @@ class HamiltonianEngine:
         potential = Potential(target)
         interrupted = False
         t_before, t0 = st.t, time.perf_counter()
-        for c in range(self.num_chains):
-            try:
-                run_chain(self, c, st, potential, callback)
-            except KeyboardInterrupt:
-                interrupted = True
-                break
+        try:
+            run_chains(self, st, potential, callback)
+        except KeyboardInterrupt:
+            interrupted = True
         report = RunReport(interrupted=interrupted, stopped_early=False, time_s=time.perf_counter() - t0,
                            steps_this_run=st.t - t_before, budget=None, progress_bar=self.progress_bar)
         return self.result(target, st, report)

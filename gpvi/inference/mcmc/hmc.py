@@ -18,8 +18,7 @@ from typing import Any
 import numpy as np
 
 from ...validation import check_positive_int
-from .chains import Potential
-from .kernel import Metric, Uniforms, hmc_transition
+from .kernel import Asks, Metric, Uniforms, hmc_transition
 from .engine import HamiltonianEngine
 from .settings import Adaptation, ConvergenceChecks
 
@@ -73,10 +72,10 @@ class HMC(HamiltonianEngine):
     def _kernel_settings(self) -> dict[str, Any]:
         return {"num_leapfrog_steps": self.num_leapfrog_steps}
 
-    def _transition(self, z: np.ndarray, lp: float, g: np.ndarray, potential: Potential, step_size: float,
-                    metric: Metric, rng: Uniforms) -> tuple[np.ndarray, float, np.ndarray, dict[str, Any]]:
+    def _transition(self, z: np.ndarray, lp: float, g: np.ndarray, step_size: float, metric: Metric,
+                    rng: Uniforms) -> Asks[tuple[np.ndarray, float, np.ndarray, dict[str, Any]]]:
         steps = max(1, int(math.floor(self.trajectory_length / step_size + 1e-9)))
-        return hmc_transition(z, lp, g, potential, step_size, metric, steps, rng)
+        return hmc_transition(z, lp, g, step_size, metric, steps, rng)
 
     def __repr__(self) -> str:
         return (f"HMC(step_size={self.step_size}, num_leapfrog_steps={self.num_leapfrog_steps}, "

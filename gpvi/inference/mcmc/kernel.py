@@ -1,8 +1,12 @@
 r"""One Hamiltonian transition in NumPy: the leapfrog integrator, multinomial NUTS and fixed-length HMC.
 
 At tens to hundreds of data points a GP log joint and its gradient cost about a hundred microseconds, so a
-sampler's own work per leapfrog step must cost far less. Everything here works on NumPy vectors of length D; the
-only call per step is ``logp_grad(z) -> (log density, gradient)``, and a step costs a few microseconds besides it.
+sampler's own work per leapfrog step must cost far less. Everything here works on NumPy vectors of length D, and
+every function is a **generator** that asks for the log density and gradient at a point instead of calling a
+function: it yields ``z`` and is sent back ``(log density, gradient)``. A driver answers one chain's requests
+(:func:`drive`, ``logp_grad(z)`` per request) or all chains' at once, with one batched call of the log joint for
+the current requests of every chain (:mod:`gpvi.inference.mcmc.chains`): the chains advance together without
+waiting for each other at the end of a transition.
 
 Dynamics. Potential :math:`U(\theta) = -\log g(\theta)`, kinetic energy :math:`K(r) = \tfrac12 r^\top M^{-1} r`,
 :math:`r \sim \mathcal N(0, M)`, leapfrog with step size :math:`\epsilon` (Neal 2011, eqs. 5.18-5.20):
@@ -36,15 +40,30 @@ M. Betancourt (2017). A conceptual introduction to Hamiltonian Monte Carlo. arXi
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
-__all__ = ["Metric", "Uniforms", "nuts_transition", "hmc_transition", "find_step_size", "MAX_ENERGY_ERROR"]
+__all__ = ["Metric", "Uniforms", "nuts_transition", "hmc_transition", "find_step_size", "drive", "MAX_ENERGY_ERROR"]
 
 LogpGrad = Callable[[np.ndarray], tuple[float, np.ndarray]]
+T = TypeVar("T")
+Asks = Generator[np.ndarray, tuple[float, np.ndarray], T]
+"""A computation that yields points ``z`` and is sent ``(log density, gradient)`` at each; its return value is
+its result."""
+
+
+def drive(asks: Asks[T], logp_grad: LogpGrad) -> T:
+    """Run ``asks`` to its end, answering each request with ``logp_grad(z)``; its result."""
+    try:
+        z = next(asks)
+        while True:
+            z = asks.send(logp_grad(z))
+    except StopIteration as stop:
+        return stop.value
 
 MAX_ENERGY_ERROR = 1000.0
 """An energy error :math:`H - H_0` above this marks a divergent transition (Stan's value)."""
@@ -120,12 +139,12 @@ class _Tree:
     accept: float = 0.0
 
 
-def _leapfrog(z: np.ndarray, r: np.ndarray, g: np.ndarray, eps: float, metric: Metric, logp_grad: LogpGrad
-              ) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
+def _leapfrog(z: np.ndarray, r: np.ndarray, g: np.ndarray, eps: float, metric: Metric
+              ) -> Asks[tuple[np.ndarray, np.ndarray, float, np.ndarray]]:
     """One leapfrog step of size ``eps`` (negative: backwards in time): ``(z, r, log density, gradient)``."""
     r = r + (0.5 * eps) * g
     z = z + eps * metric.velocity(r)
-    lp, g = logp_grad(z)
+    lp, g = yield z
     return z, r + (0.5 * eps) * g, lp, g
 
 
@@ -154,11 +173,11 @@ def _merge(old: _Tree, new: _Tree, forward: bool, biased: bool, rng: Uniforms) -
 class _Integrator:
     """Leapfrog steps at a fixed step size and metric, counting gradient evaluations."""
 
-    def __init__(self, logp_grad: LogpGrad, eps: float, metric: Metric, h0: float) -> None:
-        self.f, self.eps, self.metric, self.h0 = logp_grad, eps, metric, h0
+    def __init__(self, eps: float, metric: Metric, h0: float) -> None:
+        self.eps, self.metric, self.h0 = eps, metric, h0
 
-    def leaf(self, z: np.ndarray, r: np.ndarray, g: np.ndarray, forward: bool) -> _Tree:
-        z1, r1, lp1, g1 = _leapfrog(z, r, g, self.eps if forward else -self.eps, self.metric, self.f)
+    def leaf(self, z: np.ndarray, r: np.ndarray, g: np.ndarray, forward: bool) -> Asks[_Tree]:
+        z1, r1, lp1, g1 = yield from _leapfrog(z, r, g, self.eps if forward else -self.eps, self.metric)
         ps = self.metric.velocity(r1)
         h = -lp1 + 0.5 * float(r1 @ ps)
         if not math.isfinite(h):
@@ -167,15 +186,16 @@ class _Integrator:
         return _Tree(z1, r1, g1, z1, r1, g1, ps, ps, r1, -delta, z1, lp1, g1, diverging=delta > MAX_ENERGY_ERROR,
                      n=1, accept=math.exp(min(0.0, -delta)) if delta == delta else 0.0)
 
-    def build(self, z: np.ndarray, r: np.ndarray, g: np.ndarray, forward: bool, depth: int, rng: Uniforms) -> _Tree:
+    def build(self, z: np.ndarray, r: np.ndarray, g: np.ndarray, forward: bool, depth: int, rng: Uniforms
+              ) -> Asks[_Tree]:
         """A subtree of ``2^depth`` steps from the state ``(z, r, g)`` (Hoffman & Gelman 2014, Algorithm 3)."""
         if depth == 0:
-            return self.leaf(z, r, g, forward)
-        first = self.build(z, r, g, forward, depth - 1, rng)
+            return (yield from self.leaf(z, r, g, forward))
+        first = yield from self.build(z, r, g, forward, depth - 1, rng)
         if first.turning or first.diverging:
             return first
         edge = (first.zr, first.rr, first.gr) if forward else (first.zl, first.rl, first.gl)
-        second = self.build(*edge, forward, depth - 1, rng)
+        second = yield from self.build(*edge, forward, depth - 1, rng)
         if second.turning or second.diverging:
             first.turning, first.diverging = second.turning, second.diverging
             first.n += second.n
@@ -184,9 +204,10 @@ class _Integrator:
         return _merge(first, second, forward, False, rng)
 
 
-def nuts_transition(z: np.ndarray, lp: float, g: np.ndarray, logp_grad: LogpGrad, eps: float, metric: Metric,
-                    max_depth: int, rng: Uniforms) -> tuple[np.ndarray, float, np.ndarray, dict[str, float]]:
-    """One multinomial NUTS transition from ``z`` (log density ``lp``, gradient ``g``).
+def nuts_transition(z: np.ndarray, lp: float, g: np.ndarray, eps: float, metric: Metric, max_depth: int,
+                    rng: Uniforms) -> Asks[tuple[np.ndarray, float, np.ndarray, dict[str, Any]]]:
+    """One multinomial NUTS transition from ``z`` (log density ``lp``, gradient ``g``); a generator
+    (module docstring).
 
     Returns
     -------
@@ -199,13 +220,13 @@ def nuts_transition(z: np.ndarray, lp: float, g: np.ndarray, logp_grad: LogpGrad
     r = metric.momentum(rng, d)
     ps = metric.velocity(r)
     h0 = -lp + 0.5 * float(r @ ps)
-    integ = _Integrator(logp_grad, eps, metric, h0)
+    integ = _Integrator(eps, metric, h0)
     tree = _Tree(z, r, g, z, r, g, ps, ps, r, 0.0, z, lp, g)
     n, accept, depth, diverging = 0, 0.0, 0, False
     while depth < max_depth:
         forward = rng.uniform() < 0.5
         edge = (tree.zr, tree.rr, tree.gr) if forward else (tree.zl, tree.rl, tree.gl)
-        new = integ.build(*edge, forward, depth, rng)
+        new = yield from integ.build(*edge, forward, depth, rng)
         n += new.n
         accept += new.accept
         depth += 1
@@ -222,8 +243,8 @@ def nuts_transition(z: np.ndarray, lp: float, g: np.ndarray, logp_grad: LogpGrad
     return tree.z, tree.lp, tree.g, stats
 
 
-def hmc_transition(z: np.ndarray, lp: float, g: np.ndarray, logp_grad: LogpGrad, eps: float, metric: Metric,
-                   num_steps: int, rng: Uniforms) -> tuple[np.ndarray, float, np.ndarray, dict[str, float]]:
+def hmc_transition(z: np.ndarray, lp: float, g: np.ndarray, eps: float, metric: Metric, num_steps: int,
+                   rng: Uniforms) -> Asks[tuple[np.ndarray, float, np.ndarray, dict[str, Any]]]:
     """``num_steps`` leapfrog steps and a Metropolis correction; stats as :func:`nuts_transition` (no depth)."""
     d = z.shape[0]
     r = metric.momentum(rng, d)
@@ -231,7 +252,7 @@ def hmc_transition(z: np.ndarray, lp: float, g: np.ndarray, logp_grad: LogpGrad,
     z1, r1, lp1, g1 = z, r, lp, g
     diverging = False
     for _ in range(num_steps):
-        z1, r1, lp1, g1 = _leapfrog(z1, r1, g1, eps, metric, logp_grad)
+        z1, r1, lp1, g1 = yield from _leapfrog(z1, r1, g1, eps, metric)
         if not math.isfinite(lp1):
             diverging = True
             break
@@ -245,8 +266,8 @@ def hmc_transition(z: np.ndarray, lp: float, g: np.ndarray, logp_grad: LogpGrad,
     return z, lp, g, stats
 
 
-def find_step_size(z: np.ndarray, lp: float, g: np.ndarray, logp_grad: LogpGrad, eps: float, metric: Metric,
-                   rng: Uniforms, *, max_iter: int = 100) -> float:
+def find_step_size(z: np.ndarray, lp: float, g: np.ndarray, eps: float, metric: Metric, rng: Uniforms, *,
+                   max_iter: int = 100) -> Asks[float]:
     r"""A step size whose single leapfrog step has acceptance about 0.8: double or halve :math:`\epsilon` until
     :math:`\Delta H` crosses :math:`\log 0.8` (Hoffman & Gelman 2014, Algorithm 4; Stan's ``init_stepsize``)."""
     d = z.shape[0]
@@ -254,7 +275,7 @@ def find_step_size(z: np.ndarray, lp: float, g: np.ndarray, logp_grad: LogpGrad,
     for _ in range(max_iter):
         r = metric.momentum(rng, d)
         h0 = -lp + 0.5 * float(r @ metric.velocity(r))
-        _, r1, lp1, _ = _leapfrog(z, r, g, eps, metric, logp_grad)
+        _, r1, lp1, _ = yield from _leapfrog(z, r, g, eps, metric)
         h = -lp1 + 0.5 * float(r1 @ metric.velocity(r1))
         dh = h0 - h if math.isfinite(h) else -math.inf
         up = dh > math.log(0.8)

@@ -35,9 +35,9 @@ import numpy as np
 import torch
 
 from ...validation import check_positive_int
-from .chains import Potential, tree_depth
+from .chains import tree_depth
 from .engine import HamiltonianEngine
-from .kernel import Metric, Uniforms, nuts_transition
+from .kernel import Asks, Metric, Uniforms, nuts_transition
 from .settings import Adaptation, ConvergenceChecks
 
 __all__ = ["NUTS"]
@@ -56,7 +56,9 @@ class NUTS(HamiltonianEngine):
     Parameters
     ----------
     num_chains : int
-        Chains, run one after another in this process (default 4).
+        Chains (default 4), advancing together in this process: each round, one batched call of the log joint
+        answers every chain's next request (:mod:`gpvi.inference.mcmc.chains`), so at tens of data points four
+        chains cost little more than one.
     num_warmup : int
         Warm-up (adaptation) transitions per chain, discarded from the posterior (>= 0).
     num_draws : int
@@ -111,9 +113,9 @@ class NUTS(HamiltonianEngine):
     def _kernel_settings(self) -> dict[str, Any]:
         return {"max_tree_depth": self.max_tree_depth}
 
-    def _transition(self, z: np.ndarray, lp: float, g: np.ndarray, potential: Potential, step_size: float,
-                    metric: Metric, rng: Uniforms) -> tuple[np.ndarray, float, np.ndarray, dict[str, Any]]:
-        return nuts_transition(z, lp, g, potential, step_size, metric, self.max_tree_depth, rng)
+    def _transition(self, z: np.ndarray, lp: float, g: np.ndarray, step_size: float, metric: Metric,
+                    rng: Uniforms) -> Asks[tuple[np.ndarray, float, np.ndarray, dict[str, Any]]]:
+        return nuts_transition(z, lp, g, step_size, metric, self.max_tree_depth, rng)
 
     def _extra_stats(self, stats: dict[str, torch.Tensor], rows: list[dict[str, Any]] | None = None
                      ) -> dict[str, torch.Tensor]:

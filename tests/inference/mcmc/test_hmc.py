@@ -246,13 +246,20 @@ def test_interrupt_in_first_chain(gauss):
         small(seed=7).run(gauss, callback=StopAt(0, 10))      # still in warm-up: nothing to return
 
 
-def test_interrupt_during_warmup_of_second_chain_then_resume(gauss):
+def test_interrupt_in_second_chain_then_resume(gauss):
+    """The chains advance together: stopping chain 1 at its third draw leaves both chains part-way through their
+    draws; the resumed run equals the uninterrupted one, and a stop during warm-up leaves nothing to return."""
     full = quiet(small(seed=8), gauss)
     with pytest.warns(InterruptedRunWarning):
-        part = small(seed=8).run(gauss, callback=StopAt(1, 12))
-    assert not part.engine_state.chains[1].warmed_up
-    resumed = quiet(small(seed=8), gauss, state=part.engine_state)
+        part = small(seed=8).run(gauss, callback=StopAt(1, 32))
+    st = part.engine_state
+    assert st.chains[1].num_draws == 3 and all(cs.warmed_up and cs.num_draws < 20 for cs in st.chains)
+    k, m = part.draws.shape[:2]                                      # the largest block of the first k chains
+    assert k * m == max(j * min(cs.num_draws for cs in st.chains[:j]) for j in (1, 2))
+    resumed = quiet(small(seed=8), gauss, state=st)
     assert torch.equal(resumed.draws, full.draws)
+    with pytest.raises(KeyboardInterrupt):
+        small(seed=8).run(gauss, callback=StopAt(1, 12))
 
 
 def test_extend_run_equals_longer_run(gauss):

@@ -36,9 +36,9 @@ def test_q_covariance_is_the_inverse_mass_matrix_the_sampler_uses(monkeypatch):
     from gpvi.inference.mcmc import nuts as nuts_module
     real = nuts_module.nuts_transition
 
-    def spy(z, lp, g, logp_grad, eps, metric, max_depth, rng):     # the metric of every transition
+    def spy(z, lp, g, eps, metric, max_depth, rng):               # the metric of every transition
         seen.append(torch.from_numpy(metric.inv.copy()))
-        return real(z, lp, g, logp_grad, eps, metric, max_depth, rng)
+        return real(z, lp, g, eps, metric, max_depth, rng)
 
     monkeypatch.setattr(nuts_module, "nuts_transition", spy)
     mc = _run(q)
