@@ -45,7 +45,8 @@ from .models.gpytorch_likelihoods import link_of_gpytorch
 from .models.priors import check_prior_choice
 from .numerics.quadrature import Quadrature
 from .rng import check_seed
-from .validation import check_bool, check_choice, check_device, check_nonnegative_int, check_positive_int
+from .validation import (check_bool, check_choice, check_device, check_nonnegative_int, check_not_meta,
+                         check_positive_int)
 from .inference.cvi.bayes import FullyBayesianCVI
 
 __all__ = ["GPClassifier"]
@@ -54,8 +55,10 @@ _BINARY_LINKS = ("logit", "probit")
 _MULTICLASS_LINKS = ("softmax", "robustmax")
 
 
-def _host(a: Any) -> Any:
-    """A torch tensor as a numpy array on the host (scikit-learn's validation reads numpy); anything else as is."""
+def _host(a: Any, name: str) -> Any:
+    """A torch tensor as a numpy array on the host (scikit-learn's validation reads numpy); anything else as is.
+    ``ValueError`` naming ``name`` for a tensor on the ``meta`` device (no values)."""
+    check_not_meta(a, name)
     return a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else a
 
 
@@ -339,7 +342,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             device = X.device if isinstance(X, torch.Tensor) else torch.device("cpu")
         if isinstance(y, (list, tuple)) or getattr(y, "dtype", None) == object:
             check_no_missing_labels(np.asarray(y, dtype=object), "y")     # before sorting fails on them
-        X, y = validate_data(self, _host(X), _host(y), dtype=np.float64, order="C", ensure_min_samples=2)
+        X, y = validate_data(self, _host(X, "X"), _host(y, "y"), dtype=np.float64, order="C", ensure_min_samples=2)
         check_classification_targets(y)
         if y.dtype.kind == "f" and np.abs(y).max() < 2.0 ** 53:
             y = y.astype(np.int64)                          # integer-valued reals (as read from a CSV) are ints
@@ -350,7 +353,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         idx = idx.reshape(-1).astype(np.int64)
         weights = None
         if sample_weight is not None:
-            weights = _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True)
+            weights = _check_sample_weight(_host(sample_weight, "sample_weight"), X, dtype=np.float64,
+                                           ensure_non_negative=True)
         link = self._link(len(classes))
         if hp == "bayes" and weights is not None:
             raise ValueError("sample_weight is for hyperparameters='type2' or 'fixed': the fully Bayesian fit's "
@@ -427,7 +431,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """``X`` checked against the fit (scikit-learn's ``validate_data``: features, column names), as float64 on
         the model's device."""
         check_is_fitted(self)
-        X = validate_data(self, _host(X), dtype=np.float64, order="C", reset=False)
+        X = validate_data(self, _host(X, "X"), dtype=np.float64, order="C", reset=False)
         return torch.tensor(X, dtype=torch.float64, device=self.model_.X.device)
 
     # ------------------------------------------------------------------ prediction

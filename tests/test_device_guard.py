@@ -106,3 +106,44 @@ def test_randn_refuses_a_generator_that_is_not_one():
 
     with pytest.raises(TypeError, match="generator"):
         randn((2, 2), "seed 0")
+
+
+# ---------------------------------------------------------------------------------------------- the meta device
+# torch's "meta" device holds shapes but no values: data there is refused with a ValueError naming the argument (was a
+# RuntimeError or NotImplementedError from deep inside torch), and so is a target whose data say they live there.
+XM, YM, YCM = X.to("meta"), Y.to("meta"), YC.to("meta")
+
+
+@pytest.mark.parametrize("build, name", [
+    (lambda: gpvi.GPRegression(XM, YM), "X"),
+    (lambda: gpvi.GPRegression(X, YM), "y"),
+    (lambda: gpvi.GPRegression(X, Y, device="meta"), "device"),
+    (lambda: REG.predict(Z4, XM), "X_new"),
+    (lambda: REG.log_joint(torch.zeros(4, dtype=torch.float64, device="meta")), "theta"),
+    (lambda: gpvi.GPClassification(XM, YCM), "X"),
+    (lambda: gpvi.GPClassifier().fit(XM, YC), "X"),
+    (lambda: gpvi.GPClassifier().fit(X, YCM), "y"),
+    (lambda: gpvi.GPClassifier().fit(X, YC, sample_weight=torch.ones(30, dtype=torch.float64, device="meta")),
+     "sample_weight"),
+    (lambda: gpvi.GPClassifier(device="meta").fit(X, YC), "device"),
+])
+def test_data_on_the_meta_device_is_a_value_error_naming_it(build, name):
+    with pytest.raises(ValueError, match=rf"^{name}\b.*'meta'"):
+        build()
+
+
+def test_a_fitted_classifier_refuses_meta_inputs():
+    clf = gpvi.GPClassifier(hyperparameters="fixed").fit(X, YC)
+    with pytest.raises(ValueError, match=r"^X\b.*'meta'"):
+        clf.predict_proba(XM)
+
+
+@pytest.mark.parametrize("engine", [
+    lambda: gpvi.DSVI(num_steps=5, seed=0, progress_bar=False),
+    lambda: gpvi.SKGaussian(num_steps=5, seed=0, progress_bar=False),
+    lambda: gpvi.NUTS(num_chains=1, num_warmup=5, num_draws=5, seed=0, progress_bar=False),
+    lambda: gpvi.ML2(prior=True, seed=0, progress_bar=False),
+])
+def test_engines_refuse_a_target_on_the_meta_device(engine):
+    with pytest.raises(ValueError, match=r"^target\.device 'meta'"):
+        engine().run(_OnMeta())

@@ -11,7 +11,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from ..validation import check_bool, check_positive_int, check_theta
+from ..validation import check_bool, check_device, check_positive_int, check_theta
 
 __all__ = ["TargetLike", "Target", "as_target", "call_log_joint", "is_minibatch_target", "target_device"]
 
@@ -93,10 +93,14 @@ class Target:
 
 
 def as_target(target: object, name: str = "target") -> TargetLike:
-    """Check that ``target`` has ``log_joint`` and ``names``."""
+    """Check that ``target`` has ``log_joint`` and ``names``, and that the device of its data, if it names one
+    (:func:`target_device`), can hold values (``ValueError`` for ``meta``): every engine's entry."""
     if not callable(getattr(target, "log_joint", None)) or not hasattr(target, "names"):
         raise TypeError(f"{name} must have a log_joint(theta) method and a names attribute "
                         f"(e.g. gpvi.GPRegression or gpvi.Target(fn, names)); got {type(target).__name__}")
+    dev = target_device(target)
+    if dev is not None:
+        check_device(dev, f"{name}.device")
     return target  # type: ignore[return-value]
 
 

@@ -12,13 +12,14 @@ is refused with a ``MemoryError`` before anything is allocated.
 """
 
 from .arrays import (as_float_tensor, check_binary_labels, check_column_spread, check_device, check_feature_columns,
-                     check_feature_names, check_finite_prediction, check_sample_weight, check_theta, check_X,
-                     check_X_y, feature_names_of)
+                     check_feature_names, check_finite_prediction, check_not_meta, check_sample_weight, check_theta,
+                     check_X, check_X_y, feature_names_of)
 from .memory import check_memory
 from .settings import (check_bool, check_choice, check_fraction, check_interval, check_nonnegative_int,
                        check_positive, check_positive_int, check_real)
 
 __all__ = ["as_float_tensor", "check_X", "check_X_y", "check_theta", "check_binary_labels", "check_sample_weight",
            "check_real", "check_interval", "check_positive", "check_positive_int", "check_nonnegative_int",
-           "check_fraction", "check_choice", "check_bool", "check_memory", "check_device", "check_column_spread",
-           "feature_names_of", "check_feature_names", "check_feature_columns", "check_finite_prediction"]
+           "check_fraction", "check_choice", "check_bool", "check_memory", "check_device", "check_not_meta",
+           "check_column_spread", "feature_names_of", "check_feature_names", "check_feature_columns",
+           "check_finite_prediction"]

@@ -16,9 +16,9 @@ import torch
 
 from .settings import _describe
 
-__all__ = ["as_float_tensor", "check_device", "check_X", "check_X_y", "check_theta", "check_sample_weight",
-           "check_binary_labels", "check_column_spread", "feature_names_of", "check_feature_names",
-           "check_feature_columns", "check_finite_prediction"]
+__all__ = ["as_float_tensor", "check_device", "check_not_meta", "check_X", "check_X_y", "check_theta",
+           "check_sample_weight", "check_binary_labels", "check_column_spread", "feature_names_of",
+           "check_feature_names", "check_feature_columns", "check_finite_prediction"]
 
 _MAX_EXACT_INT = 2**53
 
@@ -82,6 +82,7 @@ def as_float_tensor(
     if isinstance(x, (str, bytes)):
         raise TypeError(f"{name} must be an array of numbers; got a string")
     if isinstance(x, torch.Tensor):
+        check_not_meta(x, name)
         t = x.detach()
         if t.is_complex():
             raise TypeError(f"{name} must be real-valued; got complex dtype {t.dtype}")
@@ -136,25 +137,43 @@ def as_float_tensor(
     return t
 
 
+def check_not_meta(x: Any, name: str) -> None:
+    """Refuse a tensor on torch's ``meta`` device: it has a shape but no values to compute with.
+
+    Raises
+    ------
+    ValueError
+        ``x`` is a tensor on the ``meta`` device (the message names ``name``); anything else passes.
+    """
+    if isinstance(x, torch.Tensor) and x.is_meta:
+        raise ValueError(f"{name} is on torch's 'meta' device, which holds shapes but no values (gpvi computes with "
+                         f"the values); create it on 'cpu' or 'cuda'")
+
+
 def check_device(device: Any, name: str = "device") -> torch.device:
-    """A ``torch.device`` from a device argument (``"cpu"``, ``"cuda:0"``, a ``torch.device``).
+    """A ``torch.device`` from a device argument (``"cpu"``, ``"cuda:0"``, a ``torch.device``) that can hold data.
 
     Raises
     ------
     TypeError
         Not a string or ``torch.device`` (an int is refused: ``device=3`` would silently mean ``cuda:3``).
     ValueError
-        A string torch does not read as a device.
+        A string torch does not read as a device, or the ``meta`` device (no values).
     """
     if isinstance(device, torch.device):
-        return device
-    if not isinstance(device, str):
+        dev = device
+    elif not isinstance(device, str):
         raise TypeError(f"{name} must be a str such as 'cpu' or 'cuda:0', or a torch.device; got "
                         f"{_describe(device)}")
-    try:
-        return torch.device(device)
-    except (RuntimeError, ValueError) as exc:
-        raise ValueError(f"{name} {device!r} is not a device torch knows: {exc}") from None
+    else:
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, ValueError) as exc:
+            raise ValueError(f"{name} {device!r} is not a device torch knows: {exc}") from None
+    if dev.type == "meta":
+        raise ValueError(f"{name} 'meta' is torch's shapes-only device: it holds no values, and gpvi computes with "
+                         f"the values; use 'cpu' or 'cuda'")
+    return dev
 
 
 def check_X(
@@ -356,6 +375,7 @@ def check_theta(theta: Any, dim: int, name: str = "theta", *, device: torch.devi
 
     Tensors that require grad are kept in the autograd graph (only converted if dtype/device differ).
     """
+    check_not_meta(theta, name)
     if isinstance(theta, torch.Tensor) and theta.dtype == dtype and theta.is_floating_point():
         t = theta if device is None else theta.to(device)
         if t.dim() not in (1, 2):
