@@ -1,5 +1,6 @@
 """Hyperparameter posteriors on small data (issue 57): the log joint against a bare floor, the sampler's own cost,
-bulk ESS per second against Pyro's NUTS and a NumPy random-walk Metropolis, and ``gpvi.infer``'s wall.
+bulk ESS per second against Pyro's NUTS, nutpie's NUTS and a NumPy random-walk Metropolis, and ``gpvi.infer``'s
+wall.
 
 Problems (fixed before any timing):
 
@@ -25,7 +26,9 @@ Sections (each one process, one thread; timings interleaved in rounds, medians):
               multinomial, diagonal mass, target 0.8, the same 4 x (500 + 1,000)) on the previous log joint + autograd
               (``--pyro`` problems: the previous ``gpvi.NUTS`` was this kernel with per-transition bookkeeping, so this
               baseline is, if anything, faster than it was), against the stress suite's committed references (default
-              ``gpvi.NUTS`` of the previous release: wall to 400 ESS), and against an adaptive **random-walk
+              ``gpvi.NUTS`` of the previous release: wall to 400 ESS), against **nutpie** (Rust NUTS, installed
+              with the ``bench`` extra, driving the same closed-form call one theta at a time, ``--pyro`` problems),
+              and against an adaptive **random-walk
               Metropolis** in NumPy (4 chains, 2,000 warm-up steps adapting a scaled covariance, then blocks of 2,000
               until min bulk ESS >= 400; its log joint is NumPy + SciPy's Cholesky, checked against gpvi's).
 ``infer``     ``gpvi.infer`` on tiny (seeds 0-2) and boston (seed 0): wall, stages, answer, trusted.
@@ -282,6 +285,43 @@ def run_pyro_nuts(model: Any, warmup: int, draws: int) -> dict[str, Any]:
             "min_ess_bulk": float(d["ess_bulk"].min()), "min_ess_tail": float(d["ess_tail"].min())}
 
 
+def run_nutpie(model: Any, warmup: int, draws: int) -> dict[str, Any] | None:
+    """nutpie's NUTS (Rust; ``nutpie.compiled_pyfunc.from_pyfunc``) driving the same closed-form log joint + gradient
+    as gpvi's sampler, one theta a call: 4 chains on one core (``cores=1``), diagonal mass matrix adaptation, seed 1.
+    None when nutpie is not installed (it is not a dependency of gpvi)."""
+    try:
+        import nutpie
+        from nutpie.compiled_pyfunc import from_pyfunc
+    except ImportError:
+        return None
+    lean, D, count = model.closed_form, model.dim, [0]
+    zero = np.zeros(D)
+
+    def make_logp():
+        def logp(x):
+            count[0] += 1
+            v, g = lean.log_joint(torch.from_numpy(np.asarray(x, dtype=np.float64)).unsqueeze(0))
+            lp = float(v[0])
+            return (lp, g[0].numpy()) if math.isfinite(lp) else (-math.inf, zero)
+        return logp
+
+    def make_expand(seed1, seed2, chain):
+        return lambda x: {"theta": np.asarray(x, dtype=np.float64).copy()}
+
+    th0 = model.initial_theta().numpy()
+    compiled = from_pyfunc(D, make_logp, make_expand, [np.dtype("float64")], [(D,)], ["theta"],
+                           make_initial_point_fn=lambda seed: th0 + 0.1 * np.random.default_rng(seed).standard_normal(D))
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trace = nutpie.sample(compiled, draws=draws, tune=warmup, chains=4, cores=1, seed=1, progress_bar=False)
+    wall = time.perf_counter() - t0
+    d = diagnostics(torch.as_tensor(trace.posterior["theta"].values))
+    return {"wall": wall, "evals": count[0], "ms_per_grad": 1000 * wall / count[0],
+            "min_ess_bulk": float(d["ess_bulk"].min()), "min_ess_tail": float(d["ess_tail"].min()),
+            "version": nutpie.__version__}
+
+
 def numpy_log_joint(model: Any, name: str):
     """The model's log joint in NumPy + SciPy (Cholesky), for the random-walk Metropolis."""
     X, y = model._Xc.numpy(), model.y.numpy()
@@ -403,6 +443,10 @@ def section_sampler() -> list[dict[str, Any]]:
             row["pyro"] = p
             row["pyro_ess_per_s"] = p["min_ess_bulk"] / p["wall"]
             row["ess_per_s_ratio_vs_pyro"] = row["ess_per_s"] / row["pyro_ess_per_s"]
+            npie = run_nutpie(model, W, S)
+            if npie is not None:
+                row["nutpie"] = npie
+                row["nutpie_ess_per_s"] = npie["min_ess_bulk"] / npie["wall"]
             rw = run_rwm(model, "tiny" if c["id"] == "tiny" else "default", max_steps=8000 if QUICK else 64000)
             row["rwm"] = rw
         print(json.dumps(row), flush=True)
@@ -471,14 +515,16 @@ def render(data: dict[str, Any]) -> str:
                "thetas answering every chain's request); ms/grad in NUTS = its wall per gradient of one chain; "
                "overhead = its wall over the time spent inside the log joint + gradient calls (timed around each "
                "call in the same run), minus 1: the sampler's and its wrapper's own work. ms/grad bare = the "
-               "closed-form call alone on one theta, timed before the run. Pyro = "
+               "closed-form call alone on one theta, timed before the run. nutpie = nutpie's Rust NUTS (diagonal "
+               "mass matrix, 4 chains on one core) driving the same closed-form call, one theta a call. Pyro = "
                "Pyro's NUTS on the previous release's log joint + autograd (same chains, warm-up and draws). Speed-up: "
                "the reference's wall to 400 ESS over this run's, both pro-rated by min(bulk, tail ESS) (the "
                "references' rule; they ran at another time and load). vs ref = the stress suite's committed default-NUTS reference of the "
                "previous release (|Δmean| in reference sds, sd ratio range, and speed-up in wall to 400 bulk ESS).", "",
                "| problem | half | N | D | ms/grad bare | ms/grad in NUTS | overhead | min bulk ESS | bulk ESS/s | "
-               "vs ref: Δmean, sd ratio | speed-up to 400 ESS vs ref | Pyro ESS/s | gpvi / Pyro | RWM wall to 400 ESS (s) |",
-               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+               "vs ref: Δmean, sd ratio | speed-up to 400 ESS vs ref | Pyro ESS/s | gpvi / Pyro | nutpie ESS/s "
+               "(ms/grad) | gpvi / nutpie | RWM wall to 400 ESS (s) |",
+               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in data["sampler"]:
             g, v = r["gpvi"], r.get("vs_ref")
             vs = f"{v['max_dmean_sd']:.2f}, {v['sd_ratio_min']:.2f}-{v['sd_ratio_max']:.2f}" if v else "-"
@@ -486,9 +532,11 @@ def render(data: dict[str, Any]) -> str:
             py = f"{r['pyro_ess_per_s']:.1f}" if "pyro" in r else "-"
             ratio = f"{r['ess_per_s_ratio_vs_pyro']:.1f}x" if "pyro" in r else "-"
             rw = _rwm_cell(r["rwm"]) if "rwm" in r else "-"
+            npie = (f"{r['nutpie_ess_per_s']:.1f} ({r['nutpie']['ms_per_grad']:.3f})",
+                    f"{r['ess_per_s'] / r['nutpie_ess_per_s']:.1f}x") if "nutpie" in r else ("-", "-")
             md.append(f"| {r['problem']} | {r['half']} | {r['N']} | {r['D']} | {r['bare_ms']:.3f} | "
                       f"{g['ms_per_grad']:.3f} | {100 * r['overhead']:.0f}% | {g['min_ess_bulk']:.0f} | "
-                      f"{r['ess_per_s']:.1f} | {vs} | {sp} | {py} | {ratio} | {rw} |")
+                      f"{r['ess_per_s']:.1f} | {vs} | {sp} | {py} | {ratio} | {npie[0]} | {npie[1]} | {rw} |")
         md.append("")
     if "infer" in data:
         md += ["## gpvi.infer", "", "| problem | seed | answer | trusted | wall (s) | q / psis / nuts (s) | "

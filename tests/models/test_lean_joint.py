@@ -226,3 +226,29 @@ def test_non_finite_rows_get_minus_inf_and_zero_gradient_on_every_path():
             assert v[-1] == -float("inf") and torch.equal(g[-1], torch.zeros_like(g[-1]))
         with pytest.raises(ValueError, match="theta must have shape"):
             model.log_joint_and_grad(good)
+
+
+@pytest.mark.parametrize("extra", ["plain", "lik_mean"])
+@pytest.mark.parametrize("name", ["rbf_ard", "m52_ard", "sum_fixed_const", "prior_ls"])
+def test_a_row_does_not_depend_on_the_other_rows(name, extra):
+    """The sampler keeps chain c at row c of a batch of num_chains rows and relies on each row's bits depending on
+    that row alone (gpvi.inference.mcmc.chains): other rows changed, one of them failing, one not finite."""
+    X, y = _data()
+    X, y = torch.cat([X, X[:1]]), torch.cat([y, y[:1]])      # a duplicated row: singular without noise
+    model = gpvi.GPRegression(X, y, kernel=_kernels()[name], **_extras()[extra], jitter=1e-17, max_jitter=1e-16)
+    lean = model.closed_form
+    assert lean is not None
+    g = torch.Generator().manual_seed(5)
+    theta = model.initial_theta() + 0.5 * torch.randn(4, model.dim, generator=g, dtype=torch.float64)
+    v, grad = lean.log_joint(theta)
+    singular = torch.zeros(3, model.dim)                       # gpvi's noise variance e^-200: K singular
+    noise = [j for j, n in enumerate(model.names) if n == "log_noise_var"]
+    singular[:, noise] = -200.0
+    for other in (0.5 * torch.randn(3, model.dim, generator=g, dtype=torch.float64), torch.full((3, model.dim), 30.0),
+                  singular):
+        th = theta.clone()
+        th[1:] = model.initial_theta() + other
+        v2, g2 = lean.log_joint(th)
+        assert torch.equal(v2[0], v[0]) and torch.equal(g2[0], grad[0])
+        if other is singular and noise:                      # beyond the jitter allowed: those rows fail
+            assert bool((v2[1:] == -float("inf")).all())

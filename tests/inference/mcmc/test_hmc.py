@@ -201,6 +201,20 @@ def test_chains_are_independent_streams(gauss):
     assert torch.equal(a.info["inits"], b.info["inits"])
 
 
+def test_a_chain_does_not_depend_on_what_the_others_do():
+    """The chains advance together (one batched call per round, chain c at row c): chain 0's draws are the same
+    whichever start and path chain 1 takes, on a GP model's closed form (as on any row-wise target)."""
+    g = torch.Generator().manual_seed(0)
+    X = torch.linspace(0.0, 5.0, 12, dtype=torch.float64).unsqueeze(-1)
+    model = gpvi.GPRegression(X, torch.sin(X[:, 0]) + 0.2 * torch.randn(12, generator=g, dtype=torch.float64))
+    th = model.initial_theta()
+    runs = [quiet(NUTS(num_chains=2, num_warmup=40, num_draws=30, seed=3, progress_bar=False), model,
+                  init=init_to_chains(torch.stack([th, th + shift])))
+            for shift in (0.3, -0.8)]
+    assert torch.equal(runs[0].draws[0], runs[1].draws[0])
+    assert not torch.equal(runs[0].draws[1], runs[1].draws[1])
+
+
 # ---------------------------------------------------------------------------------------------- interruption
 class StopAt:
     def __init__(self, chain: int, iteration: int) -> None:
