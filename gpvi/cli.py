@@ -45,7 +45,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -57,15 +56,12 @@ import gpvi
 
 from . import __version__
 from ._cli_csv import CLIError, check_output, load_csv, load_features, read_csv, standardise, write_csv
+from ._cli_process import Abort, install_sigint, one_line_warning
 from .demo import run_demo
-from .exceptions import InterruptedRunWarning, NumericalFaultError
+from .exceptions import InterruptedRunWarning, NumericalFaultError, advising
 from .io import SavedFit, load_fit, save_fit
 
 __all__ = ["main", "build_parser", "load_csv", "load_fit", "save_fit", "SavedFit", "CLIError"]
-
-
-class _Abort(BaseException):
-    """A second Ctrl-C: not a KeyboardInterrupt, so no library catches it."""
 
 
 # --------------------------------------------------------------------------- output
@@ -81,6 +77,22 @@ def _save(fit: SavedFit, path: str, args: argparse.Namespace) -> None:
 
 # --------------------------------------------------------------------------- commands
 _NUTS_ONLY = ("num_draws", "chains", "warmup")
+
+REGRESSION_ADVICE = {"bound": "the CLI's search box is fixed: --exclude leaves out an input the fit does not use; "
+                              "--method dsvi or nuts puts a prior on every hyperparameter",
+                     "ml2_convergence": "raise --restarts"}
+"""What ``fit-regression``'s warnings advise (:func:`gpvi.exceptions.advising`): its options, not ``ML2``'s."""
+
+
+def _advice(args: argparse.Namespace) -> dict[str, str]:
+    """The advice of a command's warnings: options of that command (``fit-classifier``: by ``--prior``)."""
+    if args.command == "fit-regression":
+        return REGRESSION_ADVICE
+    if args.command == "fit-classifier":
+        return {"bound": "marked in the list below; the CLI's search box is fixed: " + (
+            "--prior default or scaled keeps theta inside it" if args.prior == "none" else
+            "--exclude leaves out an input the fit does not use")}
+    return {}
 
 
 def _check_method_flags(args: argparse.Namespace) -> None:
@@ -416,27 +428,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    text = str(message).strip().splitlines()[0] if str(message).strip() else ""
-    print(f"gpvi: warning: {category.__name__}: {text}", file=sys.stderr)
-
-
-def _install_sigint(state: list[bool]) -> Any:
-    """Ctrl-C: the first raises KeyboardInterrupt (engines stop and warn) and is remembered; a second aborts."""
-    def handler(signum: int, frame: Any) -> None:
-        if state:
-            raise _Abort()
-        state.append(True)
-        raise KeyboardInterrupt
-
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    try:
-        return signal.signal(signal.SIGINT, handler)
-    except (ValueError, OSError):       # pragma: no cover - embedded interpreters without signal support
-        return None
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``gpvi`` command: run ``argv`` (default ``sys.argv[1:]``) and return the exit status.
 
@@ -460,10 +451,10 @@ def main(argv: list[str] | None = None) -> int:
     args.interrupted = interrupted
     saves = args.command in ("fit-regression", "fit-classifier") and getattr(args, "save", None)
     stopped = "gpvi: interrupted (Ctrl-C)" + ("; nothing was saved" if saves else "")
-    old_handler = _install_sigint(interrupted)
+    old_handler = install_sigint(interrupted)
     try:
-        with warnings.catch_warnings():
-            warnings.showwarning = _one_line_warning
+        with warnings.catch_warnings(), advising(**_advice(args)):
+            warnings.showwarning = one_line_warning
             warnings.simplefilter("error", InterruptedRunWarning)      # an engine's partial result stops the run
             try:
                 status = int(args.func(args))
@@ -474,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
                 msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 print(f"gpvi: error: {msg}", file=sys.stderr)
                 return 2
-            except (KeyboardInterrupt, InterruptedRunWarning, _Abort):
+            except (KeyboardInterrupt, InterruptedRunWarning, Abort):
                 print(stopped, file=sys.stderr)
                 return 130
             except Exception:

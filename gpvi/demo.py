@@ -22,6 +22,7 @@ from typing import Any, TextIO
 
 import gpvi
 
+from .exceptions import advising
 from .inference.progress import interrupt_propagates
 from .table import Table
 
@@ -31,6 +32,11 @@ DEMO_DSVI_STEPS = 6000
 """Cap on the DSVI steps of the full demo, which bounds its run time (DSVI may stop earlier by its convergence
 rule)."""
 
+_ADVICE = {"ml2": {"bound": "the demo's settings are fixed; in a script, gpvi.ML2(bounds=...) widens the box",
+                   "ml2_convergence": "the demo's settings are fixed; in a script, raise gpvi.ML2(num_restarts=...)"},
+           "cvi": {"bound": "the demo's settings are fixed; in a script, gpvi.GPClassifier(prior=...) sets the prior "
+                            "that keeps theta inside the box"}}
+"""What the demo's notes advise (:func:`gpvi.exceptions.advising`): its own settings are not the user's to change."""
 _QUICK = {"restarts": 1, "dsvi_steps": 150, "elbo_draws": 100, "pred_draws": 20, "max_sweeps": 20}
 _FULL = {"restarts": 5, "dsvi_steps": DEMO_DSVI_STEPS, "elbo_draws": 1000, "pred_draws": 200, "max_sweeps": 500}
 
@@ -115,7 +121,7 @@ def demo(*, quick: bool = False, seed: int = 0, progress_bar: bool = True, out: 
     model = gpvi.GPRegression(ds.X_train, ds.y_train, feature_names=list(ds.feature_names))
     say(f"[1/2] Bodyfat: GP regression, N = {ds.n_train} train / {ds.n_test} test, d = {ds.n_features} inputs "
         f"(incl. Density), D = {model.dim} log-hyperparameters, prior N(0, 10) on each")
-    with warnings.catch_warnings(record=True) as caught, _stop_on_interrupt():
+    with warnings.catch_warnings(record=True) as caught, _stop_on_interrupt(), advising(**_ADVICE["ml2"]):
         t0 = time.perf_counter()
         fit = gpvi.ML2(num_restarts=cfg["restarts"], seed=seed, progress_bar=progress_bar).run(model)
         t_ml2 = time.perf_counter() - t0
@@ -142,7 +148,7 @@ def demo(*, quick: bool = False, seed: int = 0, progress_bar: bool = True, out: 
     pima = gpvi.datasets.load_pima()
     say(f"[2/2] Pima: GP classification, N = {pima.n_train} train / {pima.n_test} test, d = {pima.n_features}; "
         "logit link, full-batch CVI, type-II hyperparameters")
-    with warnings.catch_warnings(record=True) as caught, _stop_on_interrupt():
+    with warnings.catch_warnings(record=True) as caught, _stop_on_interrupt(), advising(**_ADVICE["cvi"]):
         t0 = time.perf_counter()
         clf = gpvi.GPClassifier(likelihood="logit", mode="full", max_sweeps=cfg["max_sweeps"], random_state=seed,
                                 verbose=int(progress_bar)).fit(pima.X_train, pima.y_train)

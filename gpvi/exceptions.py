@@ -2,10 +2,18 @@
 
 One place for the categories lets users filter them (``warnings.simplefilter("error", NumericalWarning)``)
 and lets tests assert on them.
+
+A warning that advises a setting names one its reader can change. An engine's warning names the engine's own
+argument (``ML2(bounds=...)``); a layer that runs the engine for its user with settings of its own
+(:class:`gpvi.GPClassifier`, the ``gpvi`` command) states its own advice around the run with :func:`advising`,
+and the warning takes that text from :func:`advice` instead.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
@@ -17,7 +25,29 @@ __all__ = [
     "InputScaleWarning",
     "NotPSDError",
     "NumericalFaultError",
+    "advice",
+    "advising",
 ]
+
+_ADVICE: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("gpvi_advice", default={})
+
+
+def advice(topic: str, default: str) -> str:
+    """The advice a warning on ``topic`` ends with: the text set with :func:`advising` by the outermost caller, else
+    ``default`` (the warning engine's own setting). Topics: ``"bound"`` (a point estimate on its search box,
+    :class:`BoundWarning`), ``"ml2_convergence"`` (ML-II's doubtful optimum)."""
+    return _ADVICE.get().get(topic, default)
+
+
+@contextlib.contextmanager
+def advising(**topics: str) -> Iterator[None]:
+    """Inside the block, warnings on these topics end with these texts (:func:`advice`); a topic an enclosing
+    block already set keeps the outer text, as the outermost caller is the one its user called."""
+    token = _ADVICE.set({**topics, **_ADVICE.get()})
+    try:
+        yield
+    finally:
+        _ADVICE.reset(token)
 
 
 class NumericalWarning(RuntimeWarning):

@@ -34,6 +34,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import _check_sample_weight, check_is_fitted, validate_data
 
+from .exceptions import advising
 from .inference.cvi.engine import CVI
 from .inference.cvi.options import MonteCarlo, SingleSite, num_steps_for_sweeps
 from .inference.cvi.typeii import TypeII
@@ -53,11 +54,13 @@ __all__ = ["GPClassifier"]
 
 _BINARY_LINKS = ("logit", "probit")
 _MULTICLASS_LINKS = ("softmax", "robustmax")
+_BOX_ADVICE = {True: "see posterior_.info['at_bound']; GPClassifier's box is fixed: prior='default' or 'scaled' keeps "
+               "theta inside it", False: "see posterior_.info['at_bound']; GPClassifier's box is fixed: a tighter "
+               "prior on those hyperparameters keeps them inside it (prior={name: distribution})"}
 
 
 def _host(a: Any, name: str) -> Any:
-    """A torch tensor as a numpy array on the host (scikit-learn's validation reads numpy); anything else as is.
-    ``ValueError`` naming ``name`` for a tensor on the ``meta`` device (no values)."""
+    """A torch tensor as a numpy array on the host (scikit-learn reads numpy; not from ``meta``); others as they are."""
     check_not_meta(a, name)
     return a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else a
 
@@ -325,7 +328,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             Ctrl-C during the fit (an engine's partial result is not kept): the estimator is then not fitted.
         """
         try:
-            with interrupt_propagates():
+            with interrupt_propagates(), advising(bound=_BOX_ADVICE[self.prior is None]):    # type-II's box
                 return self._fit(X, y, sample_weight)
         except KeyboardInterrupt:
             for name in [v for v in vars(self) if v.endswith("_") and not v.startswith("__")]:

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ..exceptions import BoundWarning, ConvergenceWarning, NotPSDError
+from ..exceptions import BoundWarning, ConvergenceWarning, NotPSDError, advice
 from ..posteriors.info import RunInfo
 from ..posteriors.point import PointPosterior
 from ..numerics.lbfgs import LBFGSInterrupted, box_message, ends_on_box, lbfgs_maximise
@@ -227,7 +227,8 @@ class ML2:
             if not converged:
                 warnings.warn(f"ML-II: the chosen restart ({best['restart']}, value {best['value']:.6g}) did not "
                               f"converge ({best['message'].strip() or 'no message'}) and the projected gradient there "
-                              f"is {gradient:.2g}; the optimum is doubtful: raise max_iter or num_restarts",
+                              f"is {gradient:.2g}; the optimum is doubtful: "
+                              + advice("ml2_convergence", "raise max_iter or num_restarts"),
                               ConvergenceWarning, stacklevel=2)
         at_bound = self._at_bound(best["theta"], list(target.names))
         if at_bound:

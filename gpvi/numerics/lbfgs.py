@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from scipy.optimize import minimize
 
-from ..exceptions import NotPSDError
+from ..exceptions import NotPSDError, advice
 from ..validation import check_interval, check_positive, check_positive_int
 
 __all__ = ["lbfgs_maximise", "LBFGSResult", "LBFGSInterrupted"]
@@ -226,7 +226,9 @@ def box_message(at_bound: dict[str, str], bounds: tuple[float, float], what: str
                 relative: bool = False) -> str:
     """The text of the :class:`~gpvi.exceptions.BoundWarning` for the components in ``at_bound`` (from
     :func:`ends_on_box`) of a point estimate ``what`` ("ML-II", "MAP", ...) searched in ``bounds`` (the argument
-    ``setting``); ``relative``: the lengthscales' box is in units of var(x_j) (the classifiers' type-II loops)."""
+    ``setting``); ``relative``: the lengthscales' box is in units of var(x_j) (the classifiers' type-II loops). The
+    text ends with the advice on ``"bound"`` of the layer that runs the search (:func:`gpvi.exceptions.advice`);
+    by default: see ``info['at_bound']``, widen ``setting=``."""
     unit = " sd(x_j)" if relative else ""
     parts = []
     irrelevant = [n for n, side in at_bound.items() if side == "upper" and "lengthscale" in n]
@@ -241,4 +243,5 @@ def box_message(at_bound: dict[str, str], bounds: tuple[float, float], what: str
             shift = " + log var(x_j)" if relative and "lengthscale" in name else ""
             parts.append(f"{name} sits at the {side} bound {value:g}{shift} of the search box (the objective still "
                          f"improves beyond it)")
-    return f"{what}: " + "; ".join(parts) + f"; see info['at_bound'] (widen {setting}= to search further)"
+    tail = advice("bound", f"see info['at_bound'] (widen {setting}= to search further)")
+    return f"{what}: " + "; ".join(parts) + f"; {tail}"
