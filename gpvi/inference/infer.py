@@ -213,6 +213,13 @@ class InferenceReport:
                    + f" (total {sum(self.times.values()):.1f} s)")
         return out
 
+    def title(self) -> str:
+        """The report's headline (its first line) with q's own :math:`\\hat k`: the title of the returned posterior's
+        ``summary()``, which so tells the report's story (a weighted answer's own k-hat is its proposal's, not q's),
+        an interruption or a failed check included."""
+        own = f"; q's own k-hat {self.khat:.2f}" if math.isfinite(self.khat) else ""
+        return self.lines()[0] + own
+
     def _starts_line(self) -> str:
         if len(self.starts) < 2:
             return ""

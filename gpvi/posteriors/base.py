@@ -241,7 +241,17 @@ class Posterior:
             cols["nat_mean"] = nat_mean.tolist()
             for j, name in enumerate(qn):
                 cols["nat_" + name] = nat_q[j].tolist()
-        return Table(self.names, cols, title=f"{type(self).__name__} summary")
+        return Table(self.names, cols, title=self._summary_title())
+
+    def _summary_title(self) -> str:
+        """The summary's title. A posterior that carries the report of the run that returned it (``gpvi.infer`` sets
+        ``report``) tells that report's story, its ``title()``: one story, and an interruption flagged; any other
+        tells its own (:meth:`_own_title`)."""
+        title = getattr(getattr(self, "report", None), "title", None)
+        return f"{type(self).__name__} summary: {title()}" if callable(title) else self._own_title()
+
+    def _own_title(self) -> str:
+        return f"{type(self).__name__} summary"
 
     def _extra_summary_columns(self) -> dict[str, list[Any]]:
         return {}

@@ -36,7 +36,8 @@ from ..rng import resolve_generator
 from ..validation import check_positive_int
 from .base import Posterior
 
-__all__ = ["WeightedPosterior", "PSISWarning", "psis", "log_joint_at", "pareto_smooth", "verdict", "batch_mcse",
+__all__ = ["WeightedPosterior", "PSISWarning", "psis", "log_joint_at", "pareto_smooth", "verdict",
+           "verdict_of_draws", "batch_mcse",
            "khat_threshold", "KHAT_GOOD", "KHAT_USABLE"]
 
 KHAT_GOOD = 0.5
@@ -182,11 +183,12 @@ class WeightedPosterior(Posterior):
         idx = torch.searchsorted(cdf, u.clamp(max=float(cdf[-1]) - 1e-15))
         return self.draws[idx.to(self.draws.device)]
 
-    def summary(self, prob: float = 0.9, *, natural: bool = True):
-        table = super().summary(prob, natural=natural)
-        table.title = (f"WeightedPosterior summary (PSIS k-hat {self.khat:.2f}, ESS {self.ess:.0f} of "
-                       f"{self.draws.shape[0]}, {verdict(self.khat)})")
-        return table
+    def _own_title(self) -> str:
+        """k-hat, the weights' ESS and :func:`verdict`: on q when q was the proposal, else on the weighted draws."""
+        S = int(self.draws.shape[0])
+        of_q = self.info.get("proposal", "GaussianPosterior") == "GaussianPosterior"
+        return (f"WeightedPosterior summary (PSIS k-hat {self.khat:.2f}, ESS {self.ess:.0f} of {S}, "
+                f"{verdict(self.khat) if of_q else verdict_of_draws(self.khat, S)})")
 
     def _arviz_draws(self, num_draws, seed):
         r"""``to_arviz``: at most :math:`\lfloor\mathrm{ESS}\rfloor` draws resampled with probabilities
@@ -271,6 +273,16 @@ def verdict(khat: float) -> str:
     if khat <= KHAT_USABLE:
         return "use the PSIS-weighted estimates, not raw q"
     return "unreliable: sample the posterior (NUTS from q)"
+
+
+def verdict_of_draws(khat: float, num_draws: int) -> str:
+    """:func:`verdict` for ``num_draws`` weighted draws of a proposal that is not q (a mixture): on the weighted
+    draws alone, by :func:`khat_threshold` (q's own k-hat is not known from them)."""
+    if not math.isfinite(khat):
+        return "k-hat not estimable"
+    if khat <= khat_threshold(num_draws):
+        return "the weighted draws are reliable"
+    return "unreliable: sample the posterior"
 
 
 def log_joint_at(target: Any, theta: torch.Tensor, budget: Any = None) -> tuple[torch.Tensor, int]:
