@@ -32,6 +32,9 @@ Ctrl-C exits with status 130 and one line ``gpvi: interrupted ...``. The engines
 return their partial result with an :class:`~gpvi.exceptions.InterruptedRunWarning`; the command turns that warning
 into an error, so the run stops there and **nothing is saved**. A second Ctrl-C stops at once.
 
+A reader of the output that stops early (``gpvi fit-classifier ... --latent | head``) ends the command quietly with
+exit status 141, as a command that SIGPIPE ended (no ``BrokenPipeError`` traceback).
+
 A saved fit holds only tensors and a JSON description and is read back, without executing anything in the file,
 by :func:`gpvi.io.load_fit` (``gpvi.cli.load_fit`` and ``gpvi.cli.SavedFit`` are the same objects), which rebuilds
 the posterior (regression) or the fitted :class:`gpvi.GPClassifier` and predicts in the CSV's original units.
@@ -56,7 +59,7 @@ import gpvi
 
 from . import __version__
 from ._cli_csv import CLIError, check_output, load_csv, load_features, read_csv, standardise, write_csv
-from ._cli_process import Abort, install_sigint, one_line_warning
+from ._cli_process import Abort, closed_pipe_status, install_sigint, one_line_warning
 from .demo import run_demo
 from .exceptions import InterruptedRunWarning, NumericalFaultError, advising
 from .io import SavedFit, load_fit, save_fit
@@ -433,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
 
     0 on success; 2 for bad input or a library error (one line ``gpvi: error: ...`` on stderr); 130 after Ctrl-C
     (one line ``gpvi: interrupted ...``; an engine's :class:`~gpvi.exceptions.InterruptedRunWarning` counts as
-    Ctrl-C, and nothing is saved).
+    Ctrl-C, and nothing is saved); 141 (128 + SIGPIPE), quietly, when the reader of stdout went away (``| head``).
 
     Examples
     --------
@@ -458,6 +461,9 @@ def main(argv: list[str] | None = None) -> int:
             warnings.simplefilter("error", InterruptedRunWarning)      # an engine's partial result stops the run
             try:
                 status = int(args.func(args))
+                sys.stdout.flush()                     # a reader gone away (| head) shows here, not at exit
+            except BrokenPipeError:
+                return closed_pipe_status()
             except CLIError as exc:
                 print(f"gpvi: error: {exc}", file=sys.stderr)
                 return 2

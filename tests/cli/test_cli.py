@@ -685,3 +685,21 @@ def test_fit_classifier_three_classes_and_predict(tmp_path, capsys):
     rows = [line.split(",") for line in lines[1:]]
     assert [r[-1] for r in rows] == ["0", "2"]
     assert all(abs(sum(float(v) for v in r[:3]) - 1.0) < 1e-9 for r in rows)
+
+
+def test_a_reader_that_stops_reading_ends_the_command_quietly(cls_csv):
+    """``gpvi fit-classifier ... | head``: the reader closes the pipe; the command exits quietly with status 141
+    (128 + SIGPIPE, as a command killed by SIGPIPE) instead of a BrokenPipeError traceback (Python docs, "Note on
+    SIGPIPE"). The read end is closed before anything is written, so every write fails."""
+    import signal
+
+    p, _, _ = cls_csv
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "gpvi", "fit-classifier", str(p), "--target", "label",
+                             "--no-progress", "--latent"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            cwd=ROOT)
+    proc.stdout.close()                                        # as head does after its lines
+    err = proc.stderr.read().decode(errors="replace")
+    status = proc.wait(timeout=300)
+    assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err, err
+    assert status == 128 + getattr(signal, "SIGPIPE", -127)
