@@ -182,6 +182,9 @@ class KernelParametrisation(ModuleParametrisation):
         mod = self._batched.get(batch)
         if mod is None:
             mod = copy.deepcopy(self.kernel).expand_batch(torch.Size([batch]))
+            for orig, copied in zip(self.kernel.modules(), mod.modules()):
+                if getattr(orig, "active_dims", None) is not None:     # expand_batch batches this buffer too,
+                    copied.active_dims = orig.active_dims.clone()      # which index_select then refuses
             self._batched[batch] = mod
         return mod
 
