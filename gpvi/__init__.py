@@ -3,16 +3,21 @@
 The names a user needs are here; everything else lives in the sub-packages, which follow the data down the tree:
 :mod:`gpvi.datasets` -> :mod:`gpvi.models` (kernel + likelihood + prior over theta, a log joint) ->
 :mod:`gpvi.inference` (the engines) -> :mod:`gpvi.posteriors` -> :mod:`gpvi.evaluation` (metrics, plots).
-Warnings and errors are in :mod:`gpvi.exceptions`. Importing gpvi sets no default dtype and seeds no RNG; it sets
-glibc malloc's two thresholds for large temporaries (:mod:`gpvi.allocator`: otherwise the first fit in a process
-runs slower than a repeated one; ``GPVI_MALLOC_THRESHOLDS=0`` opts out).
+Warnings and errors are in :mod:`gpvi.exceptions`. Importing gpvi changes nothing in the process: it sets no default
+dtype, seeds no RNG and leaves glibc malloc's thresholds alone (:mod:`gpvi.allocator` sets them on request: its
+:func:`~gpvi.allocator.set_malloc_thresholds`, ``GPVI_MALLOC_THRESHOLDS=1`` at import, or the ``gpvi`` command in its
+own process). :class:`GPClassifier` is imported on first use, with scikit-learn.
 """
 
 from __future__ import annotations
 
-from .allocator import set_malloc_thresholds as _set_malloc_thresholds
+import os as _os
+from typing import TYPE_CHECKING, Any
 
-_set_malloc_thresholds()          # before any engine allocates (gpvi.allocator; GPVI_MALLOC_THRESHOLDS=0 opts out)
+if _os.environ.get("GPVI_MALLOC_THRESHOLDS", "").strip() == "1":     # asked for (gpvi.allocator), before any fit
+    from .allocator import set_malloc_thresholds as _set_malloc_thresholds
+
+    _set_malloc_thresholds()
 
 from . import datasets, io  # noqa: E402
 from .evaluation import metrics, plots
@@ -28,7 +33,9 @@ from .models.logistic import BayesianLogisticRegression
 from .models.regression import GPRegression
 from .models.target import Target
 from .posteriors import GaussianPosterior, LatentPosterior, PointPosterior, SamplePosterior, WeightedPosterior
-from .sklearn import GPClassifier
+
+if TYPE_CHECKING:
+    from .sklearn import GPClassifier
 
 __version__ = "0.1.0"
 
@@ -47,3 +54,17 @@ __all__ = [
     "datasets", "metrics", "plots", "io",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``gpvi.GPClassifier`` on first use: it imports scikit-learn, which ``import gpvi`` does not need."""
+    if name == "GPClassifier":
+        from .sklearn import GPClassifier
+
+        globals()[name] = GPClassifier
+        return GPClassifier
+    raise AttributeError(f"module 'gpvi' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

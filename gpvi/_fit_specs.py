@@ -17,7 +17,6 @@ from .models.regression import GPRegression
 from .numerics.quadrature import Quadrature
 from .posteriors import posterior_from_state_dict
 from .posteriors.latent import LatentPosterior
-from .sklearn import GPClassifier
 
 
 class _Invalid(Exception):
@@ -130,6 +129,8 @@ def _names(model: Any) -> list[str] | None:
 
 
 def _classifier_from(spec: dict[str, Any]) -> Any:
+    from .sklearn import GPClassifier                   # imported on use: scikit-learn takes ~1 s (gpvi/__init__.py)
+
     params = dict(spec["params"])
     if params.get("kernel") is not None:
         raise _Invalid("a saved classifier must use the default kernel")

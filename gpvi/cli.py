@@ -60,6 +60,7 @@ import gpvi
 from . import __version__
 from ._cli_csv import CLIError, check_output, load_csv, load_features, read_csv, standardise, write_csv
 from ._cli_process import Abort, closed_pipe_status, install_sigint, one_line_warning
+from .allocator import set_malloc_thresholds
 from .demo import run_demo
 from .exceptions import InterruptedRunWarning, NumericalFaultError, advising
 from .io import SavedFit, load_fit, save_fit
@@ -286,6 +287,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                            f"{', '.join(sorted(_BENCH))} or a script: {', '.join(available)}")
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("GPVI_MALLOC_THRESHOLDS", "1")       # benchmark processes as the results were measured
     env["PYTHONPATH"] = os.pathsep.join([str(root.parent)] + [p for p in [env.get("PYTHONPATH")] if p])
     if args.out:
         out = Path(args.out).resolve()
@@ -437,6 +439,9 @@ def main(argv: list[str] | None = None) -> int:
     0 on success; 2 for bad input or a library error (one line ``gpvi: error: ...`` on stderr); 130 after Ctrl-C
     (one line ``gpvi: interrupted ...``; an engine's :class:`~gpvi.exceptions.InterruptedRunWarning` counts as
     Ctrl-C, and nothing is saved); 141 (128 + SIGPIPE), quietly, when the reader of stdout went away (``| head``).
+    With ``argv`` None (the console script, ``python -m gpvi``: the process is the command's) it first sets glibc
+    malloc's thresholds (:mod:`gpvi.allocator`; ``GPVI_MALLOC_THRESHOLDS=0`` opts out); called with a list from
+    Python it leaves the caller's process alone.
 
     Examples
     --------
@@ -444,6 +449,8 @@ def main(argv: list[str] | None = None) -> int:
     >>> main(["fit-regression", "missing.csv", "--target", "y"])   # prints "gpvi: error: missing.csv: no such file"
     2
     """
+    if argv is None:        # the command's own process (console script, python -m gpvi): its allocator, gpvi.allocator
+        set_malloc_thresholds()
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -50,7 +50,6 @@ import torch
 
 from ._fit_specs import (_classifier_from, _classifier_spec, _Invalid, _posterior_from, _regression_from,
                          _regression_spec)
-from .sklearn import GPClassifier
 from .validation import check_feature_columns
 
 __all__ = ["SavedFit", "save_fit", "load_fit", "FORMAT", "FORMAT_VERSION"]
@@ -248,17 +247,19 @@ def _no_constant(token: str) -> Any:
 def _as_saved_fit(fit: Any) -> SavedFit:
     if isinstance(fit, SavedFit):
         return fit
+    if callable(getattr(fit, "state_dict", None)) and getattr(fit, "target", None) is not None:
+        d = int(fit.target.X.shape[1])
+        method = {"point": "ml2", "gaussian": "dsvi", "samples": "nuts"}.get(fit.state_dict().get("kind"), "")
+        return SavedFit("regression", method, [f"x{j}" for j in range(d)], "y", np.zeros(d), np.ones(d),
+                        posterior=fit)
+    from .sklearn import GPClassifier                   # imported on use: scikit-learn takes ~1 s (gpvi/__init__.py)
+
     if isinstance(fit, GPClassifier):
         if not hasattr(fit, "posterior_"):
             raise ValueError("cannot save a GPClassifier that is not fitted; call fit(X, y) first")
         d = int(fit.n_features_in_)
         return SavedFit("classification", f"cvi-{fit.mode}", [f"x{j}" for j in range(d)], "y", np.zeros(d),
                         np.ones(d), classifier=fit)
-    if callable(getattr(fit, "state_dict", None)) and getattr(fit, "target", None) is not None:
-        d = int(fit.target.X.shape[1])
-        method = {"point": "ml2", "gaussian": "dsvi", "samples": "nuts"}.get(fit.state_dict().get("kind"), "")
-        return SavedFit("regression", method, [f"x{j}" for j in range(d)], "y", np.zeros(d), np.ones(d),
-                        posterior=fit)
     raise TypeError(f"fit must be a SavedFit, a fitted GPClassifier or a posterior with a GPRegression target; got "
                     f"{type(fit).__name__}")
 

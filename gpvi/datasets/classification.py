@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-from sklearn.datasets import load_breast_cancer as _sklearn_load
 
 from ._dataset import Dataset, _check_bool, _check_fraction, _check_seed
 from ._files import _original_classification, _random, _random_classification
@@ -201,6 +200,8 @@ def load_breast_cancer(
     _check_seed(seed)
     _check_fraction(test_fraction)
     _check_bool(stratify, "stratify")
+    from sklearn.datasets import load_breast_cancer as _sklearn_load    # imported on use: scikit-learn takes ~1 s
+
     bunch = _sklearn_load()
     X = np.asarray(bunch.data, dtype=np.float64)
     y = np.asarray(bunch.target, dtype=np.float64)

@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy.stats import gaussian_kde
 
 from ..numerics.families import StandardNormal
 from ..posteriors.gaussian import GaussianPosterior
@@ -75,6 +74,8 @@ def _kde(x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor | None:
     xs = x.numpy()
     if xs.size < 2 or not np.isfinite(xs).all() or float(np.std(xs)) == 0.0:
         return None
+    from scipy.stats import gaussian_kde              # imported on use: scipy.stats takes ~0.5 s
+
     return torch.from_numpy(gaussian_kde(xs)(grid.numpy()))
 
 

@@ -368,15 +368,17 @@ def test_bench_runs_module_with_quick_and_out(tmp_path, monkeypatch, capsys):
     (pkg / "fake.py").write_text(
         "import os, sys, pathlib\n"
         "out = pathlib.Path(os.environ['GPVI_BENCH_OUT'])\n"
-        "(out / 'fake.md').write_text(' '.join(sys.argv[1:]) + ' ' + os.environ['OMP_NUM_THREADS'])\n")
+        "(out / 'fake.md').write_text(' '.join(sys.argv[1:]) + ' ' + os.environ['OMP_NUM_THREADS'] + ' '\n"
+        "                              + os.environ['GPVI_MALLOC_THRESHOLDS'])\n")
     (pkg / "broken.py").write_text("raise SystemExit(3)\n")
     import gpvi.cli as cli
 
     monkeypatch.setattr(cli, "_bench_root", lambda: pkg)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("GPVI_MALLOC_THRESHOLDS", raising=False)
     out = tmp_path / "results"
     assert main(["bench", "fake", "--quick", "--out", str(out)]) == 0
-    assert (out / "fake.md").read_text() == "--quick 1"
+    assert (out / "fake.md").read_text() == "--quick 1 1"       # one thread; gpvi.allocator's thresholds asked for
     assert main(["bench", "broken"]) == 2
     assert "benchmarks/broken.py failed with exit status 3" in capsys.readouterr().err
 
