@@ -554,9 +554,12 @@ def main() -> None:
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     sections = args or ["logjoint", "sampler", "infer"]
     path = RESULTS / f"{NAME}.json"
-    data = json.loads(path.read_text())["data"] if path.exists() and args else {}
+    data: dict[str, Any] = {}
     for s in sections:
-        data[s] = {"logjoint": section_logjoint, "sampler": section_sampler, "infer": section_infer}[s]()
+        result = {"logjoint": section_logjoint, "sampler": section_sampler, "infer": section_infer}[s]()
+        if path.exists() and args:                     # read just before writing: sections may run in parallel
+            data = json.loads(path.read_text())["data"]
+        data[s] = result
         data.setdefault("machine_per_section", {})[s] = machine_info()     # each section's own date and load
         write(NAME, render(data), data)
 
