@@ -38,6 +38,7 @@ Usage::
     OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.small_data            # all sections
     OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.small_data logjoint   # one section
     OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.small_data --quick    # small runs, results *_quick
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.small_data sampler --only=boston   # rows replaced
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ from gpvi.posteriors.diagnostics import diagnostics  # noqa: E402
 
 QUICK = "--quick" in sys.argv
 NAME = "small_data_quick" if QUICK else "small_data"
+ONLY = next((a.split("=", 1)[1].split(",") for a in sys.argv[1:] if a.startswith("--only=")), None)
+"""``--only=ID,...``: the sampler section on these problems only, their rows replacing those of the results file."""
 F64 = {"dtype": torch.float64}
 PYRO_PROBLEMS = ("tiny", "boston-0", "synth-2", "pendulum-1", "boston-1")
 ROUNDS = 10 if QUICK else 30
@@ -415,6 +418,8 @@ def section_sampler() -> list[dict[str, Any]]:
         [{"id": "boston", "model": boston_model(), "half": "-"}]
     if QUICK:
         cases = [c for c in cases if c["id"] in ("tiny", "boston-0")]
+    if ONLY:
+        cases = [c for c in cases if c["id"] in ONLY]
     W, S = (100, 200) if QUICK else (500, 1000)
     rows = []
     for c in cases:
@@ -559,8 +564,12 @@ def main() -> None:
         result = {"logjoint": section_logjoint, "sampler": section_sampler, "infer": section_infer}[s]()
         if path.exists() and args:                     # read just before writing: sections may run in parallel
             data = json.loads(path.read_text())["data"]
+        if ONLY and s == "sampler" and s in data:       # these problems' rows replaced, the others kept
+            new = {r["problem"]: r for r in result}
+            result = [new.get(r["problem"], r) for r in data[s]]
         data[s] = result
-        data.setdefault("machine_per_section", {})[s] = machine_info()     # each section's own date and load
+        key = f"{s} --only={','.join(ONLY)}" if ONLY and s == "sampler" else s
+        data.setdefault("machine_per_section", {})[key] = machine_info()   # each section's own date and load
         write(NAME, render(data), data)
 
 

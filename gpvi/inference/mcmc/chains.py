@@ -5,7 +5,8 @@ at one point at a time); the adaptation is :mod:`gpvi.inference.mcmc.adaptation`
 (:func:`_chain`: warm-up, then draws). :func:`run_chains` answers the current request of **every** chain with one
 batched call of the log joint, ``(num_chains, D) -> (num_chains,)`` and its gradient: a chain whose transition ends
 starts its next one at once, so no chain waits for another's trajectory, and at tens of data points four chains
-cost little more than one (the call's cost is Python and framework overhead, not arithmetic). Chain ``c`` is
+cost little more than one (the call's cost is Python and framework overhead, not arithmetic). Above
+``BATCH_MAX_N`` data points, where a call's cost is arithmetic, the chains run one after another (a batch of one). Chain ``c`` is
 always row ``c`` of a batch of ``num_chains`` rows (a finished chain's row repeats its last point): for gpvi's own
 models a row's value and gradient do not depend on the other rows, so a chain's draws are those of the same chain
 run in any company of the same size (``benchmarks/results/small_data.md``).
@@ -40,7 +41,7 @@ from .adaptation import DualAveraging, Welford, Windows
 from .kernel import Asks, Metric, Uniforms, find_step_size
 from .state import ChainState, MCMCState
 
-__all__ = ["Potential", "tree_depth", "run_chains", "SAMPLE_STATS", "WARMUP_STATS"]
+__all__ = ["Potential", "tree_depth", "run_chains", "chain_groups", "BATCH_MAX_N", "SAMPLE_STATS", "WARMUP_STATS"]
 
 SAMPLE_STATS = ("diverging", "acceptance_rate", "step_size", "n_steps", "lp", "energy")
 WARMUP_STATS = ("acceptance_rate", "step_size", "n_steps", "lp")
@@ -172,47 +173,73 @@ def _generator(seed: int, state: torch.Tensor | None = None) -> torch.Generator:
     return g
 
 
+BATCH_MAX_N = 200
+"""The chains advance together when the target has at most this many data points (or no ``num_data``); above it
+they run one after another. A call on 4 thetas costs 1.2 / 2.0 / 3.1 / 4.0x a call on one at N = 14 / 56 / 200 / 455
+(``benchmarks/results/small_data.md``): below the line four chains cost little more than one, above it batching
+saves nothing and the rows of chains that finished first would still be computed."""
+
+
+def chain_groups(target: Any, num_chains: int) -> list[list[int]]:
+    """The chains that advance together: all of them in one group, or one group per chain above ``BATCH_MAX_N``."""
+    n = getattr(target, "num_data", None)
+    if n is None or n <= BATCH_MAX_N:
+        return [list(range(num_chains))]
+    return [[c] for c in range(num_chains)]
+
+
 def run_chains(engine: Any, st: MCMCState, potential: Potential, callback: Callback | None) -> None:
     """Run every chain of ``st`` to ``engine.num_warmup + engine.num_draws`` transitions, updating ``st.chains``.
 
-    One batched ``potential`` call per round answers every unfinished chain's request (module docstring). Each
-    ``st.chains[c]`` holds a consistent snapshot whenever this returns or raises (``KeyboardInterrupt`` included):
-    the committed draws, or the chain as it was before an unfinished warm-up.
+    The chains of a group (:func:`chain_groups`) advance together: one batched ``potential`` call per round answers
+    every unfinished chain's request (module docstring); the groups run one after another. Each ``st.chains[c]``
+    holds a consistent snapshot whenever this returns or raises (``KeyboardInterrupt`` included): the committed
+    draws, or the chain as it was before an unfinished warm-up.
     """
     W, S, C = engine.num_warmup, engine.num_draws, len(st.chains)
-    todo = [c for c in range(C) if not (st.chains[c].warmed_up and st.chains[c].num_draws >= S)]
-    if not todo:
+    if all(cs.warmed_up and cs.num_draws >= S for cs in st.chains):
         return
     counts = [_Counts() for _ in range(C)]
-    Z = torch.stack([cs.position if cs.warmed_up else cs.init for cs in st.chains]).detach().to(
-        "cpu", torch.float64).numpy().copy()
     desc = f"{engine.name} chain 1/1" if C == 1 else f"{engine.name} {C} chains"
-    mass = st.init_info.get("inverse_mass_matrix_init")
     with Progress(C * (W + S), enabled=engine.progress_bar, desc=desc,
                   initial=sum(cs.transitions(W) for cs in st.chains)) as bar, potential.watching():
-        chains = {c: _chain(engine, c, st, counts[c], bar, callback, mass) for c in todo}
-        try:
+        for group in chain_groups(potential.target, C):
+            _run_group(engine, st, potential, callback, group, counts, bar)
+
+
+def _run_group(engine: Any, st: MCMCState, potential: Potential, callback: Callback | None, group: list[int],
+               counts: list[_Counts], bar: Progress) -> None:
+    """The chains ``group`` advancing together: chain ``group[r]`` is row ``r`` of every call."""
+    S = engine.num_draws
+    todo = [r for r, c in enumerate(group) if not (st.chains[c].warmed_up and st.chains[c].num_draws >= S)]
+    if not todo:
+        return
+    Z = torch.stack([st.chains[c].position if st.chains[c].warmed_up else st.chains[c].init for c in group]
+                    ).detach().to("cpu", torch.float64).numpy().copy()
+    mass = st.init_info.get("inverse_mass_matrix_init")
+    chains = {r: _chain(engine, group[r], st, counts[group[r]], bar, callback, mass) for r in todo}
+    try:
+        asked = {}
+        for r in todo:
+            asked[r] = next(chains[r])              # every chain has at least its start point to ask for
+        while chains:
+            for r, z in asked.items():
+                Z[r] = z
+            lp, grad, bad = potential(Z)
+            warned = potential.flush()
             asked = {}
-            for c in todo:
-                asked[c] = next(chains[c])          # every chain has at least its start point to ask for
-            while chains:
-                for c, z in asked.items():
-                    Z[c] = z
-                lp, grad, bad = potential(Z)
-                warned = potential.flush()
-                asked = {}
-                for c in list(chains):
-                    k = counts[c]
-                    k.evaluations += 1
-                    k.nonfinite += int(bad[c])
-                    k.numerical_warnings += warned
-                    try:
-                        asked[c] = chains[c].send((float(lp[c]), grad[c]))
-                    except StopIteration:
-                        del chains[c]
-        finally:
-            for gen in chains.values():                 # interrupted: each chain commits what it has
-                gen.close()
+            for r in list(chains):
+                k = counts[group[r]]
+                k.evaluations += 1
+                k.nonfinite += int(bad[r])
+                k.numerical_warnings += warned
+                try:
+                    asked[r] = chains[r].send((float(lp[r]), grad[r]))
+                except StopIteration:
+                    del chains[r]
+    finally:
+        for gen in chains.values():                 # interrupted: each chain commits what it has
+            gen.close()
 
 
 def _chain(engine: Any, c: int, st: MCMCState, counts: _Counts, bar: Progress, callback: Callback | None,

@@ -215,6 +215,25 @@ def test_a_chain_does_not_depend_on_what_the_others_do():
     assert not torch.equal(runs[0].draws[1], runs[1].draws[1])
 
 
+def test_chains_of_a_large_model_run_one_after_another(monkeypatch):
+    """Above BATCH_MAX_N data points each chain is a batch of one (batching saves nothing there), and chain 1's
+    draws do not depend on chain 0's start."""
+    from gpvi.inference.mcmc import chains as chains_module
+    g = torch.Generator().manual_seed(1)
+    X = torch.linspace(0.0, 5.0, 12, dtype=torch.float64).unsqueeze(-1)
+    model = gpvi.GPRegression(X, torch.sin(X[:, 0]) + 0.2 * torch.randn(12, generator=g, dtype=torch.float64))
+    monkeypatch.setattr(chains_module, "BATCH_MAX_N", 11)
+    assert chains_module.chain_groups(model, 2) == [[0], [1]]
+    calls = []
+    real = chains_module.Potential.__call__
+    monkeypatch.setattr(chains_module.Potential, "__call__", lambda self, Z: calls.append(Z.shape[0]) or real(self, Z))
+    th = model.initial_theta()
+    runs = [quiet(NUTS(num_chains=2, num_warmup=30, num_draws=20, seed=4, progress_bar=False), model,
+                  init=init_to_chains(torch.stack([th + shift, th]))) for shift in (0.3, -0.8)]
+    assert set(calls) == {1}
+    assert torch.equal(runs[0].draws[1], runs[1].draws[1]) and not torch.equal(runs[0].draws[0], runs[1].draws[0])
+
+
 # ---------------------------------------------------------------------------------------------- interruption
 class StopAt:
     def __init__(self, chain: int, iteration: int) -> None:
