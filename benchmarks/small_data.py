@@ -516,8 +516,9 @@ def render(data: dict[str, Any]) -> str:
         md.append("")
     if "sampler" in data:
         md += ["## Samplers: 4 chains x (500 warm-up + 1,000 draws)", "",
-               "gpvi = `gpvi.NUTS` (NumPy transitions; the 4 chains advance together, one closed-form call on 4 "
-               "thetas answering every chain's request); ms/grad in NUTS = its wall per gradient of one chain; "
+               "gpvi = `gpvi.NUTS` (NumPy transitions; up to 200 data points the 4 chains advance together, one "
+               "closed-form call on 4 thetas answering every chain's request; Boston's run one after another); "
+               "ms/grad in NUTS = its wall per gradient of one chain; "
                "overhead = its wall over the time spent inside the log joint + gradient calls (timed around each "
                "call in the same run), minus 1: the sampler's and its wrapper's own work. ms/grad bare = the "
                "closed-form call alone on one theta, timed before the run. nutpie = nutpie's Rust NUTS (diagonal "
