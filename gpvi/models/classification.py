@@ -109,7 +109,7 @@ class LatentGP:
                  device: torch.device | str | None = None, feature_names: Any = None, weights: Any = None) -> None:
         self.likelihood = make_likelihood(link_of_gpytorch(likelihood))
         names_in = feature_names_of(X) if feature_names is None else feature_names
-        Xt = check_X(X, "X", device=device)
+        Xt = check_X(X, "X", device=device, copy=True)
         self._set_targets(y, Xt)
         n, d = Xt.shape
         self.weights = check_sample_weight(weights, n, "weights", device=Xt.device)

@@ -110,7 +110,7 @@ class BayesianLogisticRegression:
 
     def __init__(self, X: Any, y: Any, *, prior_var: float | None = 1.0, bias: bool = True,
                  feature_names: Sequence[str] | None = None, device: torch.device | str | None = None) -> None:
-        Xt = check_X(X, "X", device=device)
+        Xt = check_X(X, "X", device=device, copy=True)
         y01, classes = check_binary_labels(y, "y", device=Xt.device)
         if y01.shape[0] != Xt.shape[0]:
             raise ValueError(f"X has {Xt.shape[0]} rows but y has {y01.shape[0]}")

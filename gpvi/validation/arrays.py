@@ -177,9 +177,13 @@ def check_device(device: Any, name: str = "device") -> torch.device:
 
 
 def check_X(
-    X: Any, name: str = "X", *, n_features: int | None = None, device: torch.device | str | None = None
+    X: Any, name: str = "X", *, n_features: int | None = None, device: torch.device | str | None = None,
+    copy: bool = False,
 ) -> torch.Tensor:
     """Check a design matrix of shape ``(n_samples, n_features)`` and return it as float64.
+
+    ``copy=True`` (a model's training data) returns memory of its own: a float64 array or tensor is otherwise used
+    in place, and a later in-place edit of the caller's array would silently change the fitted model.
 
     Raises
     ------
@@ -192,7 +196,7 @@ def check_X(
         raise ValueError(f"{name} is empty (shape {tuple(t.shape)})")
     if n_features is not None and t.shape[1] != n_features:
         raise ValueError(f"{name} has {t.shape[1]} features but the model was built with {n_features}")
-    return t
+    return t.clone() if copy else t
 
 
 def check_X_y(
@@ -203,12 +207,14 @@ def check_X_y(
     y_name: str = "y",
     device: torch.device | str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Check paired inputs ``X`` of shape ``(n, d)`` and targets ``y`` of shape ``(n,)`` (or ``(n, 1)``).
+    """Check paired inputs ``X`` of shape ``(n, d)`` and targets ``y`` of shape ``(n,)`` (or ``(n, 1)``): a model's
+    training data.
 
-    Returns float64 tensors on one device; ``y`` is returned 1-D.
+    Returns float64 tensors on one device, in memory of their own (a later in-place edit of the caller's arrays
+    does not reach the model); ``y`` is returned 1-D.
     """
-    Xt = check_X(X, X_name, device=device)
-    yt = as_float_tensor(y, y_name, ndim=(1, 2), device=Xt.device)
+    Xt = check_X(X, X_name, device=device, copy=True)
+    yt = as_float_tensor(y, y_name, ndim=(1, 2), device=Xt.device).clone()
     if yt.dim() == 2:
         if yt.shape[1] != 1:
             raise ValueError(f"{y_name} must be 1-D (one target per row); got shape {tuple(yt.shape)}")
