@@ -231,8 +231,14 @@ class FullyBayesianCVI:
             :class:`gpvi.GPClassification` or :class:`gpvi.models.multiclass.GPMulticlass`.
         init : LatentPosterior, optional
             A MAP-II posterior to start from (a :class:`~gpvi.inference.cvi.typeii.TypeII` result with the same
-            prior); default:
-            one is computed.
+            prior); default: one is computed.
+
+        Raises
+        ------
+        KeyboardInterrupt
+            When that start was interrupted (Ctrl-C during the default MAP-II run, or an ``init`` flagged
+            ``info["interrupted"]``): nothing after it runs, as NUTS re-raises an interruption before its first
+            draw (before, the fit went on from the partial start and did not say so).
 
         Returns
         -------
@@ -256,6 +262,10 @@ class FullyBayesianCVI:
         t0 = time.perf_counter()
         if init is None:
             init = TypeII(cvi, prior=self.prior).run(model)
+        if init.info.get("interrupted"):                  # Ctrl-C in the start: stop, as NUTS does in warm-up
+            raise KeyboardInterrupt("FullyBayesianCVI was interrupted during its MAP-II start (or was given an "
+                                    "interrupted one as init); nothing after it ran. Run TypeII(...).run(model) "
+                                    "to the end and pass its result as init=")
         t_map = time.perf_counter() - t0
         theta_map = init.theta.detach().clone()
         bound = CVIBoundTarget(model, self.prior, cvi=cvi, inner_tol=min(self.inner_tol, 1e-12))

@@ -281,3 +281,28 @@ def test_ep_tol_default_follows_the_model():
     multi = GPMulticlass(X, torch.arange(9) % 3)
     assert FullyBayesianCVI()._ep_tol(binary) == 1e-4 and FullyBayesianCVI()._ep_tol(multi) == 1e-3
     assert FullyBayesianCVI(ep_tol=1e-6)._ep_tol(multi) == 1e-6
+
+
+def test_an_interrupted_map_start_stops_the_fit(monkeypatch):
+    """Ctrl-C in the MAP-II start (TypeII returns its partial result, flagged and warned), or an init flagged
+    interrupted: FullyBayesianCVI raises KeyboardInterrupt and runs nothing after it (before: it went on from the
+    partial start without saying so)."""
+    from gpvi.inference.cvi import bayes as bayes_module
+    model = _data(n=20)
+    real = bayes_module.TypeII.run
+    partial = {}
+
+    def interrupted(self, *args, **kwargs):
+        post = real(self, *args, **kwargs)
+        partial["post"] = post._with_info({"interrupted": True})
+        return partial["post"]
+
+    monkeypatch.setattr(bayes_module.TypeII, "run", interrupted)
+    monkeypatch.setattr(bayes_module, "laplace_scale_at", lambda *a, **k: pytest.fail("ran after the start"))
+    engine = DSVI(num_steps=5, progress_bar=False, seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(KeyboardInterrupt, match="MAP-II start"):
+            FullyBayesianCVI(engine, num_draws=4, seed=0).run(model)
+        with pytest.raises(KeyboardInterrupt, match="MAP-II start"):
+            FullyBayesianCVI(engine, num_draws=4, seed=0).run(model, init=partial["post"])
