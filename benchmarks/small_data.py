@@ -206,7 +206,7 @@ def section_logjoint() -> list[dict[str, Any]]:
 
         fns = {**{k: (lambda fl=fl: fl(th)) for k, fl in floors.items()},
                "lean": lambda: lean.log_joint(t1), "model": lambda: model.log_joint_and_grad(t1),
-               "potential": lambda: pot.one(z), "lean4": lambda: lean.log_joint(t4), "previous": previous}
+               "potential": lambda: pot(z[None, :]), "lean4": lambda: lean.log_joint(t4), "previous": previous}
         ms = interleaved(fns)
         floor = min(ms[k] for k in floors)
         row = {"problem": name, "N": model.num_data, "D": model.dim, **ms, "floor": floor,

@@ -44,6 +44,7 @@ def as_float_tensor(
     finite: bool = True,
     dtype: torch.dtype = torch.float64,
     device: torch.device | str | None = None,
+    copy: bool = False,
 ) -> torch.Tensor:
     """Convert array-like ``x`` to a float tensor, checking kind, shape and values.
 
@@ -64,11 +65,14 @@ def as_float_tensor(
         Target floating dtype (float64 by default; a float64 input is never downcast).
     device : torch.device or str, optional
         Target device (default: the input tensor's device, or CPU).
+    copy : bool
+        Never return the caller's memory (a model's training data: a later in-place edit of the caller's array
+        must not reach the model); the data are copied only when no conversion already did.
 
     Returns
     -------
     torch.Tensor
-        A tensor of dtype ``dtype`` (a copy when a conversion was needed).
+        A tensor of dtype ``dtype`` (a copy when a conversion was needed, or ``copy``).
 
     Raises
     ------
@@ -83,14 +87,14 @@ def as_float_tensor(
         raise TypeError(f"{name} must be an array of numbers; got a string")
     if isinstance(x, torch.Tensor):
         check_not_meta(x, name)
-        t = x.detach()
+        t = src = x.detach()
         if t.is_complex():
             raise TypeError(f"{name} must be real-valued; got complex dtype {t.dtype}")
         if t.dtype == torch.float64 and dtype == torch.float32:
             raise ValueError(f"{name} is float64; refusing to downcast it to float32")
     else:
         try:
-            arr = np.asarray(x)
+            arr = src = np.asarray(x)
         except Exception as exc:  # ragged sequences and the like
             raise TypeError(f"{name} must be an array of numbers; could not convert {_describe(x)}: {exc}") from None
         if arr.dtype.kind in "OUSV" or arr.dtype.kind == "M" or arr.dtype.kind == "m":
@@ -134,7 +138,14 @@ def as_float_tensor(
     if finite and t.numel() and not bool(torch.isfinite(t).all()):
         bad = int((~torch.isfinite(t)).sum())
         raise ValueError(f"{name} contains {bad} non-finite value(s) (NaN or inf)")
-    return t
+    return t.clone() if copy and _shares_memory(t, src) else t
+
+
+def _shares_memory(t: torch.Tensor, src: Any) -> bool:
+    """Whether tensor ``t`` lies in the memory of ``src`` (the caller's tensor, or the NumPy view of its input)."""
+    if isinstance(src, torch.Tensor):
+        return t.device == src.device and t.untyped_storage().data_ptr() == src.untyped_storage().data_ptr()
+    return t.device.type == "cpu" and bool(np.may_share_memory(t.numpy(), src))   # bounds only: cheap, safe
 
 
 def check_not_meta(x: Any, name: str) -> None:
@@ -182,8 +193,8 @@ def check_X(
 ) -> torch.Tensor:
     """Check a design matrix of shape ``(n_samples, n_features)`` and return it as float64.
 
-    ``copy=True`` (a model's training data) returns memory of its own: a float64 array or tensor is otherwise used
-    in place, and a later in-place edit of the caller's array would silently change the fitted model.
+    ``copy=True`` (a model's training data) never returns the caller's memory (:func:`as_float_tensor`): a float64
+    array or tensor is otherwise used in place, and a later in-place edit of it would silently change the model.
 
     Raises
     ------
@@ -191,12 +202,12 @@ def check_X(
         Not 2-D (a 1-D array is rejected rather than guessed: reshape it to ``(n, 1)`` or ``(1, d)``),
         empty, non-finite, or with a number of columns other than ``n_features``.
     """
-    t = as_float_tensor(X, name, ndim=2, device=device)
+    t = as_float_tensor(X, name, ndim=2, device=device, copy=copy)
     if t.shape[0] == 0 or t.shape[1] == 0:
         raise ValueError(f"{name} is empty (shape {tuple(t.shape)})")
     if n_features is not None and t.shape[1] != n_features:
         raise ValueError(f"{name} has {t.shape[1]} features but the model was built with {n_features}")
-    return t.clone() if copy else t
+    return t
 
 
 def check_X_y(
@@ -214,7 +225,7 @@ def check_X_y(
     does not reach the model); ``y`` is returned 1-D.
     """
     Xt = check_X(X, X_name, device=device, copy=True)
-    yt = as_float_tensor(y, y_name, ndim=(1, 2), device=Xt.device).clone()
+    yt = as_float_tensor(y, y_name, ndim=(1, 2), device=Xt.device, copy=True)
     if yt.dim() == 2:
         if yt.shape[1] != 1:
             raise ValueError(f"{y_name} must be 1-D (one target per row); got shape {tuple(yt.shape)}")

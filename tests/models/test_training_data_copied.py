@@ -43,3 +43,19 @@ def test_editing_the_callers_arrays_does_not_change_the_model(kind, build, as_te
     assert stored and all(torch.equal(getattr(model, k), v) for k, v in stored.items())
     if joint is not None:
         assert torch.equal(joint(theta), before)
+
+
+def test_a_dataframe_is_copied_once_and_not_shared():
+    """pandas values (possibly a view of the frame's memory) are not shared either; a float32 array, which the
+    conversion copies anyway, is not copied twice (the result is still the model's own)."""
+    pd = pytest.importorskip("pandas")
+    X, y = _data("regression")
+    df = pd.DataFrame(X, columns=["a", "b"])
+    model = gpvi.GPRegression(df, y)
+    before = model.X.clone()
+    df.iloc[0, 0] = 100.0
+    assert torch.equal(model.X, before)
+    X32 = X.astype(np.float32)
+    model32 = gpvi.GPRegression(X32, y)
+    X32[0, 0] = 100.0
+    assert float(model32.X[0, 0]) != 100.0

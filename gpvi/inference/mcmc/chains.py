@@ -106,11 +106,6 @@ class Potential:
             grad[bad] = 0.0
         return lp, grad, bad
 
-    def one(self, z: np.ndarray) -> tuple[float, np.ndarray]:
-        """``(log density, gradient)`` at one point ``z`` (D,), as a batch of one."""
-        lp, grad, _ = self(z[None, :])
-        return float(lp[0]), grad[0]
-
     @contextmanager
     def watching(self):
         """Record every warning the target raises while the block runs (one ``catch_warnings`` for a whole run,
@@ -197,7 +192,7 @@ def run_chains(engine: Any, st: MCMCState, potential: Potential, callback: Callb
     draws, or the chain as it was before an unfinished warm-up.
     """
     W, S, C = engine.num_warmup, engine.num_draws, len(st.chains)
-    if all(cs.warmed_up and cs.num_draws >= S for cs in st.chains):
+    if all(cs.finished(S) for cs in st.chains):
         return
     counts = [_Counts() for _ in range(C)]
     desc = f"{engine.name} chain 1/1" if C == 1 else f"{engine.name} {C} chains"
@@ -211,7 +206,7 @@ def _run_group(engine: Any, st: MCMCState, potential: Potential, callback: Callb
                counts: list[_Counts], bar: Progress) -> None:
     """The chains ``group`` advancing together: chain ``group[r]`` is row ``r`` of every call."""
     S = engine.num_draws
-    todo = [r for r, c in enumerate(group) if not (st.chains[c].warmed_up and st.chains[c].num_draws >= S)]
+    todo = [r for r, c in enumerate(group) if not st.chains[c].finished(S)]
     if not todo:
         return
     Z = torch.stack([st.chains[c].position if st.chains[c].warmed_up else st.chains[c].init for c in group]

@@ -3,9 +3,8 @@ r"""One Hamiltonian transition in NumPy: the leapfrog integrator, multinomial NU
 At tens to hundreds of data points a GP log joint and its gradient cost about a hundred microseconds, so a
 sampler's own work per leapfrog step must cost far less. Everything here works on NumPy vectors of length D, and
 every function is a **generator** that asks for the log density and gradient at a point instead of calling a
-function: it yields ``z`` and is sent back ``(log density, gradient)``. A driver answers one chain's requests
-(:func:`drive`, ``logp_grad(z)`` per request) or all chains' at once, with one batched call of the log joint for
-the current requests of every chain (:mod:`gpvi.inference.mcmc.chains`): the chains advance together without
+function: it yields ``z`` and is sent back ``(log density, gradient)``. :mod:`gpvi.inference.mcmc.chains` answers
+the current requests of every chain with one batched call of the log joint: the chains advance together without
 waiting for each other at the end of a transition.
 
 Dynamics. Potential :math:`U(\theta) = -\log g(\theta)`, kinetic energy :math:`K(r) = \tfrac12 r^\top M^{-1} r`,
@@ -40,30 +39,19 @@ M. Betancourt (2017). A conceptual introduction to Hamiltonian Monte Carlo. arXi
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
-__all__ = ["Metric", "Uniforms", "nuts_transition", "hmc_transition", "find_step_size", "drive", "MAX_ENERGY_ERROR"]
+__all__ = ["Metric", "Uniforms", "nuts_transition", "hmc_transition", "find_step_size", "MAX_ENERGY_ERROR"]
 
-LogpGrad = Callable[[np.ndarray], tuple[float, np.ndarray]]
 T = TypeVar("T")
 Asks = Generator[np.ndarray, tuple[float, np.ndarray], T]
 """A computation that yields points ``z`` and is sent ``(log density, gradient)`` at each; its return value is
 its result."""
-
-
-def drive(asks: Asks[T], logp_grad: LogpGrad) -> T:
-    """Run ``asks`` to its end, answering each request with ``logp_grad(z)``; its result."""
-    try:
-        z = next(asks)
-        while True:
-            z = asks.send(logp_grad(z))
-    except StopIteration as stop:
-        return stop.value
 
 MAX_ENERGY_ERROR = 1000.0
 """An energy error :math:`H - H_0` above this marks a divergent transition (Stan's value)."""

@@ -100,6 +100,10 @@ class ChainState:
         """Post-warm-up draws so far."""
         return int(self.draws.shape[0])
 
+    def finished(self, num_draws: int) -> bool:
+        """Warmed up with at least ``num_draws`` draws: nothing left to run."""
+        return self.warmed_up and self.num_draws >= num_draws
+
     def transitions(self, num_warmup: int) -> int:
         """Transitions this state accounts for: the warm-up once it is complete, plus the draws."""
         return (num_warmup if self.warmed_up else 0) + self.num_draws
