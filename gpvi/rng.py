@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numbers
 
+import numpy as np
 import torch
 
-__all__ = ["check_seed", "resolve_generator", "generator_from_state", "copy_generator", "randn"]
+__all__ = ["check_seed", "check_random_state", "resolve_generator", "generator_from_state", "copy_generator", "randn"]
 
 
 def check_seed(seed: object, name: str = "seed", *, allow_none: bool = True) -> int | None:
@@ -31,6 +32,38 @@ def check_seed(seed: object, name: str = "seed", *, allow_none: bool = True) -> 
     if seed < 0:
         raise ValueError(f"{name} must be a non-negative int; got {seed}")
     return int(seed)
+
+
+def check_random_state(random_state: object, name: str = "random_state") -> int | None:
+    """A scikit-learn ``random_state`` as a seed for :func:`resolve_generator`.
+
+    Parameters
+    ----------
+    random_state : int, numpy.random.RandomState or None
+        An int or None as :func:`check_seed` takes them (None: a fresh, non-deterministic stream). A
+        ``numpy.random.RandomState`` gives one seed drawn from it, ``randint(2**31 - 1)``, which advances it
+        (scikit-learn's convention, ``sklearn.utils.check_random_state``): two objects in the same state give the same
+        seed, and two fits sharing one object get different seeds.
+    name : str
+        The argument's name in error messages.
+
+    Returns
+    -------
+    int or None
+
+    Raises
+    ------
+    TypeError
+        Naming ``name``: anything else (a ``numpy.random.Generator``, a float, a string, a boolean).
+    ValueError
+        Naming ``name``: a negative int.
+    """
+    if isinstance(random_state, np.random.RandomState):
+        return int(random_state.randint(np.iinfo(np.int32).max))
+    if random_state is None or (isinstance(random_state, numbers.Integral) and not isinstance(random_state, bool)):
+        return check_seed(random_state, name)
+    raise TypeError(f"{name} must be a non-negative int, a numpy.random.RandomState or None; got {random_state!r} of "
+                    f"type {type(random_state).__name__}")
 
 
 def resolve_generator(

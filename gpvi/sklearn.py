@@ -5,7 +5,7 @@ its arguments, ``fit`` validates with scikit-learn's own functions (``validate_d
 ``check_classification_targets``, ``_check_sample_weight``) and runs an engine, fitted state lives in
 trailing-underscore attributes, and ``get_params``/``set_params``, ``clone``, grid search, pipelines and ``score``
 come from scikit-learn. It passes every check of ``sklearn.utils.estimator_checks.check_estimator`` with its
-default settings (``tests/test_sklearn_checks.py``).
+default settings (``tests/sklearn/test_estimator_checks.py``).
 
 What ``fit`` runs, by the number of classes K in ``y`` and the ``likelihood``:
 
@@ -45,7 +45,7 @@ from .numerics.softmax_rules import default_quadrature
 from .models.gpytorch_likelihoods import link_of_gpytorch
 from .models.priors import check_prior_choice
 from .numerics.quadrature import Quadrature
-from .rng import check_seed
+from .rng import check_random_state
 from .validation import (check_bool, check_choice, check_device, check_nonnegative_int, check_not_meta,
                          check_positive_int)
 from .inference.cvi.bayes import FullyBayesianCVI
@@ -161,9 +161,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         Relative ELBO change for convergence.
     theta : array-like of shape (D,), optional
         Starting log-hyperparameters (overrides the kernel's values).
-    random_state : int, optional
-        Seed for site order and Monte Carlo draws (``None``: non-deterministic); a non-negative int, checked by
-        :func:`gpvi.rng.check_seed` when ``fit`` starts (``__init__`` only stores, scikit-learn's contract).
+    random_state : int, numpy.random.RandomState or None
+        Seed for site order and Monte Carlo draws (``None``: non-deterministic; a ``RandomState``: ``fit`` draws a seed
+        from it, scikit-learn's convention), checked by :func:`gpvi.rng.check_random_state` when ``fit`` starts.
     verbose : int
         0 (default): no output during ``fit`` (as inside cross-validation); 1 or more: the engines' tqdm
         progress bars.
@@ -226,7 +226,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                  hyperparameters: str = "type2", prior: Any = "default", beta: float = 0.5,
                  estimator: str = "auto", num_quadrature: int | None = None, num_draws: int = 10,
                  batch_size: int = 1, max_sweeps: int = 500, tol: float = 1e-9, theta: Any = None,
-                 random_state: int | None = None, verbose: int = 0, device: str | None = None) -> None:
+                 random_state: Any = None, verbose: int = 0, device: str | None = None) -> None:
         self.kernel = kernel
         self.likelihood = likelihood
         self.mode = mode
@@ -336,7 +336,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             raise
 
     def _fit(self, X: Any, y: Any, sample_weight: Any) -> GPClassifier:
-        seed = check_seed(self.random_state, "random_state")
+        seed = check_random_state(self.random_state)
         hp = check_choice(self.hyperparameters, "hyperparameters", ["type2", "fixed", "bayes"])
         prior = check_prior_choice(self.prior)
         if self.device is not None:
