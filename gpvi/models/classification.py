@@ -309,7 +309,12 @@ class LatentGP:
         return shift + float(lo), shift + float(hi)
 
     def natural(self, theta: Any = None) -> torch.Tensor:
-        """Natural-scale values (lengthscales ``exp(theta/2)``, variances ``exp(theta)``)."""
+        """Natural-scale values (lengthscales ``exp(theta/2)``, variances ``exp(theta)``), the shape of theta:
+        ``(D,)`` (default: the model's theta) or a batch ``(S, D)`` (as ``GPRegression.natural``)."""
+        if theta is not None:
+            t = check_theta(theta, self.dim, "theta", device=self.X.device)
+            if t.dim() == 2:
+                return self.kernel_params.natural(t.detach())
         return self.kernel_params.natural(self.check_theta(theta).detach())
 
     def describe(self, theta: Any = None) -> dict[str, float]:

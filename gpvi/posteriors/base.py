@@ -46,6 +46,17 @@ _SUMMARY_SEED = 20140621  # fixed seed for Monte Carlo parts of summaries (deter
 _KINDS: dict[str, type] = {}
 
 
+def _natural_scale(target: Any, names: list[str]) -> Any:
+    """What maps theta to the natural scale for a summary: the target, or the model a target over its
+    hyperparameters wraps (``target.model``, ``target.bound.model``), if it has ``natural_names``, ``natural(theta)``
+    and the posterior's ``names``; else None."""
+    for obj in (target, getattr(target, "model", None), getattr(getattr(target, "bound", None), "model", None)):
+        if (obj is not None and hasattr(obj, "natural_names") and callable(getattr(obj, "natural", None))
+                and list(getattr(obj, "names", names)) == list(names)):
+            return obj
+    return None
+
+
 def _plain(obj: Any) -> Any:
     """Convert to tensors, numbers, strings, lists and dicts only, so ``torch.load(weights_only=True)`` accepts it."""
     if isinstance(obj, Table):
@@ -215,8 +226,10 @@ class Posterior:
         natural : bool
             Add natural-scale columns (``natural``, ``nat_mean``, ``nat_q5``, ``nat_q50``, ``nat_q95``) when the
             target provides ``natural_names`` and ``natural(theta)`` (e.g. ``GPRegression``: lengthscales and
-            variances). Natural-scale quantiles are exact (the transforms are monotone); the natural-scale mean
-            is a Monte Carlo average over 4000 draws with a fixed seed.
+            variances), or wraps a model that does (``target.model``, ``target.bound.model``: the CVI bound or EP
+            evidence over a classifier's hyperparameters) with the posterior's ``names``. Natural-scale quantiles
+            are exact (the transforms are monotone); the natural-scale mean is a Monte Carlo average over 4000
+            draws with a fixed seed.
 
         Returns
         -------
@@ -232,8 +245,8 @@ class Posterior:
         for j, name in enumerate(qn):
             cols[name] = q[j].tolist()
         cols.update(self._extra_summary_columns())
-        tgt = self.target
-        if natural and tgt is not None and hasattr(tgt, "natural_names") and callable(getattr(tgt, "natural", None)):
+        tgt = _natural_scale(self.target, self.names) if natural else None
+        if tgt is not None:
             nat_q = tgt.natural(q)
             draws = self.sample(4000, seed=_SUMMARY_SEED)
             nat_mean = tgt.natural(draws).mean(0)
