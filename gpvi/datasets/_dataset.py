@@ -215,6 +215,48 @@ class Dataset:
 # Private helpers shared by the loaders in gpvi/datasets/__init__.py.
 
 
+# The docstring sections the loaders share, written once: a loader's docstring names them as ``%(name)s`` and
+# :func:`_fill_doc` fills them in (scipy's ``doccer`` convention), so ``help()`` shows the full text.
+_SEED_DOC = """seed : int, default 0
+        Non-negative seed of the random split (``numpy.random.default_rng``)."""
+_DOC_PARTS: dict[str, str] = {
+    "seed": _SEED_DOC,
+    "random_split_classification": f"""Parameters
+    ----------
+    {_SEED_DOC}
+    test_fraction : float in (0, 1), default 0.3
+        Fraction of rows in the test set (round half up).
+    stratify : bool, default True
+        Keep the class proportions in both parts (largest-remainder allocation, so
+        the total number of test rows is the same as without stratification).
+
+    Returns
+    -------
+    Dataset
+        ``task="classification"``; labels float64 0/1.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If ``seed``, ``test_fraction`` or ``stratify`` is invalid.""",
+    "returns_regression": """Returns
+    -------
+    Dataset
+        ``task="regression"``, inputs and target standardised with training statistics.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If an argument is invalid (the message names it).""",
+}
+
+
+def _fill_doc(func: Any) -> Any:
+    """Fill the ``%(name)s`` placeholders of ``func``'s docstring from ``_DOC_PARTS``; return ``func``."""
+    func.__doc__ = func.__doc__ % _DOC_PARTS
+    return func
+
+
 def _check_seed(seed: Any) -> int:
     """Return ``seed`` as an int, or raise naming ``seed`` (:func:`gpvi.rng.check_seed`; None is refused here)."""
     return check_seed(seed, "seed", allow_none=False)

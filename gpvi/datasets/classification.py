@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._dataset import Dataset, _check_bool, _check_fraction, _check_seed
+from ._dataset import Dataset, _check_bool, _check_fraction, _check_seed, _fill_doc
 from ._files import _original_classification, _random, _random_classification
 
 
@@ -65,6 +65,7 @@ def load_ripley() -> Dataset:
     return _original_classification("ripley", "ripley_synth.csv")
 
 
+@_fill_doc
 def load_ionosphere(seed: int = 0, test_fraction: float = 0.3, *, stratify: bool = True) -> Dataset:
     """UCI Ionosphere (Sigillito et al. 1989): 351 radar returns, 34 inputs.
 
@@ -75,25 +76,7 @@ def load_ionosphere(seed: int = 0, test_fraction: float = 0.3, *, stratify: bool
     There is no standard split: the default is a seeded, stratified 70/30 split
     (``floor(0.3 * 351 + 0.5) = 105`` test rows: 246 train / 105 test).
 
-    Parameters
-    ----------
-    seed : int, default 0
-        Non-negative seed of the random split (``numpy.random.default_rng``).
-    test_fraction : float in (0, 1), default 0.3
-        Fraction of rows in the test set (round half up).
-    stratify : bool, default True
-        Keep the class proportions in both parts (largest-remainder allocation, so
-        the total number of test rows is the same as without stratification).
-
-    Returns
-    -------
-    Dataset
-        ``task="classification"``; labels float64 0/1.
-
-    Raises
-    ------
-    TypeError, ValueError
-        If ``seed``, ``test_fraction`` or ``stratify`` is invalid.
+    %(random_split_classification)s
 
     References
     ----------
@@ -113,6 +96,7 @@ def load_ionosphere(seed: int = 0, test_fraction: float = 0.3, *, stratify: bool
     return _random_classification("ionosphere", seed, test_fraction, stratify)
 
 
+@_fill_doc
 def load_sonar(seed: int = 0, test_fraction: float = 0.3, *, stratify: bool = True) -> Dataset:
     """UCI Sonar, mines vs. rocks (Gorman & Sejnowski 1988): 208 rows, 60 inputs.
 
@@ -121,24 +105,7 @@ def load_sonar(seed: int = 0, test_fraction: float = 0.3, *, stratify: bool = Tr
     a seeded, stratified 70/30 split (``floor(0.3 * 208 + 0.5) = 62`` test rows:
     146 train / 62 test).
 
-    Parameters
-    ----------
-    seed : int, default 0
-        Non-negative seed of the random split (``numpy.random.default_rng``).
-    test_fraction : float in (0, 1), default 0.3
-        Fraction of rows in the test set (round half up).
-    stratify : bool, default True
-        Keep the class proportions in both parts.
-
-    Returns
-    -------
-    Dataset
-        ``task="classification"``; labels float64 0/1.
-
-    Raises
-    ------
-    TypeError, ValueError
-        If ``seed``, ``test_fraction`` or ``stratify`` is invalid.
+    %(random_split_classification)s
 
     References
     ----------
@@ -155,6 +122,7 @@ def load_sonar(seed: int = 0, test_fraction: float = 0.3, *, stratify: bool = Tr
     return _random_classification("sonar", seed, test_fraction, stratify)
 
 
+@_fill_doc
 def load_breast_cancer(
     seed: int = 0, test_fraction: float = 0.3, *, stratify: bool = True
 ) -> Dataset:
@@ -166,24 +134,7 @@ def load_breast_cancer(
     default is a seeded, stratified 70/30 split (``floor(0.3 * 569 + 0.5) = 171`` test
     rows: 398 train / 171 test). ``train_indices`` refer to scikit-learn's row order.
 
-    Parameters
-    ----------
-    seed : int, default 0
-        Non-negative seed of the random split (``numpy.random.default_rng``).
-    test_fraction : float in (0, 1), default 0.3
-        Fraction of rows in the test set (round half up).
-    stratify : bool, default True
-        Keep the class proportions in both parts.
-
-    Returns
-    -------
-    Dataset
-        ``task="classification"``; labels float64 0/1.
-
-    Raises
-    ------
-    TypeError, ValueError
-        If ``seed``, ``test_fraction`` or ``stratify`` is invalid.
+    %(random_split_classification)s
 
     References
     ----------

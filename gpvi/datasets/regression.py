@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._dataset import Dataset, _build, _check_bool, _check_seed, _random_split
+from ._dataset import Dataset, _build, _check_bool, _check_seed, _fill_doc, _random_split
 from ._files import _columns, _inputs, _random_regression
 
 
+@_fill_doc
 def load_boston(seed: int = 0, test_fraction: float = 0.1) -> Dataset:
     """Boston housing (Harrison & Rubinfeld 1978): 506 rows, 13 inputs, target MEDV.
 
@@ -18,21 +19,12 @@ def load_boston(seed: int = 0, test_fraction: float = 0.1) -> Dataset:
 
     Parameters
     ----------
-    seed : int, default 0
-        Non-negative seed of the random split (``numpy.random.default_rng``).
+    %(seed)s
     test_fraction : float in (0, 1), default 0.1
         Fraction of rows in the test set; ``floor(test_fraction * 506 + 0.5)`` rows
         are used (51 for the default: 455 train / 51 test).
 
-    Returns
-    -------
-    Dataset
-        ``task="regression"``, inputs and target standardised with training statistics.
-
-    Raises
-    ------
-    TypeError, ValueError
-        If ``seed`` or ``test_fraction`` is invalid (the message names the argument).
+    %(returns_regression)s
 
     References
     ----------
@@ -50,6 +42,7 @@ def load_boston(seed: int = 0, test_fraction: float = 0.1) -> Dataset:
     return _random_regression("boston", "boston.csv", feature_names, seed, test_fraction)
 
 
+@_fill_doc
 def load_bodyfat(
     seed: int = 0, test_fraction: float = 0.1, include_density: bool = True
 ) -> Dataset:
@@ -75,23 +68,14 @@ def load_bodyfat(
 
     Parameters
     ----------
-    seed : int, default 0
-        Non-negative seed of the random split (``numpy.random.default_rng``).
+    %(seed)s
     test_fraction : float in (0, 1), default 0.1
         Fraction of rows in the test set; ``floor(test_fraction * 252 + 0.5)`` rows
         (25 for the default: 227 train / 25 test).
     include_density : bool, default True
         Keep the ``Density`` column as the first input (14 inputs) or drop it (13).
 
-    Returns
-    -------
-    Dataset
-        ``task="regression"``, inputs and target standardised with training statistics.
-
-    Raises
-    ------
-    TypeError, ValueError
-        If ``seed``, ``test_fraction`` or ``include_density`` is invalid.
+    %(returns_regression)s
 
     References
     ----------
@@ -118,6 +102,7 @@ def load_bodyfat(
     return _random_regression("bodyfat", "bodyfat.csv", feature_names, seed, test_fraction)
 
 
+@_fill_doc
 def load_pendulum(seed: int = 0, n_train: int = 315) -> Dataset:
     """Pendulum (Lazaro-Gredilla et al. 2010): 630 rows, 9 inputs, a simulated pendulum.
 
@@ -131,20 +116,11 @@ def load_pendulum(seed: int = 0, n_train: int = 315) -> Dataset:
 
     Parameters
     ----------
-    seed : int, default 0
-        Non-negative seed of the random split (``numpy.random.default_rng``).
+    %(seed)s
     n_train : int in [1, 629], default 315
         Number of training rows; the other ``630 - n_train`` rows are the test set.
 
-    Returns
-    -------
-    Dataset
-        ``task="regression"``, inputs and target standardised with training statistics.
-
-    Raises
-    ------
-    TypeError, ValueError
-        If ``seed`` or ``n_train`` is invalid (the message names the argument).
+    %(returns_regression)s
 
     References
     ----------
