@@ -355,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
             g.add_argument("--exclude", metavar="COL[,COL...]", type=_columns, help="columns that are not inputs "
                            "(e.g. a row index)")
 
-    p = sub.add_parser("demo", help="the main demonstration on bundled data (about 30 s on a 2-core machine)",
+    p = sub.add_parser("demo", help="the main demonstration on bundled data (about 40 s on one thread)",
                        description="ML-II and DSVI hyperparameter posteriors on Bodyfat (test SMSE/NLPD, the most "
                        "relevant hyperparameter marginals) and a CVI GPClassifier on Pima (test error, log-loss); "
                        "prints a summary table.")
@@ -363,12 +363,17 @@ def build_parser() -> argparse.ArgumentParser:
     common(p, inputs=False)
     p.set_defaults(func=_cmd_demo)
 
-    p = sub.add_parser("fit-regression", help="GP regression on a CSV file",
-                       description="Fit a GP regression (ScaleKernel(RBF, ARD) + Gaussian noise, prior N(0, 10) "
-                       "on the log-hyperparameters) to a CSV file with a header row and numeric columns. Inputs "
-                       "and target are standardised.")
-    p.add_argument("csv", help="CSV file with a header row, numeric columns")
-    p.add_argument("--target", required=True, help="name of the target column")
+    def fit_command(name: str, summary: str, description: str, target: str) -> argparse.ArgumentParser:
+        """A ``fit-*`` subcommand with the arguments every fit takes first: the CSV file and its ``--target``."""
+        p = sub.add_parser(name, help=summary, description=description)
+        p.add_argument("csv", help="CSV file with a header row and numeric input columns")
+        p.add_argument("--target", required=True, help=target)
+        return p
+
+    p = fit_command("fit-regression", "GP regression on a CSV file",
+                    "Fit a GP regression (ScaleKernel(RBF, ARD) + Gaussian noise, prior N(0, 10) on the "
+                    "log-hyperparameters) to a CSV file with a header row and numeric columns. Inputs and target are "
+                    "standardised.", target="name of the target column (numeric)")
     p.add_argument("--method", choices=["ml2", "dsvi", "nuts"], default="dsvi",
                    help="ML-II point estimate, DSVI posterior (default) or NUTS")
     p.add_argument("--restarts", type=_pos_int, default=3,
@@ -383,12 +388,11 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.set_defaults(func=_cmd_fit_regression)
 
-    p = sub.add_parser("fit-classifier", help="GP classification with CVI on a CSV file",
-                       description="Fit a GPClassifier (CVI; type-II, integrated-out or fixed hyperparameters) to a "
-                       "CSV file with a header row, numeric inputs and a label column (integers or text, two or more "
-                       "classes). Inputs are standardised. Prints a short summary.")
-    p.add_argument("csv", help="CSV file with a header row, numeric input columns")
-    p.add_argument("--target", required=True, help="name of the label column (e.g. {0,1}, {-1,+1}, 0..K-1, yes/no)")
+    p = fit_command("fit-classifier", "GP classification with CVI on a CSV file",
+                    "Fit a GPClassifier (CVI; type-II, integrated-out or fixed hyperparameters) to a CSV file with a "
+                    "header row, numeric inputs and a label column (integers or text, two or more classes). Inputs "
+                    "are standardised. Prints a short summary.",
+                    target="name of the label column (e.g. {0,1}, {-1,+1}, 0..K-1, yes/no)")
     p.add_argument("--likelihood", choices=["auto", "logit", "probit", "softmax", "robustmax"], default="auto",
                    help="auto (default): logit for two classes, softmax for more")
     p.add_argument("--mode", choices=["full", "stochastic"], default="full",
