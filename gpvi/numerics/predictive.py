@@ -20,13 +20,13 @@ bracket is within :math:`2\epsilon(|x| + \min_s \sqrt{v_s})` (float64 :math:`\ep
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from ..validation import as_float_tensor, check_fraction
 
-__all__ = ["MixturePredictive"]
+__all__ = ["MixturePredictive", "at_levels"]
 
 _BISECTION_STEPS = 200    # a cap: the bracket shrinks to 2 eps (|x| + min_s sd_s) in about 60 halvings
 
@@ -50,6 +50,31 @@ def _check_probs(p: Any) -> tuple[torch.Tensor, bool]:
     if bool(bad.any()):
         raise ValueError(f"p must be in (0, 1); got {float(t[bad][0]):g}")
     return t, scalar
+
+
+def at_levels(p: Any, quantiles: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """Quantiles at the levels ``p``: the rule every ``quantile(p)`` of gpvi follows (posteriors, predictives).
+
+    Parameters
+    ----------
+    p : float or sequence of float
+        Levels in the open interval (0, 1).
+    quantiles : callable
+        Maps the checked levels, a float64 tensor of shape (P,), to the quantiles, shape (P, k).
+
+    Returns
+    -------
+    torch.Tensor
+        Shape ``(k,)`` for a single level, ``(len(p), k)`` for a sequence.
+
+    Raises
+    ------
+    ValueError, TypeError
+        A level outside (0, 1), or not a number.
+    """
+    probs, scalar = _check_probs(p)
+    q = quantiles(probs)
+    return q[0] if scalar else q
 
 
 class MixturePredictive:
@@ -124,25 +149,16 @@ class MixturePredictive:
         return torch.special.ndtr((y - self.component_means) / self.component_variances.sqrt()).mean(0)
 
     def quantile(self, p: Any) -> torch.Tensor:
-        r"""Predictive quantiles at each test point.
+        r"""Predictive quantiles at each test point, at the levels ``p`` (:func:`at_levels`: a level in (0, 1) gives
+        shape ``(n,)``, a sequence of them ``(len(p), n)``; ValueError or TypeError for anything else).
 
-        Parameters
-        ----------
-        p : float or sequence of float
-            Levels in the open interval (0, 1).
-
-        Returns
-        -------
-        torch.Tensor
-            Shape ``(n,)`` for a single level, ``(len(p), n)`` for a sequence. Exact for one component
-            (:math:`m + \sqrt v\,\Phi^{-1}(p)`); for a mixture, bisection on the mixture CDF (module docstring).
-
-        Raises
-        ------
-        ValueError, TypeError
-            A level outside (0, 1), or not a number.
+        Exact for one component (:math:`m + \sqrt v\,\Phi^{-1}(p)`); for a mixture, bisection on the mixture CDF
+        (module docstring).
         """
-        probs, scalar = _check_probs(p)
+        return at_levels(p, self._quantiles)
+
+    def _quantiles(self, probs: torch.Tensor) -> torch.Tensor:
+        """``(P, n)`` quantiles at the checked levels ``probs`` (module docstring)."""
         m, sd = self.component_means, self.component_variances.sqrt()
         probs = probs.to(m)
         z = torch.special.ndtri(probs)[:, None, None]                      # (P, 1, 1)
@@ -165,7 +181,7 @@ class MixturePredictive:
                 lo = torch.where(below, mid, lo)
                 hi = torch.where(above, mid, hi)
             q = 0.5 * lo + 0.5 * hi
-        return q[0] if scalar else q
+        return q
 
     def interval(self, level: float = 0.9) -> tuple[torch.Tensor, torch.Tensor]:
         """Central predictive interval holding mass ``level`` at each test point.

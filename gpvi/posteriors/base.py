@@ -34,7 +34,7 @@ import torch
 
 from ..table import Table
 from ..validation import check_fraction, check_positive_int
-from ..numerics.predictive import MixturePredictive, _check_probs
+from ..numerics.predictive import MixturePredictive, at_levels
 from .info import RunInfo
 
 __all__ = ["Posterior", "posterior_from_state_dict", "STATE_VERSION"]
@@ -170,26 +170,9 @@ class Posterior:
         return self.mean, self.std
 
     def quantile(self, p: Any) -> torch.Tensor:
-        """Marginal quantiles.
-
-        Parameters
-        ----------
-        p : float or sequence of float
-            Levels in the open interval (0, 1).
-
-        Returns
-        -------
-        torch.Tensor
-            Shape ``(D,)`` for a single level, ``(len(p), D)`` for a sequence.
-
-        Raises
-        ------
-        ValueError
-            A level outside (0, 1).
-        """
-        probs, scalar = _check_probs(p)
-        q = self._quantiles(probs)
-        return q[0] if scalar else q
+        """Marginal quantiles at the levels ``p`` (:func:`~gpvi.numerics.predictive.at_levels`: a level in (0, 1)
+        gives shape ``(D,)``, a sequence of them ``(len(p), D)``; ValueError or TypeError for anything else)."""
+        return at_levels(p, self._quantiles)
 
     def marginals(self) -> dict[str, dict[str, Any]]:
         """A plain description of each parameter's 1-D marginal, keyed by name.
