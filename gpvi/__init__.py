@@ -29,6 +29,7 @@ from .inference.mcmc import HMC, NUTS
 from .inference.ml2 import ML2
 from .inference.salimans_knowles import SKGaussian
 from .models.classification import GPClassification
+from .models.generalised import GPGeneralisedRegression
 from .models.logistic import BayesianLogisticRegression
 from .models.regression import GPRegression
 from .models.target import Target
@@ -41,7 +42,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     # models
-    "GPRegression", "GPClassification", "BayesianLogisticRegression", "Target",
+    "GPRegression", "GPClassification", "GPGeneralisedRegression", "BayesianLogisticRegression", "Target",
     # engines
     "ML2", "DSVI", "CVI", "NUTS", "HMC", "SKGaussian", "infer",
     # scikit-learn estimator

@@ -21,7 +21,7 @@ import gpytorch
 import numpy as np
 import torch
 
-from .gpytorch_likelihoods import link_of_gpytorch
+from .gpytorch_likelihoods import link_of_gpytorch, site_likelihood_of_gpytorch
 from .likelihoods import Likelihood, expected_log_lik, make_likelihood
 from .scaled_rbf import centre_inputs, input_centre, scaled_rbf_covariance
 from .hyperparameters import KernelParametrisation
@@ -107,7 +107,7 @@ class LatentGP:
     def __init__(self, X: Any, y: Any, kernel: gpytorch.kernels.Kernel | None = None,
                  likelihood: str | Likelihood = "logit", theta: Any = None, *,
                  device: torch.device | str | None = None, feature_names: Any = None, weights: Any = None) -> None:
-        self.likelihood = make_likelihood(link_of_gpytorch(likelihood))
+        self.likelihood = make_likelihood(site_likelihood_of_gpytorch(likelihood))
         names_in = feature_names_of(X) if feature_names is None else feature_names
         Xt = check_X(X, "X", device=device, copy=True)
         self._set_targets(y, Xt)
@@ -149,6 +149,9 @@ class LatentGP:
                 if y01.shape[1] != 1:
                     raise ValueError(f"y must be 1-D (one target per row); got shape {tuple(y01.shape)}")
                 y01 = y01[:, 0]
+            check = getattr(self.likelihood, "check_targets", None)
+            if check is not None:                  # counts, proportions, a GPyTorch likelihood's support
+                y01 = check(y01, "y")
             self.classes = None
         if y01.shape[0] != X.shape[0]:
             raise ValueError(f"X has {X.shape[0]} rows but y has {y01.shape[0]}")
@@ -262,7 +265,10 @@ class LatentGP:
         if isinstance(p, ModelPrior):
             out = p.summary()
         else:
-            out = dict(zip(self.names, _prior_labels(p, prior, self.dim)))
+            label = ("flat (no prior)" if p is None else "N(0, 10) on theta (gpvi default)" if prior == "default" else
+                     "N(data-scaled theta, 10) on theta (gpvi 'scaled')" if prior == "scaled" else
+                     f"{type(p).__name__} over theta")
+            out = {n: label for n in self.names}
         out.update({n: f"fixed at {v}" for n, v in self.fixed.items()})
         return out
 
@@ -390,23 +396,3 @@ class GPClassification(LatentGP):
                              f"(use gpvi.models.classification.LatentGP for other likelihoods)")
         super().__init__(X, y, kernel, lik, theta, device=device, feature_names=feature_names, weights=weights)
         self.classes: np.ndarray
-
-def _prior_labels(p: Any, setting: Any, dim: int) -> list[str]:
-    """One label per theta component for a prior over the whole theta: ``N(mean, variance)`` for a normal prior (or
-    a multivariate normal's marginal), else the distribution's name with its mean and variance when it has them."""
-    if p is None:
-        return ["flat (no prior)"] * dim
-    tag = {"default": " (gpvi default)", "scaled": " (gpvi 'scaled': centred at the data's scales)"}.get(
-        setting if isinstance(setting, str) else "", "")
-    base = p.base_dist if isinstance(p, torch.distributions.Independent) else p
-    name = type(p).__name__ + (f"({type(base).__name__})" if base is not p else "")
-    try:
-        mean = p.mean.detach().expand(dim).tolist()
-        var = p.variance.detach().expand(dim).tolist()
-    except (NotImplementedError, RuntimeError):           # no moments, or not one per component
-        return [f"{name} over theta"] * dim
-    if isinstance(base, torch.distributions.Normal):
-        return [f"N({m:.4g}, {v:.4g}) on theta{tag}" for m, v in zip(mean, var)]
-    if isinstance(p, torch.distributions.MultivariateNormal):
-        return [f"N({m:.4g}, {v:.4g}) on theta (a marginal of the MultivariateNormal)" for m, v in zip(mean, var)]
-    return [f"{name} over theta (mean {m:.4g}, variance {v:.4g})" for m, v in zip(mean, var)]

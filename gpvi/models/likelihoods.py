@@ -50,8 +50,10 @@ Likelihoods
 -----------
 :class:`BernoulliLogit` (:math:`p(y=1\mid f) = \sigma(f)`; the CVI paper's and scikit-learn's link),
 :class:`BernoulliProbit` (:math:`\Phi(f)`; GPyTorch's ``BernoulliLikelihood``) and :class:`Gaussian`
-(:math:`\mathcal N(y \mid f, \sigma^2)`). A likelihood is any object with ``name``, ``binary``,
-``derivatives(y, f) -> (h, h', h'')`` and ``closed_form(y, m, v) -> None | (E, dm, dv)``.
+(:math:`\mathcal N(y \mid f, \sigma^2)`); counts, outliers and proportions (Poisson, negative binomial, Student-t,
+Laplace, Beta) are in :mod:`gpvi.models.latent_likelihoods`. A likelihood is any object with ``name``, ``binary``,
+``derivatives(y, f) -> (h, h', h'')`` and ``closed_form(y, m, v) -> None | (E, dm, dv)``
+(:class:`~gpvi.models.likelihood_base.Likelihood`); :func:`make_likelihood` builds them from names and specs.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ import torch
 from ..rng import randn, resolve_generator
 from ..validation import as_float_tensor, check_choice, check_positive, check_positive_int
 from ..numerics.quadrature import Quadrature, gaussian_expectation
+from .latent_likelihoods import LATENT_LIKELIHOODS
+from .likelihood_base import Likelihood
 
 __all__ = [
     "BernoulliLogit",
@@ -84,41 +88,6 @@ _HALF_LOG_2PI = 0.5 * _LOG_2PI
 
 
 # --------------------------------------------------------------------------- likelihoods
-class Likelihood:
-    """Base of the site likelihoods (documentation of the protocol; subclass or duck-type it).
-
-    Attributes
-    ----------
-    name : str
-        ``"logit"``, ``"probit"``, ``"gaussian"``... recorded in every result.
-    binary : bool
-        Whether targets are binary labels (0/1 floats internally).
-    """
-
-    name: str = "likelihood"
-    binary: bool = False
-
-    def derivatives(self, y: torch.Tensor, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        r"""``(h, h', h'')`` of :math:`h(f) = \log p(y \mid f)`, broadcasting ``y`` against ``f``."""
-        raise NotImplementedError
-
-    def log_prob(self, y: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-        r""":math:`\log p(y \mid f)`, broadcast."""
-        return self.derivatives(y, f)[0]
-
-    def closed_form(self, y: torch.Tensor, m: torch.Tensor, v: torch.Tensor
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """Exact ``(E, dE/dm, dE/dv)`` when available, else ``None`` (then a rule is used)."""
-        return None
-
-    def spec(self) -> dict[str, Any]:
-        """A description that :func:`make_likelihood` can rebuild."""
-        return {"name": self.name}
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
-
-
 class BernoulliLogit(Likelihood):
     r"""Bernoulli likelihood with the logistic link, :math:`p(y = 1 \mid f) = \sigma(f) = 1/(1 + e^{-f})`.
 
@@ -255,30 +224,39 @@ class Gaussian(Likelihood):
         return f"Gaussian(noise_var={float(nv):g})" if nv.dim() == 0 else f"Gaussian(noise_var=<{nv.numel()} values>)"
 
 
-_LIKELIHOODS = {"logit": BernoulliLogit, "probit": BernoulliProbit}
+_LIKELIHOODS: dict[str, Any] = {"logit": BernoulliLogit, "probit": BernoulliProbit, **LATENT_LIKELIHOODS}
 
 
 def make_likelihood(likelihood: Any, name: str = "likelihood") -> Likelihood:
-    """Return a likelihood object from ``"logit"``, ``"probit"``, a spec dict or a likelihood object.
+    """Return a likelihood object from a name, a spec dict (``spec()`` of a likelihood) or a likelihood object.
+
+    Names: ``"logit"``, ``"probit"`` and those of :mod:`gpvi.models.latent_likelihoods` (``"poisson"``,
+    ``"negative_binomial"``, ``"student_t"``, ``"laplace"``, ``"beta"``; by name, with their default parameters).
 
     Raises
     ------
     ValueError
-        Unknown name.
+        Unknown name, or a spec with unknown or bad parameters.
     TypeError
-        Neither a string nor an object with ``derivatives``.
+        Neither a string, a spec nor an object with ``derivatives``.
     """
     if isinstance(likelihood, dict):
-        if likelihood.get("name") == "gaussian":
-            return Gaussian(torch.tensor(likelihood["noise_var"], dtype=torch.float64))
-        likelihood = likelihood.get("name")
+        spec = dict(likelihood)
+        kind = spec.pop("name", None)
+        if kind == "gaussian":
+            return Gaussian(torch.tensor(spec["noise_var"], dtype=torch.float64))
+        check_choice(kind, f"{name}['name']", list(_LIKELIHOODS))
+        try:
+            return _LIKELIHOODS[kind](**spec)
+        except TypeError as exc:
+            raise ValueError(f"{name} spec {likelihood!r} does not fit {_LIKELIHOODS[kind].__name__}: {exc}") from None
     if isinstance(likelihood, str):
-        check_choice(likelihood, name, ["logit", "probit"])
+        check_choice(likelihood, name, list(_LIKELIHOODS))
         return _LIKELIHOODS[likelihood]()
     if callable(getattr(likelihood, "derivatives", None)) and hasattr(likelihood, "name"):
         return likelihood
-    raise TypeError(f"{name} must be 'logit', 'probit' or a likelihood object with derivatives(y, f); "
-                    f"got {type(likelihood).__name__}")
+    raise TypeError(f"{name} must be one of {list(_LIKELIHOODS)}, a spec dict or a likelihood object with "
+                    f"derivatives(y, f); got {type(likelihood).__name__}")
 
 
 # --------------------------------------------------------------------------- site expectations

@@ -1,0 +1,106 @@
+r"""GP regression with a non-Gaussian likelihood: counts, outliers, proportions (issue 60).
+
+.. math::
+
+    p(\mathbf y, \mathbf f) = \Big[\prod_{n=1}^N p(y_n \mid f_n)\Big]\,\mathcal N(\mathbf f \mid 0, K_\theta)
+
+(Khan & Lin 2017, eq. 4) with :math:`p(y_n \mid f_n)` a Poisson or negative-binomial count with a log link, a
+Student-t or Laplace observation, a Beta proportion (:mod:`gpvi.models.latent_likelihoods`) or a one-dimensional
+GPyTorch likelihood (:mod:`gpvi.models.gpytorch_likelihoods`). The model is a
+:class:`~gpvi.models.classification.LatentGP` whose targets are checked by the likelihood; the engine is
+:class:`gpvi.CVI` (full-batch or single-site), whose bound and site updates need only the per-site expectations
+(:func:`gpvi.models.likelihoods.expected_log_lik`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gpytorch
+import torch
+
+from .classification import LatentGP
+from .gpytorch_likelihoods import site_likelihood_of_gpytorch
+from .likelihoods import Likelihood, make_likelihood
+
+__all__ = ["GPGeneralisedRegression"]
+
+
+class GPGeneralisedRegression(LatentGP):
+    r"""GP regression with any factorised, non-Gaussian likelihood: :math:`y_n \sim p(y \mid f_n)`, :math:`f \sim \mathcal{GP}(0, k_\theta)`.
+
+    The name: the target is a value, not a class (hence *regression*, beside :class:`gpvi.GPRegression` and
+    :class:`gpvi.GPClassification`), and the likelihood is chosen as in a *generalised* linear model (Poisson,
+    negative-binomial, Beta regression; Student-t and Laplace for robust regression): the "generalised GP models"
+    of Chan & Dong (2011). :class:`gpvi.GPRegression` remains the exact Gaussian model.
+
+    Inference is CVI (:class:`gpvi.CVI`): each step is a GP-regression prediction with Gaussian pseudo-observations
+    (the sites), full-batch (Khan & Lin 2017, Algorithm 1) or one site at a time (eq. 14). The kernel
+    hyperparameters are theta (log scale); the likelihood's parameters (``df``, ``scale``, ``dispersion``) are
+    fixed at the values given.
+
+    **Negative site precisions.** The Student-t likelihood is not log-concave: for an outlying point
+    (:math:`|y_n - f_n| > \sigma\sqrt\nu`) :math:`h'' > 0`, and the CVI update (eq. 13)
+    :math:`\tilde\lambda^{(2)}_n \leftarrow (1-\beta)\tilde\lambda^{(2)}_n + \beta\,\tfrac12\mathbb E_q[h'']` can
+    reach a site precision :math:`-2\tilde\lambda^{(2)}_n \le 0`, which a Gaussian pseudo-observation cannot carry.
+    CVI then **damps that site's step** (``CVI(invalid="shrink")``, the default: the step goes half-way to the
+    boundary :math:`\tilde\lambda^{(2)} = 0`, counted in ``info["counters"]["sites_shrunk"]``) and **clips** the
+    precision at the floor :math:`10^{-10}/\overline{K_{nn}}` (``sites_floored``): the outlier's site becomes
+    uninformative in its curvature, as BayesNewton clips negative site precisions and as Khan & Lin's robust
+    regression experiments do with damped steps, but counted rather than silent (:func:`gpvi.numerics.sites.update_sites`).
+    Where the exact maximiser of the bound over all Gaussians has a site with :math:`\mathbb E_q[h''] > 0`, the
+    clipped fixed point is the best :math:`q` with non-negative site precisions instead; the counters say when that
+    happened. ``CVI(invalid="reject")`` skips such updates instead.
+
+    Parameters
+    ----------
+    X : array-like of shape (n_samples, n_features)
+    y : array-like of shape (n_samples,)
+        Targets, checked by the likelihood: counts (non-negative integers) for ``"poisson"`` and
+        ``"negative_binomial"``, values strictly inside (0, 1) for ``"beta"``, the support of a GPyTorch
+        likelihood's distribution; ``ValueError`` naming ``y`` and the rows otherwise.
+    kernel : gpytorch.kernels.Kernel, optional
+        Default ``ScaleKernel(RBFKernel(ard_num_dims=n_features))``; see :class:`~gpvi.models.classification.LatentGP`.
+    likelihood : str, Likelihood, dict or gpytorch.likelihoods._OneDimensionalLikelihood
+        Required. A name (``"poisson"``, ``"negative_binomial"``, ``"student_t"``, ``"laplace"``, ``"beta"``, with
+        default parameters), an object (``StudentT(df=4, scale=0.5)``, ``NegativeBinomial(dispersion=2)``...), a
+        ``spec()`` dict, or a GPyTorch ``StudentTLikelihood``, ``LaplaceLikelihood``, ``BetaLikelihood`` (mapped to
+        gpvi's with the same parameters) or other one-dimensional likelihood (through its ``forward``).
+        Binary likelihoods are :class:`gpvi.GPClassification`'s.
+    theta, device, feature_names, weights
+        As for :class:`~gpvi.models.classification.LatentGP`.
+
+    Raises
+    ------
+    ValueError
+        Bad targets for the likelihood (naming ``y``), a binary likelihood, a GPyTorch likelihood with a batch
+        shape or a prior; and :class:`~gpvi.models.classification.LatentGP`'s errors.
+    TypeError
+        No likelihood, or one that is not a likelihood.
+
+    References
+    ----------
+    Khan, M. E. and Lin, W. (2017). Conjugate-computation variational inference. AISTATS.
+    Chan, A. B. and Dong, D. (2011). Generalized Gaussian process models. CVPR.
+
+    Examples
+    --------
+    >>> import torch, gpvi
+    >>> X = torch.linspace(0, 1, 20, dtype=torch.float64).unsqueeze(-1)
+    >>> counts = torch.poisson(torch.exp(1 + torch.sin(6 * X[:, 0])), generator=torch.Generator().manual_seed(0))
+    >>> model = gpvi.GPGeneralisedRegression(X, counts, likelihood="poisson")
+    >>> post = gpvi.CVI(progress_bar=False).run(model)
+    >>> model.link, post.info["converged"]
+    ('poisson', True)
+    """
+
+    def __init__(self, X: Any, y: Any, kernel: gpytorch.kernels.Kernel | None = None, *,
+                 likelihood: str | Likelihood | dict | gpytorch.likelihoods.Likelihood, theta: Any = None,
+                 device: torch.device | str | None = None, feature_names: Any = None, weights: Any = None) -> None:
+        if likelihood is None:
+            raise TypeError("likelihood is required: 'poisson', 'negative_binomial', 'student_t', 'laplace', 'beta', "
+                            "a likelihood object or a one-dimensional GPyTorch likelihood")
+        lik = make_likelihood(site_likelihood_of_gpytorch(likelihood))
+        if getattr(lik, "binary", False):
+            raise ValueError(f"likelihood {lik.name!r} is binary: use gpvi.GPClassification for labels")
+        super().__init__(X, y, kernel, lik, theta, device=device, feature_names=feature_names, weights=weights)
