@@ -49,9 +49,12 @@ class LatentGP:
         parameters (``requires_grad=False``) are held at their values and are not in theta; registered priors are
         the hyperparameters' prior in the type-II and fully Bayesian fits (:func:`gpvi.models.priors.resolve_prior`);
         ``GreaterThan`` / ``Interval`` constraints are honoured (:mod:`gpvi.models.parameters`).
-    likelihood : {"logit", "probit"}, Likelihood or gpytorch.likelihoods.BernoulliLikelihood
-        Site likelihood (a :mod:`gpvi.models.likelihoods` object such as ``Gaussian(noise_var)`` is accepted too;
-        GPyTorch's ``BernoulliLikelihood()`` is the probit, :mod:`gpvi.models.gpytorch_likelihoods`).
+    likelihood : str, Likelihood or gpytorch.likelihoods.Likelihood
+        Site likelihood: a name of :func:`gpvi.models.likelihoods.make_likelihood` (``"logit"``, ``"probit"``,
+        ``"poisson"``, ``"student_t"``...), a likelihood object (``Gaussian(noise_var)``,
+        :mod:`gpvi.models.latent_likelihoods`) or a one-dimensional GPyTorch likelihood
+        (:func:`gpvi.models.gpytorch_likelihoods.site_likelihood_of_gpytorch`; ``BernoulliLikelihood()`` is the
+        probit). A likelihood with ``check_targets`` checks ``y`` (counts, proportions).
     theta : array-like of shape (D,), optional
         Log-hyperparameters of the kernel at which :math:`K_\theta` is evaluated by default (the starting
         point when they are learned). Default: :meth:`initial_theta`, the values the user set on the kernel
@@ -265,10 +268,7 @@ class LatentGP:
         if isinstance(p, ModelPrior):
             out = p.summary()
         else:
-            label = ("flat (no prior)" if p is None else "N(0, 10) on theta (gpvi default)" if prior == "default" else
-                     "N(data-scaled theta, 10) on theta (gpvi 'scaled')" if prior == "scaled" else
-                     f"{type(p).__name__} over theta")
-            out = {n: label for n in self.names}
+            out = dict(zip(self.names, _prior_labels(p, prior, self.dim)))
         out.update({n: f"fixed at {v}" for n, v in self.fixed.items()})
         return out
 
@@ -396,3 +396,24 @@ class GPClassification(LatentGP):
                              f"(use gpvi.models.classification.LatentGP for other likelihoods)")
         super().__init__(X, y, kernel, lik, theta, device=device, feature_names=feature_names, weights=weights)
         self.classes: np.ndarray
+
+
+def _prior_labels(p: Any, setting: Any, dim: int) -> list[str]:
+    """One label per theta component for a prior over the whole theta: ``N(mean, variance)`` for a normal prior (or
+    a multivariate normal's marginal), else the distribution's name with its mean and variance when it has them."""
+    if p is None:
+        return ["flat (no prior)"] * dim
+    tag = {"default": " (gpvi default)", "scaled": " (gpvi 'scaled': centred at the data's scales)"}.get(
+        setting if isinstance(setting, str) else "", "")
+    base = p.base_dist if isinstance(p, torch.distributions.Independent) else p
+    name = type(p).__name__ + (f"({type(base).__name__})" if base is not p else "")
+    try:
+        mean = p.mean.detach().expand(dim).tolist()
+        var = p.variance.detach().expand(dim).tolist()
+    except (NotImplementedError, RuntimeError):           # no moments, or not one per component
+        return [f"{name} over theta"] * dim
+    if isinstance(base, torch.distributions.Normal):
+        return [f"N({m:.4g}, {v:.4g}) on theta{tag}" for m, v in zip(mean, var)]
+    if isinstance(p, torch.distributions.MultivariateNormal):
+        return [f"N({m:.4g}, {v:.4g}) on theta (a marginal of the MultivariateNormal)" for m, v in zip(mean, var)]
+    return [f"{name} over theta (mean {m:.4g}, variance {v:.4g})" for m, v in zip(mean, var)]
