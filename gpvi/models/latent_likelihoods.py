@@ -95,8 +95,8 @@ class Poisson(_Site):
     Examples
     --------
     >>> import torch
-    >>> E, dm, dv = Poisson().closed_form(torch.tensor([2.0], dtype=torch.float64),
-    ...                                   torch.tensor([0.0], dtype=torch.float64), torch.tensor([0.0], dtype=torch.float64))
+    >>> y, m, v = (torch.tensor([x], dtype=torch.float64) for x in (2.0, 0.0, 0.0))
+    >>> E, dm, dv = Poisson().closed_form(y, m, v)
     >>> round(float(E), 6), float(dm), float(dv)
     (-1.693147, 1.0, -0.5)
     """
@@ -162,7 +162,8 @@ class StudentT(_Site):
 
     .. math::
 
-        h = \log\frac{\Gamma(\frac{\nu+1}{2})}{\Gamma(\frac\nu2)\sqrt{\pi a}} - \frac{\nu + 1}{2}\log\Big(1 + \frac{r^2}{a}\Big),
+        h = \log\frac{\Gamma(\frac{\nu+1}{2})}{\Gamma(\frac\nu2)\sqrt{\pi a}}
+          - \frac{\nu + 1}{2}\log\Big(1 + \frac{r^2}{a}\Big),
         \quad h' = \frac{(\nu + 1)\,r}{a + r^2},\quad h'' = \frac{(\nu + 1)(r^2 - a)}{(a + r^2)^2}.
 
     :math:`h'' > 0` for :math:`|r| > \sigma\sqrt\nu`: the likelihood is not log-concave, and an outlying site can
@@ -243,7 +244,8 @@ class Beta(_Site):
         y \sim \mathrm{Beta}(\alpha, \beta),\qquad \alpha = s\mu + 1,\quad \beta = s(1 - \mu) + 1,
 
     the parametrisation of GPyTorch's code (its docstring writes :math:`\alpha = s\mu`): :math:`\mu` is the **mode**
-    of :math:`y`, the mean is :math:`(s\mu + 1)/(s + 2)`. With :math:`A = s\,[\operatorname{logit} y - \psi(\alpha) + \psi(\beta)]`
+    of :math:`y`, the mean is :math:`(s\mu + 1)/(s + 2)`. With
+    :math:`A = s\,[\operatorname{logit} y - \psi(\alpha) + \psi(\beta)]`
     and :math:`\mu' = \mu(1 - \mu)`:
 
     .. math::

@@ -38,6 +38,21 @@ the precision at most halves; counted in ``sites_shrunk``), ``invalid="reject"``
 diverging :math:`\beta = 1` run); floored updates are counted in ``sites_floored``. Non-finite estimates are skipped
 (``sites_nonfinite``) with a :class:`~gpvi.exceptions.NumericalWarning`.
 
+Negative curvature
+------------------
+A likelihood that is not log-concave (Student-t) can have :math:`\mathbb E_q[h''] > 0` at an outlying site: the
+exact gradient :math:`\hat g^{(2)}_n > 0` asks for a negative site precision, which a Gaussian pseudo-observation
+(:math:`s_n > 0`) cannot carry. The site's precision is then damped towards 0 and clipped at the floor as above
+(counted), the choice of BayesNewton and of damped natural-gradient VI, rather than an indefinite :math:`K + S`.
+Its :math:`\tilde\lambda^{(1)}` must not stall with it: the mean gradient of the bound at fixed :math:`V`,
+:math:`\partial_{\mathbf m}\mathcal L = \partial_m E - K^{-1}\mathbf m = \partial_m E - \tilde\lambda^{(1)} -
+2\tilde\lambda^{(2)}\odot\mathbf m` (with :math:`V^{-1} = K^{-1} - 2\operatorname{diag}\tilde\lambda^{(2)}`,
+:math:`\mathbf m = V\tilde\lambda^{(1)}`), vanishes at :math:`\tilde\lambda^{(1)}_n = \partial_m E_n -
+2 m_n\tilde\lambda^{(2)}_n`. With ``m`` given (the engines' steps), such a site's :math:`\tilde\lambda^{(1)}` takes
+the full step :math:`\beta` towards that target with its new :math:`\tilde\lambda^{(2)}`, so a fixed point has the
+best mean for the clipped covariance (otherwise the shrunk step would freeze :math:`\tilde\lambda^{(1)}` where the
+precision reached the floor). At a fixed point with no site clipped this is eq. 13's fixed point.
+
 With K class-factorised latent functions (multi-class CVI) the sites are (N, K), and :func:`site_factor`,
 :func:`marginals`, :func:`kl2` are the same algebra batched over the K factors of :math:`K + S_k`.
 
@@ -309,7 +324,8 @@ def lam2_cap(K: torch.Tensor) -> float:
 
 
 def update_sites(lam1: torch.Tensor, lam2: torch.Tensor, g1: torch.Tensor, g2: torch.Tensor, beta: float,
-                 counters: dict[str, float], cap: float, invalid: str) -> tuple[torch.Tensor, torch.Tensor]:
+                 counters: dict[str, float], cap: float, invalid: str, *, m: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     r"""Eq. 13 on the given sites, :math:`\tilde\lambda \leftarrow (1-\beta)\tilde\lambda + \beta\hat g`, with the validity rule.
 
     Parameters
@@ -323,6 +339,10 @@ def update_sites(lam1: torch.Tensor, lam2: torch.Tensor, g1: torch.Tensor, g2: t
     cap : float
         :func:`lam2_cap` of the kernel matrix.
     invalid : {"shrink", "reject"}
+    m : torch.Tensor of shape (B,), optional
+        The sites' marginal means. Given, a site whose :math:`\tilde\lambda^{(2)}` step was shrunk or rejected
+        keeps the full step in :math:`\tilde\lambda^{(1)}` towards the target that makes the mean stationary for
+        its new :math:`\tilde\lambda^{(2)}` (module docstring, "Negative curvature").
 
     Returns
     -------
@@ -356,6 +376,11 @@ def update_sites(lam1: torch.Tensor, lam2: torch.Tensor, g1: torch.Tensor, g2: t
     if bool(weak.any()):
         counters["sites_floored"] += int(weak.sum())
         new2 = torch.where(weak, torch.full_like(new2, cap), new2)
+    if m is not None and bool(bad.any()):
+        # g1 = dE/dm - 2 m dE/dv; with lam2 held at new2 instead of dE/dv, the mean is stationary at
+        # lam1 = dE/dm - 2 m new2 = g1 + 2 m (g2 - new2)
+        target1 = g1 + 2.0 * m * (g2 - new2)
+        new1 = torch.where(bad, (1.0 - beta) * lam1 + beta * target1, new1)
     return new1, new2
 
 

@@ -222,7 +222,7 @@ def full_step(cvi: Any, model: Any, st: Any, K: torch.Tensor, gen: torch.Generat
         pieces.update(elbo=elbo_f, lam1=evaluated[0], lam2=evaluated[1], ex=ex_elbo)
         info["pieces"] = pieces
     st.lam1, st.lam2 = sites.update_sites(st.lam1, st.lam2, g1, g2, beta, st.counters, sites.lam2_cap(K),
-                                          cvi.invalid)
+                                          cvi.invalid, m=m)
     st.initialised = True
     st.t += 1
     st.sites_updated += st.num_sites
@@ -388,7 +388,8 @@ def stochastic_step(cvi: Any, model: Any, st: Any, K: torch.Tensor, gen: torch.G
     g1, g2 = mean_parameter_gradients(ex.dm, ex.dv, m_b)
     beta = beta_at(cvi, st)
     new1, new2 = sites.update_sites(st.lam1[idx].reshape(-1), st.lam2[idx].reshape(-1), g1.reshape(-1),
-                                    g2.reshape(-1), beta, st.counters, sites.lam2_cap(K), cvi.invalid)
+                                    g2.reshape(-1), beta, st.counters, sites.lam2_cap(K), cvi.invalid,
+                                    m=m_b.reshape(-1))
     new1, new2 = new1.view_as(m_b), new2.view_as(m_b)
     lam1, lam2 = st.lam1.clone(), st.lam2.clone()
     lam1[idx], lam2[idx] = new1, new2
