@@ -110,22 +110,24 @@ def write_csv_tables(name: str, markdown: str, out: Path | None = None) -> list[
     return paths
 
 
-def write(name: str, markdown: str, data: Any | None = None) -> Path:
-    """Write ``results/<name>.md``, its tables as CSV under ``results/csv/``, and ``results/<name>.json`` when
-    ``data`` is given."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.md"
+def write(name: str, markdown: str, data: Any | None = None, *, folder: Path | None = None) -> Path:
+    """Write ``<folder>/<name>.md``, its tables as CSV under ``<folder>/csv/``, and ``<folder>/<name>.json`` when
+    ``data`` is given (``folder``: :data:`RESULTS` by default; the studies pass ``benchmarks/studies/results``)."""
+    folder = RESULTS if folder is None else folder
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.md"
     path.write_text(markdown)
-    write_csv_tables(name, markdown)
+    write_csv_tables(name, markdown, folder)
     if data is not None:
-        (RESULTS / f"{name}.json").write_text(json.dumps({"machine": machine_info(), "data": data}, indent=2,
-                                                         default=str))
+        (folder / f"{name}.json").write_text(json.dumps({"machine": machine_info(), "data": data}, indent=2,
+                                                        default=str))
     return path
 
 
 if __name__ == "__main__":  # python -m benchmarks._common: (re)write the CSV tables of every committed report
-    for md in sorted(RESULTS.glob("*.md")):
-        print(md.name, len(write_csv_tables(md.stem, md.read_text())), "tables")
+    for results in (RESULTS, Path(__file__).resolve().parent / "studies" / "results"):
+        for md in sorted(results.glob("*.md")):
+            print(md.name, len(write_csv_tables(md.stem, md.read_text(), results)), "tables")
 
 
 def nuts_latent_summary(mc: Any, target: Any, X_test: torch.Tensor, dim: int, pred_draws: int

@@ -22,7 +22,7 @@ from gpvi.inference.cvi.bayes import FullyBayesianCVI
 from gpvi.inference.cvi.ep_evidence import EPEvidenceTarget
 
 from benchmarks._common import header, write
-from benchmarks.ep_map_tol import model_of
+from benchmarks.studies.ep_map_tol import model_of
 
 
 def fit(name: str, new: bool) -> dict[str, Any]:

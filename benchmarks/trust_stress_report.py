@@ -73,7 +73,7 @@ def render(probs: list[dict[str, Any]]) -> None:
           "**The check's proposal (this run).** After the NUTS change the four unflagged misses left (pendulum-1 "
           "seed 2, synth-10 seeds 0 and 2, synth-2 seed 2) were all weighted answers on a posterior with a heavy "
           "one-sided tail in one parameter, and three of them had passed only after the check's refinement. The "
-          "variants of `trust_stress_tailcheck.md` were compared on all 29 cached weighted cases (held-out ones "
+          "variants of `studies/results/trust_stress_tailcheck.md` were compared on all 29 cached weighted cases (held-out ones "
           "included); the proposal's per-coordinate wide components (scale 3, weight 0.2) were chosen and the "
           "refinement kept for the starts' mixture only (every case run so far has one basin, so none is "
           "refined now). Rerun, that rule accepted boston-0 seed 3 (a NUTS answer before) with sds 0.77x the "

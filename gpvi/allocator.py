@@ -12,7 +12,7 @@ operations that allocate their result (the in-place ones took the same time in b
 
 :func:`set_malloc_thresholds` sets the two thresholds to the values that rule tends to, 32 MiB and 64 MiB, so the
 first fit runs like a warm one, with identical results. Measured on a fresh process
-(``benchmarks/results/malloc_thresholds.md``, 2 cores, 3 runs each, medians): the default multi-class fully
+(``benchmarks/studies/results/malloc_thresholds.md``, 2 cores, 3 runs each, medians): the default multi-class fully
 Bayesian fit on ``synth4`` 83.9 s with them against 111.7 s without (0.75x), ``gpvi.infer`` on Bodyfat 64.5 against
 68.3 s (0.94x); single runs of type-II ``GPClassifier`` fits differed by -10 % to +4 %, within their noise.
 
@@ -22,7 +22,7 @@ memory may stay with the process instead of going back to the system, and every 
 only when asked:
 
 * ``gpvi.allocator.set_malloc_thresholds()`` in a script, before its first fit;
-* ``GPVI_MALLOC_THRESHOLDS=1`` in the environment when gpvi is imported (``benchmarks/malloc_thresholds.py``
+* ``GPVI_MALLOC_THRESHOLDS=1`` in the environment when gpvi is imported (``benchmarks/studies/malloc_thresholds.py``
   compares ``=1`` with ``=0``);
 * the ``gpvi`` command sets them in its own process (the console script, ``python -m gpvi``), unless
   ``GPVI_MALLOC_THRESHOLDS=0``; :func:`gpvi.cli.main` called with an ``argv`` list from Python leaves its caller's

@@ -113,7 +113,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         would sit on the multi-class CVI bound, biased towards small signal variances in the benchmarks). q(theta)
         is only as good as EP's evidence: with few points per class it understates the signal variance (at 4 to 10
         classes of 10-25 points, 0.07-0.37 posterior sd below NUTS over the hyperparameters and latents, test
-        probabilities within 0.013 of NUTS's; ``benchmarks/results/multiclass_ep_rule_*.md``,
+        probabilities within 0.013 of NUTS's; ``benchmarks/studies/results/multiclass_ep_rule_*.md``,
         ``multiclass_ep_is.md``).
     prior : "default", "scaled", None, dict or torch.distributions.Distribution
         Prior :math:`p(\theta)` on the kernel log-hyperparameters (theta's order: ``model_.names``) for ``"type2"``

@@ -8,7 +8,7 @@ fit. This runs each set's whole fit twice in one process, in alternating order, 
 evaluations and wall, the fit's wall, and how far q(theta)'s means and sds moved (largest change over the
 parameters, in q's sds). A candidate is decided on synth10b (where the time was seen); the other sets are held out.
 
-Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.ep_map_tol --gtol 1e-3 --ftol 1e-6 pima ripley ...``; each
+Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.studies.ep_map_tol --gtol 1e-3 --ftol 1e-6 pima ripley ...``; each
 call writes ``results/ep_map_tol_<first set>_gtol<gtol>.{md,json}``.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 import gpvi
 import gpvi.inference.cvi.bayes as bayes_mod
 
-from benchmarks._common import header, write
+from benchmarks.studies._common import header, write
 from benchmarks.multiclass import load
 from benchmarks.multiclass_bayes import SYNTH, synthetic
 from gpvi.models.classification import GPClassification

@@ -10,7 +10,7 @@ stored q(theta) mean, medians of 5 in one process, and checks that the two agree
 then times whole EP runs (tol 1e-3 from the prior's sites, as an engine evaluation starts cold) with the library's
 code. ``--fit synth10b`` also runs that set's whole fully Bayesian fit (seed 0).
 
-Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.ep_reduced iris synth4 synth6 synth10b --fit synth10b``;
+Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.studies.ep_reduced iris synth4 synth6 synth10b --fit synth10b``;
 writes ``results/ep_reduced.{md,json}``.
 """
 
@@ -26,9 +26,9 @@ from typing import Any
 import torch
 
 import gpvi.numerics.ep_multiclass as em
-from benchmarks._common import header, median_time, write
-from benchmarks.ep_map_tol import model_of
-from benchmarks.multiclass_ep_is import stored
+from benchmarks.studies._common import header, median_time, write
+from benchmarks.studies.ep_map_tol import model_of
+from benchmarks.studies.multiclass_ep_is import stored
 from gpvi.inference.cvi.bayes import FullyBayesianCVI
 from gpvi.inference.cvi.bound import CVIBoundTarget
 from gpvi.linalg import cholesky_plain

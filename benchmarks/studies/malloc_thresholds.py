@@ -9,7 +9,7 @@ Workloads: the default multi-class fully Bayesian fit on ``synth4`` (K = 4, N = 
 the default ``GPClassifier`` type-II fit on the binary set of ``benchmarks/classification_scale.py`` at N = 1,500 and
 on its 3-class set at N = 1,000, and ``gpvi.infer`` on Bodyfat's training split (seed 0; ``benchmarks/nuts_fidelity.py``'s model).
 
-Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.malloc_thresholds [--repeats 1]`` (about 8 minutes here).
+Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.studies.malloc_thresholds [--repeats 1]`` (about 8 minutes here).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks._common import header, write
+from benchmarks.studies._common import header, write
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 _CLASSIFIER = """
 from benchmarks.classification_scale import make_data

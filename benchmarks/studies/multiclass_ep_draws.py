@@ -9,7 +9,7 @@ evaluates :math:`\\log Z_{EP}(\\theta) + \\log p(\\theta)` along the log signal 
 mean) and its curvature's sd. If the peak moves towards 0 as the points grow, the rule is the cause; if not, EP's
 evidence itself is.
 
-Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.multiclass_ep_draws`` (about 75 s).
+Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.studies.multiclass_ep_draws`` (about 75 s).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import warnings
 import numpy as np
 import torch
 
-from benchmarks._common import RESULTS, header, write
+from benchmarks.studies._common import RESULTS, header, write
 from benchmarks.multiclass_bayes import synthetic
 from gpvi.inference.cvi.bound import CVIBoundTarget
 from gpvi.models.multiclass import GPMulticlass

@@ -18,7 +18,7 @@ NUTS mean + {-1, -0.5, 0, 0.5, 1} NUTS sd; S = 16,000 draws (seeded), its weight
 error from 4 batches. A parabola through each of :math:`\log Z_{EP} + \log p(\theta)` and
 :math:`\log\hat Z + \log p(\theta)` gives where each peaks, in NUTS sds from NUTS's mean.
 
-Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.multiclass_ep_is [synth10 synth10b]`` (about 1 minute a set).
+Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.studies.multiclass_ep_is [synth10 synth10b]`` (about 1 minute a set).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks._common import RESULTS, header, write
+from benchmarks.studies._common import RESULTS, header, write
 from benchmarks.multiclass_bayes import synthetic
 from gpvi.inference.cvi.bound import CVIBoundTarget
 from gpvi.models.multiclass import GPMulticlass

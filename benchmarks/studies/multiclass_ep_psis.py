@@ -9,7 +9,7 @@ benchmark's settings (``FullyBayesianCVI(seed=0, evidence="ep")``, which must re
 k-hat, the weights' ESS and the weighted moments against NUTS's (``multiclass_bayes_*`` runs; synth10 and synth10b
 against their long runs). Nothing is evaluated beyond the fit.
 
-Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.multiclass_ep_psis synth10 [...]``; each set writes
+Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.studies.multiclass_ep_psis synth10 [...]``; each set writes
 ``results/multiclass_ep_psis_<set>.{md,json}``.
 """
 
@@ -22,10 +22,10 @@ import warnings
 import numpy as np
 import torch
 
-from benchmarks._common import header, write
+from benchmarks.studies._common import header, write
 from benchmarks.multiclass import load
 from benchmarks.multiclass_bayes import SYNTH, synthetic
-from benchmarks.multiclass_ep_is import stored
+from benchmarks.studies.multiclass_ep_is import stored
 from gpvi.inference.cvi.bayes import FullyBayesianCVI
 from gpvi.models.multiclass import GPMulticlass
 from gpvi.posteriors.weighted import psis

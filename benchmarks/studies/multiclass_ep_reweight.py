@@ -14,7 +14,7 @@ importance sampling), and :math:`w_m^{EP}\propto Z_{EP}(\theta_m)p(\theta_m)/g(\
 which q(theta) approximates; each against NUTS's over (theta, latents) (``multiclass_bayes_*_merged.md``), with the
 weights' ESS and a Monte Carlo error from it (sd / sqrt(ESS)).
 
-Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.multiclass_ep_reweight synth10 [M]`` (about 4.5 s per theta
+Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.studies.multiclass_ep_reweight synth10 [M]`` (about 4.5 s per theta
 draw at K = 10 here; M = 128 by default). Each set writes ``results/multiclass_ep_reweight_<set>.{md,json}``.
 """
 
@@ -30,9 +30,9 @@ import numpy as np
 import torch
 from scipy.stats import norm, qmc
 
-from benchmarks._common import header, write
+from benchmarks.studies._common import header, write
 from benchmarks.multiclass_bayes import synthetic
-from benchmarks.multiclass_ep_is import ep_posterior, is_evidence, stored
+from benchmarks.studies.multiclass_ep_is import ep_posterior, is_evidence, stored
 from gpvi.inference.cvi.bound import CVIBoundTarget
 from gpvi.models.multiclass import GPMulticlass
 from gpvi.numerics.ep_multiclass import multiclass_ep

@@ -27,7 +27,7 @@ at the nested tilted mean (where EP's fixed point puts it): the largest errors o
 cavity sds) and of the tilted variances (relative), the largest and mean absolute error of the new site precision
 :math:`\\hat C^{-1} - C_{-n}^{-1}`, and the sites whose update has an eigenvalue below -1e-10 (clipped).
 
-Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.multiclass_ep_rule synth4 synth10`` (writes
+Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.studies.multiclass_ep_rule synth4 synth10`` (writes
 ``results/multiclass_ep_rule_<first set>.{md,json}``) or ``... --scrambles synth4 synth10`` (writes
 ``results/multiclass_ep_rule_scrambles.{md,json}``) or ``... --sites`` (writes
 ``results/multiclass_ep_rule_sites.{md,json}``) or ``... --fits-only synth4`` (part 2 alone, with the library's
@@ -47,9 +47,9 @@ import numpy as np
 import torch
 
 import gpvi.numerics.ep_multiclass as em
-from benchmarks._common import header, write
+from benchmarks.studies._common import header, write
 from benchmarks.multiclass_bayes import synthetic
-from benchmarks.multiclass_ep_is import stored
+from benchmarks.studies.multiclass_ep_is import stored
 from gpvi.inference.cvi.bayes import FullyBayesianCVI
 from gpvi.inference.cvi.bound import CVIBoundTarget
 from gpvi.linalg import cholesky_plain

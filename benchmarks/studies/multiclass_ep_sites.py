@@ -15,7 +15,7 @@ variance moved over NUTS mean + {-2, -1, 0, 1, 2} NUTS sd: :math:`\\log Z_{EP}` 
 with factorised sites, and the profiled CVI bound; sweeps and wall per evaluation (cold start from zero sites), and
 where on the grid each curve plus the log prior peaks.
 
-Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.multiclass_ep_sites``.
+Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.studies.multiclass_ep_sites``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from benchmarks._common import RESULTS, header, write
+from benchmarks.studies._common import RESULTS, header, write
 from benchmarks.multiclass import load
 from gpvi.inference.cvi.bound import CVIBoundTarget
 from gpvi.models.multiclass import GPMulticlass
@@ -178,7 +178,7 @@ def run_set(name: str, offsets: list[float]) -> dict[str, Any]:
 
 def report(results: list[dict[str, Any]]) -> str:
     md = header("Multi-class EP evidence: full K x K sites vs class-factorised sites")
-    md += ("\nProtocol in the docstring of `benchmarks/multiclass_ep_sites.py`. Theta at the NUTS posterior mean, the "
+    md += ("\nProtocol in the docstring of `benchmarks/studies/multiclass_ep_sites.py`. Theta at the NUTS posterior mean, the "
            "log signal variance moved by the offsets (in NUTS sds); log Z in nats; sweeps and seconds per cold "
            "evaluation (EP from zero sites). Peak: the grid offset where the curve plus the log prior is largest.\n")
     for r in results:

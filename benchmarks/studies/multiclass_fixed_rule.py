@@ -9,7 +9,7 @@ the error of the sum of :math:`E_n` over the sites (what the bound sees), and th
 Rules: 2,000 pseudo-random standard-normal draws (the old default, seed ``FIXED_DRAWS_SEED``), and
 :func:`gpvi.numerics.softmax_rules.fixed_draws` with 256, 512, 1,024 (the default) and 2,048 points.
 
-Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.multiclass_fixed_rule``.
+Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.studies.multiclass_fixed_rule``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from benchmarks._common import header, write
+from benchmarks.studies._common import header, write
 from gpvi.models.multiclass_likelihoods import Softmax
 from gpvi.numerics.softmax_rules import FIXED_DRAWS_SEED, fixed_draws
 

@@ -20,7 +20,7 @@ draws than were cached is counted as "not replayable" for that rule.
 
 Usage::
 
-    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.nuts_extension
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.studies.nuts_extension
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks._common import header, write  # noqa: E402
+from benchmarks.studies._common import header, write  # noqa: E402
 from benchmarks.trust_stress_rules import CACHE  # noqa: E402
 from gpvi.inference.check import MCSE_TOL  # noqa: E402
 from gpvi.inference.infer import _mixed, _relative_mcse  # noqa: E402

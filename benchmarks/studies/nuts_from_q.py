@@ -8,9 +8,9 @@ estimators; a same-run comparison at equal bulk ESS is still to be written.
 
 Usage::
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/nuts_from_q.py     # ~30 min here
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/studies/nuts_from_q.py     # ~30 min here
 
-Writes ``benchmarks/results/nuts_from_q.{md,json}``.
+Writes ``benchmarks/studies/results/nuts_from_q.{md,json}``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import warnings
 import gpvi
 
 try:
-    from benchmarks._common import header, write
+    from benchmarks.studies._common import header, write
 except ImportError:                                   # run as a script from benchmarks/
     from _common import header, write
 

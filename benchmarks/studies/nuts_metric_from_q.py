@@ -9,7 +9,7 @@ the sd.
 
 Usage::
 
-    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.nuts_metric_from_q
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.studies.nuts_metric_from_q
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import time
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import gpvi  # noqa: E402
-from benchmarks._common import header, write  # noqa: E402
+from benchmarks.studies._common import header, write  # noqa: E402
 from benchmarks.small_data import tiny_model  # noqa: E402
 from gpvi.inference import infer as infer_mod  # noqa: E402
 from gpvi.inference.mcmc import Adaptation  # noqa: E402

@@ -10,9 +10,9 @@ num_warmup=200, num_draws=500, seed=seed)``, extended by doubling (at most 3 tim
 
 Phases::
 
-    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.nuts_start full boston       # both arms on a full data set
-    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.nuts_start cases pendulum-2_2 ...   # stress-suite cases
-    .venv/bin/python -m benchmarks.nuts_start render
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.studies.nuts_start full boston       # both arms on a full data set
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.studies.nuts_start cases pendulum-2_2 ...   # stress-suite cases
+    .venv/bin/python -m benchmarks.studies.nuts_start render
 
 ``full``: the variational fit and the check (seed 0), then both arms, 500 draws each (no extension): bulk and tail ESS,
 MCSE, gradient evaluations, wall. ``cases``: the suite's cached q (``trust_stress`` cache); the new arm runs with the
@@ -39,10 +39,10 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import gpvi  # noqa: E402
-from benchmarks._common import RESULTS, header, write  # noqa: E402
+from benchmarks.studies._common import OWN, header, write  # noqa: E402
 from gpvi.inference import infer as infer_mod  # noqa: E402
 from gpvi.inference.check import diagnose  # noqa: E402
 from gpvi.linalg import cholesky_with_jitter  # noqa: E402
@@ -93,15 +93,15 @@ def phase_full(name: str, seed: int = 0) -> None:
         post, wall = _nuts(model, init, seed, extend=False)
         out[arm] = {**_stats(post), "wall": wall}
         print(name, arm, out[arm], flush=True)
-    (RESULTS / f"nuts_start_{name}.json").write_text(json.dumps(out, indent=1))
+    (OWN / f"nuts_start_{name}.json").write_text(json.dumps(out, indent=1))
 
 
 def phase_cases(cases: list[str]) -> None:
-    from benchmarks.nuts_extension import Prefixes, replay
+    from benchmarks.studies.nuts_extension import Prefixes, replay
     from benchmarks.trust_stress import CACHE, fit_q, problems
     from benchmarks.trust_stress_rules import fidelity
     probs = {p["id"]: p for p in problems()}
-    path = RESULTS / "nuts_start_cases.json"
+    path = OWN / "nuts_start_cases.json"
     out = json.loads(path.read_text()) if path.exists() else {}
     for case in cases:
         pid, seed = case.rsplit("_", 1)
@@ -129,7 +129,7 @@ def phase_cases(cases: list[str]) -> None:
 
 def render() -> None:
     lines = [header("NUTS from q's moments against the check's weighted draws' moments (issue 39)"), ""]
-    for f in sorted(RESULTS.glob("nuts_start_*.json")):
+    for f in sorted(OWN.glob("nuts_start_*.json")):
         if f.stem == "nuts_start_cases":
             continue
         r = json.loads(f.read_text())
@@ -143,7 +143,7 @@ def render() -> None:
                          f"{a['mcse_mean']:.3f} / {a['mcse_sd']:.3f} | {a['grads_draws']:,.0f} | "
                          f"{a['tree_depth']:.2f} | {a['mixed']} | {a['wall']:.0f} |")
         lines.append("")
-    path = RESULTS / "nuts_start_cases.json"
+    path = OWN / "nuts_start_cases.json"
     if path.exists():
         cases = json.loads(path.read_text())
         lines += ["**Stress-suite cases** (the new arm doubled to the targets as `infer` does; the old arm the "
@@ -161,7 +161,7 @@ def render() -> None:
                          f"{o['L']}, {o['mixed']}, {go:,.0f} | {n['L']}, {n['mixed']}, {gn:,.0f} | {gn / go:.2f} | "
                          f"{fd['max_dmean_sd']:.2f}, {fd['sd_ratio_min']:.2f}-{fd['sd_ratio_max']:.2f} |")
         lines += ["", f"All cases: gradients new / old {tot['new'] / tot['old']:.2f}.", ""]
-    lines += ["Not adopted: see the module docstring of `benchmarks/nuts_start.py`.", ""]
+    lines += ["Not adopted: see the module docstring of `benchmarks/studies/nuts_start.py`.", ""]
     write("nuts_start", "\n".join(lines) + "\n")
 
 

@@ -17,7 +17,7 @@ autograd bookkeeping, and Pyro's NUTS adds its own per-leapfrog-step work. This 
 
 Usage::
 
-    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.small_n_overhead
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.studies.small_n_overhead
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import gpvi  # noqa: E402
-from benchmarks._common import header, median_time, write  # noqa: E402
+from benchmarks.studies._common import header, median_time, write  # noqa: E402
 
 SIZES = (25, 50, 100, 200, 455)
 D_IN = 8

@@ -18,8 +18,8 @@ reference (the suite's stored NUTS reference, or ``nuts_fidelity``'s long runs) 
 
 Usage::
 
-    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.trust_stress_second [case ...]   # e.g. boston-2:1 boston
-    .venv/bin/python -m benchmarks.trust_stress_second render
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.studies.trust_stress_second [case ...]   # e.g. boston-2:1 boston
+    .venv/bin/python -m benchmarks.studies.trust_stress_second render
 """
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ from typing import Any
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import gpvi  # noqa: E402
 from gpvi.inference import check as chk  # noqa: E402
 from gpvi.inference import infer as infer_mod  # noqa: E402
 from gpvi.posteriors.weighted import psis  # noqa: E402
 
-from benchmarks._common import RESULTS, header, write  # noqa: E402
+from benchmarks.studies._common import OWN, RESULTS, header, write  # noqa: E402
 from benchmarks.trust_stress import LOADERS, model_of, problems  # noqa: E402
 from benchmarks.trust_stress_rules import fidelity  # noqa: E402
 
@@ -100,7 +100,7 @@ def _diagnose(q: Any, target: Any, seed: int, refined_second: bool) -> tuple[Any
 
 
 def run(keys: list[str]) -> None:
-    path = RESULTS / "trust_stress_second.json"
+    path = OWN / "trust_stress_second.json"
     out = json.loads(path.read_text())["data"] if path.exists() else {}
     for key in keys:
         if key in out:
@@ -159,7 +159,7 @@ def report(out: dict[str, Any]) -> str:
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["render"]:                    # the tables again from the JSON
-        data = json.loads((RESULTS / "trust_stress_second.json").read_text())["data"]
+        data = json.loads((OWN / "trust_stress_second.json").read_text())["data"]
         write("trust_stress_second", report(data), data)
     else:
         run(sys.argv[1:] or TUNING + HELD_OUT)

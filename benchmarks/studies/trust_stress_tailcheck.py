@@ -31,7 +31,7 @@ function-specific Pareto :math:`\hat k` of :math:`w\,(\theta_j - \hat\mu_j)^2` (
 over j), the ratio of the weighted sd to the base's, and a tail-weight ratio of the weighted marginals
 (:math:`(\mathrm{median} - q_{0.01}) / (\mathrm{median} - q_{0.25})` over its Gaussian value 3.45, the larger side).
 
-Run after the suite (reads its cache): ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.trust_stress_tailcheck``.
+Run after the suite (reads its cache): ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.studies.trust_stress_tailcheck``.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from gpvi.posteriors.weighted import pareto_smooth, psis
 
 from benchmarks import trust_stress as ts
 from benchmarks.trust_stress_rules import SEEN, fidelity
-from benchmarks._common import header, write
+from benchmarks.studies._common import header, write
 
 COORD_WEIGHT, PMC_ROUNDS, AGREE, MIN_ESS = 0.2, 6, 0.1, 400.0
 BEFORE = "scales+refine"
@@ -138,7 +138,7 @@ def _cell(r: dict[str, Any]) -> str:
 def render(rows: list[dict[str, Any]]) -> None:
     md = [header("Checks of the weighted answer that might see an unsampled heavy tail (issue 39)"), "",
           "Every stress-suite case run when the rule was last changed (`trust_stress.SEEN`), its cached q, and each "
-          "variant's accepted / sent-to-NUTS verdict (module docstring of `benchmarks/trust_stress_tailcheck.py`). "
+          "variant's accepted / sent-to-NUTS verdict (module docstring of `benchmarks/studies/trust_stress_tailcheck.py`). "
           "An accepted answer outside the tolerance (0.2 sd, sd ratios 0.8-1.25) is an unflagged **MISS**; "
           "one sent to NUTS costs a NUTS run (300-700 s on these problems) and is answered by NUTS.", ""]
     md.append("| variant | accepted | unflagged misses | sent to NUTS | of those, accepted and within under "

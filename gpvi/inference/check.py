@@ -13,7 +13,7 @@ The check's proposal adds, to the scaled copies of the base, one component per c
 coordinate alone (:func:`defensive_proposal`). The stress suite's unflagged misses were weighted answers on
 posteriors with a heavy one-sided tail in one parameter (the log noise variance towards zero noise, where the
 likelihood flattens and the posterior follows the prior) that the scaled copies, wide in every coordinate at once,
-reach only where their draws are far out in all the others too (``benchmarks/results/trust_stress_tailcheck.md``:
+reach only where their draws are far out in all the others too (``benchmarks/studies/results/trust_stress_tailcheck.md``:
 every variant tried, on every cached weighted case). The coordinate components also lower :math:`\hat k` where
 they reach nothing: on the suite's boston-0 seed 3 the check passed with them (:math:`\hat k` 0.48) and failed
 without them (0.80), and the answer's sds were 0.77x the reference's. So a passed check gets a **second opinion**:

@@ -12,7 +12,7 @@ write the multi-class EP evidence). Every step is dense in the :math:`N(K-1)` re
 (:math:`O((N(K-1))^3)` per sweep: fine for the benchmark sets, N K of a few hundred; reduced coordinates below).
 Sites factorised over the classes would cost :math:`O(KN^3)`, but their evidence is biased in the signal variance: on iris at the NUTS posterior mean it fell
 2.0 to 4.8 nats below this one's as the log signal variance went from -2 to +2 NUTS sd, moving its peak half an sd
-down, and it took more sweeps (``benchmarks/results/multiclass_ep_sites.md``).
+down, and it took more sweeps (``benchmarks/studies/results/multiclass_ep_sites.md``).
 
 **Tilted moments.** The softmax depends on :math:`\mathbf f_n` only through the :math:`K - 1` differences
 :math:`\mathbf d = A\mathbf f_n` (:math:`d_j = f_j - f_y`): :math:`\log p(y\mid\mathbf f) = -\log(1 + \sum_j
@@ -48,7 +48,7 @@ sites, and the fixed-point gradient below (which assumes stationarity) is wrong.
 until 1.0, 2,048 points) clipped 62-90 site eigenvalues at the q(theta) means of the K = 6 and K = 10 benchmark
 sets, and its gradient of :math:`\log Z_{EP}` was off by up to 0.80 (per unit log-hyperparameter) from central
 differences at K = 10, against 0.22-0.28 for this rule with the same points, which clips none
-(``benchmarks/results/multiclass_ep_rule_*.md``). On 200 random sites against the nested rule (diagonal cavities of
+(``benchmarks/studies/results/multiclass_ep_rule_*.md``). On 200 random sites against the nested rule (diagonal cavities of
 variance 0.05..5, means of sd 2; ``multiclass_ep_rule_sites.md``), with 2,048 points: largest error of
 :math:`\log\hat Z_n` 1.1e-3 / 3.4e-3 (K = 3 / 4), of the means 4.9e-4 / 2.4e-3 cavity sd, relative error of the
 variances 3.4e-3 / 1.1e-2, of the site precisions 6.6e-3 / 3.1e-2 (typical size 0.15; the rule in the K values:
@@ -81,7 +81,7 @@ tilted equals the cavity along :math:`\mathbf 1`; both rules lift the moments of
 U\otimes I_N`, :math:`W^\top(I_K\otimes K_\theta)W = I_{K-1}\otimes K_\theta`, hence :math:`|B| = |B'|` and
 :math:`SB^{-1}S = W\tilde RB'^{-1}\tilde RW^\top` for :math:`B' = I + \tilde R(I_{K-1}\otimes K_\theta)\tilde R`
 of size :math:`N(K-1)`: every factorisation and solve above runs there, :math:`((K-1)/K)^3` of the flops (0.73 at
-K = 10; measured per posterior computation in ``benchmarks/results/ep_reduced.md``), to the same numbers up to
+K = 10; measured per posterior computation in ``benchmarks/studies/results/ep_reduced.md``), to the same numbers up to
 rounding.
 
 Names: ``pi`` (N, K, K) and ``nu`` (N, K) the sites; ``damping`` :math:`\delta`: a sweep moves every site to
@@ -121,7 +121,7 @@ NUM_DRAWS = 2048
 of synth4 and synth10 (median 0.15 / 0.33 -> 0.04 / 0.22 over scrambles), but the fully Bayesian fits it drives did
 not move: q's largest offset from the long NUTS runs 0.37 -> 0.35 (synth4), 0.09 -> 0.11 (synth6), 0.13 -> 0.14
 (synth10), 0.27 -> 0.26 (synth10b), test probabilities' distance from NUTS's by at most 4e-4, for 16-45% more wall
-(``benchmarks/results/multiclass_ep_rule_fits_*.md``); so 2,048."""
+(``benchmarks/studies/results/multiclass_ep_rule_fits_*.md``); so 2,048."""
 
 
 class MulticlassEPResult(NamedTuple):
