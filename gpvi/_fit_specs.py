@@ -87,6 +87,8 @@ def _classifier_spec(clf: Any) -> dict[str, Any]:
     if not hasattr(clf, "posterior_"):
         raise ValueError("cannot save a GPClassifier that is not fitted; call fit(X, y) first")
     params = clf.get_params()
+    if isinstance(params.get("random_state"), np.random.RandomState):
+        params["random_state"] = None       # not plain data; fit drew its seed from it, predictions do not use one
     if params.get("device") is not None:
         params["device"] = str(params["device"])            # plain data; loading puts the fit on the CPU
     if params.get("kernel") is not None:

@@ -84,3 +84,17 @@ def test_check_random_state_contract():
     assert check_random_state(rs) != s                          # the object was advanced
     with pytest.raises(TypeError, match="seed must be"):
         check_random_state(np.random.default_rng(0), "seed")
+
+
+def test_a_fit_with_a_random_state_object_saves_and_loads(tmp_path):
+    """A ``RandomState`` is not plain data: the fit file keeps ``random_state=None`` (the seed it drew was used up by
+    ``fit``; predictions do not depend on it)."""
+    from gpvi.io import load_fit, save_fit
+
+    X, y = _data()
+    clf = GPClassifier(hyperparameters="fixed", random_state=np.random.RandomState(0)).fit(X, y)
+    save_fit(tmp_path / "f.pt", clf)
+    back = load_fit(tmp_path / "f.pt")
+    assert np.array_equal(back.predict_proba(X), clf.predict_proba(X))
+    assert back.classifier.random_state is None
+    assert isinstance(clf.random_state, np.random.RandomState)          # the estimator itself is unchanged
