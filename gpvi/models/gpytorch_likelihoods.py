@@ -154,6 +154,11 @@ class GPyTorchSite(Likelihood):
         with torch.no_grad():
             return self._dist(f).log_prob(y)
 
+    def response(self, f: torch.Tensor) -> Any:
+        """:math:`p(y \\mid f)`: the distribution ``forward(f)`` (for the predictive of new targets)."""
+        with torch.no_grad():
+            return self._dist(f)
+
     def derivatives(self, y, f):
         with torch.enable_grad():
             fg = f.detach().clone().requires_grad_(True)

@@ -16,6 +16,9 @@ two derivatives in :math:`f`, exactly, and the expectations :math:`\mathbb E_{\m
   :math:`h''` would miss the kink).
 * :class:`Beta` -- proportions in (0, 1), GPyTorch's ``BetaLikelihood`` exactly.
 
+Each also gives ``response(f)``, :math:`p(y \mid f)` as a ``torch.distributions`` object, which the predictive of
+new targets (:class:`gpvi.posteriors.observation.ObservationPredictive`) integrates over :math:`q(f_*)`.
+
 Parameters of the likelihoods (``df``, ``scale``, ``dispersion``) are fixed numbers here; targets are checked by
 ``check_targets`` (counts: non-negative integers; Beta: strictly inside (0, 1)), which the models call.
 
@@ -114,6 +117,10 @@ class Poisson(_Site):
     def check_targets(self, y: torch.Tensor, name: str = "y") -> torch.Tensor:
         return check_counts(y, name)
 
+    def response(self, f: torch.Tensor) -> torch.distributions.Distribution:
+        """:math:`p(y \\mid f)` as a torch distribution (``Poisson(e^f)``)."""
+        return torch.distributions.Poisson(torch.exp(f), validate_args=False)
+
 
 class NegativeBinomial(_Site):
     r"""Negative-binomial counts with the log link: mean :math:`\mu = e^f`, dispersion :math:`r > 0`.
@@ -153,6 +160,11 @@ class NegativeBinomial(_Site):
 
     def check_targets(self, y: torch.Tensor, name: str = "y") -> torch.Tensor:
         return check_counts(y, name)
+
+    def response(self, f: torch.Tensor) -> torch.distributions.Distribution:
+        """:math:`p(y \\mid f)` as a torch distribution (``NegativeBinomial(r, logits=f - log r)``)."""
+        return torch.distributions.NegativeBinomial(torch.full_like(f, self.dispersion),
+                                                    logits=f - math.log(self.dispersion), validate_args=False)
 
 
 class StudentT(_Site):
@@ -194,6 +206,11 @@ class StudentT(_Site):
         h = const - 0.5 * (nu + 1.0) * torch.log1p(r * r / a)
         return h, (nu + 1.0) * r / den, (nu + 1.0) * (r * r - a) / (den * den)
 
+    def response(self, f: torch.Tensor) -> torch.distributions.Distribution:
+        """:math:`p(y \\mid f)` as a torch distribution (``StudentT(df, loc=f, scale)``)."""
+        return torch.distributions.StudentT(torch.full_like(f, self.df), f, torch.full_like(f, self.scale),
+                                            validate_args=False)
+
 
 class Laplace(_Site):
     r"""Laplace observations, :math:`p(y \mid f) = \frac{1}{2b} e^{-|y - f|/b}` (GPyTorch's ``LaplaceLikelihood``
@@ -233,6 +250,10 @@ class Laplace(_Site):
         erf = torch.erf(z / math.sqrt(2.0))
         phi = torch.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
         return -math.log(2.0 * b) - (d * erf + 2.0 * s * phi) / b, erf / b, -phi / (s * b)
+
+    def response(self, f: torch.Tensor) -> torch.distributions.Distribution:
+        """:math:`p(y \\mid f)` as a torch distribution (``Laplace(f, b)``)."""
+        return torch.distributions.Laplace(f, torch.full_like(f, self.scale), validate_args=False)
 
 
 class Beta(_Site):
@@ -275,6 +296,11 @@ class Beta(_Site):
         dmu = mu * mu_c
         h2 = dmu * (mu_c - mu) * A - (s * dmu) ** 2 * (torch.polygamma(1, a) + torch.polygamma(1, b))
         return h, dmu * A, h2
+
+    def response(self, f: torch.Tensor) -> torch.distributions.Distribution:
+        """:math:`p(y \\mid f)` as a torch distribution (``Beta(s sigma(f) + 1, s sigma(-f) + 1)``)."""
+        s = self.scale
+        return torch.distributions.Beta(s * torch.sigmoid(f) + 1.0, s * torch.sigmoid(-f) + 1.0, validate_args=False)
 
     def check_targets(self, y: torch.Tensor, name: str = "y") -> torch.Tensor:
         bad = ~((y > 0) & (y < 1))

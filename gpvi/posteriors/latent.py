@@ -39,6 +39,7 @@ from ..table import Table
 from ..validation import as_float_tensor, check_binary_labels, check_fraction, check_positive_int
 from .base import Posterior
 from .info import RunInfo
+from .observation import ObservationPredictive
 
 __all__ = ["LatentPosterior", "BernoulliPredictive", "CategoricalPredictive"]
 
@@ -424,9 +425,14 @@ class LatentPosterior(Posterior):
             return torch.special.ndtr(mean / torch.sqrt(1.0 + var))
         return gaussian_expectation(lik.response, mean, var, self.quadrature).clamp(0.0, 1.0)
 
-    def predict(self, X_new: Any) -> BernoulliPredictive | CategoricalPredictive:  # type: ignore[override]
-        """The predictive of the labels at ``X_new``: :class:`BernoulliPredictive` (binary) or
-        :class:`CategoricalPredictive` (K classes); both work with ``gpvi.metrics``."""
+    def predict(self, X_new: Any) -> BernoulliPredictive | CategoricalPredictive | ObservationPredictive:  # type: ignore[override]
+        """The predictive of the targets at ``X_new``: :class:`BernoulliPredictive` (binary) or
+        :class:`CategoricalPredictive` (K classes) of labels, or for counts, outliers and proportions
+        (:class:`gpvi.GPGeneralisedRegression`) the :class:`~gpvi.posteriors.observation.ObservationPredictive` of
+        :math:`y_*` (mean, intervals, log density by quadrature over :math:`q(f_*)`); all work with ``gpvi.metrics``."""
+        lik = self.model.likelihood
+        if self.lam1.dim() == 1 and not getattr(lik, "binary", False):
+            return ObservationPredictive(lik, *self.predict_latent(X_new), quadrature=self.quadrature)
         p = self.predict_proba(X_new)
         if p.dim() == 2:
             return CategoricalPredictive(p, self.model.classes)
