@@ -252,3 +252,27 @@ def test_a_row_does_not_depend_on_the_other_rows(name, extra):
         assert torch.equal(v2[0], v[0]) and torch.equal(g2[0], grad[0])
         if other is singular and noise:                      # beyond the jitter allowed: those rows fail
             assert bool((v2[1:] == -float("inf")).all())
+
+
+@pytest.mark.parametrize("extra", ["plain", "lik_mean"])
+@pytest.mark.parametrize("name", ["rbf_ard", "sum_fixed_const"])
+@pytest.mark.parametrize("offset", [0, 1])
+def test_both_solves_match_gpytorch(name, extra, offset):
+    """Up to TRIANGULAR_MAX_N points K^-1 and alpha come from one triangular solve and one product, beyond from
+    cholesky_inverse and cholesky_solve: both against GPyTorch, on two successive batches (the right-hand side
+    [I | y] is kept between calls; with a mean its y column changes), and the value alone equals the value with the
+    gradient. rbf_ard without a mean is the default model's shortcut (gradient chained to theta directly)."""
+    from gpvi.models.lean_joint import TRIANGULAR_MAX_N
+    X, y = _data(TRIANGULAR_MAX_N + offset)
+    model = gpvi.GPRegression(X, y, kernel=_kernels()[name], **_extras()[extra])
+    lean = model.closed_form
+    assert lean._plain_rbf == (name == "rbf_ard" and extra == "plain")
+    g = torch.Generator().manual_seed(4)
+    for _ in range(2):
+        theta = model.initial_theta() + 0.4 * torch.randn(3, model.dim, generator=g, dtype=torch.float64)
+        v_ref, g_ref = _reference(model, theta)
+        v, grad = lean.log_joint(theta)
+        assert torch.allclose(v, v_ref, rtol=1e-10, atol=1e-10 * float(v_ref.abs().max()))
+        assert torch.allclose(grad, g_ref, rtol=1e-10, atol=1e-10 * float(g_ref.abs().max()))
+        v0, none = lean.log_joint(theta, grad=False)
+        assert none is None and torch.allclose(v0, v, rtol=1e-12, atol=0)
