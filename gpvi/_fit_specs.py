@@ -55,7 +55,7 @@ def _regression_spec(model: Any) -> dict[str, Any]:
     _check_default_kernel(model.kernel_params, int(model.X.shape[1]), "a GPRegression")
     return {"X": model.X, "y": model.y, "jitter": model.jitter, "max_jitter": model.max_jitter,
             "batch_size": model.batch_size, "prior": _prior_spec(model.prior), "names": list(model.names),
-            "feature_names": _names(model)}
+            "feature_names": _names(model), "y_offset": float(model.y_offset)}
 
 
 def _regression_from(spec: dict[str, Any]) -> Any:
@@ -65,11 +65,17 @@ def _regression_from(spec: dict[str, Any]) -> Any:
     prior = torch.distributions.Normal(pr["loc"], pr["scale"])
     if pr["independent"]:
         prior = torch.distributions.Independent(prior, 1)
+    # y centred at its mean (y_offset != 0), or as given: a ZeroMean model, or a file written before gpvi centred y
+    # (no y_offset), rebuilt as it was fitted
+    centred = float(spec.get("y_offset", 0.0)) != 0.0
     model = GPRegression(spec["X"], spec["y"], prior=prior, jitter=float(spec["jitter"]),
                          max_jitter=float(spec["max_jitter"]), batch_size=int(spec["batch_size"]),
-                         feature_names=spec.get("feature_names"))
+                         feature_names=spec.get("feature_names"),
+                         mean=None if centred else gpytorch.means.ZeroMean())
     if list(model.names) != list(spec["names"]):
         raise _Invalid(f"the rebuilt model's parameters {model.names} differ from the saved ones {spec['names']}")
+    if model.y_offset != float(spec.get("y_offset", 0.0)):
+        raise _Invalid(f"the rebuilt model's y offset {model.y_offset} differs from the saved one {spec['y_offset']}")
     return model
 
 

@@ -380,3 +380,24 @@ def test_feature_names_survive_save_and_load_and_a_missing_folder_is_named(tmp_p
     assert back.posterior.target.names == model.names and "log_lengthscale_sq[nox]" in model.names
     with pytest.raises(FileNotFoundError, match="nowhere"):
         save_fit(tmp_path / "nowhere" / "fit.pt", fit)
+
+
+def test_regression_y_offset_survives_and_old_files_load_as_fitted(reg_data, tmp_path):
+    """gpvi centres y at its mean by default (issue 58, data on any scale): a saved fit keeps that, and a file
+    written before (no y_offset in it) is rebuilt with the zero mean it was fitted with, not silently re-centred."""
+    from gpvi._fit_specs import _regression_from, _regression_spec
+    X, y = reg_data
+    model = gpvi.GPRegression(X, y + 5.0)
+    point = gpvi.ML2(num_restarts=1, seed=0, progress_bar=False).run(model)
+    p = tmp_path / "offset.pt"
+    save_fit(p, SavedFit("regression", "m", ["a", "b"], "y", x_mean=np.zeros(2), x_std=np.ones(2), y_mean=0.0,
+                         y_std=1.0, posterior=point))
+    back = load_fit(p).posterior
+    assert back.target.y_offset == model.y_offset != 0.0
+    torch.testing.assert_close(back.target.predict(point.theta, X[:5])[0], model.predict(point.theta, X[:5])[0],
+                               rtol=0, atol=1e-12)
+    old = {k: v for k, v in _regression_spec(model).items() if k != "y_offset"}
+    rebuilt = _regression_from(old)
+    assert rebuilt.y_offset == 0.0
+    zero = gpvi.GPRegression(X, y + 5.0, mean=gpytorch.means.ZeroMean())
+    assert float(rebuilt.log_marginal_likelihood(point.theta)) == float(zero.log_marginal_likelihood(point.theta))

@@ -258,9 +258,9 @@ def test_predict_inputs_that_overflow_raise_instead_of_nan():
     clf_model = gpvi.GPClassification(X, (y > 0).astype(int))
     with pytest.raises(ValueError, match=r"kernel is not finite .* of X_new"):
         clf_model.cross_covariance(clf_model.theta, Xbig)
-    # far but representable inputs still predict (the prior: mean 0)
+    # far but representable inputs still predict (the prior: mean y_offset, y's training mean)
     m, v = model.predict(theta, X[:3] * 1e100)
-    assert torch.equal(m, torch.zeros(3, dtype=torch.float64)) and bool(torch.isfinite(v).all())
+    assert torch.equal(m, torch.full((3,), model.y_offset, dtype=torch.float64)) and bool(torch.isfinite(v).all())
 
 
 def test_feature_names_from_dataframe_or_argument():

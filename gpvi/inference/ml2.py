@@ -13,7 +13,13 @@ ended "ABNORMAL" on the line search at the shared optimum is not chosen over con
 not converge *and* the projected gradient there is not small (max-abs above ``1e-5 max(1, |f|)``). Components of
 theta that end on the box (within 1e-6 of ``bounds``) are listed in ``info["at_bound"]``, noted in the summary, and
 named in one :class:`~gpvi.exceptions.BoundWarning` per run: an ML-II lengthscale at the upper bound (about 2.7e5
-for the default box) says the input is irrelevant to the fit, not that a value was estimated.
+input standard deviations for the default box) says the input is irrelevant to the fit, not that a value was
+estimated.
+
+The box is relative to the data: ``bounds`` are offsets from the target's ``standard_theta()`` when it has one
+(:meth:`gpvi.GPRegression.standard_theta`: log var(x_j) for the lengthscales, log var(y) for the variances, 0 on
+standardised data), so the search covers the same functions whatever the data's units; a target without it gets
+the box on theta itself.
 """
 
 from __future__ import annotations
@@ -63,7 +69,9 @@ class ML2:
     gtol, ftol : float
         SciPy's L-BFGS-B tolerances (projected gradient and relative decrease).
     bounds : tuple of float or None
-        Box on every component of theta (log scale); default (-25, 25), i.e. values in about [1e-11, 7e10].
+        Box on every component of theta (log scale), as offsets from the target's ``standard_theta()`` where it has
+        one (see the module docstring); default (-25, 25), i.e. values within about [1e-11, 7e10] times the data's
+        own scale (lengthscales within about [4e-6, 3e5] input standard deviations).
     init_scale : float or sequence of float
         Standard deviation of the restart perturbations; a sequence is cycled over the restarts (restart r >= 1
         uses ``init_scale[(r - 1) % len(init_scale)]``), mixing near and far restarts.
@@ -178,6 +186,7 @@ class ML2:
         """
         target = as_target(target)
         objective = self._objective(target)
+        box, centre = self._box(target)
         starts = self.starting_points(target, init, generator=generator, seed=seed)
         if not bool(torch.isfinite(starts).all()):
             raise ValueError("init contains non-finite values")
@@ -191,7 +200,7 @@ class ML2:
                     watched = _JoinWatch(objective, records, self.join_tol)
                     stopped = False
                     try:
-                        res = lbfgs_maximise(watched, x0, bounds=self.bounds, max_iter=self.max_iter,
+                        res = lbfgs_maximise(watched, x0, bounds=box, max_iter=self.max_iter,
                                              gtol=self.gtol, ftol=self.ftol, ignore_warnings=(RuntimeWarning,),
                                              device=device)
                     except _Joined as j:
@@ -222,7 +231,7 @@ class ML2:
         converged = bool(best["converged"])
         gradient = None
         if not converged and not best["interrupted"]:   # doubtful only if the point is not stationary either
-            gradient = _projected_gradient_max(objective, theta, self.bounds)
+            gradient = _projected_gradient_max(objective, theta, box)
             converged = gradient <= 1e-5 * max(1.0, abs(best["value"]))
             if not converged:
                 warnings.warn(f"ML-II: the chosen restart ({best['restart']}, value {best['value']:.6g}) did not "
@@ -230,10 +239,11 @@ class ML2:
                               f"is {gradient:.2g}; the optimum is doubtful: "
                               + advice("ml2_convergence", "raise max_iter or num_restarts"),
                               ConvergenceWarning, stacklevel=2)
-        at_bound = self._at_bound(best["theta"], list(target.names))
+        at_bound = {} if box is None else ends_on_box(best["theta"], *box, list(target.names))
         if at_bound:
-            warnings.warn(box_message(at_bound, self.bounds, "MAP" if self.prior else "ML-II"), BoundWarning,
-                          stacklevel=2)
+            centred = None if centre is None else dict(zip(target.names, centre.tolist()))
+            warnings.warn(box_message(at_bound, self.bounds, "MAP" if self.prior else "ML-II", centre=centred),
+                          BoundWarning, stacklevel=2)
         table = Table([str(rec["restart"]) for rec in records],
                       {"value": [rec["value"] for rec in records],
                        "iterations": [rec["iterations"] for rec in records],
@@ -248,7 +258,8 @@ class ML2:
                            "restarts": table, "best_restart": best["restart"], "records": records,
                            "objective": "log_joint (MAP)" if self.prior else "log_marginal_likelihood (ML-II)",
                            "projected_gradient": gradient,
-                           "bounds": None if self.bounds is None else list(self.bounds), "at_bound": at_bound})
+                           "bounds": None if self.bounds is None else list(self.bounds), "at_bound": at_bound,
+                           "box_centre": None if centre is None else centre.tolist()})
         return PointPosterior(theta, list(target.names), target, value=best["value"], info=info)
 
     def _choose(self, records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -261,11 +272,16 @@ class ML2:
         converged = [rec for rec in tied if rec["converged"]]
         return max(converged or tied, key=lambda rec: rec["value"])
 
-    def _at_bound(self, theta: torch.Tensor, names: list[str]) -> dict[str, str]:
-        """``{name: "lower" | "upper"}`` for the components of ``theta`` within 1e-6 of the box."""
+    def _box(self, target: Any) -> tuple[Any, torch.Tensor | None]:
+        """``(box, centre)``: the box on theta, ``bounds`` around the target's ``standard_theta()`` (its centre,
+        float64 on the CPU) when it has one, else ``bounds`` itself (centre None); box None without bounds."""
+        fn = getattr(target, "standard_theta", None)
+        centre = fn().detach().to(torch.float64).cpu() if callable(fn) else None
         if self.bounds is None:
-            return {}
-        return ends_on_box(theta, *self.bounds, names)
+            return None, centre
+        if centre is None:
+            return self.bounds, None
+        return (centre + self.bounds[0], centre + self.bounds[1]), centre
 
 
 class _Joined(Exception):
@@ -306,7 +322,7 @@ def _projected_gradient_max(objective: Callable[[torch.Tensor], torch.Tensor], t
         return math.inf
     g = g.detach()
     if bounds is not None:
-        lo, hi = bounds
+        lo, hi = (torch.as_tensor(b, dtype=g.dtype).to(g.device) for b in bounds)
         g = torch.where((x.detach() <= lo + 1e-6) & (g < 0), torch.zeros_like(g), g)
         g = torch.where((x.detach() >= hi - 1e-6) & (g > 0), torch.zeros_like(g), g)
     val = float(g.abs().max()) if g.numel() else 0.0

@@ -131,6 +131,8 @@ class KernelParametrisation(ModuleParametrisation):
             raise ValueError(f"the kernel {type(self.kernel).__name__} gives a matrix of shape {tuple(full.shape)} "
                              f"for 2 rows of {name}; gpvi needs a single-output kernel ((n, n) for n rows)")
         self._check_ard(k, seen, d, name)
+        self._columns = {p: [int(c) for c in v.tolist()] for p, v in seen.items()
+                         if all(float(c).is_integer() and 0 <= c < d for c in v.tolist())}
         if feature_names is not None:
             self._label_features(list(feature_names), seen, d)
 
@@ -216,7 +218,8 @@ class KernelParametrisation(ModuleParametrisation):
         r"""Per theta coordinate, the log of the squared input scale it is measured against: :math:`\log
         \operatorname{var}(x_j)` for the lengthscale of input j (0 for a constant column, which has no scale and
         whose lengthscale the data cannot move), the log of the mean variance of the non-constant columns for a
-        lengthscale shared by all columns, 0 for variances and every other parameter. Standardised inputs give 0
+        lengthscale shared by all columns (a sub-kernel with ``active_dims``: over its own columns), 0 for variances
+        and every other parameter. Standardised inputs give 0
         everywhere; scaling input j by s adds :math:`2 \log s` to its coordinate, as it does to the lengthscale^2
         that fits the same function. ``weights`` (one per row, non-negative): weighted variances, as if each row
         were repeated ``weights`` times."""
@@ -227,7 +230,14 @@ class KernelParametrisation(ModuleParametrisation):
         n_scaled = max(int((~const).sum()), 1)
         for b in self.blocks:
             if b.log and b.natural_power == 0.5:
-                if b.stop - b.start == d:
+                cols = getattr(self, "_columns", {}).get(b.path.rpartition(".")[0])
+                if cols is not None and sorted(cols) != list(range(d)):     # a sub-kernel on some columns
+                    idx = torch.tensor(cols, dtype=torch.long, device=X.device)
+                    if b.stop - b.start == len(cols):
+                        out[b.start:b.stop] = log_var[idx]
+                    elif bool((~const[idx]).any()):
+                        out[b.start:b.stop] = torch.log(var[idx][~const[idx]].mean())
+                elif b.stop - b.start == d:
                     out[b.start:b.stop] = log_var
                 elif bool((~const).any()):
                     out[b.start:b.stop] = math.log(shared / n_scaled)
@@ -287,7 +297,7 @@ def _column_scales(X: torch.Tensor, weights: torch.Tensor | None = None
     else:
         w = (weights / weights.sum()).to(X.dtype).unsqueeze(-1)
         var = (w * (X - (w * X).sum(0)) ** 2).sum(0)
-    const = var <= 1e-12 * X.abs().amax(dim=0).clamp_min(1.0) ** 2
+    const = var <= 1e-12 * X.abs().amax(dim=0) ** 2          # relative: a column in any units
     big = float(var[~const].max()) if bool((~const).any()) else 0.01
     shared = float(var[~const].sum()) if bool((~const).any()) else d * 100.0 * big
     var = torch.where(const, torch.full_like(var, 100.0 * big), var)

@@ -143,7 +143,7 @@ class LeanLogJoint:
             mean = _Param(fixed=torch.tensor([[float(model._fixed_mean)]], dtype=X.dtype, device=X.device))
         else:
             mean = None
-        return cls(list(model._blocks), terms, X, model.y, noise, mean, model.prior, jitter=model.jitter,
+        return cls(list(model._blocks), terms, X, model._y, noise, mean, model.prior, jitter=model.jitter,
                    max_jitter=model.max_jitter)
 
     # ------------------------------------------------------------------ evaluation

@@ -113,7 +113,9 @@ class ModelPrior:
     names : list of str
         theta's names (for messages and :meth:`summary`).
     center : torch.Tensor, optional
-        The centre of the ``"scaled"`` base (default 0).
+        The centre :math:`c` of the base prior, one value per theta component (default 0).
+    scale : torch.Tensor, optional
+        The base prior's standard deviation per theta component (default :math:`\sqrt{10}` everywhere).
     arg : str
         The argument's name in messages.
 
@@ -128,7 +130,7 @@ class ModelPrior:
 
     def __init__(self, blocks: list[HyperparameterBlock], registered: list[RegisteredPrior], named: dict | None,
                  base: str | None, *, dim: int, names: list[str], center: torch.Tensor | None = None,
-                 arg: str = "prior") -> None:
+                 scale: torch.Tensor | None = None, arg: str = "prior") -> None:
         self.dim, self.names, self.base, self.arg = dim, list(names), base, arg
         self.constant = sum(r.constant for r in registered if r.block is None)
         self.constant_labels = [f"{_label(r.prior)} registered as {r.name} (on a frozen parameter: a constant)"
@@ -170,8 +172,11 @@ class ModelPrior:
         self.terms = terms
         self.uncovered = torch.tensor([j for j in range(dim) if not owner[j]], dtype=torch.long)
         loc = torch.zeros(dim, dtype=torch.float64) if center is None else center.detach().to(torch.float64).cpu()
-        self._loc = loc[self.uncovered]
-        self._scale = math.sqrt(10.0)
+        sd = (torch.full((dim,), math.sqrt(10.0), dtype=torch.float64) if scale is None else
+              scale.detach().to(torch.float64).cpu())
+        self._loc, self._scale = loc[self.uncovered], sd[self.uncovered]
+        self._log_scale = torch.tensor([math.log(v) for v in self._scale.tolist()], dtype=torch.float64)
+        self._base_given = center is not None or scale is not None
 
     def _check_support(self, dist: Any, b: HyperparameterBlock, key: str) -> None:
         support = getattr(dist, "support", None)
@@ -239,9 +244,10 @@ class ModelPrior:
             grad[:, t.start:t.stop] += sc * dv + dlj
         if self.base is not None and self.uncovered.numel():
             idx = self.uncovered.to(theta.device)
-            z = (theta[:, idx] - self._loc.to(theta)) / self._scale
-            total = total + (-0.5 * z * z - math.log(self._scale) - 0.5 * _LOG_2PI).sum(-1)
-            grad[:, idx] += -z / self._scale
+            sd = self._scale.to(theta)
+            z = (theta[:, idx] - self._loc.to(theta)) / sd
+            total = total + (-0.5 * z * z - self._log_scale.to(theta) - 0.5 * _LOG_2PI).sum(-1)
+            grad[:, idx] += -z / sd
         return total, grad
 
     def _float_plan(self) -> list | None:
@@ -257,8 +263,9 @@ class ModelPrior:
                 plan.append((t.start, t.stop, fam[0], {k: float(v) for k, v in fam[1].items()}, t.block.bijection,
                              t.sd))
             self._plan = plan
-            self._base_float = (self.uncovered.tolist(), self._loc.reshape(-1).tolist() if self.uncovered.numel()
-                                else [])
+            n = self.uncovered.numel()
+            self._base_float = list(zip(self.uncovered.tolist(), self._loc.reshape(-1).tolist() if n else [],
+                                        self._scale.tolist() if n else [], self._log_scale.tolist() if n else []))
         return self._plan
 
     def _float_log_prob_and_grad(self, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -291,11 +298,10 @@ class ModelPrior:
                 total += lp + lj
                 g[j] += sc * dv + dlj
         if self.base is not None:
-            idx, loc = self._base_float
-            for j, c in zip(idx, loc):
-                z = (th[j] - c) / self._scale
-                total += -0.5 * z * z - math.log(self._scale) - 0.5 * _LOG_2PI
-                g[j] += -z / self._scale
+            for j, c, sd, log_sd in self._base_float:
+                z = (th[j] - c) / sd
+                total += -0.5 * z * z - log_sd - 0.5 * _LOG_2PI
+                g[j] += -z / sd
         return total, g
 
     def log_prob(self, theta: torch.Tensor) -> torch.Tensor:
@@ -305,8 +311,8 @@ class ModelPrior:
             total = total + self._term_log_prob(t, theta)
         if self.base is not None and self.uncovered.numel():
             idx = self.uncovered.to(theta.device)
-            z = (theta[..., idx] - self._loc.to(theta)) / self._scale
-            total = total + (-0.5 * z * z - math.log(self._scale) - 0.5 * math.log(2 * math.pi)).sum(-1)
+            z = (theta[..., idx] - self._loc.to(theta)) / self._scale.to(theta)
+            total = total + (-0.5 * z * z - self._log_scale.to(theta) - 0.5 * math.log(2 * math.pi)).sum(-1)
         return total
 
     def check(self, start: torch.Tensor) -> None:
@@ -329,6 +335,12 @@ class ModelPrior:
         out = {n: ("flat (no prior)" if self.base is None else
                    "N(0, 10) on theta (gpvi default)" if self.base == "default" else
                    "N(data-scaled theta, 10) on theta (gpvi 'scaled')") for n in self.names}
+        if self.base is not None and self._base_given:
+            what = ("gpvi default: N(0, 10) on the standardised problem" if self.base == "default" else
+                    "gpvi 'scaled': centred at the data-scaled start")
+            for j, c, sd in zip(self.uncovered.tolist(), self._loc.tolist(), self._scale.tolist()):
+                out[self.names[j]] = f"N({c:.4g}, {sd * sd:.4g}) on theta ({what})"
+
         for t in self.terms:
             for j in range(t.start, t.stop):
                 out[self.names[j]] = t.label + " (with the log-Jacobian of theta -> it)"

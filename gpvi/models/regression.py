@@ -4,9 +4,12 @@ Model (Rasmussen & Williams 2006, ch. 2 and 5; DSVI paper section 3.4):
 
 .. math::
 
-    y = f(X) + \varepsilon,\quad f \sim \mathcal{GP}(0, k_\theta),\quad \varepsilon \sim \mathcal N(0, \sigma^2 I),
+    y = \bar y + f(X) + \varepsilon,\quad f \sim \mathcal{GP}(0, k_\theta),\quad
+    \varepsilon \sim \mathcal N(0, \sigma^2 I),
 
-    \log g(\theta) = \log \mathcal N(y \mid 0, K_\theta + \sigma^2 I) + \log p(\theta).
+    \log g(\theta) = \log \mathcal N(y - \bar y \mid 0, K_\theta + \sigma^2 I) + \log p(\theta),
+
+with :math:`\bar y` the training mean of y (``y_offset``; 0 when a mean object is given).
 
 For the default kernel ``ScaleKernel(RBFKernel(ard_num_dims=d))``,
 ``theta = [log l_1^2, ..., log l_d^2, log sigma_f^2, log sigma^2]`` exactly as in the paper; other GPyTorch
@@ -16,6 +19,15 @@ unless a ``GaussianLikelihood`` is given: then its noise parameter, with its con
 default: theta = ``log_excess_noise_var`` = log(noise - 1e-4)) and its registered prior. A ``ConstantMean`` adds
 its constant :math:`c` as the last component ``mean_constant`` (a hyperparameter with its prior, not integrated
 out): :math:`y \sim \mathcal N(c\mathbf 1, K_\theta + \sigma^2 I)`. Priors: :class:`gpvi.models.model_prior.ModelPrior`.
+
+**Units.** The model's answers do not depend on the data's units: fitted to :math:`(a x + b, c y + d)` it gives the
+same answer in standardised units as on :math:`(x, y)` (``tests/models/test_scale_equivariance.py``, a and c over
+1e-8..1e8). Three things make it so: inputs are centred for stationary kernels, y is centred at its training mean,
+and the default prior and ML-II's box are set from the data, centred at :meth:`standard_theta` (0 on standardised
+data, where the default prior is the DSVI paper's :math:`\mathcal N(0, 10 I)` exactly as before). It holds for
+gpvi's own noise and the amplitudes and lengthscales of stationary kernels; priors the user gives (registered or
+named, on natural values) stay on the user's scale, and so do a GPyTorch likelihood's absolute noise floor
+(``GreaterThan(1e-4)``) and the parameters of other kernels.
 
 The marginal likelihood is exact: one Cholesky factorisation per theta, batched for ``(S, D)`` input
 (never CG/Lanczos), with the backward pass of :func:`gpvi.linalg.gaussian_log_marginal`.
@@ -51,23 +63,36 @@ class GPRegression(NoiseMeanPrior, RegressionPrediction):
     X : array-like of shape (n_samples, n_features)
         Training inputs (numpy or torch; integer/float32 converted to float64 without loss).
     y : array-like of shape (n_samples,)
-        Training targets. gpvi does not standardise them for you (the bundled loaders do).
+        Training targets, in any units (see "Units" in the module docstring); centred at their mean unless
+        ``mean`` is given.
     kernel : gpytorch.kernels.Kernel, optional
         Covariance function; default ``ScaleKernel(RBFKernel(ard_num_dims=n_features))``. It is deep-copied;
         hyperparameter values come from theta, except frozen parameters (``requires_grad=False``), held at their
         values (:attr:`fixed`). Values set on it (different from GPyTorch's initial values) are the start,
         :meth:`initial_theta`. Priors registered on it are part of the model's prior; ``GreaterThan`` and
         ``Interval`` constraints are honoured (:mod:`gpvi.models.parameters`).
-    prior : torch.distributions.Distribution or dict, optional
+    prior : {"default", "scaled"}, torch.distributions.Distribution or dict, optional
         Prior over theta (anything with ``log_prob``); or ``{name: distribution}`` on natural-scale quantities
         (``"lengthscale"``, ``"lengthscale[nox]"``, ``"signal_sd"``, ``"signal_var"``, ``"noise_sd"``,
-        ``"noise_var"``, ...: :func:`gpvi.models.model_prior.resolve_names`), with the Jacobian; default
-        independent N(0, 10) per component not covered by a registered or named prior. The rule:
-        :mod:`gpvi.models.model_prior`. A prior that is -inf or NaN at :meth:`initial_theta` is refused.
-    likelihood : gpytorch.likelihoods.GaussianLikelihood, optional
-        The noise, with its constraint, prior or frozen value; default gpvi's own ``log_noise_var`` (no floor).
+        ``"noise_var"``, ...: :func:`gpvi.models.model_prior.resolve_names`), with the Jacobian, on the user's
+        scale. Every component not covered by a registered or named prior gets the base prior: ``None`` or
+        ``"default"``, independent :math:`\mathcal N(c_j, 10)` centred at :meth:`standard_theta` (the DSVI paper's
+        N(0, 10) on the standardised problem; sd :math:`\sqrt{10}\,\mathrm{sd}(y)` for a mean constant,
+        :meth:`standard_scale`); ``"scaled"``, the same centred at :meth:`scaled_theta`, the data-scaled start (as
+        ``GPClassifier(prior="scaled")``). The rule: :mod:`gpvi.models.model_prior`. A prior that is -inf or NaN at
+        :meth:`initial_theta` is refused.
+    likelihood : gpytorch.likelihoods.GaussianLikelihood or FixedNoiseGaussianLikelihood, optional
+        The noise, with its constraint, prior or frozen value; default gpvi's own ``log_noise_var`` (no floor). A
+        ``FixedNoiseGaussianLikelihood(noise=v)`` gives known per-point noise variances :math:`v_n` (one per training
+        row): the covariance is :math:`K_\theta + \operatorname{diag}(v)`, plus a learned homoskedastic
+        :math:`\sigma^2` (in theta, with its constraint and prior) when ``learn_additional_noise=True``. It stays
+        conjugate and exact; it takes GPyTorch's kernel path (no fast path). The known noise exists at the training
+        rows only, so predictions of y* add the learned :math:`\sigma^2` alone (0 without it): give new points'
+        known noise yourself.
     mean : gpytorch.means.ConstantMean or ZeroMean, optional
-        A constant mean adds its constant to theta (``mean_constant``, with its registered prior); default zero.
+        A constant mean adds its constant to theta (``mean_constant``, with its registered prior); ``ZeroMean()``
+        is a zero mean on y as given. Default (None): y centred at its training mean, a fixed offset
+        (:attr:`y_offset`, added back to every prediction).
     jitter, max_jitter : float
         Relative jitter policy of :func:`gpvi.linalg.cholesky_with_jitter`.
     batch_size : int
@@ -103,7 +128,9 @@ class GPRegression(NoiseMeanPrior, RegressionPrediction):
     fixed : dict
         ``{natural name: value}`` of frozen parameters (kernel, likelihood, mean): held fixed, not in theta.
     X, y : torch.Tensor
-        Training data (float64).
+        Training data (float64), as given.
+    y_offset : float
+        The training mean of y when ``mean`` is None (the GP models ``y - y_offset``), else 0.
 
     Examples
     --------
@@ -164,6 +191,8 @@ class GPRegression(NoiseMeanPrior, RegressionPrediction):
         check_memory(n, copies=lean_copies(X.device) if fast and n >= self.lean_min_n else 5, device=X.device,
                      what="exact GP regression")
         self.X, self.y = X, y
+        self.y_offset = float(y.mean()) if mean is None else 0.0
+        self._y = y - self.y_offset            # the targets the GP sees (y itself when a mean object is given)
         # stationary kernels see centred inputs (same centre for X_new): shift-exact, see gpvi.models.scaled_rbf
         self._centre = input_centre(X, self.kernel_params.kernel)
         self._Xc = centre_inputs(X, self._centre)
@@ -172,7 +201,9 @@ class GPRegression(NoiseMeanPrior, RegressionPrediction):
         self.natural_names = [n for b in self._blocks for n in b.natural_names]
         self.fixed = {**self.kernel_params.fixed, **self._lik_fixed, **self._mean_fixed}
         self.prior = self._make_prior(prior)
-        self._lean_joint = LeanLogJoint.from_model(self) if n <= LEAN_JOINT_MAX_N else None
+        if self._noise_diag is not None:
+            self.use_fast_path = False            # the fast paths know one noise variance; GPyTorch's path + diag
+        self._lean_joint = LeanLogJoint.from_model(self) if n <= LEAN_JOINT_MAX_N and self.use_fast_path else None
 
     # ------------------------------------------------------------------ basics
     @property
@@ -242,11 +273,13 @@ class GPRegression(NoiseMeanPrior, RegressionPrediction):
         # clone: GPyTorch's output may be an expanded view, or saved by autograd (exp), so never add in place to it
         K = self.kernel_params.matrix(theta[..., :self.kernel_params.dim], self._Xc).clone()
         K.diagonal(dim1=-2, dim2=-1).add_(self.noise_var(theta).unsqueeze(-1))
+        if self._noise_diag is not None:
+            K.diagonal(dim1=-2, dim2=-1).add_(self._noise_diag)
         return K
 
     def _centred_y(self, theta: torch.Tensor) -> torch.Tensor:
         c = self.mean_constant(theta)
-        return self.y if c is None else self.y - c.unsqueeze(-1)
+        return self._y if c is None else self._y - c.unsqueeze(-1)
 
     # ------------------------------------------------------------------ densities
     def log_marginal_likelihood(self, theta: Any) -> torch.Tensor:
@@ -270,7 +303,7 @@ class GPRegression(NoiseMeanPrior, RegressionPrediction):
             return lean_apply(self._lean_joint, theta, prior=False)
         if self._lean():
             def one(t: torch.Tensor, strict: bool) -> torch.Tensor:
-                return lean_log_marginal(self._fast_theta(t), self._Xc, self.y, jitter=self.jitter,
+                return lean_log_marginal(self._fast_theta(t), self._Xc, self._y, jitter=self.jitter,
                                          max_jitter=self.max_jitter, raise_on_failure=strict)
             return one(theta, True) if theta.dim() == 1 else torch.stack([one(t, False) for t in theta])
         Ky = self.covariance(theta)
@@ -340,19 +373,26 @@ class GPRegression(NoiseMeanPrior, RegressionPrediction):
 
     def initial_theta(self) -> torch.Tensor:
         """The start: values the user set on the kernel, likelihood or mean (different from GPyTorch's initial values,
-        :attr:`~gpvi.models.parameters.ModuleParametrisation.user_set`) are kept; the rest is data-scaled:
-        ``l_j^2 = d var(x_j)``, ``sigma_f^2 = var(y)``, ``sigma^2 = var(y)/10`` (a constrained noise: that value when
-        its constraint allows it, else the likelihood's own), the mean constant at ``mean(y)``; other kernel
-        parameters as :meth:`KernelParametrisation.initial_theta`."""
+        :attr:`~gpvi.models.parameters.ModuleParametrisation.user_set`) are kept; the rest is :meth:`scaled_theta`'s."""
+        return self._data_scaled(keep_user=True)
+
+    def scaled_theta(self) -> torch.Tensor:
+        """Data-scaled values whatever the modules hold: ``l_j^2 = d var(x_j)``, ``sigma_f^2 = var(y)``,
+        ``sigma^2 = var(y)/10`` (a constrained noise: that value when its constraint allows it, else the likelihood's
+        own), the mean constant at ``mean(y)``; other kernel parameters as :meth:`KernelParametrisation.initial_theta`.
+        The centre of ``prior="scaled"``."""
+        return self._data_scaled(keep_user=False)
+
+    def _data_scaled(self, keep_user: bool) -> torch.Tensor:
         th = torch.zeros(self.dim, dtype=torch.float64, device=self.X.device)
         kp = self.kernel_params
-        th[:kp.dim] = kp.initial_theta(self._Xc)
+        th[:kp.dim] = kp.initial_theta(self._Xc, keep_user=keep_user)
         vy = float(self.y.var(unbiased=False))
         for b in kp.blocks:
-            if b.log and b.path.endswith("raw_outputscale") and b.path not in kp.user_set:
+            if b.log and b.path.endswith("raw_outputscale") and not (keep_user and b.path in kp.user_set):
                 th[b.start:b.stop] = math.log(vy)
         nb, lik = self._noise_block, self._lik_params
-        if nb is not None and lik is not None and lik.user_set:
+        if nb is not None and lik is not None and lik.user_set and keep_user:
             th[nb.start] = lik.theta_from_module()[0]
         elif nb is not None:
             if nb.bijection.kind == "log":
@@ -362,7 +402,8 @@ class GPRegression(NoiseMeanPrior, RegressionPrediction):
                 th[nb.start] = start if bool(torch.isfinite(start)) else lik.theta_from_module()[0]
         if self._mean_block is not None:
             mp = self._mean_params
-            th[self._mean_block.start] = mp.theta_from_module()[0] if mp.user_set else float(self.y.mean())
+            th[self._mean_block.start] = mp.theta_from_module()[0] if mp.user_set and keep_user else \
+                float(self.y.mean())
         return th
 
     def theta_from_kernel(self, noise_var: float | None = None) -> torch.Tensor:

@@ -18,7 +18,7 @@ __all__ = ["RegressionPrediction"]
 class RegressionPrediction:
     """Mixin of :class:`gpvi.GPRegression`: :meth:`predict` and :meth:`predictive` (needs the model's ``X``,
     ``kernel_params``, ``covariance``, ``noise_var``, ``mean_constant``, ``_centred_y``, ``_centre``, ``_Xc``,
-    ``jitter``, ``max_jitter``, ``batch_size``, ``feature_names`` and ``_theta``)."""
+    ``jitter``, ``max_jitter``, ``batch_size``, ``feature_names``, ``y_offset`` and ``_theta``)."""
 
     def predict(self, theta: Any, X_new: Any, *, include_noise: bool = True,
                 full_cov: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,7 +82,7 @@ class RegressionPrediction:
         tk, c = theta[:, :kp.dim], self.mean_constant(theta)
         Ksx = kp.matrix(tk, Xs, self._Xc)                    # (S, n, N)
         alpha = torch.cholesky_solve(self._centred_y(theta).expand(theta.shape[0], -1).unsqueeze(-1), L)  # (S, N, 1)
-        mean = (Ksx @ alpha).squeeze(-1)
+        mean = (Ksx @ alpha).squeeze(-1) + self.y_offset
         if c is not None:
             mean = mean + c.unsqueeze(-1)
         V = torch.linalg.solve_triangular(L, Ksx.transpose(-1, -2), upper=False)          # (S, N, n)
@@ -103,7 +103,7 @@ class RegressionPrediction:
         L = chol.L
         tk, c = theta[:kp.dim], self.mean_constant(theta)
         Ksx = kp.matrix(tk, Xs, self._Xc)
-        mean = Ksx @ torch.cholesky_solve(self._centred_y(theta).unsqueeze(-1), L).squeeze(-1)
+        mean = Ksx @ torch.cholesky_solve(self._centred_y(theta).unsqueeze(-1), L).squeeze(-1) + self.y_offset
         if c is not None:
             mean = mean + c
         V = torch.linalg.solve_triangular(L, Ksx.T, upper=False)

@@ -224,13 +224,14 @@ def ends_on_box(theta: Any, low: Any, high: Any, names: list[str], *, tol: float
 
 
 def box_message(at_bound: dict[str, str], bounds: tuple[float, float], what: str, *, setting: str = "bounds",
-                relative: bool = False) -> str:
+                relative: bool = False, centre: dict[str, float] | None = None) -> str:
     """The text of the :class:`~gpvi.exceptions.BoundWarning` for the components in ``at_bound`` (from
     :func:`ends_on_box`) of a point estimate ``what`` ("ML-II", "MAP", ...) searched in ``bounds`` (the argument
-    ``setting``); ``relative``: the lengthscales' box is in units of var(x_j) (the classifiers' type-II loops). The
+    ``setting``); ``relative``: the lengthscales' box is in units of var(x_j) (the classifiers' type-II loops);
+    ``centre``: ``{name: c}``, the box of that component is ``c + bounds`` (ML-II's box around the data's scale). The
     text ends with the advice on ``"bound"`` of the layer that runs the search (:func:`gpvi.exceptions.advice`);
     by default: see ``info['at_bound']``, widen ``setting=``."""
-    unit = " sd(x_j)" if relative else ""
+    unit = " sd(x_j)" if relative or centre is not None else ""
     parts = []
     irrelevant = [n for n, side in at_bound.items() if side == "upper" and "lengthscale" in n]
     if irrelevant:
@@ -242,6 +243,8 @@ def box_message(at_bound: dict[str, str], bounds: tuple[float, float], what: str
         if name not in irrelevant:
             value = bounds[0] if side == "lower" else bounds[1]
             shift = " + log var(x_j)" if relative and "lengthscale" in name else ""
+            if centre is not None and name in centre:
+                value, shift = value + centre[name], f" ({value:+g} around the data's scale, {centre[name]:.4g})"
             parts.append(f"{name} sits at the {side} bound {value:g}{shift} of the search box (the objective still "
                          f"improves beyond it)")
     tail = advice("bound", f"see info['at_bound'] (widen {setting}= to search further)")

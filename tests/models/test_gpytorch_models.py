@@ -114,7 +114,7 @@ def test_fast_path_keeps_registered_priors():
     ls = torch.exp(theta[:2] / 2)
     expect = (float(_gamma(3.0, 6.0).log_prob(ls).sum()) + float((math.log(0.5) + theta[:2] / 2).sum())
               + float(_gamma(2.0, 0.15).log_prob(torch.exp(theta[2]))) + float(theta[2])
-              + float(_normal10().log_prob(theta[3])))
+              + float(_normal10().log_prob(theta[3] - model.standard_theta()[3])))   # centred at log var(y)
     assert abs(float(model.log_prior(theta)) - expect) < 1e-12
     assert abs(float(plain.log_prior(theta)) - expect) > 1.0          # the prior is not silently dropped
 
@@ -140,7 +140,7 @@ def test_named_priors_closed_form_and_feature_names():
                               prior={"lengthscale[b]": hn, "signal_sd": hn, "noise_var": torch.distributions.Gamma(
                                   torch.tensor(2.0, dtype=DT), torch.tensor(4.0, dtype=DT))})
     th = model.initial_theta()
-    expect = (float(_normal10().log_prob(th[0]))       # lengthscale[a]
+    expect = (float(_normal10().log_prob(th[0] - model.standard_theta()[0]))       # lengthscale[a]: log var(x_a)
               + float(hn.log_prob(torch.exp(th[1] / 2))) + math.log(0.5) + float(th[1]) / 2
               + float(hn.log_prob(torch.exp(th[2] / 2))) + math.log(0.5) + float(th[2]) / 2
               + float(torch.distributions.Gamma(torch.tensor(2.0, dtype=DT), torch.tensor(4.0, dtype=DT)).log_prob(

@@ -36,7 +36,8 @@ def test_default_kernel_names_and_values_match_hand_formula(gp_data, fast):
     th = _theta(model)
     assert torch.allclose(model.covariance(th), _rbf_hand(X, th), rtol=1e-13, atol=1e-14)
     Kd = torch.distributions.MultivariateNormal(torch.zeros(len(y), dtype=torch.float64), _rbf_hand(X, th))
-    assert abs(float(model.log_marginal_likelihood(th)) - float(Kd.log_prob(y))) < 1e-10
+    assert model.y_offset == float(y.mean())                        # y is centred at its training mean by default
+    assert abs(float(model.log_marginal_likelihood(th)) - float(Kd.log_prob(y - y.mean()))) < 1e-10
 
 
 def test_generic_path_ignores_module_parameters():
@@ -112,7 +113,7 @@ def test_isotropic_rbf_fast_path_gradient():
 
 def test_matches_gpytorch_exact_mll_and_sklearn():
     X, y = make_gp_data(60, 3, seed=7)
-    model = gpvi.GPRegression(X, y)
+    model = gpvi.GPRegression(X, y, mean=gpytorch.means.ZeroMean())     # the references' zero mean, y as given
     th = torch.tensor([0.4, -0.3, 1.2, 0.5, -2.5], dtype=torch.float64)
     ours = float(model.log_marginal_likelihood(th))
     assert abs(float(model.log_joint(th) - model.log_prior(th)) - ours) < 1e-12
@@ -211,11 +212,14 @@ def test_nonfinite_theta_in_batch_gets_minus_inf():
         model.log_joint(th[1])
 
 
-def test_default_prior_is_variance_ten():
+def test_default_prior_is_variance_ten_around_the_standardised_origin():
     X, y = make_gp_data(10, 1)
     model = gpvi.GPRegression(X, y)
+    c = [math.log(float(X[:, 0].var(unbiased=False))), math.log(float(y.var(unbiased=False)))] * 1
+    c = [c[0], c[1], c[1]]                 # log var(x), log var(y) for the signal and the noise variance
+    assert model.standard_theta().tolist() == pytest.approx(c, rel=1e-14, abs=1e-14)
     th = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
-    expected = sum(-0.5 * math.log(2 * math.pi * 10) - t * t / 20 for t in th.tolist())
+    expected = sum(-0.5 * math.log(2 * math.pi * 10) - (t - ci) ** 2 / 20 for t, ci in zip(th.tolist(), c))
     assert abs(float(model.log_prior(th)) - expected) < 1e-12
     custom = gpvi.GPRegression(X, y, prior=torch.distributions.Normal(torch.zeros(3, dtype=torch.float64), 1.0))
     assert abs(float(custom.log_prior(th)) - sum(-0.5 * math.log(2 * math.pi) - t * t / 2 for t in th.tolist())) < 1e-12

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import gpytorch
 import gpytorch.kernels as gk
 import numpy as np
 import pytest
@@ -60,8 +61,8 @@ def test_linear_kernel_is_not_centred():
     """Centring would change a kernel x^T x'; the linear model must still depend on the origin."""
     X, y = _grid_data()
     theta = torch.tensor([0.0, math.log(0.1)], dtype=torch.float64)
-    a = gpvi.GPRegression(X, y, kernel=gk.LinearKernel())
-    b = gpvi.GPRegression(X + 5.0, y, kernel=gk.LinearKernel())
+    a = gpvi.GPRegression(X, y, kernel=gk.LinearKernel(), mean=gpytorch.means.ZeroMean())
+    b = gpvi.GPRegression(X + 5.0, y, kernel=gk.LinearKernel(), mean=gpytorch.means.ZeroMean())
     Xt = torch.as_tensor(X)
     K = Xt @ Xt.T + 0.1 * torch.eye(len(y), dtype=torch.float64)   # variance 1
     ref = torch.distributions.MultivariateNormal(torch.zeros(len(y), dtype=torch.float64), K).log_prob(

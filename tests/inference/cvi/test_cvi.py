@@ -11,6 +11,7 @@ import textwrap
 import warnings
 
 import pytest
+import gpytorch
 import torch
 
 import gpvi
@@ -80,7 +81,7 @@ def test_one_beta_one_step_with_gaussian_likelihood_is_exact_gp_regression():
     noise = 0.05
     model = LatentGP(X, y, likelihood=Gaussian(noise))
     theta = torch.tensor([0.3, -0.5, 0.2], dtype=F64)
-    reg = GPRegression(X, y)
+    reg = GPRegression(X, y, mean=gpytorch.means.ZeroMean())          # the latent GP's zero mean, y as given
     theta_reg = torch.cat([theta, torch.tensor([math.log(noise)], dtype=F64)])
     mean_ref, var_ref = reg.predict(theta_reg, X, include_noise=False)
     # before the step q is the prior: far from the regression posterior (the check below is not vacuous)

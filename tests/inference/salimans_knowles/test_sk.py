@@ -22,6 +22,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import gpytorch
 import torch
 
 import gpvi
@@ -168,7 +169,8 @@ def test_gp_target_auto_uses_fd_hessian_that_matches_an_independent_autograd_hes
     g = torch.Generator().manual_seed(1)
     X = torch.rand(25, 2, generator=g, dtype=torch.float64) * 2 - 1
     y = torch.sin(3 * X[:, 0]) + 0.1 * torch.randn(25, generator=g, dtype=torch.float64)
-    model = gpvi.GPRegression(X, y)
+    model = gpvi.GPRegression(X, y, mean=gpytorch.means.ZeroMean(),       # the reference's model: zero mean, N(0, 10 I)
+                              prior=gpvi.models.priors.default_prior(4))
     ref = _independent_gp_log_joint(X, y)
     theta = torch.tensor([[-0.5, 0.3, 0.2, -3.0], [0.1, -0.2, -0.4, -2.0]], dtype=torch.float64)
     assert torch.allclose(model.log_joint(theta), ref.log_joint(theta), rtol=1e-10, atol=1e-10)
