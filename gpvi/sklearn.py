@@ -141,7 +141,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         :math:`e^{-1}`. The test log losses of the three choices are in
         ``benchmarks/results/classification_peers.md``.
     beta : float
-        CVI step size in (0, 1].
+        CVI step size in (0, 1] (``"type2"``: its inner runs step at ``TypeII``'s ``inner_beta``, 0.75).
     estimator : {"auto", "quadrature", "mc", "fixed"}
         Site gradients. ``"auto"``: quadrature, except for the softmax with K > 3 (``"fixed"``: an average over 1,024
         fixed quasi-Monte Carlo points). ``"mc"``: Monte Carlo (binary any link; multi-class softmax only, with a
