@@ -43,6 +43,7 @@ Usage::
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import sys
@@ -413,6 +414,7 @@ def run_rwm(model: Any, name: str, *, warmup: int = 2000, block: int = 2000, max
 
 
 def section_sampler() -> list[dict[str, Any]]:
+    importlib.import_module("arviz")          # gpvi imports it on first use (seconds): paid here, not in a wall
     probs, refs = stress()
     cases = [{"id": "tiny", "model": tiny_model(), "half": "-"}] + probs + \
         [{"id": "boston", "model": boston_model(), "half": "-"}]

@@ -92,14 +92,19 @@ class Potential:
                 lp[i], grad[i] = vi[i].item(), gi[i].detach().to("cpu", torch.float64).numpy()
             return lp, grad
         if self._on_cpu and v.dtype == torch.float64:
-            return v.detach().numpy(), g.detach().numpy()
+            return (v.numpy(), g.numpy()) if not v.requires_grad else (v.detach().numpy(), g.detach().numpy())
         return v.detach().to("cpu", torch.float64).numpy(), g.detach().to("cpu", torch.float64).numpy()
 
     def __call__(self, Z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(log densities (S,), gradients (S, D), failed (S,) bool)`` at the rows of ``Z``."""
-        finite = np.isfinite(Z).all(axis=1)
-        all_finite = bool(finite.all())
-        lp, grad = self._rows(Z if all_finite else np.where(finite[:, None], Z, 0.0))
+        if np.isfinite(Z).all():                                # the common case: two checks on the whole batch
+            lp, grad = self._rows(Z)
+            if np.isfinite(lp).all() and np.isfinite(grad).all():
+                return lp, grad, np.zeros(Z.shape[0], dtype=bool)
+            finite = np.ones(Z.shape[0], dtype=bool)
+        else:
+            finite = np.isfinite(Z).all(axis=1)
+            lp, grad = self._rows(np.where(finite[:, None], Z, 0.0))
         bad = ~(finite & np.isfinite(lp) & np.isfinite(grad).all(axis=1))
         if bad.any():
             lp[bad] = -math.inf
@@ -222,14 +227,18 @@ def _run_group(engine: Any, st: MCMCState, potential: Potential, callback: Callb
                 Z[r] = z
             lp, grad, bad = potential(Z)
             warned = potential.flush()
+            failed = bad.any()
+            lps = lp.tolist()
             asked = {}
             for r in list(chains):
                 k = counts[group[r]]
                 k.evaluations += 1
-                k.nonfinite += int(bad[r])
-                k.numerical_warnings += warned
+                if failed:
+                    k.nonfinite += int(bad[r])
+                if warned:
+                    k.numerical_warnings += warned
                 try:
-                    asked[r] = chains[r].send((float(lp[r]), grad[r]))
+                    asked[r] = chains[r].send((lps[r], grad[r]))
                 except StopIteration:
                     del chains[r]
     finally:
@@ -300,7 +309,8 @@ def _warmup(engine: Any, c: int, cs: ChainState, counts: _Counts, callback: Call
         for k in WARMUP_STATS:
             rec[k].append(row[k])
         depths.append({k: v for k, v in stats.items() if k == "tree_depth"})
-        bar.update(1, **engine.postfix({"phase": "warmup", **row}))
+        if bar.enabled:                                   # (no postfix built for a silent bar)
+            bar.update(1, **engine.postfix({"phase": "warmup", **row}))
         if callback is not None:
             callback(c, i, {"theta": theta, "phase": "warmup", **row})
     final_eps = dual.final if adapt_eps else eps
@@ -365,7 +375,8 @@ def _sample(engine: Any, c: int, st: MCMCState, counts: _Counts, callback: Callb
             if len(committed) > 1:
                 committed[-2][2] = None
             num_div += int(row["diverging"])
-            bar.update(1, **engine.postfix({"phase": "sampling", "divergences": num_div, **row}))
+            if bar.enabled:
+                bar.update(1, **engine.postfix({"phase": "sampling", "divergences": num_div, **row}))
             if callback is not None:
                 callback(c, engine.num_warmup + i, {"theta": theta, "phase": "sampling", **row})
     finally:

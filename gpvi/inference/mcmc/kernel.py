@@ -136,24 +136,23 @@ def _leapfrog(z: np.ndarray, r: np.ndarray, g: np.ndarray, eps: float, metric: M
     return z, r + (0.5 * eps) * g, lp, g
 
 
-def _no_uturn(ps_left: np.ndarray, ps_right: np.ndarray, rho: np.ndarray) -> bool:
-    return float(ps_left @ rho) > 0.0 and float(ps_right @ rho) > 0.0
-
-
 def _merge(old: _Tree, new: _Tree, forward: bool, biased: bool, rng: Uniforms) -> _Tree:
-    """``old`` and its continuation ``new`` in the direction of travel, as one tree (``new`` neither turned nor
+    r"""``old`` and its continuation ``new`` in the direction of travel, as one tree (``new`` neither turned nor
     diverged). The proposal moves to ``new``'s with probability ``w_new / w_old`` capped at 1 (``biased``, top level)
-    or ``w_new / (w_old + w_new)`` (within a subtree)."""
+    or ``w_new / (w_old + w_new)`` (within a subtree). No U-turn: :math:`p^\sharp \cdot \rho > 0` at both ends of
+    the merged tree and, across the seam, of each half extended by the other's first state (checked in that order,
+    stopping at the first failure)."""
     left, right = (old, new) if forward else (new, old)
     hi, lo = (old.logw, new.logw) if old.logw >= new.logw else (new.logw, old.logw)
     logw = hi + math.log1p(math.exp(lo - hi)) if lo > -math.inf else hi
     p = math.exp(min(0.0, new.logw - old.logw)) if biased else math.exp(new.logw - logw)
     take = rng.uniform() < p
     rho = left.rho + right.rho
-    turning = not (_no_uturn(left.psl, right.psr, rho)
-                   and _no_uturn(left.psl, right.psl, left.rho + right.rl)
-                   and _no_uturn(left.psr, right.psr, right.rho + left.rr))
-    return _Tree(left.zl, left.rl, left.gl, right.zr, right.rr, right.gr, left.psl, right.psr, rho, logw,
+    psl, psr = left.psl, right.psr
+    turning = not (psl.dot(rho) > 0.0 and psr.dot(rho) > 0.0
+                   and psl.dot(seam := left.rho + right.rl) > 0.0 and right.psl.dot(seam) > 0.0
+                   and left.psr.dot(seam := right.rho + left.rr) > 0.0 and psr.dot(seam) > 0.0)
+    return _Tree(left.zl, left.rl, left.gl, right.zr, right.rr, right.gr, psl, psr, rho, logw,
                  new.z if take else old.z, new.lp if take else old.lp, new.g if take else old.g,
                  turning=turning, n=old.n + new.n, accept=old.accept + new.accept)
 
@@ -163,10 +162,17 @@ class _Integrator:
 
     def __init__(self, eps: float, metric: Metric, h0: float) -> None:
         self.eps, self.metric, self.h0 = eps, metric, h0
+        self._steps = {True: (eps, 0.5 * eps), False: (-eps, 0.5 * -eps)}
+        self._velocity = metric.velocity
 
     def leaf(self, z: np.ndarray, r: np.ndarray, g: np.ndarray, forward: bool) -> Asks[_Tree]:
-        z1, r1, lp1, g1 = yield from _leapfrog(z, r, g, self.eps if forward else -self.eps, self.metric)
-        ps = self.metric.velocity(r1)
+        eps, half = self._steps[forward]
+        velocity = self._velocity
+        r = r + half * g                                          # _leapfrog, written out (one generator less a step)
+        z1 = z + eps * velocity(r)
+        lp1, g1 = yield z1
+        r1 = r + half * g1
+        ps = velocity(r1)
         h = -lp1 + 0.5 * float(r1 @ ps)
         if not math.isfinite(h):
             h = math.inf
@@ -179,11 +185,12 @@ class _Integrator:
         """A subtree of ``2^depth`` steps from the state ``(z, r, g)`` (Hoffman & Gelman 2014, Algorithm 3)."""
         if depth == 0:
             return (yield from self.leaf(z, r, g, forward))
-        first = yield from self.build(z, r, g, forward, depth - 1, rng)
+        sub = depth - 1                                           # (leaves are asked for directly)
+        first = yield from (self.leaf(z, r, g, forward) if sub == 0 else self.build(z, r, g, forward, sub, rng))
         if first.turning or first.diverging:
             return first
         edge = (first.zr, first.rr, first.gr) if forward else (first.zl, first.rl, first.gl)
-        second = yield from self.build(*edge, forward, depth - 1, rng)
+        second = yield from (self.leaf(*edge, forward) if sub == 0 else self.build(*edge, forward, sub, rng))
         if second.turning or second.diverging:
             first.turning, first.diverging = second.turning, second.diverging
             first.n += second.n
