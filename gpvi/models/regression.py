@@ -9,7 +9,9 @@ Model (Rasmussen & Williams 2006, ch. 2 and 5; DSVI paper section 3.4):
 
     \log g(\theta) = \log \mathcal N(y - \bar y \mid 0, K_\theta + \sigma^2 I) + \log p(\theta),
 
-with :math:`\bar y` the training mean of y (``y_offset``; 0 when a mean object is given).
+with :math:`\bar y` the training mean of y (``y_offset``), unless the model accounts for a constant itself: then
+:math:`\bar y = 0` and y is used as given (a mean object, or a ``ConstantKernel`` term in the kernel, whose
+variance is the prior of a random offset).
 
 For the default kernel ``ScaleKernel(RBFKernel(ard_num_dims=d))``,
 ``theta = [log l_1^2, ..., log l_d^2, log sigma_f^2, log sigma^2]`` exactly as in the paper; other GPyTorch
@@ -22,8 +24,9 @@ out): :math:`y \sim \mathcal N(c\mathbf 1, K_\theta + \sigma^2 I)`. Priors: :cla
 
 **Units.** The model's answers do not depend on the data's units: fitted to :math:`(a x + b, c y + d)` it gives the
 same answer in standardised units as on :math:`(x, y)` (``tests/models/test_scale_equivariance.py``, a and c over
-1e-8..1e8). Three things make it so: inputs are centred for stationary kernels, y is centred at its training mean,
-and the default prior and ML-II's box are set from the data, centred at :meth:`standard_theta` (0 on standardised
+1e-8..1e8). Three things make it so: inputs are centred for stationary kernels, y is centred at its training mean
+(not when the model has its own constant: a mean object or a ``ConstantKernel`` term; then an offset d is the
+user's model's business), and the default prior and ML-II's box are set from the data, centred at :meth:`standard_theta` (0 on standardised
 data, where the default prior is the DSVI paper's :math:`\mathcal N(0, 10 I)` exactly as before). It holds for
 gpvi's own noise and the amplitudes and lengthscales of stationary kernels; priors the user gives (registered or
 named, on natural values) stay on the user's scale, and so do a GPyTorch likelihood's absolute noise floor
@@ -64,7 +67,7 @@ class GPRegression(NoiseMeanPrior, RegressionPrediction):
         Training inputs (numpy or torch; integer/float32 converted to float64 without loss).
     y : array-like of shape (n_samples,)
         Training targets, in any units (see "Units" in the module docstring); centred at their mean unless
-        ``mean`` is given.
+        ``mean`` is given or the kernel has a ``ConstantKernel`` term.
     kernel : gpytorch.kernels.Kernel, optional
         Covariance function; default ``ScaleKernel(RBFKernel(ard_num_dims=n_features))``. It is deep-copied;
         hyperparameter values come from theta, except frozen parameters (``requires_grad=False``), held at their
@@ -92,7 +95,8 @@ class GPRegression(NoiseMeanPrior, RegressionPrediction):
     mean : gpytorch.means.ConstantMean or ZeroMean, optional
         A constant mean adds its constant to theta (``mean_constant``, with its registered prior); ``ZeroMean()``
         is a zero mean on y as given. Default (None): y centred at its training mean, a fixed offset
-        (:attr:`y_offset`, added back to every prediction).
+        (:attr:`y_offset`, added back to every prediction), unless the kernel has a ``ConstantKernel`` term (the
+        user's model of the offset: y as given, as written).
     jitter, max_jitter : float
         Relative jitter policy of :func:`gpvi.linalg.cholesky_with_jitter`.
     batch_size : int
@@ -130,7 +134,8 @@ class GPRegression(NoiseMeanPrior, RegressionPrediction):
     X, y : torch.Tensor
         Training data (float64), as given.
     y_offset : float
-        The training mean of y when ``mean`` is None (the GP models ``y - y_offset``), else 0.
+        The training mean of y when ``mean`` is None and the kernel has no ``ConstantKernel`` term (the GP models
+        ``y - y_offset``), else 0.
 
     Examples
     --------
@@ -191,7 +196,8 @@ class GPRegression(NoiseMeanPrior, RegressionPrediction):
         check_memory(n, copies=lean_copies(X.device) if fast and n >= self.lean_min_n else 5, device=X.device,
                      what="exact GP regression")
         self.X, self.y = X, y
-        self.y_offset = float(y.mean()) if mean is None else 0.0
+        own_constant = any(isinstance(m, gpytorch.kernels.ConstantKernel) for m in kernel.modules())
+        self.y_offset = float(y.mean()) if mean is None and not own_constant else 0.0
         self._y = y - self.y_offset            # the targets the GP sees (y itself when a mean object is given)
         # stationary kernels see centred inputs (same centre for X_new): shift-exact, see gpvi.models.scaled_rbf
         self._centre = input_centre(X, self.kernel_params.kernel)

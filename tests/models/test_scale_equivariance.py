@@ -106,6 +106,16 @@ def test_y_is_centred_by_default_and_as_given_with_a_zero_mean():
     assert abs(float(model.log_marginal_likelihood(th)) - float(ref.log_prob(y + 1e6 - model.y_offset))) < 1e-8
 
 
+def test_a_constant_kernel_term_is_the_users_offset_and_y_is_used_as_written():
+    """A ConstantKernel term models the offset (a random constant): centring y as well would change the user's model
+    (the published model of benchmarks/small_data.py has one)."""
+    X, y = _data()
+    k = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()) + gpytorch.kernels.ConstantKernel()
+    model = gpvi.GPRegression(X, y + 2.0, kernel=k)
+    assert model.y_offset == 0.0
+    assert gpvi.GPRegression(X, y + 2.0, kernel=gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel())).y_offset != 0
+
+
 def test_prior_scaled_and_the_summary_says_what_the_default_is():
     model = _model(1e3, 1e-2)
     summary = model.prior_summary()
