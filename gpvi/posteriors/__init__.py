@@ -11,10 +11,11 @@ from .gaussian import GaussianPosterior
 from .info import RunInfo
 from .latent import LatentPosterior
 from .mixture import GaussianMixture
+from .observation import ObservationPredictive
 from .point import PointPosterior
 from .samples import SamplePosterior
 from .weighted import WeightedPosterior, psis
 
 __all__ = ["Posterior", "PointPosterior", "GaussianPosterior", "SamplePosterior", "LatentPosterior",
            "WeightedPosterior", "GaussianMixture", "psis", "posterior_from_state_dict",
-           "RunInfo", "STATE_VERSION"]
+           "RunInfo", "STATE_VERSION", "ObservationPredictive"]

@@ -9,6 +9,8 @@
   their site algebra is :mod:`gpvi.numerics.sites`;
 * :mod:`~gpvi.inference.cvi.inner`, :mod:`~gpvi.inference.cvi.typeii` -- the ELBO-monotone inner runs and the
   profiled objective; :class:`TypeII`, the outer loop that learns the kernel hyperparameters;
+* :mod:`~gpvi.inference.cvi.likelihood_params` -- :class:`LikelihoodTypeII`: the likelihood's parameters (Student-t,
+  negative binomial, Laplace, Beta) with the kernel's, alternating an M-step with :class:`TypeII`;
 * :mod:`~gpvi.inference.cvi.bayes` -- :class:`FullyBayesianCVI`: a Gaussian q(theta) on the EP evidence or the CVI
   bound (:mod:`~gpvi.inference.cvi.ep_evidence`, :mod:`~gpvi.inference.cvi.bound`).
 
@@ -20,6 +22,7 @@ from .options import MonteCarlo, SingleSite, SitesConverged, init_to_sites, num_
 from .state import CVIState
 from .typeii import TypeII
 from .bayes import FullyBayesianCVI
+from .likelihood_params import LikelihoodTypeII
 
 __all__ = ["CVI", "CVIState", "MonteCarlo", "SingleSite", "SitesConverged", "init_to_sites", "num_steps_for_sweeps",
-           "TypeII", "FullyBayesianCVI"]
+           "TypeII", "FullyBayesianCVI", "LikelihoodTypeII"]

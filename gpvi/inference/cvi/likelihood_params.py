@@ -199,8 +199,11 @@ class LikelihoodTypeII:
         lo, hi = self.bounds
         return {p: math.exp(min(max(float(psi[i].detach()), lo), hi)) for i, p in enumerate(names)}, value
 
-    def run(self, model: GPGeneralisedRegression) -> Any:
+    def run(self, model: GPGeneralisedRegression, init: Any = None) -> Any:
         r"""Alternate M-steps and :class:`TypeII` until a round stops improving the bound (plus log priors).
+
+        ``init`` goes to the first :class:`TypeII` run (as for :meth:`gpvi.CVI.run`: theta, a posterior or
+        :class:`~gpvi.inference.cvi.options.init_to_sites`); the later runs start from the last posterior.
 
         Returns
         -------
@@ -212,7 +215,7 @@ class LikelihoodTypeII:
         """
         names = self._names(model.likelihood)
         t0 = time.perf_counter()
-        post = self.typeii.run(model)
+        post = self.typeii.run(model, init)
         trace = [post.elbo + self._log_prior(model.likelihood, names)]
         converged = False
         rounds = 0
