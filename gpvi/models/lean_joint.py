@@ -39,7 +39,8 @@ with :math:`\kappa'= d\kappa/dr^2`: RBF :math:`\kappa = e^{-r^2/2}`, :math:`\kap
 Each natural value then chains to its theta entry through the derivative of its bijection
 (:class:`gpvi.models.parameters.Bijection`). The Cholesky factorisation and its jitter policy are
 :func:`gpvi.linalg.cholesky_with_jitter`'s, as on the GPyTorch path; values agree with it to rounding (tests: 1e-10).
-:math:`K^{-1}` and :math:`\alpha`: up to :data:`TRIANGULAR_MAX_N` points one triangular solve against :math:`[I \mid
+:math:`K^{-1}` and :math:`\alpha`: up to :data:`TRIANGULAR_MAX_N` points (and a batch of up to
+:data:`TRIANGULAR_MAX_BATCH`) one triangular solve against :math:`[I \mid
 \tilde y]` and one product (:meth:`LeanLogJoint._solve`), beyond, LAPACK's ``potri`` and ``potrs``. For gpvi's default
 model (log hyperparameters, one ``ScaleKernel(RBF)``, no mean) the gradient is chained to theta directly,
 :math:`\partial/\partial\theta = p\,v\,\partial/\partial v` for :math:`v = e^{p\theta}`, and a normal prior is added in
@@ -66,7 +67,8 @@ import torch
 from ..linalg import cholesky_with_jitter
 from .lean_terms import PRECOMPUTED_MAX_ELEMENTS, _Distances, _kappa, _Param, _Term, _terms
 
-__all__ = ["LeanLogJoint", "LEAN_JOINT_MAX_N", "PRECOMPUTED_MAX_ELEMENTS", "TRIANGULAR_MAX_N", "lean_apply"]
+__all__ = ["LeanLogJoint", "LEAN_JOINT_MAX_N", "PRECOMPUTED_MAX_ELEMENTS", "TRIANGULAR_MAX_N", "TRIANGULAR_MAX_BATCH",
+           "lean_apply"]
 
 LEAN_JOINT_MAX_N = 1024
 """Largest number of training points for which models take this path."""
@@ -78,8 +80,12 @@ _TERM_COPIES = {"rbf": 1, "const": 1, "m12": 4, "m32": 4, "m52": 4, "rq": 6}
 TRIANGULAR_MAX_N = 64
 r"""Largest number of points for which :math:`K^{-1}` and :math:`\alpha` come from one triangular solve against
 :math:`[I \mid y]` and one product (faster there than ``cholesky_inverse`` + ``cholesky_solve``; measured in
-``benchmarks/results/small_data_lean_ops.md``); beyond, LAPACK's ``potri``. (Below it a batch holds two more
-``N x N`` matrices than :attr:`LeanLogJoint.copies` counts: irrelevant at these sizes.)"""
+``benchmarks/results/small_data_lean_ops.md``); beyond, LAPACK's ``potri``."""
+
+TRIANGULAR_MAX_BATCH = 64
+"""Largest batch that takes the triangular route (a sampler's chains; the kept right-hand side and the two extra
+``N x N`` matrices per theta it needs then stay below 7 MB); larger batches (importance sampling, DSVI draws) take
+``potri``, within :attr:`LeanLogJoint.copies`."""
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -286,12 +292,12 @@ class LeanLogJoint:
         r"""``(quad, alpha, G)``: :math:`\tilde y^\top K^{-1}\tilde y` ``(S,)`` and, with ``grad``,
         :math:`\alpha = K^{-1}\tilde y` ``(S, N)`` and :math:`G = \tfrac12(\alpha\alpha^\top - K^{-1})` ``(S, N, N)``.
 
-        Up to :data:`TRIANGULAR_MAX_N` points, one triangular solve :math:`[W \mid \beta] = L^{-1}[I \mid \tilde y]`
+        Up to :data:`TRIANGULAR_MAX_N` points and :data:`TRIANGULAR_MAX_BATCH` thetas, one triangular solve :math:`[W \mid \beta] = L^{-1}[I \mid \tilde y]`
         and one product :math:`[W \mid \beta]^\top[W \mid \beta] = \begin{pmatrix} K^{-1} & \alpha \\ \alpha^\top &
         \text{quad} \end{pmatrix}` (at these sizes cheaper than LAPACK's ``potri`` and a separate solve); beyond,
         ``cholesky_solve`` and ``cholesky_inverse``. The right-hand side :math:`[I \mid y]` is kept per batch size."""
         S, n = L.shape[0], self.n
-        if n > TRIANGULAR_MAX_N:
+        if n > TRIANGULAR_MAX_N or S > TRIANGULAR_MAX_BATCH:
             alpha = torch.cholesky_solve(yc.unsqueeze(-1), L).squeeze(-1)       # (S, N)
             quad = torch.linalg.vecdot(yc, alpha)
             if not grad:

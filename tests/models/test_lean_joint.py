@@ -276,3 +276,21 @@ def test_both_solves_match_gpytorch(name, extra, offset):
         assert torch.allclose(grad, g_ref, rtol=1e-10, atol=1e-10 * float(g_ref.abs().max()))
         v0, none = lean.log_joint(theta, grad=False)
         assert none is None and torch.allclose(v0, v, rtol=1e-12, atol=0)
+
+
+def test_a_large_batch_takes_potri_and_agrees():
+    """Beyond TRIANGULAR_MAX_BATCH thetas the batch is solved by cholesky_inverse (bounded memory): same numbers to
+    rounding as the same thetas in small batches."""
+    from gpvi.models.lean_joint import TRIANGULAR_MAX_BATCH
+    X, y = _data()
+    model = gpvi.GPRegression(X, y, kernel=_kernels()["sum_fixed_const"], **_extras()["lik_mean"])
+    lean = model.closed_form
+    g = torch.Generator().manual_seed(6)
+    theta = model.initial_theta() + 0.3 * torch.randn(TRIANGULAR_MAX_BATCH + 1, model.dim, generator=g,
+                                                      dtype=torch.float64)
+    v, grad = lean.log_joint(theta)
+    v2, g2 = zip(*(lean.log_joint(t) for t in theta.split(8)))
+    v2, g2 = torch.cat(v2), torch.cat(g2)
+    assert torch.allclose(v, v2, rtol=1e-12, atol=0)
+    assert torch.allclose(grad, g2, rtol=1e-10, atol=1e-10 * float(g2.abs().max()))
+    assert max(lean._rhs) <= TRIANGULAR_MAX_BATCH
