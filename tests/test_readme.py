@@ -70,6 +70,7 @@ QUICK: dict[str, list[tuple[str, str]]] = {
         # Single-site CVI: 20,000 steps (100 sweeps) -> 2,000.
         ("num_steps=20_000", "num_steps=2_000"),
     ],
+    "docs/latent.md": [],          # one type-II fit on 60 counts: about 3 s
     "docs/results.md": [],
     "docs/development.md": [],
 }
