@@ -153,6 +153,11 @@ class LeanLogJoint:
                    max_jitter=model.max_jitter)
 
     # ------------------------------------------------------------------ evaluation
+    def _mask_failed(self, val: torch.Tensor, ok: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """``(val with -inf where the factorisation failed, whether none failed)``."""
+        all_ok = ok is self._true or bool(ok.all())
+        return (val if all_ok else torch.where(ok, val, torch.full_like(val, -math.inf))), all_ok
+
     def natural(self, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Natural values ``V`` ``(S, D)`` of every theta entry and their derivatives ``dV/dtheta``."""
         if self._all_log:
@@ -203,9 +208,7 @@ class LeanLogJoint:
         L, ok, diag_l = self._cholesky(K, theta, raise_on_failure)
         quad, alpha, G = self._solve(L, yc, grad)
         val = -0.5 * quad - torch.log(diag_l).sum(-1) - 0.5 * n * _LOG_2PI
-        all_ok = ok is self._true or bool(ok.all())
-        if not all_ok:
-            val = torch.where(ok, val, torch.full_like(val, -math.inf))
+        val, all_ok = self._mask_failed(val, ok)
         if not grad:
             return val, None, all_ok
         tr = G.diagonal(dim1=-2, dim2=-1).sum(-1, keepdim=True)
@@ -270,9 +273,7 @@ class LeanLogJoint:
             pg = z * nivar                                                        # -z / var
             quad = quad - torch.linalg.vecdot(z, pg)
         val = torch.add(torch.log(diag_l).sum(-1), quad, alpha=0.5).neg_().add_(self._val_const(prior))
-        all_ok = ok is self._true or bool(ok.all())
-        if not all_ok:
-            val = torch.where(ok, val, torch.full_like(val, -math.inf))
+        val, all_ok = self._mask_failed(val, ok)
         if not grad:
             return val, None, all_ok
         tr = G.diagonal(dim1=-2, dim2=-1).sum(-1, keepdim=True)

@@ -40,7 +40,7 @@ import torch
 from .parameters import HyperparameterBlock, RegisteredPrior
 from .prior_densities import density_and_score, float_density_and_score, family
 
-__all__ = ["ModelPrior", "shift_part", "resolve_names"]
+__all__ = ["ModelPrior", "shift_part", "resolve_names", "base_label"]
 
 _ALIASES = {"signal_sd": ("signal_var", True), "noise_sd": ("noise_var", True), "outputscale": ("signal_var", False),
             "noise": ("noise_var", False), "signal_variance": ("signal_var", False),
@@ -90,6 +90,13 @@ def resolve_names(key: str, blocks: list[HyperparameterBlock]) -> list[tuple[Hyp
         if idx:
             out.append((b, idx, sd))
     return out
+
+
+def base_label(base: str, centre: float, sd: float) -> str:
+    """What a component's base prior is, with its numbers (a model whose base prior is set from its data)."""
+    what = ("gpvi default: N(0, 10) on the standardised problem" if base == "default" else
+            "gpvi 'scaled': centred at the data-scaled start")
+    return f"N({centre:.4g}, {sd * sd:.4g}) on theta ({what})"
 
 
 def _label(dist: Any) -> str:
@@ -336,10 +343,8 @@ class ModelPrior:
                    "N(0, 10) on theta (gpvi default)" if self.base == "default" else
                    "N(data-scaled theta, 10) on theta (gpvi 'scaled')") for n in self.names}
         if self.base is not None and self._base_given:
-            what = ("gpvi default: N(0, 10) on the standardised problem" if self.base == "default" else
-                    "gpvi 'scaled': centred at the data-scaled start")
             for j, c, sd in zip(self.uncovered.tolist(), self._loc.tolist(), self._scale.tolist()):
-                out[self.names[j]] = f"N({c:.4g}, {sd * sd:.4g}) on theta ({what})"
+                out[self.names[j]] = base_label(self.base, c, sd)
 
         for t in self.terms:
             for j in range(t.start, t.stop):

@@ -13,7 +13,7 @@ from typing import Any
 import gpytorch
 import torch
 
-from .model_prior import ModelPrior, shift_part
+from .model_prior import ModelPrior, base_label, shift_part
 from .parameters import Bijection, HyperparameterBlock, ModuleParametrisation
 from .priors import check_prior
 
@@ -159,10 +159,8 @@ class NoiseMeanPrior:
         if isinstance(self.prior, ModelPrior):
             out = self.prior.summary()
         elif getattr(self, "_prior_setting", "user") in ("default", "scaled"):
-            what = ("gpvi default: N(0, 10) on the standardised problem" if self._prior_setting == "default" else
-                    "gpvi 'scaled': centred at the data-scaled start")
             loc, sd = self.prior.base_dist.loc.tolist(), self.prior.base_dist.scale.tolist()
-            out = {n: f"N({c:.4g}, {s * s:.4g}) on theta ({what})" for n, c, s in zip(self.names, loc, sd)}
+            out = {n: base_label(self._prior_setting, c, s) for n, c, s in zip(self.names, loc, sd)}
         else:
             out = {n: f"{type(self.prior).__name__} over theta" for n in self.names}
         out.update({n: f"fixed at {v}" for n, v in self.fixed.items()})

@@ -26,7 +26,7 @@ import torch
 
 from ..validation import as_float_tensor, check_fraction
 
-__all__ = ["MixturePredictive", "at_levels"]
+__all__ = ["MixturePredictive", "at_levels", "central_interval"]
 
 _BISECTION_STEPS = 200    # a cap: the bracket shrinks to 2 eps (|x| + min_s sd_s) in about 60 halvings
 
@@ -75,6 +75,14 @@ def at_levels(p: Any, quantiles: Callable[[torch.Tensor], torch.Tensor]) -> torc
     probs, scalar = _check_probs(p)
     q = quantiles(probs)
     return q[0] if scalar else q
+
+
+def central_interval(quantile: Any, level: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``(1 - level)/2`` and ``(1 + level)/2`` quantiles from ``quantile(levels) -> (2, n)`` (``level`` in (0, 1),
+    checked): the central interval of every predictive's ``interval``."""
+    level = check_fraction(level, "level", high_closed=False)
+    q = quantile([(1 - level) / 2, (1 + level) / 2])
+    return q[0], q[1]
 
 
 class MixturePredictive:
@@ -195,9 +203,7 @@ class MixturePredictive:
         -------
         lower, upper : torch.Tensor of shape (n,)
         """
-        level = check_fraction(level, "level", high_closed=False)
-        q = self.quantile([(1 - level) / 2, (1 + level) / 2])
-        return q[0], q[1]
+        return central_interval(self.quantile, level)
 
     def log_prob(self, y: torch.Tensor) -> torch.Tensor:
         r"""Log predictive density of each test target, shape (n,).

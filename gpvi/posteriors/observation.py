@@ -49,9 +49,9 @@ import scipy.special
 import torch
 from torch import distributions as td
 
-from ..numerics.predictive import at_levels
+from ..numerics.predictive import at_levels, central_interval
 from ..numerics.quadrature import Quadrature
-from ..validation import as_float_tensor, check_fraction
+from ..validation import as_float_tensor
 
 __all__ = ["ObservationPredictive"]
 
@@ -278,9 +278,7 @@ class ObservationPredictive:
         -------
         lower, upper : torch.Tensor of shape (n,)
         """
-        level = check_fraction(level, "level", high_closed=False)
-        q = self.quantile([(1 - level) / 2, (1 + level) / 2])
-        return q[0], q[1]
+        return central_interval(self.quantile, level)
 
     def __repr__(self) -> str:
         return (f"ObservationPredictive(likelihood={getattr(self.likelihood, 'name', self.likelihood)!r}, "
