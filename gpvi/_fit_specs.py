@@ -1,6 +1,9 @@
 """The models and posteriors of a fit file as plain data, and back (used by :mod:`gpvi.io`): regression models and
 their priors, posteriors by their ``state_dict``, fitted :class:`gpvi.GPClassifier` objects by their settings,
-labels and CVI sites. Only the default kernel can be described; anything else is refused with a ``ValueError``.
+labels and CVI sites, :class:`gpvi.GPGeneralisedRegression` models by their likelihood's name and parameters
+(``likelihood.spec()``) with their CVI sites. Only the default kernel can be described; anything else is refused
+with a ``ValueError``; a likelihood that is code rather than gpvi's (a user's GPyTorch likelihood) with a
+``TypeError``.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import numpy as np
 import torch
 
 from .models.classification import GPClassification
+from .models.generalised import GPGeneralisedRegression
+from .models.latent_likelihoods import LATENT_LIKELIHOODS
 from .models.multiclass import GPMulticlass
 from .models.regression import GPRegression
 from .numerics.quadrature import Quadrature
@@ -187,3 +192,41 @@ def _classifier_from(spec: dict[str, Any]) -> Any:
 def _is_multiclass(model: Any) -> bool:
     """Whether ``model`` is a K-latent multi-class model (it has ``num_classes``)."""
     return getattr(model, "num_classes", None) is not None
+
+
+def _generalised_spec(post: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(model, posterior)`` descriptions of the CVI posterior of a :class:`gpvi.GPGeneralisedRegression`."""
+    model = getattr(post, "model", None)
+    if not isinstance(model, GPGeneralisedRegression) or getattr(post, "kind", None) != "latent":
+        raise TypeError(f"a generalised_regression fit's posterior must be the CVI posterior of a "
+                        f"gpvi.GPGeneralisedRegression; got {type(post).__name__} of {type(model).__name__}")
+    lik = model.likelihood
+    if type(lik) is not LATENT_LIKELIHOODS.get(getattr(lik, "name", None)):
+        raise TypeError(f"fit: cannot save a GPGeneralisedRegression whose likelihood is {lik!r}, not one of gpvi's "
+                        f"({', '.join(LATENT_LIKELIHOODS)}; GPyTorch's StudentTLikelihood, LaplaceLikelihood and "
+                        "BetaLikelihood map to them): a fit file holds only plain data and loading it never runs "
+                        "code, so a likelihood defined by code (a user's _OneDimensionalLikelihood subclass, whose "
+                        "forward is Python) can be neither written to it nor rebuilt from it; save the posterior's "
+                        "sites yourself (post.state_dict()) and rebuild the model with that likelihood")
+    _check_default_kernel(model.kernel_params, int(model.X.shape[1]), "a GPGeneralisedRegression")
+    state = post.state_dict()
+    es = state.get("engine_state")
+    if isinstance(es, dict) and es.get("factor") is not None:
+        state["engine_state"] = {**es, "factor": None}      # N x N and recomputable: not stored
+    spec = {"X": model.X, "y": model.y, "likelihood": lik.spec(), "theta": model.theta, "weights": model.weights,
+            "feature_names": _names(model)}
+    return spec, state
+
+
+def _generalised_from(spec: dict[str, Any], state: dict[str, Any]) -> Any:
+    """The CVI posterior (its ``model`` a :class:`gpvi.GPGeneralisedRegression`) from :func:`_generalised_spec`."""
+    lik = spec["likelihood"]
+    name = lik.get("name") if isinstance(lik, dict) else None
+    if name not in LATENT_LIKELIHOODS:
+        raise _Invalid(f"unknown likelihood {name!r}; this gpvi rebuilds {', '.join(LATENT_LIKELIHOODS)} (a file "
+                       "written by another gpvi, or edited)")
+    model = GPGeneralisedRegression(spec["X"], spec["y"], likelihood=dict(lik), theta=spec.get("theta"),
+                                    feature_names=spec.get("feature_names"), weights=spec.get("weights"))
+    if not isinstance(state, dict) or state.get("kind") != "latent":
+        raise _Invalid("the posterior of a generalised regression must be a CVI (latent) posterior")
+    return LatentPosterior.from_state_dict(state, target=model)

@@ -5,26 +5,34 @@ A fit file is written by :func:`torch.save` and holds exactly four entries:
 * ``"format"`` — the string ``"gpvi-fit"``; ``"version"`` — the integer :data:`FORMAT_VERSION`;
 * ``"meta"`` — one JSON string (plain ``str``/``int``/``float``/``bool``/``list``/``dict``/``null`` only) that
   describes the fit: kind, method, feature names, standardisation, model settings, the posterior's
-  ``state_dict()`` (regression) or the classifier's settings, classes and CVI sites (classification). A tensor is
+  ``state_dict()`` (regression, generalised regression) or the classifier's settings, classes and CVI sites
+  (classification). A tensor is
   written in the JSON as ``{"$tensor": KEY}``, a non-finite float as ``{"$float": "nan" | "inf" | "-inf"}``;
 * ``"tensors"`` — a flat ``dict`` from those keys to CPU tensors.
 
 :func:`load_fit` reads a file **only** with ``torch.load(path, weights_only=True)``, whose unpickler builds
 tensors, numbers, strings and containers and refuses every other Python object, so nothing a file carries is
 ever run. It then checks the layout, decodes the JSON and rebuilds the fit from that plain data: the
-:class:`gpvi.GPRegression` model and its posterior (through the posteriors' ``from_state_dict``), or a fitted
+:class:`gpvi.GPRegression` model and its posterior (through the posteriors' ``from_state_dict``), a fitted
 :class:`gpvi.GPClassifier` whose posterior (a :class:`~gpvi.posteriors.latent.LatentPosterior`, for a binary link or the softmax /
 robust-max) is refactorised from the
 saved sites :math:`\tilde\lambda^{(1)}, \tilde\lambda^{(2)}` and hyperparameters :math:`\theta` exactly as the CVI
-run finalised it, so ``predict_proba`` gives the same numbers. A classifier's labels (``classes_``: strings,
-numbers or booleans) are saved in the JSON and the training targets as class indices ``y_index`` into them. Any
-other file — not a gpvi fit, a pickle of other objects, a file whose unpickling would run code, a truncated or
-corrupt file, another format version or layout — raises a ``ValueError`` that names the path and the reason.
+run finalised it, so ``predict_proba`` gives the same numbers, or a :class:`gpvi.GPGeneralisedRegression` (counts,
+outliers, proportions) and its CVI posterior, rebuilt the same way from its sites, :math:`\theta` and the
+likelihood's name and parameters (``likelihood.spec()``, e.g. ``{"name": "student_t", "df": 3.2, "scale": 0.4}``),
+so its observation predictive :math:`\int p(y_* \mid f_*)\,q(f_*)\,df_*` is the same. A likelihood that is not one
+of gpvi's (:mod:`gpvi.models.latent_likelihoods`) -- a user's GPyTorch ``_OneDimensionalLikelihood`` subclass, whose
+``forward`` is code -- cannot be written as plain data: :func:`save_fit` refuses it with a ``TypeError``, and a file
+naming a likelihood this gpvi does not know is refused by :func:`load_fit` with a ``ValueError``. A classifier's
+labels (``classes_``: strings, numbers or booleans) are saved in the JSON and the training targets as class indices
+``y_index`` into them. Any other file — not a gpvi fit, a pickle of other objects, a file whose unpickling would
+run code, a truncated or corrupt file, another format version or layout — raises a ``ValueError`` that names the
+path and the reason.
 
 What is saved: the training inputs and targets (a GP predicts from them), the hyperparameter posterior or the CVI
-sites, the standardisation of the CSV columns, and the settings of the model. Models are rebuilt with the default
-kernel ``ScaleKernel(RBFKernel(ard_num_dims=d))``; a model with another kernel object cannot be described as
-plain data and :func:`save_fit` refuses it. Regression priors are saved when they are the default or a
+sites, the standardisation of the CSV columns, the settings of the model and its likelihood. Models are rebuilt
+with the default kernel ``ScaleKernel(RBFKernel(ard_num_dims=d))``; a model with another kernel object cannot be
+described as plain data and :func:`save_fit` refuses it. Regression priors are saved when they are the default or a
 (possibly ``Independent``) ``Normal``; others are refused.
 
 Names: ``theta`` (log-hyperparameters), ``lam1``/``lam2`` (CVI sites), ``x_mean``/``x_std`` and
@@ -41,16 +49,16 @@ import pickle
 import re
 import uuid
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from ._fit_specs import (_classifier_from, _classifier_spec, _Invalid, _posterior_from, _regression_from,
-                         _regression_spec)
-from .validation import check_feature_columns
+from ._fit_specs import (_classifier_from, _classifier_spec, _generalised_from, _generalised_spec, _Invalid,
+                         _posterior_from, _regression_from, _regression_spec)
+from ._saved_fit import KINDS, SavedFit
+from .models.generalised import GPGeneralisedRegression
 
 __all__ = ["SavedFit", "save_fit", "load_fit", "FORMAT", "FORMAT_VERSION"]
 
@@ -63,127 +71,6 @@ FORMAT_VERSION = 2
 _TENSOR, _FLOAT = "$tensor", "$float"
 _TENSOR_DTYPES = (torch.float64, torch.float32, torch.int64, torch.int32, torch.uint8, torch.bool)
 
-
-
-# ============================================================================ the fit object
-@dataclass
-class SavedFit:
-    r"""A fit saved by :func:`save_fit` (``gpvi fit-regression/fit-classifier --save FILE``), read by :func:`load_fit`.
-
-    Attributes
-    ----------
-    kind : {"regression", "classification"}
-    method : str
-        ``"ml2"``, ``"dsvi"``, ``"nuts"`` (or another engine's name) for regression; ``"cvi-full"`` /
-        ``"cvi-stochastic"`` for classification.
-    features : list of str
-        Input column names, in the order :meth:`predict` expects.
-    target : str
-        Name of the target (label) column.
-    x_mean, x_std : numpy.ndarray of shape (d,)
-        Standardisation of the inputs: the model sees :math:`(x - \bar x) / s_x`.
-    y_mean, y_std : float
-        Standardisation of the target (regression; 0 and 1 for classification).
-    posterior : PointPosterior, GaussianPosterior or SamplePosterior, or None
-        Regression: the posterior over log-hyperparameters; its ``target`` is a :class:`gpvi.GPRegression` on the
-        standardised training data, so ``posterior.predict`` and ``posterior.summary()`` work.
-    classifier : GPClassifier or None
-        Classification: the fitted estimator (it expects standardised inputs; use :meth:`predict`).
-    extra : dict
-        Plain data stored with the fit (strings, numbers, lists, dicts).
-    """
-
-    kind: str
-    method: str
-    features: list[str]
-    target: str
-    x_mean: Any
-    x_std: Any
-    y_mean: float = 0.0
-    y_std: float = 1.0
-    posterior: Any = None
-    classifier: Any = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def classes(self) -> list[Any]:
-        """The class labels (classification), sorted; ``predict_proba`` columns follow this order."""
-        if self.kind != "classification":
-            raise TypeError("classes exist only for classification fits; this fit is a regression")
-        return self.classifier.classes_.tolist()
-
-    def _standardised(self, X: Any) -> np.ndarray:
-        """Check ``X`` against the fit's features (a DataFrame's columns by name, in order) and standardise it."""
-        check_feature_columns(X, self.features, "X", what="the fit")
-        d = len(self.features)
-        Xa = np.asarray(X.detach().cpu() if isinstance(X, torch.Tensor) else X, dtype=np.float64)
-        if Xa.ndim != 2:
-            raise ValueError(f"X must be 2-D of shape (n, {d}); got {Xa.ndim}-D shape {Xa.shape}")
-        if Xa.shape[1] != d:
-            raise ValueError(f"X has {Xa.shape[1]} columns but the fit was made with {d} features "
-                             f"({', '.join(self.features)})")
-        if Xa.shape[0] == 0:
-            raise ValueError("X has no rows")
-        if not np.isfinite(Xa).all():
-            raise ValueError("X contains NaN or infinite values")
-        return (Xa - np.asarray(self.x_mean, dtype=np.float64)) / np.asarray(self.x_std, dtype=np.float64)
-
-    def predict(self, X: Any, num_draws: int = 200, *, seed: int | None = 0,
-                generator: torch.Generator | None = None) -> Any:
-        r"""Predict at raw (unstandardised) inputs.
-
-        Parameters
-        ----------
-        X : array-like of shape (n, d)
-            Columns in the order of :attr:`features`, in the CSV's units (a DataFrame: those columns by name, in that
-            order).
-        num_draws : int
-            Regression: hyperparameter draws of the mixture predictive (DSVI/NUTS; ignored for ML-II).
-        seed, generator
-            Randomness of those draws (default ``seed=0``: reproducible).
-
-        Returns
-        -------
-        (mean, var) : tuple of numpy.ndarray of shape (n,)
-            Regression: mean and variance of the predictive of :math:`y_*` in the CSV's units,
-            :math:`\bar y + s_y m_*` and :math:`s_y^2 v_*` (a mixture over ``num_draws`` draws of theta).
-        p : numpy.ndarray of shape (n,) or (n, K)
-            Classification with two classes: probability of the larger label ``classes[1]``; with K > 2 classes:
-            the class probabilities, columns in :attr:`classes` order (as :meth:`predict_proba`).
-
-        Raises
-        ------
-        ValueError
-            ``X`` not 2-D, with a number of columns other than ``len(features)`` (the message gives both numbers),
-            empty, or non-finite; a DataFrame whose columns are not :attr:`features` in that order.
-        """
-        Xs = self._standardised(X)
-        if self.kind == "classification":
-            proba = self.classifier.predict_proba(Xs)
-            return proba[:, 1] if proba.shape[1] == 2 else proba
-        pred = self.posterior.predict(Xs, num_draws=num_draws, seed=seed, generator=generator)
-        mean = pred.mean.detach().cpu().numpy() * self.y_std + self.y_mean
-        var = pred.var.detach().cpu().numpy() * self.y_std ** 2
-        return mean, var
-
-    def predict_proba(self, X: Any) -> np.ndarray:
-        """Classification: class probabilities at raw inputs ``X`` of shape (n, d).
-
-        Returns
-        -------
-        numpy.ndarray of shape (n, K)
-            Columns in :attr:`classes` order (two classes: :math:`[1 - p_*, p_*]`).
-
-        Raises
-        ------
-        TypeError
-            The fit is a regression.
-        ValueError
-            As for :meth:`predict`.
-        """
-        if self.kind != "classification":
-            raise TypeError("predict_proba needs a classification fit; this fit is a regression (use predict)")
-        return self.classifier.predict_proba(self._standardised(X))
 
 
 # ============================================================================ plain-data encoding
@@ -247,6 +134,10 @@ def _no_constant(token: str) -> Any:
 def _as_saved_fit(fit: Any) -> SavedFit:
     if isinstance(fit, SavedFit):
         return fit
+    if getattr(fit, "kind", None) == "latent" and isinstance(getattr(fit, "model", None), GPGeneralisedRegression):
+        d = int(fit.model.X.shape[1])
+        return SavedFit("generalised_regression", "cvi", [f"x{j}" for j in range(d)], "y", np.zeros(d), np.ones(d),
+                        posterior=fit)
     if callable(getattr(fit, "state_dict", None)) and getattr(fit, "target", None) is not None:
         d = int(fit.target.X.shape[1])
         method = {"point": "ml2", "gaussian": "dsvi", "samples": "nuts"}.get(fit.state_dict().get("kind"), "")
@@ -260,8 +151,8 @@ def _as_saved_fit(fit: Any) -> SavedFit:
         d = int(fit.n_features_in_)
         return SavedFit("classification", f"cvi-{fit.mode}", [f"x{j}" for j in range(d)], "y", np.zeros(d),
                         np.ones(d), classifier=fit)
-    raise TypeError(f"fit must be a SavedFit, a fitted GPClassifier or a posterior with a GPRegression target; got "
-                    f"{type(fit).__name__}")
+    raise TypeError(f"fit must be a SavedFit, a fitted GPClassifier, a posterior with a GPRegression target or the "
+                    f"CVI posterior of a GPGeneralisedRegression; got {type(fit).__name__}")
 
 
 def _installed_version() -> str:
@@ -280,13 +171,17 @@ def save_fit(path: str | os.PathLike, fit: Any) -> None:
     path : str or path-like
         File to write (replaced atomically if it exists).
     fit : SavedFit, GPClassifier or posterior
-        A :class:`SavedFit`; or a fitted :class:`gpvi.GPClassifier`, or a regression posterior whose ``target``
-        is a :class:`gpvi.GPRegression` (saved with features ``x0, x1, ...`` and no standardisation).
+        A :class:`SavedFit`; or a fitted :class:`gpvi.GPClassifier`, a regression posterior whose ``target``
+        is a :class:`gpvi.GPRegression`, or the CVI posterior (:class:`~gpvi.posteriors.latent.LatentPosterior`) of
+        a :class:`gpvi.GPGeneralisedRegression` (each saved with features ``x0, x1, ...`` and no
+        standardisation).
 
     Raises
     ------
     TypeError
-        ``fit`` is none of these, or holds data that is not plain (e.g. an object in a posterior's ``info``).
+        ``fit`` is none of these, or holds data that is not plain (e.g. an object in a posterior's ``info``); a
+        generalised regression whose likelihood is not one of gpvi's (a user's GPyTorch likelihood: its class is
+        code, which a fit file never holds).
     ValueError
         An unfitted classifier, a custom kernel, or a regression prior that is not Normal.
     OSError
@@ -305,8 +200,8 @@ def save_fit(path: str | os.PathLike, fit: Any) -> None:
     True
     """
     fit = _as_saved_fit(fit)
-    if fit.kind not in ("regression", "classification"):
-        raise ValueError(f"fit.kind must be 'regression' or 'classification'; got {fit.kind!r}")
+    if fit.kind not in KINDS:
+        raise ValueError(f"fit.kind must be one of {', '.join(map(repr, KINDS))}; got {fit.kind!r}")
     meta: dict[str, Any] = {
         "gpvi_version": _installed_version(), "kind": fit.kind, "method": str(fit.method),
         "features": [str(f) for f in fit.features], "target": str(fit.target),
@@ -318,6 +213,10 @@ def save_fit(path: str | os.PathLike, fit: Any) -> None:
             raise ValueError("a regression SavedFit needs a posterior")
         meta["model"] = _regression_spec(fit.posterior.target)
         meta["posterior"] = fit.posterior.state_dict()
+    elif fit.kind == "generalised_regression":
+        if fit.posterior is None:
+            raise ValueError("a generalised_regression SavedFit needs a posterior")
+        meta["model"], meta["posterior"] = _generalised_spec(fit.posterior)
     else:
         if fit.classifier is None:
             raise ValueError("a classification SavedFit needs a classifier")
@@ -400,14 +299,16 @@ def load_fit(path: str | os.PathLike) -> SavedFit:
     -------
     SavedFit
         Regression: ``posterior`` with its :class:`gpvi.GPRegression` target; classification: a fitted
-        ``classifier`` whose ``predict_proba`` equals the saved one's.
+        ``classifier`` whose ``predict_proba`` equals the saved one's; generalised regression: the CVI
+        ``posterior`` of its :class:`gpvi.GPGeneralisedRegression` (``posterior.model``), whose ``predict`` equals
+        the saved one's.
 
     Raises
     ------
     ValueError
         Naming the path and why: no such file, a pickle of other objects (refused unread: loading it could run
-        code), a truncated or corrupt file, a file that is not a gpvi fit, another format version, or a description
-        that does not rebuild.
+        code), a truncated or corrupt file, a file that is not a gpvi fit, another format version, a likelihood this
+        gpvi does not know, or a description that does not rebuild.
 
     Examples
     --------
@@ -438,6 +339,12 @@ def load_fit(path: str | os.PathLike) -> SavedFit:
             post = _posterior_from(meta["posterior"], model)
             return SavedFit(kind="regression", posterior=post, y_mean=float(meta["y_mean"]),
                             y_std=float(meta["y_std"]), **common)
+        if kind == "generalised_regression":
+            post = _generalised_from(meta["model"], meta["posterior"])
+            if post.model.X.shape[1] != len(features):
+                raise _Invalid(f"the model has {post.model.X.shape[1]} inputs but {len(features)} feature names")
+            return SavedFit(kind=kind, posterior=post, y_mean=float(meta["y_mean"]), y_std=float(meta["y_std"]),
+                            **common)
         if kind == "classification":
             clf = _classifier_from(meta["classifier"])
             if clf.n_features_in_ != len(features):
