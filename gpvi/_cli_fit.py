@@ -17,11 +17,13 @@ import gpvi
 from ._cli_csv import CLIError, check_output, read_csv, standardise
 from .io import SavedFit, save_fit
 
-__all__ = ["REGRESSION_ADVICE", "advice", "classifier_progress", "fit_regression", "fit_classifier"]
+__all__ = ["REGRESSION_ADVICE", "GENERALISED_ADVICE", "advice", "classifier_progress", "fit_regression",
+           "fit_classifier", "save_to", "print_hyperparameters"]
 
 
 # --------------------------------------------------------------------------- output
-def _save(fit: SavedFit, path: str, args: argparse.Namespace) -> None:
+def save_to(fit: SavedFit, path: str, args: argparse.Namespace) -> None:
+    """Save ``fit`` to ``path`` (``--save``), unless a Ctrl-C was swallowed on the way; one line says where."""
     if getattr(args, "interrupted", None):          # a Ctrl-C some library swallowed: save nothing
         raise KeyboardInterrupt
     try:
@@ -40,10 +42,14 @@ REGRESSION_ADVICE = {"bound": "the CLI's search box is fixed: --exclude leaves o
 """What ``fit-regression``'s warnings advise (:func:`gpvi.exceptions.advising`): its options, not ``ML2``'s."""
 
 
+GENERALISED_ADVICE = {"bound": "the CLI's search box is fixed: --exclude leaves out an input the fit does not use"}
+"""What ``fit-regression --likelihood`` (not gaussian) warnings advise: type-II has no ``--method`` or ``--restarts``."""
+
+
 def advice(args: argparse.Namespace) -> dict[str, str]:
     """The advice of a command's warnings: options of that command (``fit-classifier``: by ``--prior``)."""
     if args.command == "fit-regression":
-        return REGRESSION_ADVICE
+        return REGRESSION_ADVICE if args.likelihood == "gaussian" else GENERALISED_ADVICE
     if args.command == "fit-classifier":
         return {"bound": "marked in the list below; the CLI's search box is fixed: " + (
             "--prior default or scaled keeps theta inside it" if args.prior == "none" else
@@ -62,6 +68,9 @@ def _check_method_flags(args: argparse.Namespace) -> None:
 
 
 def fit_regression(args: argparse.Namespace) -> int:
+    """``fit-regression`` with the Gaussian likelihood: ML-II, then DSVI or NUTS (``--method``, default dsvi)."""
+    args.method = "dsvi" if args.method is None else args.method
+    args.restarts = 3 if args.restarts is None else args.restarts
     _check_method_flags(args)
     if args.save:
         check_output(args.save, "--save")
@@ -95,7 +104,7 @@ def fit_regression(args: argparse.Namespace) -> int:
         print(f"log marginal likelihood {post.value:.4f}")
     print(post.summary())
     if args.save:
-        _save(SavedFit(kind="regression", method=args.method, features=names, target=args.target, x_mean=mu,
+        save_to(SavedFit(kind="regression", method=args.method, features=names, target=args.target, x_mean=mu,
                        x_std=sd, y_mean=ym, y_std=ysd, posterior=post), args.save, args)
     return 0
 
@@ -158,10 +167,10 @@ def fit_classifier(args: argparse.Namespace) -> int:
     if args.hyperparameters == "bayes":
         print(clf.posterior_.summary())                 # q(theta): one row per hyperparameter
     else:
-        _print_hyperparameters(clf, names, args.hyperparameters)
+        print_hyperparameters(clf.posterior_, clf.hyperparameters_, names, args.hyperparameters)
         _print_fit_facts(clf.posterior_, len(labels), args.latent)
     if args.save:
-        _save(SavedFit(kind="classification", method=f"cvi-{args.mode}", features=names, target=args.target,
+        save_to(SavedFit(kind="classification", method=f"cvi-{args.mode}", features=names, target=args.target,
                        x_mean=mu, x_std=sd, classifier=clf), args.save, args)
     return 0
 
@@ -179,13 +188,14 @@ def _print_fit_facts(post: Any, n: int, latent: bool) -> None:
         print(post.summary())
 
 
-def _print_hyperparameters(clf: Any, names: list[str], how: str) -> None:
-    """The kernel hyperparameters of a type-II or fixed fit, per input named by its CSV column, in the standardised
-    inputs' units; those that ended on the type-II box marked."""
-    at_bound = clf.posterior_.info.get("at_bound") or {}
+def print_hyperparameters(post: Any, values: dict[str, float], names: list[str], how: str) -> None:
+    """The kernel hyperparameters ``values`` (``{natural name: value}``) of a type-II or fixed CVI fit ``post``, per
+    input named by its CSV column (``names``), in the standardised inputs' units; those that ended on the type-II
+    box marked."""
+    at_bound = post.info.get("at_bound") or {}
     print("Kernel hyperparameters (" + ("type-II" if how == "type2" else "fixed") + "; lengthscales in units of each "
           "input's standard deviation):")
-    for name, natural in zip(clf.model_.names, clf.model_.natural_names):
+    for name, natural in zip(post.model.names, post.model.natural_names):
         shown = re.sub(r"\[(\d+)\]", lambda m: f"[{names[int(m.group(1))]}]", natural)
         mark = f"   (at the {at_bound[name]} bound)" if name in at_bound else ""
-        print(f"  {shown:<32} {clf.hyperparameters_[natural]:.4g}{mark}")
+        print(f"  {shown:<32} {values[natural]:.4g}{mark}")

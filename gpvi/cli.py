@@ -4,15 +4,19 @@ Subcommands
 -----------
 ``demo``            the README's main job: ML-II and DSVI on Bodyfat, a CVI classifier on Pima (``--quick``: smoke run)
 ``fit-regression``  GP regression on a user's CSV (``--target COLUMN``): ML-II, DSVI (``--num-steps``) or NUTS
-                    (``--num-draws``, ``--chains``, ``--warmup``); summary; ``--save FILE``
+                    (``--num-draws``, ``--chains``, ``--warmup``); summary; ``--save FILE``. With ``--likelihood
+                    poisson|negative-binomial|student-t|laplace|beta``: counts, outliers or proportions
+                    (:class:`gpvi.GPGeneralisedRegression`) by CVI, the kernel's and the likelihood's parameters by
+                    type-II on the CVI bound (:mod:`gpvi._cli_generalised`)
 ``fit-classifier``  GP classification with CVI on a user's CSV (``--target COLUMN``: integer or text labels;
                     ``--hyperparameters type2|bayes|fixed``, ``--prior``, ``--weight COLUMN``); a short summary
                     (``--latent``: also the latent marginals and sites at every training point); ``--save FILE``
 ``predict``         ``gpvi predict FIT NEW.csv [--out OUT.csv]``: predictions of a saved fit at the rows of a CSV
                     that holds the fit's input columns (by name; other columns ignored). Regression: columns
                     ``mean``, ``sd`` in the CSV's units (a mixture over ``--num-draws`` hyperparameter draws for
-                    DSVI/NUTS fits, ``--seed``); classification: ``p_<label>`` per class and the predicted ``label``
-                    (the CSV's own labels, text included)
+                    DSVI/NUTS fits, ``--seed``), and for ``--likelihood`` fits also ``q5``, ``q95``, the central 90%
+                    predictive interval of the target (integers for counts); classification: ``p_<label>`` per
+                    class and the predicted ``label`` (the CSV's own labels, text included)
 ``bench``           run benchmark scripts of ``benchmarks/`` (``table5``, ``cvi``, ``scaling``, or one script by
                     name) from a source checkout; results go to ``benchmarks/results/`` or ``--out DIR``
 
@@ -59,6 +63,7 @@ import numpy as np
 from . import __version__
 from ._cli_csv import CLIError, check_output, load_csv, load_features, write_csv
 from ._cli_fit import REGRESSION_ADVICE, advice, classifier_progress, fit_classifier, fit_regression
+from ._cli_generalised import LIKELIHOODS, fit_generalised
 from ._cli_process import Abort, closed_pipe_status, install_sigint, one_line_warning
 from .allocator import set_malloc_thresholds
 from .demo import run_demo
@@ -71,16 +76,30 @@ _progress = classifier_progress
 """How ``fit-classifier`` tells :class:`gpvi.GPClassifier` to show progress (:mod:`gpvi._cli_fit`)."""
 
 
+def _fit_regression(args: argparse.Namespace) -> int:
+    """``fit-regression``: the Gaussian model (:func:`gpvi._cli_fit.fit_regression`) or, with ``--likelihood``,
+    a latent GP by CVI (:func:`gpvi._cli_generalised.fit_generalised`)."""
+    return fit_regression(args) if args.likelihood == "gaussian" else fit_generalised(args)
+
+
 def _cmd_predict(args: argparse.Namespace) -> int:
     out = check_output(args.out, "--out") if args.out else None
     fit = load_fit(args.fit)                          # ValueError (refused file) -> one line, exit 2
     if fit.kind == "classification" and args.num_draws is not None:
         raise CLIError(f"--num-draws applies to regression fits only; {args.fit} is a classifier")
+    if fit.kind == "generalised_regression" and args.num_draws is not None:
+        raise CLIError(f"--num-draws applies to Gaussian regression fits only; {args.fit} was fitted with --likelihood "
+                       f"{fit.extra.get('likelihood', fit.posterior.model.link)} (CVI, type-II hyperparameters)")
     X = load_features(args.csv, fit.features)
     if fit.kind == "regression":
         mean, var = fit.predict(X, num_draws=200 if args.num_draws is None else args.num_draws, seed=args.seed)
         header = ["mean", "sd"]
         rows = [[repr(float(m)), repr(float(s))] for m, s in zip(mean, np.sqrt(var))]
+    elif fit.kind == "generalised_regression":
+        mean, var = fit.predict(X)
+        lo, hi = fit.interval(X, 0.9)
+        header = ["mean", "sd", "q5", "q95"]
+        rows = [[repr(float(v)) for v in row] for row in zip(mean, np.sqrt(var), lo, hi)]
     else:
         proba = np.asarray(fit.predict_proba(X))
         classes = fit.classes
@@ -205,11 +224,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = fit_command("fit-regression", "GP regression on a CSV file",
                     "Fit a GP regression (ScaleKernel(RBF, ARD) + Gaussian noise, prior N(0, 10) on the "
                     "log-hyperparameters) to a CSV file with a header row and numeric columns. Inputs and target are "
-                    "standardised.", target="name of the target column (numeric)")
-    p.add_argument("--method", choices=["ml2", "dsvi", "nuts"], default="dsvi",
-                   help="ML-II point estimate, DSVI posterior (default) or NUTS")
-    p.add_argument("--restarts", type=_pos_int, default=3,
-                   help="ML-II restarts (also the DSVI/NUTS initialisation; default 3)")
+                    "standardised. With --likelihood other than gaussian: a latent GP with that likelihood (counts: "
+                    "poisson, negative-binomial; outliers: student-t, laplace; proportions in (0, 1): beta), fitted by "
+                    "CVI with the kernel's and the likelihood's parameters by type-II on the CVI bound (no prior); "
+                    "counts and proportions are used as they are, other targets standardised.",
+                    target="name of the target column (numeric)")
+    p.add_argument("--likelihood", choices=["gaussian", *LIKELIHOODS], default="gaussian",
+                   help="gaussian (default: exact GP regression, --method applies) or a non-Gaussian likelihood "
+                   "(CVI, type-II)")
+    p.add_argument("--method", choices=["ml2", "dsvi", "nuts"], default=None,
+                   help="ML-II point estimate, DSVI posterior (default) or NUTS (--likelihood gaussian only)")
+    p.add_argument("--restarts", type=_pos_int, default=None,
+                   help="ML-II restarts (also the DSVI/NUTS initialisation; default 3; --likelihood gaussian only)")
     p.add_argument("--num-steps", type=_pos_int, default=None,
                    help="DSVI steps (--method dsvi only; default: the engine's default)")
     p.add_argument("--num-draws", type=_pos_int, default=None,
@@ -218,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=_nonneg_int, default=None,
                    help="NUTS warm-up transitions per chain (--method nuts only; default 500)")
     common(p)
-    p.set_defaults(func=fit_regression)
+    p.set_defaults(func=_fit_regression)
 
     p = fit_command("fit-classifier", "GP classification with CVI on a CSV file",
                     "Fit a GPClassifier (CVI; type-II, integrated-out or fixed hyperparameters) to a CSV file with a "
@@ -246,7 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Predict with a fit saved by 'fit-regression --save' or 'fit-classifier --save' "
                        "at the rows of NEW.csv, which must hold the fit's input columns (by name, as chosen when "
                        "fitting; other columns, the target among them, are ignored). Regression: columns mean, sd (predictive of "
-                       "y in the CSV's units). Classification: p_<label> for each class, and the predicted label. "
+                       "y in the CSV's units; with --likelihood also q5, q95: the central 90% predictive interval). "
+                       "Classification: p_<label> for each class, and the predicted label. "
                        "Written as CSV to stdout, or to --out.")
     p.add_argument("fit", metavar="FIT", help="a fit file written with --save")
     p.add_argument("csv", metavar="NEW.csv", help="CSV file with a header row and the fit's input columns")
