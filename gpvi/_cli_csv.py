@@ -358,5 +358,7 @@ def write_csv(out: Path | None, header: list[str], rows: list[list[str]]) -> Non
             w = csv.writer(fh, lineterminator="\n")
             w.writerow(header)
             w.writerows(rows)
+    except BrokenPipeError:                 # the reader of stdout went away (| head): gpvi.cli.main ends quietly
+        raise
     except OSError as exc:
         raise CLIError(f"cannot write {out}: {exc.strerror or exc}") from None

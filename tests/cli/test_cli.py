@@ -705,3 +705,22 @@ def test_a_reader_that_stops_reading_ends_the_command_quietly(cls_csv):
     status = proc.wait(timeout=300)
     assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err, err
     assert status == 128 + getattr(signal, "SIGPIPE", -127)
+
+
+def test_predict_to_a_reader_that_stops_reading_ends_quietly(reg_csv, tmp_path, capsys):
+    """``gpvi predict FIT NEW.csv | head``: the CSV written to stdout meets a closed pipe; exit status 141 and no
+    message (it was "gpvi: error: cannot write None: Broken pipe", exit 2)."""
+    import signal
+
+    p, _, _ = reg_csv
+    fit = tmp_path / "f.pt"
+    assert main(["fit-regression", str(p), "--target", "y", "--method", "ml2", "--restarts", "1", "--no-progress",
+                 "--save", str(fit)]) == 0
+    capsys.readouterr()
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "gpvi", "predict", str(fit), str(p)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    proc.stdout.close()
+    err = proc.stderr.read().decode(errors="replace")
+    status = proc.wait(timeout=300)
+    assert err == "" and status == 128 + getattr(signal, "SIGPIPE", -127), err
