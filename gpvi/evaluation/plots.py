@@ -11,6 +11,9 @@ returned figure displays itself, elsewhere call ``fig.savefig(path)``.
 * :func:`trace` — per-parameter chain traces and per-chain marginal histograms of a sample posterior.
 * :func:`bound` — a DSVI/CVI bound trace (instantaneous values and a rolling-window average; DSVI paper
   Figure 3).
+* :func:`observation_predictive` — a one-input :class:`gpvi.GPGeneralisedRegression` fit: the data, the predictive
+  mean of the observations and their central interval (:class:`~gpvi.posteriors.observation.ObservationPredictive`),
+  optionally the latent mean.
 """
 
 from __future__ import annotations
@@ -24,10 +27,11 @@ import torch
 
 from ..numerics.families import StandardNormal
 from ..posteriors.gaussian import GaussianPosterior
+from ..posteriors.observation import ObservationPredictive
 from ..posteriors.point import PointPosterior
-from ..validation import as_float_tensor, check_positive_int
+from ..validation import as_float_tensor, check_fraction, check_positive_int
 
-__all__ = ["compare_marginals", "trace", "bound"]
+__all__ = ["compare_marginals", "trace", "bound", "observation_predictive"]
 
 _COLOURS = ("C0", "C1", "C2", "C3", "C4", "C5", "C6", "C7", "C8", "C9")
 
@@ -353,4 +357,105 @@ def bound(result: Any, *, key: str | None = None, window: int = 200,
     ax.set_xlabel("step")
     ax.set_ylabel(name)
     ax.legend(fontsize=8, frameon=False)
+    return fig
+
+
+def observation_predictive(post: Any, X: Any = None, y: Any = None, *, grid: Any = None, num_grid: int = 200,
+                           level: float = 0.9, latent: bool = False, panel_size: tuple[float, float] = (6.0, 3.2),
+                           title: str | None = None):
+    r"""A one-input fit with a non-Gaussian likelihood: data, predictive mean and central interval of :math:`y_*`.
+
+    The predictive of a new observation is :math:`p(y_* \mid \mathcal D) = \int p(y_* \mid f_*)\,
+    \mathcal N(f_* \mid m_*, v_*)\,df_*` (``post.predict``, an
+    :class:`~gpvi.posteriors.observation.ObservationPredictive`); on a grid of inputs the figure shows its mean
+    :math:`\mathbb E[y_* \mid \mathcal D]` as a solid line, its central ``level`` interval
+    :math:`[F^{-1}(\tfrac{1 - \text{level}}2), F^{-1}(\tfrac{1 + \text{level}}2)]` as a band (integer counts:
+    a band of steps), the data as points and, with ``latent``, the latent mean :math:`m_*` on a second axis (for a
+    log link it is the log rate, not on the scale of :math:`y`).
+
+    Parameters
+    ----------
+    post : LatentPosterior
+        CVI's posterior of a :class:`gpvi.GPGeneralisedRegression` with one input column.
+    X, y : array-like of shape (n, 1) and (n,), optional
+        The points to show (default: the model's training data).
+    grid : array-like of shape (m,) or (m, 1), optional
+        Inputs of the curves (default ``num_grid`` points spanning the data and 5% beyond).
+    num_grid : int
+        Grid size when ``grid`` is not given.
+    level : float
+        Mass of the central interval, in (0, 1).
+    latent : bool
+        Also draw the latent mean :math:`m_*` (dashed, right axis).
+    panel_size : (float, float)
+    title : str, optional
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        One axes (two with ``latent``); the mean is the line labelled ``"predictive mean"``.
+
+    Raises
+    ------
+    TypeError
+        ``post`` does not predict observations (a classifier's posterior, a hyperparameter posterior).
+    ValueError
+        A model with more than one input; ``X`` and ``y`` of different lengths; ``level`` outside (0, 1).
+
+    Examples
+    --------
+    >>> import torch, gpvi
+    >>> from gpvi.evaluation.plots import observation_predictive
+    >>> X = torch.linspace(0, 5, 30, dtype=torch.float64).unsqueeze(-1)
+    >>> y = torch.poisson(torch.exp(1 + torch.sin(X[:, 0])), generator=torch.Generator().manual_seed(0))
+    >>> post = gpvi.CVI(progress_bar=False).run(gpvi.GPGeneralisedRegression(X, y, likelihood="poisson"))
+    >>> fig = observation_predictive(post, latent=True)
+    >>> [ln.get_label() for ln in fig.axes[0].get_lines()]
+    ['predictive mean']
+    """
+    model = getattr(post, "model", None)
+    lik = getattr(model, "likelihood", None)
+    if model is None or getattr(lik, "binary", True) or getattr(post, "num_latent", 1) != 1 \
+            or not hasattr(lik, "response"):
+        raise TypeError(f"post must be CVI's posterior of a GPGeneralisedRegression (its predict gives an "
+                        f"ObservationPredictive); got {type(post).__name__}")
+    if model.X.shape[1] != 1:
+        raise ValueError(f"post's model has {model.X.shape[1]} inputs; observation_predictive draws one-input fits")
+    level = check_fraction(level, "level", high_closed=False)
+    like = model.X
+    Xd = model.X if X is None else as_float_tensor(X, "X", ndim=(1, 2), device=like.device).reshape(-1, 1)
+    yd = model.y if y is None else as_float_tensor(y, "y", ndim=1, device=like.device)
+    if Xd.shape[0] != yd.shape[0]:
+        raise ValueError(f"X has {Xd.shape[0]} rows but y has {yd.shape[0]}")
+    if grid is None:
+        lo, hi = float(Xd.min()), float(Xd.max())
+        pad = 0.05 * (hi - lo) if hi > lo else 1.0
+        g = torch.linspace(lo - pad, hi + pad, check_positive_int(num_grid, "num_grid"), dtype=like.dtype,
+                           device=like.device)
+    else:
+        g = as_float_tensor(grid, "grid", ndim=(1, 2), device=like.device).reshape(-1)
+    pred = post.predict(g.unsqueeze(-1))
+    if not isinstance(pred, ObservationPredictive):
+        raise TypeError(f"post.predict gives a {type(pred).__name__}, not an ObservationPredictive")
+    lower, upper = pred.interval(level)
+    gx = g.detach().cpu().numpy()
+    fig, axes = _figure(1, 1, panel_size)
+    ax = axes[0][0]
+    step = {"step": "mid"} if pred.discrete else {}
+    ax.fill_between(gx, lower.detach().cpu().numpy(), upper.detach().cpu().numpy(), color="C0", alpha=0.25,
+                    linewidth=0, label=f"{level:.0%} predictive interval", **step)
+    ax.plot(gx, pred.mean.detach().cpu().numpy(), color="C0", linewidth=1.8, label="predictive mean")
+    ax.scatter(Xd.detach().cpu().numpy()[:, 0], yd.detach().cpu().numpy(), s=12, color="k", zorder=3, label="data")
+    names = getattr(model, "feature_names", None)
+    ax.set_xlabel(names[0] if names else "x")
+    ax.set_ylabel("y")
+    handles, labels = ax.get_legend_handles_labels()
+    if latent:
+        ax2 = ax.twinx()
+        line = ax2.plot(gx, pred.latent_mean.detach().cpu().numpy(), color="C3", linestyle="--", linewidth=1.2,
+                        label="latent mean")
+        ax2.set_ylabel("latent f")
+        handles, labels = handles + line, labels + ["latent mean"]
+    ax.legend(handles, labels, fontsize=8, frameon=False)
+    ax.set_title(title if title is not None else f"{lik.name} likelihood: predictive of y")
     return fig

@@ -6,6 +6,7 @@ import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,7 +15,7 @@ matplotlib.use("Agg")
 
 from matplotlib.figure import Figure  # noqa: E402
 
-from gpvi.evaluation.plots import bound, compare_marginals, trace  # noqa: E402
+from gpvi.evaluation.plots import bound, compare_marginals, observation_predictive, trace  # noqa: E402
 from gpvi.posteriors import GaussianPosterior, PointPosterior, SamplePosterior  # noqa: E402
 
 NAMES = ["a", "b", "c"]
@@ -127,7 +128,6 @@ def test_bound_from_traces():
         bound({"bound": [1.0]}, key="x")
     with pytest.raises(ValueError, match="empty"):
         bound([])
-    import numpy as np
     assert bound(np.array([-1.0, -0.5, -0.4])).axes[0].get_ylabel() == "bound"
     with pytest.raises(TypeError, match="result must be"):
         bound(3.0)
@@ -135,6 +135,75 @@ def test_bound_from_traces():
         bound("abc")
     with pytest.raises(ValueError, match="window"):
         bound([1.0], window=0)
+
+
+def _generalised_post(likelihood, y_of_f, n=25):
+    import gpvi
+
+    g = torch.Generator().manual_seed(5)
+    X = torch.linspace(0, 6, n, dtype=torch.float64).unsqueeze(-1)
+    y = y_of_f(torch.sin(X[:, 0]), g)
+    model = gpvi.GPGeneralisedRegression(X, y, likelihood=likelihood, theta=torch.tensor([0.0, 0.5]),
+                                         feature_names=["dose"])
+    return gpvi.CVI(progress_bar=False).run(model)
+
+
+def test_observation_predictive_poisson_draws_the_predictive_mean_and_interval(tmp_path):
+    post = _generalised_post("poisson", lambda f, g: torch.poisson(torch.exp(1 + f), generator=g))
+    fig = observation_predictive(post, level=0.8, num_grid=50, latent=True)
+    assert isinstance(fig, Figure) and len(fig.axes) == 2                    # the latent mean on a second axis
+    ax, ax2 = fig.axes
+    (mean_line,) = [ln for ln in ax.get_lines() if ln.get_label() == "predictive mean"]
+    x = torch.as_tensor(mean_line.get_xdata())
+    pred = post.predict(x.unsqueeze(-1))
+    assert x.shape == (50,) and float(x[0]) < 0 < 6 < float(x[-1])            # data range and 5% beyond
+    torch.testing.assert_close(torch.as_tensor(mean_line.get_ydata()), pred.mean, rtol=1e-12, atol=1e-12)
+    (latent_line,) = ax2.get_lines()
+    torch.testing.assert_close(torch.as_tensor(latent_line.get_ydata()), pred.latent_mean, rtol=1e-12, atol=1e-12)
+    # the band: the 80% interval, integer counts
+    (band,) = ax.collections[:1]
+    verts = torch.as_tensor(band.get_paths()[0].vertices[:, 1])
+    lo, hi = pred.interval(0.8)
+    assert set(verts.tolist()) <= set(lo.tolist()) | set(hi.tolist()) and (verts == verts.round()).all()
+    # the data points: the training counts
+    (points,) = [c for c in ax.collections if c.get_label() == "data"]
+    np.testing.assert_array_equal(points.get_offsets(), np.c_[post.model.X.numpy(), post.model.y.numpy()])
+    assert ax.get_xlabel() == "dose" and [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "80% predictive interval", "predictive mean", "data", "latent mean"]
+    fig.savefig(tmp_path / "counts.png")
+    assert (tmp_path / "counts.png").stat().st_size > 0
+
+
+def test_observation_predictive_student_t_on_a_given_grid_and_bad_input():
+    from gpvi.models.latent_likelihoods import StudentT
+
+    post = _generalised_post(StudentT(3.0, 0.2),
+                             lambda f, g: f + 0.2 * torch.randn(f.shape, generator=g, dtype=torch.float64))
+    grid = torch.linspace(-1, 7, 31, dtype=torch.float64)
+    fig = observation_predictive(post, post.model.X[:5], post.model.y[:5], grid=grid, title="t")
+    (ax,) = fig.axes
+    line = ax.get_lines()[0]
+    np.testing.assert_array_equal(line.get_xdata(), grid.numpy())
+    torch.testing.assert_close(torch.as_tensor(line.get_ydata()), post.predict(grid.unsqueeze(-1)).mean,
+                               rtol=1e-12, atol=1e-12)
+    assert ax.get_title() == "t" and len(ax.collections[1].get_offsets()) == 5
+    with pytest.raises(ValueError, match="level must be in"):
+        observation_predictive(post, level=1.0)
+    with pytest.raises(ValueError, match="X has 5 rows but y has 4"):
+        observation_predictive(post, post.model.X[:5], post.model.y[:4])
+    with pytest.raises(TypeError, match="post must be CVI's posterior of a GPGeneralisedRegression"):
+        observation_predictive(GaussianPosterior(torch.zeros(1, dtype=torch.float64),
+                                                 torch.eye(1, dtype=torch.float64), ["a"]))
+
+
+def test_observation_predictive_refuses_two_inputs():
+    import gpvi
+
+    X = torch.rand(12, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    post = gpvi.CVI(progress_bar=False, num_steps=3).run(
+        gpvi.GPGeneralisedRegression(X, torch.arange(12.0) % 3, likelihood="poisson"))
+    with pytest.raises(ValueError, match="post's model has 2 inputs; observation_predictive draws one-input fits"):
+        observation_predictive(post)
 
 
 def test_import_is_lazy():
