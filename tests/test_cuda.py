@@ -168,3 +168,32 @@ def test_large_n_log_joint_draw_by_draw():
     assert v.shape == (2,) and bool(torch.isfinite(v).all()) and bool(torch.isfinite(th.grad).all())
     one = m.log_joint(th[1].detach()).detach()
     assert float(one) == pytest.approx(float(v[1]), rel=1e-12)
+
+
+def test_generalised_regression_predicts_on_the_device_reloads_on_the_cpu_and_plots(tmp_path):
+    """Issue 60: a Poisson GPGeneralisedRegression fitted on the device predicts there (mean, integer interval),
+    saves, reloads on the CPU with the same predictions, and draws (the plot's grid follows the data's device)."""
+    from gpvi.io import load_fit, save_fit
+
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(40, 1, generator=g, dtype=torch.float64) * 5
+    y = torch.poisson(torch.exp(1 + torch.sin(X[:, 0])), generator=g)
+    a, b = _both(lambda dev: gpvi.CVI(progress_bar=False).run(
+        gpvi.GPGeneralisedRegression(X, y, likelihood="poisson", device=dev)))
+    X_new = torch.linspace(-0.5, 5.5, 9, dtype=torch.float64).unsqueeze(-1)
+    pa, pb = a.predict(X_new), b.predict(X_new)
+    assert float((_on(pb.mean) - pa.mean).abs().max()) < 1e-6 * float(pa.mean.abs().max())
+    lo, hi = pb.interval(0.9)
+    assert torch.equal(_on(lo), pa.interval(0.9)[0]) and torch.equal(_on(hi), pa.interval(0.9)[1])
+    save_fit(tmp_path / "fit.pt", b)
+    back = load_fit(tmp_path / "fit.pt").posterior
+    assert back.model.X.device.type == "cpu"
+    torch.testing.assert_close(back.predict(X_new).mean, _on(pb.mean), rtol=1e-10, atol=1e-10)
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    from gpvi.evaluation.plots import observation_predictive
+
+    line = observation_predictive(b, latent=True).axes[0].get_lines()[0]
+    grid = torch.as_tensor(line.get_xdata())
+    torch.testing.assert_close(torch.as_tensor(line.get_ydata()), back.predict(grid.unsqueeze(-1)).mean,
+                               rtol=1e-9, atol=1e-9)
