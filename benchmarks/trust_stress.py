@@ -168,8 +168,8 @@ def fit_q(p: dict[str, Any], seed: int) -> tuple[Any, float]:
 
 
 class _CachedNUTS:
-    """``gpvi.infer``'s NUTS from q (4 chains x (200 warm-up + 500 draws), doubled to bulk and tail ESS 400 / R-hat
-    1.01 at most 3 times), run once per (problem, seed, init) and replayed: a rule change that keeps the NUTS route
+    """``gpvi.infer``'s NUTS from q (``infer.default_nuts``: 4 chains x (500 warm-up + 500 draws), doubled to its
+    targets at most 3 times), run once per (problem, seed, init) and replayed: a rule change that keeps the NUTS route
     does not rerun it (a cached run short of the current targets is extended from its state, as ``infer`` would).
     The wall time of the real run is kept with it (``last_wall``)."""
 
@@ -180,7 +180,7 @@ class _CachedNUTS:
         blob = _load(self.path)
         if blob is None:
             t0 = time.perf_counter()
-            sampler = gpvi.NUTS(num_chains=4, num_warmup=200, num_draws=500, seed=self.seed, progress_bar=False)
+            sampler = infer_mod.default_nuts(self.seed, progress_bar=False)
             post = sampler.run(model, init=init)
             d, ext = post.diagnostics(), 0
             while not infer_mod._mixed(d, MIN_ESS, post.std) and ext < MAX_EXT:
@@ -196,8 +196,8 @@ class _CachedNUTS:
         if not infer_mod._mixed(post.diagnostics(), MIN_ESS, post.std) and post.draws.shape[1] < cap:
             # a run cached under an earlier rule (bulk ESS only): extended as infer now extends it, to the same cap
             t0 = time.perf_counter()
-            sampler = gpvi.NUTS(num_chains=4, num_warmup=200, num_draws=post.draws.shape[1], seed=self.seed,
-                                progress_bar=False)
+            sampler = infer_mod.default_nuts(self.seed, progress_bar=False)
+            sampler.num_draws = post.draws.shape[1]
             while not infer_mod._mixed(post.diagnostics(), MIN_ESS, post.std) and sampler.num_draws < cap:
                 sampler = copy.copy(sampler)
                 sampler.num_draws = 2 * sampler.num_draws

@@ -55,9 +55,10 @@ importance sampling*, JMLR 2024):
 
 5. **Answer**: q itself when its :math:`\hat k \le 0.5`, there is one basin, the weighted answer is reliable and
    q agrees with it (every mean within ``Q_AGREE_MEAN`` weighted sd, every sd ratio within ``Q_AGREE_SD``);
-   otherwise the reliable weighted answer (``"psis"``); otherwise NUTS warm-started from q (chains start at draws
-   of q, q's covariance is the inverse mass matrix, only the step size is adapted; with several basins, the
-   Gaussian with the mixture's mean and covariance takes q's place), extended until every parameter's bulk
+   otherwise the reliable weighted answer (``"psis"``); otherwise NUTS warm-started from q (:func:`default_nuts`:
+   chains start at draws of q, or of the Gaussian with the mixture's mean and covariance when there are several
+   basins; step size and a diagonal inverse mass matrix adapted in Stan's windows over 500 warm-up transitions),
+   extended until every parameter's bulk
    **and tail** ESS reach ``min_ess``, R-hat 1.01, and every Monte Carlo error of a mean and of a sd is at most
    ``MCSE_TOL`` of the parameter's sd, the tolerance the weighted answer is held to (Vehtari, Gelman, Simpson,
    Carpenter & Bürkner 2021: the tail ESS, of the 5% and 95% quantiles, and the MCSE of the sd are what chains
@@ -89,9 +90,11 @@ from .check import BASIN_MASS_TOL, MCSE_TOL, diagnose, q_agrees, starts_mixture
 from .dsvi.engine import DSVI
 from .dsvi.starts import run_starts
 from .mcmc.nuts import NUTS
+from .mcmc.settings import Adaptation
 from .salimans_knowles.engine import SKGaussian
 
-__all__ = ["infer", "variational_fit", "default_sk", "InferenceReport", "starts_mixture", "BASIN_MASS_TOL"]
+__all__ = ["infer", "variational_fit", "default_sk", "default_nuts", "InferenceReport", "starts_mixture",
+           "BASIN_MASS_TOL"]
 
 @dataclass
 class InferenceReport:
@@ -352,6 +355,22 @@ def variational_fit(target: Any, *, seed: int = 0, engine: Any = None, progress_
     return q
 
 
+def default_nuts(seed: int = 0, progress_bar: bool = True) -> NUTS:
+    r"""The sampler :func:`infer` runs when the weighted draws fail the check:
+    ``gpvi.NUTS(num_chains=4, num_warmup=500, num_draws=500, adaptation=Adaptation(mass_from_init=False))``:
+    chains start at draws of q; step size and diagonal :math:`M^{-1}` adapted in Stan's windows. NUTS runs exactly
+    when q failed its check, and a metric fixed at such a q's covariance collapsed on some fits (divergences, bulk
+    ESS below 100, R-hat up to 1.1) where the adapted one mixed (``benchmarks/studies/infer_nuts_metric.py``).
+
+    Examples
+    --------
+    >>> default_nuts(seed=1, progress_bar=False).num_warmup
+    500
+    """
+    return NUTS(num_chains=4, num_warmup=500, num_draws=500, seed=seed, progress_bar=progress_bar,
+                adaptation=Adaptation(mass_from_init=False))
+
+
 def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any = None, nuts: Any = None,
           min_ess: float = 400.0, max_extensions: int = 3, progress_bar: bool = True, q: Any = None) -> Any:
     r"""A posterior over the target's parameters that has been checked against the exact log joint.
@@ -378,8 +397,7 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
         report's ``engine`` and ``reason`` say so). ``"dsvi"``: ``gpvi.DSVI(scale="full", seed=seed)`` from the
         same starts. An engine object is run as it is.
     nuts : optional
-        The sampler used when the weighted draws fail the check (default ``gpvi.NUTS(num_chains=4,
-        num_warmup=200, num_draws=500, seed=seed)``: a short warm-up suffices because q supplies the mass matrix).
+        The sampler used when the weighted draws fail the check (default :func:`default_nuts`).
     min_ess : float
         The smallest weights' ESS of a weighted answer; when NUTS runs, extend the chains (doubling the draws,
         exactly as an uninterrupted longer run) until the smallest bulk and tail ESS reach ``min_ess`` (default 400),
@@ -446,8 +464,7 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
         report.reason += f"; {fit['fallback']}"
     post: Any = q if answer == "q" else wb
     if answer == "nuts":
-        sampler = (NUTS(num_chains=4, num_warmup=200, num_draws=500, seed=seed, progress_bar=progress_bar)
-                   if nuts is None else nuts)
+        sampler = default_nuts(seed, progress_bar) if nuts is None else nuts
         t0 = time.perf_counter()
         try:
             with warnings.catch_warnings():

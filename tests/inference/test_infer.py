@@ -57,6 +57,23 @@ def test_a_funnel_goes_to_nuts_warm_started_from_q():
                    progress_bar=False)
 
 
+def test_the_default_sampler_adapts_its_metric_from_draws_of_q():
+    """infer's own NUTS (``default_nuts``) starts at draws of q but adapts a diagonal metric in Stan's windows:
+    q's covariance is not its metric (a metric fixed at a q that failed its check collapsed on some fits)."""
+    from gpvi.inference.infer import default_nuts
+
+    s = default_nuts(seed=3, progress_bar=False)
+    assert (s.num_chains, s.num_warmup, s.num_draws, s.seed) == (4, 500, 500, 3)
+    assert s.adaptation.mass_from_init is False and s.adaptation.dense_mass is False
+    eng = gpvi.DSVI(seed=0, num_steps=2000, num_elbo_draws=200, progress_bar=False)
+    s.num_warmup, s.num_draws = 60, 40
+    post = _quiet(gpvi.infer, gpvi.Target(_funnel, names=3), seed=0, engine=eng, nuts=s, min_ess=1e9,
+                  max_extensions=0, progress_bar=False)
+    assert post.report.answer == "nuts" and "mass_matrix" not in post.info["init"]
+    m = post.info["inverse_mass_matrix"]
+    assert m.shape == (4, 3) and not torch.allclose(m[0], torch.ones(3, dtype=m.dtype))   # diagonal, adapted
+
+
 def test_nuts_counts_as_mixed_only_when_ess_rhat_and_mcse_all_meet_their_targets():
     """A chain that has not explored a heavy tail shows it in the tail ESS (5% / 95% quantiles) and in the Monte
     Carlo error of the sd before the bulk ESS: ``infer`` extends (and otherwise flags) NUTS until bulk and tail ESS
