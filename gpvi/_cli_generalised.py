@@ -40,8 +40,8 @@ from ._cli_csv import CLIError, check_output, read_csv, standardise
 from ._cli_fit import print_hyperparameters, save_to
 from ._saved_fit import SavedFit
 from .inference.cvi import LikelihoodTypeII, TypeII, init_to_sites
-from .inference.cvi.likelihood_params import LEARNABLE
 from .models.latent_likelihoods import Beta, Laplace, NegativeBinomial, Poisson, StudentT
+from .models.likelihood_priors import LIKELIHOOD_PARAMS
 
 __all__ = ["LIKELIHOODS", "fit_generalised", "count_start"]
 
@@ -97,7 +97,7 @@ def fit_generalised(args: argparse.Namespace) -> int:
     init = count_start(model.y) if args.likelihood in _COUNTS else None
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:     # the filters stay: an interrupted run still stops
-        if lik.name in LEARNABLE:
+        if lik.name in LIKELIHOOD_PARAMS:
             post = LikelihoodTypeII(typeii).run(model, init)
         else:
             post = typeii.run(model, init)

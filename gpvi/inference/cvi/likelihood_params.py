@@ -30,11 +30,15 @@ alternation stops where a round no longer raises the bound, short of a stationar
 40 points with Cauchy noise: :math:`\partial\mathcal L/\partial\log\sigma = 0.13` there, against 0.003 with
 Student-t noise of df 4 and no clipping).
 
-Priors :math:`p(\psi)` on the log parameters are optional (``priors={"df": dist}``, any object with ``log_prob``, such
-as ``gpytorch.priors.NormalPrior`` or ``torch.distributions.Normal``); without them the result is the type-II
+**Priors** (MAP-II). Priors registered on the kernel (``lengthscale_prior=``...) or named in ``TypeII(prior=...)``
+make the :math:`\theta` step MAP-II (:class:`~gpvi.inference.cvi.typeii.TypeII`); ``priors=`` here puts priors on
+the likelihood's parameters, one per name, on the parameter itself (``{"df": gpytorch.priors.GammaPrior(2, 0.1)}``,
+entering the density over :math:`\psi` with the log-Jacobian :math:`\psi`) or on its log (``{"log_df": ...}``):
+:class:`gpvi.models.likelihood_priors.LikelihoodPrior`. The M-step then maximises the expected log-likelihood plus
+:math:`\log p(\psi)`, and the whole loop the bound plus both log priors. Without them the result is the type-II
 maximum. A Student-t's :math:`\nu` and :math:`\sigma` are only weakly identified on a few hundred points without
 outliers (:math:`\nu \to \infty` is the Gaussian): the bound then rises slowly with :math:`\nu`, and the box
-``bounds`` (default :math:`\log\phi \in [\log 10^{-3}, \log 10^3]`) stops it.
+``bounds`` (default :math:`\log\phi \in [\log 10^{-3}, \log 10^3]`) stops it, unless a prior does first.
 """
 
 from __future__ import annotations
@@ -44,30 +48,15 @@ import time
 from typing import Any
 
 import torch
-from torch import distributions as td
 
 from ...models.generalised import GPGeneralisedRegression
-from ...models.latent_likelihoods import Beta, Laplace, NegativeBinomial, StudentT
+from ...models.latent_likelihoods import LATENT_LIKELIHOODS
+from ...models.likelihood_priors import LIKELIHOOD_PARAMS, LikelihoodPrior, log_lik_in
 from ...numerics.quadrature import Quadrature
 from ...validation import check_positive, check_positive_int
 from .typeii import TypeII
 
-__all__ = ["LikelihoodTypeII", "expected_log_lik_in", "LEARNABLE"]
-
-LEARNABLE: dict[str, tuple[str, ...]] = {"negative_binomial": ("dispersion",), "student_t": ("df", "scale"),
-                                         "laplace": ("scale",), "beta": ("scale",)}
-"""``{likelihood name: its parameters}`` that :class:`LikelihoodTypeII` learns."""
-
-
-def _log_prob(name: str, y: torch.Tensor, f: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
-    """:math:`\\log p(y \\mid f, \\phi)` with the parameters as tensors (differentiable in them)."""
-    if name == "negative_binomial":
-        r = p["dispersion"]
-        return td.NegativeBinomial(r, logits=f - torch.log(r), validate_args=False).log_prob(y)
-    if name == "student_t":
-        return td.StudentT(p["df"], f, p["scale"], validate_args=False).log_prob(y)
-    s = p["scale"]                                                    # beta
-    return td.Beta(s * torch.sigmoid(f) + 1.0, s * torch.sigmoid(-f) + 1.0, validate_args=False).log_prob(y)
+__all__ = ["LikelihoodTypeII", "expected_log_lik_in"]
 
 
 def expected_log_lik_in(name: str, y: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
@@ -77,7 +66,7 @@ def expected_log_lik_in(name: str, y: torch.Tensor, m: torch.Tensor, v: torch.Te
     Parameters
     ----------
     name : str
-        A key of :data:`LEARNABLE`.
+        A key of :data:`gpvi.models.likelihood_priors.LIKELIHOOD_PARAMS`.
     y, m, v : torch.Tensor of shape (N,)
         Targets and the marginals of :math:`q`.
     params : dict of str to torch.Tensor
@@ -92,12 +81,7 @@ def expected_log_lik_in(name: str, y: torch.Tensor, m: torch.Tensor, v: torch.Te
         absdev = (y - m) * torch.erf(z / math.sqrt(2.0)) + 2.0 * s * torch.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
         return (-torch.log(2.0 * b) - absdev / b).sum()
     f, w = (quadrature or Quadrature()).nodes_by_node(m, v)                   # (Q, N)
-    return (w * _log_prob(name, y.expand_as(f), f, params)).sum()
-
-
-def _make(name: str, values: dict[str, float]) -> Any:
-    cls = {"negative_binomial": NegativeBinomial, "student_t": StudentT, "laplace": Laplace, "beta": Beta}[name]
-    return cls(**values)
+    return (w * log_lik_in(name, y.expand_as(f), f, params)).sum()
 
 
 class LikelihoodTypeII:
@@ -109,9 +93,16 @@ class LikelihoodTypeII:
         The rule for :math:`\theta` and :math:`q` at fixed likelihood parameters (default ``TypeII(CVI(), prior=None)``
         with ``progress_bar=False``).
     learn : sequence of str, optional
-        Which of the likelihood's parameters to learn (default all of :data:`LEARNABLE` for it).
-    priors : dict of str to distribution, optional
-        Priors on the **log** parameters, by name (objects with ``log_prob``).
+        Which of the likelihood's parameters to learn (default all of
+        :data:`gpvi.models.likelihood_priors.LIKELIHOOD_PARAMS` for it).
+    priors : dict of str to distribution, "default" or None, optional
+        Priors on the learned parameters (:class:`gpvi.models.likelihood_priors.LikelihoodPrior`): by the
+        parameter's name on its **natural** value (``{"dispersion": gpytorch.priors.GammaPrior(2.0, 0.5)}``, with the
+        log-Jacobian, as GPyTorch's ``deg_free_prior`` / ``noise_prior`` are written), or by ``"log_" + name`` on
+        its log (``{"log_df": gpytorch.priors.NormalPrior(2.0, 1.0)}``); objects with ``log_prob``. Parameters not
+        named have no prior (the default, ``None``: type-II); ``"default"``: gpvi's :math:`\mathcal N(0, 10)` on
+        every learned log parameter, as on the kernel's log-hyperparameters. The kernel's priors are those of
+        ``typeii`` (its ``prior`` and the kernel's registered priors).
     tol : float
         Stop when a round raises the objective by less than ``tol`` relative (default 1e-7).
     max_rounds : int
@@ -139,49 +130,60 @@ class LikelihoodTypeII:
             typeii = TypeII(CVI(progress_bar=False), prior=None)
         self.typeii = typeii
         self.learn = None if learn is None else tuple(learn)
-        self.priors = dict(priors or {})
+        if not (priors is None or priors == "default" or isinstance(priors, dict)):
+            raise TypeError(f"priors must be a dict {{parameter name: distribution}}, 'default' or None; got "
+                            f"{type(priors).__name__}")
+        self.priors = priors
         self.tol = check_positive(tol, "tol")
         self.max_rounds = check_positive_int(max_rounds, "max_rounds")
         self.bounds = (float(bounds[0]), float(bounds[1]))
 
     def _names(self, lik: Any) -> tuple[str, ...]:
         name = getattr(lik, "name", None)
-        if name not in LEARNABLE:
+        if name not in LIKELIHOOD_PARAMS:
             raise ValueError(f"likelihood {name!r} has no parameters to learn; LikelihoodTypeII learns those of "
-                             f"{sorted(LEARNABLE)}")
-        names = LEARNABLE[name] if self.learn is None else self.learn
-        bad = [p for p in names if p not in LEARNABLE[name]]
+                             f"{sorted(LIKELIHOOD_PARAMS)}")
+        names = LIKELIHOOD_PARAMS[name] if self.learn is None else self.learn
+        bad = [p for p in names if p not in LIKELIHOOD_PARAMS[name]]
         if bad or not names:
-            raise ValueError(f"learn must name parameters of {name!r} ({list(LEARNABLE[name])}); got {list(names)}")
-        for p in self.priors:
-            if p not in names:
-                raise ValueError(f"priors names {p!r}, which is not learned ({list(names)})")
+            raise ValueError(f"learn must name parameters of {name!r} ({list(LIKELIHOOD_PARAMS[name])}); got "
+                             f"{list(names)}")
         return tuple(names)
 
-    def m_step(self, post: Any, names: tuple[str, ...]) -> tuple[dict[str, float], float]:
-        """The best likelihood parameters for the marginals of ``post`` (fixed :math:`q`): ``(values, objective)``
-        with the objective the expected log-likelihood plus the log priors."""
+    def likelihood_prior(self, lik: Any) -> LikelihoodPrior:
+        r"""The prior :math:`p(\psi)` of ``lik``'s learned log parameters (``ValueError`` for a key of ``priors``
+        that names no learned parameter, or a prior that is not finite at ``lik``'s values)."""
+        names = self._names(lik)
+        prior = LikelihoodPrior(lik.name, names, self.priors)
+        prior.check(self._psi(lik, names))
+        return prior
+
+    @staticmethod
+    def _psi(lik: Any, names: tuple[str, ...], device: Any = None) -> torch.Tensor:
+        return torch.tensor([math.log(float(getattr(lik, p))) for p in names], dtype=torch.float64, device=device)
+
+    def m_step(self, post: Any, names: tuple[str, ...], prior: LikelihoodPrior | None = None
+               ) -> tuple[dict[str, float], float]:
+        r"""The best likelihood parameters for the marginals of ``post`` (fixed :math:`q`): ``(values, objective)``
+        with the objective the expected log-likelihood plus :math:`\log p(\psi)` (``prior``; default: that of
+        ``priors``, :meth:`likelihood_prior`)."""
         model = post.model
+        if prior is None:
+            prior = LikelihoodPrior(model.likelihood.name, names, self.priors)
         lik = model.likelihood
         y, m, v = model.y, post.m.detach(), post.var.detach()
-        w = getattr(model, "weights", None)
-        if w is not None:
+        if getattr(model, "weights", None) is not None:
             raise ValueError("LikelihoodTypeII does not take a model with weights")
         fixed = {p: torch.tensor(float(getattr(lik, p)), dtype=torch.float64, device=y.device)
-                 for p in LEARNABLE[lik.name] if p not in names}
-        psi = torch.tensor([math.log(float(getattr(lik, p))) for p in names], dtype=torch.float64,
-                           device=y.device, requires_grad=True)
+                 for p in LIKELIHOOD_PARAMS[lik.name] if p not in names}
+        psi = self._psi(lik, names, y.device).requires_grad_(True)
         quad = post.quadrature if post.quadrature is not None else Quadrature()
 
         def objective() -> torch.Tensor:
             lo, hi = self.bounds
             ps = psi.clamp(lo, hi)
             params = {**fixed, **{p: torch.exp(ps[i]) for i, p in enumerate(names)}}
-            val = expected_log_lik_in(lik.name, y, m, v, params, quad)
-            for i, p in enumerate(names):
-                if p in self.priors:
-                    val = val + self.priors[p].log_prob(ps[i]).sum()
-            return val
+            return expected_log_lik_in(lik.name, y, m, v, params, quad) + prior.log_prob(ps)
 
         opt = torch.optim.LBFGS([psi], lr=1.0, max_iter=200, tolerance_grad=1e-9, tolerance_change=1e-12,
                                 line_search_fn="strong_wolfe")
@@ -210,38 +212,52 @@ class LikelihoodTypeII:
         LatentPosterior
             Of a new :class:`~gpvi.GPGeneralisedRegression` (``post.model``) with the learned likelihood
             (``post.model.likelihood``); ``info`` adds ``likelihood_params`` (``{name: value}``),
-            ``likelihood_rounds``, ``likelihood_trace`` (the objective after each round), ``likelihood_converged``
-            and ``likelihood_time_s``.
+            ``likelihood_rounds``, ``likelihood_trace`` (the objective after each round), ``likelihood_converged``,
+            ``likelihood_time_s``, ``likelihood_log_prior`` (:math:`\log p(\psi)` at the learned values, 0 without
+            priors) and ``likelihood_priors`` (``{parameter: its prior}``); ``objective`` becomes what the
+            alternation maximised: the bound plus TypeII's ``log_prior`` (of :math:`\theta`) plus
+            ``likelihood_log_prior``.
+
+        Raises
+        ------
+        ValueError
+            A likelihood without parameters, ``learn`` or ``priors`` naming parameters it does not learn, a prior
+            that is not finite at the likelihood's starting values, a model with ``weights``.
         """
+        if getattr(model, "weights", None) is not None:
+            raise ValueError("LikelihoodTypeII does not take a model with weights")
         names = self._names(model.likelihood)
+        prior = self.likelihood_prior(model.likelihood)
         t0 = time.perf_counter()
         post = self.typeii.run(model, init)
-        trace = [post.elbo + self._log_prior(model.likelihood, names)]
+        trace = [self._objective(post, prior, names)]
         converged = False
         rounds = 0
         for rounds in range(1, self.max_rounds + 1):
-            values, _ = self.m_step(post, names)
+            values, _ = self.m_step(post, names, prior)
             name = model.likelihood.name
-            lik = _make(name, {p: values.get(p, getattr(post.model.likelihood, p)) for p in LEARNABLE[name]})
+            lik = LATENT_LIKELIHOODS[name](**{p: values.get(p, getattr(post.model.likelihood, p))
+                                              for p in LIKELIHOOD_PARAMS[name]})
             new = GPGeneralisedRegression(model.X, model.y, kernel=model.kernel_template, likelihood=lik,
                                           theta=post.theta, feature_names=model.feature_names)
             post = self.typeii.run(new, init=post)          # warm start: theta and sites
-            trace.append(post.elbo + self._log_prior(lik, names))
+            trace.append(self._objective(post, prior, names))
             if trace[-1] - trace[-2] <= self.tol * max(1.0, abs(trace[-2])):
                 converged = True
                 break
         final = post.model.likelihood
+        lp = float(prior.log_prob(self._psi(final, names)))
         return post._with_info({"likelihood_params": {p: float(getattr(final, p)) for p in names},
                                 "likelihood_rounds": rounds, "likelihood_trace": trace,
-                                "likelihood_converged": converged, "likelihood_time_s": time.perf_counter() - t0})
+                                "likelihood_converged": converged, "likelihood_time_s": time.perf_counter() - t0,
+                                "likelihood_log_prior": lp, "likelihood_priors": prior.summary(),
+                                "objective": self._objective(post, prior, names)})
 
-    def _log_prior(self, lik: Any, names: tuple[str, ...]) -> float:
-        total = 0.0
-        for p in names:
-            if p in self.priors:
-                val = torch.tensor(math.log(float(getattr(lik, p))), dtype=torch.float64)
-                total += float(self.priors[p].log_prob(val).sum())
-        return total
+    def _objective(self, post: Any, prior: LikelihoodPrior, names: tuple[str, ...]) -> float:
+        r"""What the alternation maximises: the bound, plus :math:`\log p(\theta)` (TypeII's ``objective``),
+        plus :math:`\log p(\psi)`."""
+        obj = post.info.get("objective", post.elbo)
+        return float(obj) + float(prior.log_prob(self._psi(post.model.likelihood, names)))
 
     def __repr__(self) -> str:
         return f"LikelihoodTypeII(learn={self.learn}, tol={self.tol:g}, max_rounds={self.max_rounds})"

@@ -8,7 +8,13 @@ r"""Type-II (MAP) estimation of the kernel hyperparameters on the CVI bound: an 
 
 the ELBO (Khan & Lin 2017, eq. 5) plus the log prior of :math:`\theta`. The default prior is the one of the
 regression engines, independent :math:`\mathcal N(0, 10)` on every log-hyperparameter
-(:func:`gpvi.models.priors.default_prior`); ``prior=None`` drops the term (plain type-II maximisation of the bound).
+(:func:`gpvi.models.priors.default_prior`); ``prior=None`` drops the term (plain type-II maximisation of the bound)
+unless the kernel registers priors (``lengthscale_prior=``...): those are always part of the model, so the
+maximisation is then MAP-II with them and a flat prior on the other components
+(:class:`gpvi.models.model_prior.ModelPrior`). A ``{name: distribution}`` dict puts priors on named natural values
+(``{"lengthscale": gpytorch.priors.LogNormalPrior(0.0, 0.5)}``), as for :class:`gpvi.GPRegression`. The same holds
+for every latent model: :class:`gpvi.GPClassification`, :class:`gpvi.GPGeneralisedRegression` (whose likelihood's
+parameters have their own priors in :class:`gpvi.inference.cvi.LikelihoodTypeII`) and the multi-class models.
 The prior is what keeps :math:`F` bounded above on (nearly) separable data: there the ELBO keeps growing as the
 signal variance grows and the lengthscales of irrelevant inputs grow, and without it the maximiser runs to the box
 ``theta_bounds``. It alternates two things:
@@ -132,8 +138,11 @@ class TypeII:
     prior : "default", "scaled", None or distribution
         ``"default"``: :func:`gpvi.models.priors.default_prior` (:math:`\mathcal N(0, 10 I)` on the
         log-hyperparameters); ``"scaled"``: the same variance centred at the data-scaled ``model.scaled_theta()``
-        (:func:`gpvi.models.priors.resolve_prior`); ``None``: no prior (type-II maximum of the bound); or any object
-        with ``log_prob``.
+        (:func:`gpvi.models.priors.resolve_prior`); ``None``: no prior (type-II maximum of the bound), or only the
+        priors registered on the kernel (MAP-II); a ``{name: distribution}`` dict of priors on named natural values
+        (``"lengthscale"``, ``"signal_var"``, ``"signal_sd"``...), the default on the rest; or any object with
+        ``log_prob`` over all of theta. Registered priors are always used (with the log-Jacobian of theta -> the
+        natural value, :class:`gpvi.models.model_prior.ModelPrior`).
     tol : float
         The loop ends when a phase improves the objective by at most ``tol`` relative (default 1e-7).
     gtol : float
@@ -412,7 +421,7 @@ class TypeII:
         extra = {"engine": "TypeII", "learn_hyperparameters": True, "type_ii": self.settings(), "time_s": wall,
                  "total_time_s": float(earlier) + wall,
                  "log_prior": lp, "objective": post.elbo + lp,
-                 "at_bound": report_box(model, post.theta, self.theta_bounds, self.prior)}
+                 "at_bound": report_box(model, post.theta, self.theta_bounds, prior)}
         for k in ("theta_phases", "theta_evaluations", "inner_steps", "inner_backtracks"):
             extra[k] = post.engine_state.counters.get(k, 0) if post.engine_state is not None else 0
         return post._with_info(extra)

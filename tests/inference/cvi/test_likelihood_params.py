@@ -90,6 +90,6 @@ def test_bad_requests_name_the_argument():
         LikelihoodTypeII().run(gpvi.GPGeneralisedRegression(X, y, likelihood="poisson"))
     with pytest.raises(ValueError, match="learn must name"):
         LikelihoodTypeII(learn=["df"]).run(gpvi.GPGeneralisedRegression(X, y, likelihood="negative_binomial"))
-    with pytest.raises(ValueError, match="priors names"):
+    with pytest.raises(ValueError, match="names no learned parameter"):
         LikelihoodTypeII(priors={"df": torch.distributions.Normal(0.0, 1.0)}).run(
             gpvi.GPGeneralisedRegression(X, y, likelihood="negative_binomial"))
