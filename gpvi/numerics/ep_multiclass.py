@@ -111,7 +111,7 @@ import torch
 from ..linalg import cholesky_plain, logdet_from_cholesky
 from .anderson import Anderson
 from .quadrature import Quadrature
-from .softmax_rules import _others, default_quadrature, fixed_draws, nested_nodes
+from .softmax_rules import _others, default_quadrature, fixed_draws, log_lik_of_differences, nested_nodes
 from ..validation import check_nonnegative_int, check_positive, check_positive_int
 
 __all__ = ["MulticlassEPResult", "multiclass_ep", "tilted_moments", "NUM_DRAWS"]
@@ -160,7 +160,7 @@ def _complement(num_classes: int, like: torch.Tensor) -> torch.Tensor:
     return torch.linalg.qr(eye[:, :-1] - 1.0 / num_classes)[0]
 
 
-def _posterior(K: torch.Tensor, pi: torch.Tensor, nu: torch.Tensor):
+def _posterior(K: torch.Tensor, pi: torch.Tensor, nu: torch.Tensor, root: torch.Tensor | None = None):
     r"""From the sites: the factor of B (reduced), the per-point roots of the site precisions in the complement of
     the common mode (N, K-1, K-1), the stacked mean (NK,), the marginal blocks Sigma_nn (N, K, K) and the stacked
     shifts. The site roots are :math:`S_n = UR_nU^\top` (module docstring: every site has zero precision along
@@ -170,7 +170,7 @@ def _posterior(K: torch.Tensor, pi: torch.Tensor, nu: torch.Tensor):
     (:math:`W = U\otimes I_N`); only the diagonal blocks of :math:`\Sigma` are formed."""
     N, C, _ = pi.shape
     U = _complement(C, K)
-    Rn = U.mT @ _psd_sqrt(pi)[0] @ U                                      # (N, K-1, K-1)
+    Rn = U.mT @ (_psd_sqrt(pi)[0] if root is None else root) @ U          # (N, K-1, K-1)
     c = C - 1
     B = (torch.einsum("nkl,mlj->knjm", Rn, Rn) * K.view(1, N, 1, N)).reshape(c * N, c * N)
     B.diagonal().add_(1.0)
@@ -232,6 +232,29 @@ def _qmc_points(num_draws: int, num_classes: int, like: torch.Tensor) -> torch.T
     return pts / pts.square().mean(0).sqrt()
 
 
+_QMC_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+
+def _qmc_tables(num_draws: int, dim: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    r"""The points :math:`\boldsymbol\varepsilon^{(s)}` of :func:`_qmc_points` in dimension ``dim`` = K - 1, built
+    once per (size, dimension, dtype, device): ``eps`` (S, K-1); ``aug`` (K, S), the rows
+    :math:`[\boldsymbol\varepsilon^{(s)\top}; 1]` (one product then gives :math:`L_d\boldsymbol\varepsilon + \mathbf c`
+    and :math:`\mathbf a^\top\boldsymbol\varepsilon + \tfrac12\lVert\mathbf a\rVert^2`); ``stats`` (S, 1 + (K-1) +
+    (K-1)^2), the rows :math:`[1, \boldsymbol\varepsilon^\top, \operatorname{vec}(\boldsymbol\varepsilon
+    \boldsymbol\varepsilon^\top)^\top]` (one product of the weights gives their sum and both moments)."""
+    key = (num_draws, dim, like.dtype, like.device)
+    tables = _QMC_TABLES.get(key)
+    if tables is None:
+        eps = _qmc_points(num_draws, dim, like)
+        one = torch.ones(eps.shape[0], 1, dtype=like.dtype, device=like.device)
+        aug = torch.cat([eps, one], 1).T.contiguous()
+        stats = torch.cat([one, eps, (eps.unsqueeze(-1) * eps.unsqueeze(-2)).reshape(-1, dim * dim)], 1)
+        if len(_QMC_TABLES) > 32:
+            _QMC_TABLES.clear()
+        tables = _QMC_TABLES[key] = (eps, aug, stats.contiguous())
+    return tables
+
+
 def _tilted_qmc(y: torch.Tensor, mc: torch.Tensor, Cc: torch.Tensor, centre: torch.Tensor, num_draws: int):
     r"""``log Z_hat`` (N,), tilted means (N, K) and covariances (N, K, K) by the shifted quasi-Monte Carlo rule of
     the module docstring, in the K - 1 differences :math:`\mathbf d = A\mathbf f` (proposal
@@ -240,25 +263,26 @@ def _tilted_qmc(y: torch.Tensor, mc: torch.Tensor, Cc: torch.Tensor, centre: tor
     :math:`\mathbf d` is :math:`A\,\text{centre} + L_d\bar{\boldsymbol\varepsilon}` and its covariance
     :math:`L_d(\overline{\boldsymbol\varepsilon\boldsymbol\varepsilon^\top} - \bar{\boldsymbol\varepsilon}
     \bar{\boldsymbol\varepsilon}^\top)L_d^\top`; those of :math:`\mathbf f` follow exactly, as for the nested
-    rule (:func:`_lift`)."""
+    rule (:func:`_lift`). The log weights are :math:`\log p(y\mid\mathbf d^{(s)}) - \mathbf a^\top
+    \boldsymbol\varepsilon^{(s)} - \tfrac12\lVert\mathbf a\rVert^2`, each a pass over (N, S) from products
+    with the tables of :func:`_qmc_tables`."""
     N, C = mc.shape
     A, mu_d, CAt, cov_d = _differences(y, mc, Cc)
     Ld, _ = cholesky_plain(cov_d, raise_on_failure=True)
     cd = (A @ centre.unsqueeze(-1)).squeeze(-1)                            # the proposal's centre in d, (N, K-1)
-    eps = _qmc_points(num_draws, C - 1, mc)                                # (S, K-1)
+    eps, aug, stats = _qmc_tables(num_draws, C - 1, mc)                    # (S, K-1), (K, S), (S, 1 + ...)
     S = eps.shape[0]
     a = torch.linalg.solve_triangular(Ld, (cd - mu_d).unsqueeze(-1), upper=False).squeeze(-1)    # (N, K-1)
-    D = (Ld.reshape(N * (C - 1), C - 1) @ eps.T).view(N, C - 1, S).add_(cd.unsqueeze(-1))        # (N, K-1, S)
-    mx = D.amax(1).clamp_min_(0.0)
-    lp = -(mx + torch.log(torch.exp(-mx) + D.sub_(mx.unsqueeze(1)).exp_().sum(1)))  # log p(y | d), in place on D
-    lp = lp - a @ eps.T - 0.5 * a.square().sum(-1, keepdim=True)         # importance weights, log
+    D = (torch.cat([Ld, cd.unsqueeze(-1)], -1).reshape(N * (C - 1), C) @ aug).view(N, C - 1, S)  # L_d eps + cd
+    a_aug = torch.cat([a, 0.5 * a.square().sum(-1, keepdim=True)], -1)   # (N, K)
+    lp = torch.addmm(log_lik_of_differences(D), a_aug, aug, alpha=-1.0)    # importance weights, log (N, S)
     top = lp.amax(-1, keepdim=True)
-    om = torch.exp(lp - top)
-    tot = om.sum(-1, keepdim=True)
+    om = lp.sub_(top).exp_()
+    mom = om @ stats                                                        # sums: weights, eps, eps eps^T
+    tot = mom[:, :1]
     log_z = (top + torch.log(tot)).squeeze(-1) - math.log(S)
-    om = om / tot                                                           # (N, S) normalised weights
-    e1 = om @ eps                                                           # (N, K-1)
-    e2 = (om @ (eps.unsqueeze(-1) * eps.unsqueeze(-2)).reshape(S, (C - 1) ** 2)).view(N, C - 1, C - 1)
+    e1 = mom[:, 1:C] / tot                                                  # (N, K-1)
+    e2 = (mom[:, C:] / tot).view(N, C - 1, C - 1)
     Ed = cd + (Ld @ e1.unsqueeze(-1)).squeeze(-1)
     Cd = Ld @ (e2 - e1.unsqueeze(-1) * e1.unsqueeze(-2)) @ Ld.mT
     return (log_z, *_lift(mc, Cc, mu_d, CAt, cov_d, Ed, 0.5 * (Cd + Cd.mT)))
@@ -284,10 +308,12 @@ class _Sweep(NamedTuple):
     C_hat: torch.Tensor
 
 
-def _sweep(K: torch.Tensor, y: torch.Tensor, pi: torch.Tensor, nu: torch.Tensor, quad: Quadrature | int) -> _Sweep:
-    """Posterior, cavities (from the K x K marginal blocks) and tilted moments at the sites ``pi``, ``nu``."""
+def _sweep(K: torch.Tensor, y: torch.Tensor, pi: torch.Tensor, nu: torch.Tensor, quad: Quadrature | int,
+           root: torch.Tensor | None = None) -> _Sweep:
+    """Posterior, cavities (from the K x K marginal blocks) and tilted moments at the sites ``pi``, ``nu``
+    (``root``: the blocks' symmetric square roots where known, :func:`_psd_sqrt`)."""
     N, C, _ = pi.shape
-    LB, Rn, mu, Snn, nu_f = _posterior(K, pi, nu)
+    LB, Rn, mu, Snn, nu_f = _posterior(K, pi, nu, root)
     mun = mu.view(C, N).T
     Ls, _ = cholesky_plain(Snn, raise_on_failure=True)
     Pnn = torch.cholesky_inverse(Ls)
@@ -407,15 +433,15 @@ def multiclass_ep(K: torch.Tensor, y: torch.Tensor, num_classes: int, *,
     n_pi = pi.numel()
     try:
         with torch.no_grad():
-            st = None
+            st, root = None, None                                          # root: pi's block roots where known
             for sweeps in range(1, max_sweeps + 1):
                 try:
-                    st = _sweep(K, y, pi, nu, quad)
+                    st = _sweep(K, y, pi, nu, quad, root)
                     pi_new, nu_new = _new_sites(st)
                 except torch.linalg.LinAlgError:
                     if fallback is None:                                   # a plain damped point failed: EP fails
                         raise
-                    (pi, nu), fallback, st = fallback, None, None          # restart from the damped step
+                    (pi, nu), fallback, st, root = fallback, None, None, None   # restart from the damped step
                     anderson_restarts, acc = _restart(acc, anderson_restarts)
                     continue
                 change = max(float(((pi_new - pi).abs() / (1.0 + pi.abs())).max()),
@@ -425,12 +451,13 @@ def multiclass_ep(K: torch.Tensor, y: torch.Tensor, num_classes: int, *,
                     break
                 pi_g = (1.0 - damping) * pi + damping * pi_new
                 nu_g = (1.0 - damping) * nu + damping * nu_new
-                st, fallback = None, None                                  # the sites move
+                st, fallback, root = None, None, None                      # the sites move
                 if acc is not None:
                     x = acc.step(torch.cat([pi.reshape(-1), nu.reshape(-1)]),
                                  torch.cat([pi_g.reshape(-1), nu_g.reshape(-1)]))
                     if bool(torch.isfinite(x).all()):
-                        pi, nu, fallback = _psd_sqrt(x[:n_pi].view_as(pi))[1], x[n_pi:].view_as(nu), (pi_g, nu_g)
+                        (root, pi), nu = _psd_sqrt(x[:n_pi].view_as(pi)), x[n_pi:].view_as(nu)
+                        fallback = (pi_g, nu_g)
                         continue
                     anderson_restarts, acc = _restart(acc, anderson_restarts)
                 pi, nu = pi_g, nu_g

@@ -5,6 +5,7 @@ r"""The deterministic rules behind the softmax expectations of :mod:`gpvi.models
 * :func:`two_level_moments`: the same rule for K <= 3, summed level by level (no grid of probabilities);
 * :func:`default_quadrature`: the 1-D rule per dimension;
 * :func:`fixed_draws`: the fixed quasi-Monte Carlo points of ``method="fixed"`` (K > 3);
+* :func:`log_lik_of_differences`: the softmax log likelihood from the K - 1 differences, at many points;
 * ``_workspace``: the reused scratch buffer of the no-autograd averages.
 
 The likelihoods that use them (:class:`~gpvi.models.multiclass_likelihoods.Softmax`) live in :mod:`gpvi.models.multiclass_likelihoods`.
@@ -19,7 +20,8 @@ import torch
 from ..validation import check_positive_int
 from .quadrature import Quadrature
 
-__all__ = ["nested_nodes", "two_level_moments", "default_quadrature", "fixed_draws", "FIXED_DRAWS_SEED"]
+__all__ = ["nested_nodes", "two_level_moments", "default_quadrature", "fixed_draws", "log_lik_of_differences",
+           "FIXED_DRAWS_SEED"]
 
 FIXED_DRAWS_SEED = 20170417
 """Scramble seed of the fixed Sobol' points of ``method="fixed"`` (common random numbers: a deterministic bound)."""
@@ -238,3 +240,15 @@ def fixed_draws(num_draws: int, num_classes: int, like: torch.Tensor) -> torch.T
             _FIXED_CACHE.clear()
         _FIXED_CACHE[key] = pts
     return pts
+
+
+def log_lik_of_differences(D: torch.Tensor) -> torch.Tensor:
+    r""":math:`\log p(y\mid\mathbf d) = -\log(1 + \sum_j e^{d_j})`, ``(N, S)``, for the K - 1 differences
+    :math:`d_j = f_j - f_y` along axis 1 of ``D`` ``(N, K-1, S)`` (multi-class EP's quasi-Monte Carlo rule), which
+    is overwritten. By ``log1p`` of the sum directly (two passes over ``D``) where no :math:`d_j` exceeds 700, else
+    by the shifted form :math:`m + \log(e^{-m} + \sum_j e^{d_j - m})`, :math:`m = \max(0, \max_j d_j)`, which
+    cannot overflow."""
+    if float(D.amax()) < 700.0:
+        return torch.log1p(D.exp_().sum(1)).neg_()
+    mx = D.amax(1).clamp_min_(0.0)
+    return -(mx + torch.log(torch.exp(-mx) + D.sub_(mx.unsqueeze(1)).exp_().sum(1)))

@@ -254,3 +254,56 @@ def test_four_class_evidence_is_near_importance_sampling():
     res = multiclass_ep(K, y, 4)
     exact = prior_draws_log_evidence(K, y, 4, batches=5, min_ess=400)
     assert abs(float(res.log_z) - exact) < 0.15
+
+
+def test_softmax_log_likelihood_of_differences_matches_logsumexp_with_and_without_overflow():
+    """:func:`log_lik_of_differences` (log1p of the sum, or the shifted form past d = 700) against torch's
+    logsumexp over [0, d] (independent code), on moderate differences and on some beyond exp's range."""
+    from gpvi.numerics.softmax_rules import log_lik_of_differences
+
+    g = torch.Generator().manual_seed(3)
+    for scale, big in ((5.0, False), (5.0, True)):
+        D = scale * torch.randn(7, 3, 50, generator=g, dtype=F64)
+        if big:
+            D[2, 1, 4], D[5, 0, 9] = 800.0, -900.0
+        ref = -torch.logsumexp(torch.cat([torch.zeros(7, 1, 50, dtype=F64), D], 1), 1)
+        out = log_lik_of_differences(D.clone())
+        torch.testing.assert_close(out, ref, rtol=1e-13, atol=1e-13)
+        assert bool(torch.isfinite(out).all())
+
+
+def test_qmc_tilted_moments_equal_the_importance_weighted_sums_written_out():
+    """The quasi-Monte Carlo tilted moments (products with precomputed tables, log1p of the softmax sum) against
+    the rule written out point by point in the K values: f = centre + L_d-shifted points lifted back, weights
+    p(y | d) N(d | cavity) / N(d | proposal) by logsumexp and explicit Gaussian densities, then the weighted mean
+    and covariance of d, lifted to f by the cavity's conditional (independent of the module's algebra)."""
+    from gpvi.numerics.ep_multiclass import _qmc_points, _tilted_qmc
+
+    g = torch.Generator().manual_seed(5)
+    N, C, S = 6, 4, 512
+    y = torch.tensor([0, 1, 2, 3, 1, 0])
+    mc = 1.5 * torch.randn(N, C, generator=g, dtype=F64)
+    Bm = torch.randn(N, C, C, generator=g, dtype=F64)
+    Cc = Bm @ Bm.mT / C + 0.3 * torch.eye(C, dtype=F64)
+    centre = mc + 0.5 * torch.randn(N, C, generator=g, dtype=F64)
+    log_z, m_hat, C_hat = _tilted_qmc(y, mc, Cc, centre, S)
+    eps = _qmc_points(S, C - 1, mc)
+    for n in range(N):
+        others = [k for k in range(C) if k != int(y[n])]
+        A = torch.zeros(C - 1, C, dtype=F64)
+        for j, k in enumerate(others):
+            A[j, k], A[j, int(y[n])] = 1.0, -1.0
+        cov_d = A @ Cc[n] @ A.T
+        Ld = torch.linalg.cholesky(cov_d)
+        d = (A @ centre[n]) + eps @ Ld.T                                    # (S, K-1)
+        loglik = -torch.logsumexp(torch.cat([torch.zeros(S, 1, dtype=F64), d], 1), 1)
+        cav = torch.distributions.MultivariateNormal(A @ mc[n], cov_d)
+        prop = torch.distributions.MultivariateNormal(A @ centre[n], cov_d)
+        lw = loglik + cav.log_prob(d) - prop.log_prob(d)
+        assert float(log_z[n]) == pytest.approx(float(torch.logsumexp(lw, 0) - math.log(S)), abs=1e-11)
+        w = torch.softmax(lw, 0)
+        Ed = w @ d
+        Cd = (d - Ed).T @ ((d - Ed) * w[:, None])
+        G = Cc[n] @ A.T @ torch.linalg.inv(cov_d)
+        torch.testing.assert_close(m_hat[n], mc[n] + G @ (Ed - A @ mc[n]), rtol=1e-10, atol=1e-11)
+        torch.testing.assert_close(C_hat[n], Cc[n] - G @ A @ Cc[n] + G @ Cd @ G.T, rtol=1e-9, atol=1e-11)
