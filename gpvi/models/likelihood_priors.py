@@ -39,7 +39,7 @@ import torch
 from torch import distributions as td
 
 from .latent_likelihoods import LATENT_LIKELIHOODS
-from .prior_densities import density_and_score
+from .prior_densities import density_and_score, family
 
 __all__ = ["LIKELIHOOD_PARAMS", "log_lik_in", "LikelihoodPrior", "DEFAULT_LOG_VARIANCE"]
 
@@ -84,6 +84,23 @@ def log_lik_in(name: str, y: torch.Tensor, f: torch.Tensor, params: dict[str, to
         s = params["scale"]
         return td.Beta(s * torch.sigmoid(f) + 1.0, s * torch.sigmoid(-f) + 1.0, validate_args=False).log_prob(y)
     raise ValueError(f"likelihood {name!r} has no parameters; those with parameters: {sorted(LIKELIHOOD_PARAMS)}")
+
+
+_FAMILIES = {"halfnormal": td.HalfNormal, "halfcauchy": td.HalfCauchy, "lognormal": td.LogNormal,
+             "invgamma": td.InverseGamma, "normal": td.Normal, "gamma": td.Gamma, "cauchy": td.Cauchy,
+             "studentt": td.StudentT, "exponential": td.Exponential}
+
+
+def _float64(dist: Any) -> Any:
+    """A float64 copy of a standard distribution (:func:`gpvi.models.prior_densities.family`), whose closed form
+    then has no float32 rounding (GPyTorch's priors keep float32 parameters when built from Python floats);
+    ``dist`` itself otherwise."""
+    fam = family(dist)
+    if fam is None:
+        return dist
+    name, params = fam
+    return _FAMILIES[name](**{k: torch.as_tensor(v).detach().to(torch.float64) for k, v in params.items()},
+                           validate_args=False)
 
 
 def _positive_only(dist: Any) -> bool:
@@ -168,7 +185,7 @@ class LikelihoodPrior:
                 raise ValueError(f"{arg}[{key!r}] is a {type(dist).__name__} with support {dist.support}, but "
                                  f"{name} is positive: use a distribution on the positive reals (Gamma, LogNormal, "
                                  f"HalfNormal ...), or give a prior on the log value as {arg}['log_{name}']")
-            self.terms[i] = (dist, log)
+            self.terms[i] = (_float64(dist), log)
 
     @property
     def dim(self) -> int:

@@ -61,21 +61,26 @@ def test_type_ii_on_the_cvi_bound_reaches_a_stationary_point_of_the_profiled_bou
 def test_whitened_log_joint_is_the_scipy_sum(kind):
     X, y = _data(kind, n=8)
     model = gpvi.GPGeneralisedRegression(X, y, likelihood=kind)
-    target = WhitenedLatentGP(model, prior=None)
+    target = WhitenedLatentGP(model, prior=None)            # theta, the likelihood's log parameters and v
     g = torch.Generator().manual_seed(0)
     z = target.initial_theta() + 0.3 * torch.randn(target.dim, generator=g, dtype=F64)
-    theta, v = z[:model.dim], z[model.dim:]
+    P = len(target.likelihood_params)
+    assert target.names[model.dim:model.dim + P] == [f"log_{p}" for p in target.likelihood_params]
+    theta, psi, v = z[:model.dim], z[model.dim:model.dim + P].numpy(), z[model.dim + P:]
     K = model.kernel_matrix(theta).numpy()
     f = target.latent(z).numpy()
-    yy, lik = y.numpy(), model.likelihood
+    yy = y.numpy()
+    par = dict(zip(target.likelihood_params, np.exp(psi)))                 # the sampled parameters, natural scale
     logp = {"poisson": lambda: scipy.stats.poisson.logpmf(yy, np.exp(f)),
-            "negative_binomial": lambda: scipy.stats.nbinom.logpmf(yy, lik.dispersion,
-                                                                  lik.dispersion / (lik.dispersion + np.exp(f))),
-            "student_t": lambda: scipy.stats.t.logpdf(yy, lik.df, f, lik.scale),
-            "laplace": lambda: scipy.stats.laplace.logpdf(yy, f, lik.scale),
-            "beta": lambda: scipy.stats.beta.logpdf(yy, lik.scale / (1 + np.exp(-f)) + 1,
-                                                    lik.scale / (1 + np.exp(f)) + 1)}[kind]().sum()
-    want = logp + scipy.stats.norm.logpdf(v.numpy()).sum() + float(target.prior.log_prob(theta))
+            "negative_binomial": lambda: scipy.stats.nbinom.logpmf(yy, par["dispersion"],
+                                                                  par["dispersion"] / (par["dispersion"] + np.exp(f))),
+            "student_t": lambda: scipy.stats.t.logpdf(yy, par["df"], f, par["scale"]),
+            "laplace": lambda: scipy.stats.laplace.logpdf(yy, f, par["scale"]),
+            "beta": lambda: scipy.stats.beta.logpdf(yy, par["scale"] / (1 + np.exp(-f)) + 1,
+                                                    par["scale"] / (1 + np.exp(f)) + 1)}[kind]().sum()
+    log_prior_psi = scipy.stats.norm.logpdf(psi, 0.0, math.sqrt(10.0)).sum()   # the default: N(0, 10) on each log
+    want = (logp + scipy.stats.norm.logpdf(v.numpy()).sum() + float(target.prior.log_prob(theta))
+            + log_prior_psi)
     assert float(target.log_joint(z)) == pytest.approx(want, rel=1e-12, abs=1e-9)
     # f = L v with L L^T = K + 1e-6 mean(diag K) I (the whitening jitter)
     L = np.linalg.cholesky(K + 1e-6 * np.mean(np.diag(K)) * np.eye(8))
