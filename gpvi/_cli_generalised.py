@@ -14,9 +14,9 @@ at the target's mean). The kernel's log-hyperparameters :math:`\theta` and the l
     - \mathrm{KL}(q(\mathbf f)\,\|\,\mathcal N(0, K_\theta))
 
 with no prior (:class:`gpvi.inference.cvi.TypeII` with ``prior=None`` for :math:`\theta` and :math:`q`, alternated
-with an M-step in :math:`\phi` by :class:`gpvi.inference.cvi.LikelihoodTypeII`). Count fits start CVI from the sites
-of the log counts (pseudo-targets :math:`\log(y + \tfrac12)`, pseudo-noise :math:`1/(y + \tfrac12)`, the delta
-method), which counts in the hundreds need (from :math:`q` = prior CVI's first steps fail on them).
+with an M-step in :math:`\phi` by :class:`gpvi.inference.cvi.LikelihoodTypeII`). Count fits start CVI where the
+engine starts every count model: from the sites of the log counts (:meth:`gpvi.CVI.default_init`,
+:func:`gpvi.models.latent_likelihoods.log_count_sites`), which counts in the hundreds need.
 
 Bad targets end with one line and exit status 2 before any fitting: counts that are negative or not integers, Beta
 targets outside (0, 1) (the likelihood's own check, :mod:`gpvi.models.latent_likelihoods`, naming the column, the
@@ -39,11 +39,11 @@ import gpvi
 from ._cli_csv import CLIError, check_output, read_csv, standardise
 from ._cli_fit import print_hyperparameters, save_to
 from ._saved_fit import SavedFit
-from .inference.cvi import LikelihoodTypeII, TypeII, init_to_sites
+from .inference.cvi import LikelihoodTypeII, TypeII
 from .models.latent_likelihoods import Beta, Laplace, NegativeBinomial, Poisson, StudentT
 from .models.likelihood_priors import LIKELIHOOD_PARAMS
 
-__all__ = ["LIKELIHOODS", "fit_generalised", "count_start"]
+__all__ = ["LIKELIHOODS", "fit_generalised"]
 
 LIKELIHOODS: dict[str, Any] = {"poisson": Poisson, "negative-binomial": lambda: NegativeBinomial(1.0),
                                "student-t": lambda: StudentT(4.0, 0.5), "laplace": lambda: Laplace(0.5),
@@ -51,16 +51,7 @@ LIKELIHOODS: dict[str, Any] = {"poisson": Poisson, "negative-binomial": lambda: 
 """``--likelihood`` choice (besides ``gaussian``) -> the likelihood the fit starts from (its parameters are learned)."""
 
 _STANDARDISED = ("student-t", "laplace")
-_COUNTS = ("poisson", "negative-binomial")
 _GAUSSIAN_ONLY = ("method", "restarts", "num_steps", "num_draws", "chains", "warmup")
-
-
-def count_start(y: torch.Tensor) -> init_to_sites:
-    r"""The CVI start from the sites of the log counts: :math:`\tilde y_n = \log(y_n + \tfrac12)`,
-    :math:`s_n = 1/(y_n + \tfrac12)`, i.e. :math:`\tilde\lambda^{(1)} = \tilde y/s`,
-    :math:`\tilde\lambda^{(2)} = -1/(2s)` (the delta method's Gaussian for the log rate)."""
-    c = y + 0.5
-    return init_to_sites(lam1=torch.log(c) * c, lam2=-0.5 * c, source="log counts")
 
 
 def _check_flags(args: argparse.Namespace) -> None:
@@ -94,13 +85,12 @@ def fit_generalised(args: argparse.Namespace) -> int:
 
     model = gpvi.GPGeneralisedRegression(Xs, ys, likelihood=lik, feature_names=names)
     typeii = TypeII(gpvi.CVI(progress_bar=not args.no_progress), prior=None)
-    init = count_start(model.y) if args.likelihood in _COUNTS else None
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:     # the filters stay: an interrupted run still stops
         if lik.name in LIKELIHOOD_PARAMS:
-            post = LikelihoodTypeII(typeii).run(model, init)
+            post = LikelihoodTypeII(typeii).run(model)
         else:
-            post = typeii.run(model, init)
+            post = typeii.run(model)
     elapsed = time.perf_counter() - t0
     seen: set[tuple[type, str]] = set()
     for w in caught:                                      # each round of LikelihoodTypeII repeats TypeII's warnings

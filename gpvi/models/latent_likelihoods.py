@@ -42,7 +42,7 @@ from ..validation import check_positive
 from .likelihood_base import Likelihood
 
 __all__ = ["Poisson", "NegativeBinomial", "StudentT", "Laplace", "Beta", "LATENT_LIKELIHOODS", "check_counts",
-           "describe_rows"]
+           "describe_rows", "log_count_sites"]
 
 _LOG_PI = math.log(math.pi)
 
@@ -60,6 +60,38 @@ def check_counts(y: torch.Tensor, name: str = "y") -> torch.Tensor:
     if bool(bad.any()):
         raise ValueError(f"{name} must hold counts (non-negative integers); {describe_rows(bad, y)}")
     return y
+
+
+def log_count_sites(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""CVI's start for counts: the Gaussian sites of the log counts, ``(lam1, lam2)`` of shape ``y.shape``.
+
+    Each count gets the pseudo-observation :math:`\tilde y_n = \log(y_n + \tfrac12)` of the log rate with the
+    pseudo-noise :math:`s_n = 1/(y_n + \tfrac12)`, the delta method's variance of :math:`\log y` for a Poisson count
+    of mean :math:`y_n` (:math:`\operatorname{Var}\log y \approx 1/\mu`; the :math:`\tfrac12` keeps zeros finite).
+    In CVI's site parameters (Khan & Lin 2017, the display after eq. 13: a site :math:`\exp(\tilde\lambda^{(1)} f +
+    \tilde\lambda^{(2)} f^2)`):
+
+    .. math::
+
+        \tilde\lambda^{(1)}_n = \tilde y_n / s_n = (y_n + \tfrac12)\log(y_n + \tfrac12),\qquad
+        \tilde\lambda^{(2)}_n = -1/(2 s_n) = -\tfrac12 (y_n + \tfrac12).
+
+    Why: from :math:`q` = prior (sites 0, Algorithm 1 line 1) the first step's site gradients are those at
+    :math:`m_n = 0`, :math:`y_n - e^{v_n/2}` for the Poisson, far from the fixed point when the counts are in the
+    hundreds, and full-batch CVI from there can fail (measured on 40 Poisson counts at rates 180-900: the ELBO at
+    -1e94 after 500 steps, against convergence in 11 steps from these sites); these sites put :math:`q`'s mean near
+    the log counts at once. The same start serves the negative binomial (its variance of :math:`\log y` adds
+    :math:`1/r`, which the start ignores: the fixed point does not depend on where CVI starts, both likelihoods
+    being log-concave).
+
+    Examples
+    --------
+    >>> lam1, lam2 = log_count_sites(torch.tensor([0.0, 499.5], dtype=torch.float64))
+    >>> [round(float(x), 4) for x in lam1], lam2.tolist()
+    ([-0.3466, 3107.304], [-0.25, -250.0])
+    """
+    c = y + 0.5
+    return torch.log(c) * c, -0.5 * c
 
 
 class _Site(Likelihood):
@@ -117,6 +149,10 @@ class Poisson(_Site):
     def check_targets(self, y: torch.Tensor, name: str = "y") -> torch.Tensor:
         return check_counts(y, name)
 
+    def initial_sites(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """CVI's default start: the sites of the log counts (:func:`log_count_sites`)."""
+        return log_count_sites(y)
+
     def response(self, f: torch.Tensor) -> torch.distributions.Distribution:
         """:math:`p(y \\mid f)` as a torch distribution (``Poisson(e^f)``)."""
         return torch.distributions.Poisson(torch.exp(f), validate_args=False)
@@ -160,6 +196,10 @@ class NegativeBinomial(_Site):
 
     def check_targets(self, y: torch.Tensor, name: str = "y") -> torch.Tensor:
         return check_counts(y, name)
+
+    def initial_sites(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """CVI's default start: the sites of the log counts (:func:`log_count_sites`)."""
+        return log_count_sites(y)
 
     def response(self, f: torch.Tensor) -> torch.distributions.Distribution:
         """:math:`p(y \\mid f)` as a torch distribution (``NegativeBinomial(r, logits=f - log r)``)."""

@@ -7,7 +7,8 @@ functions (:class:`~gpvi.models.multiclass.GPMulticlass`: softmax or robust-max,
 (N, K); their algebra is :mod:`gpvi.numerics.sites`.
 
 The engine follows the contract of :mod:`gpvi.inference.contract` and is run by :func:`gpvi.inference.driver.run`:
-:meth:`CVI.init` puts the sites at 0 (:math:`q` = prior, Algorithm 1 line 1) or at given sites, :meth:`CVI.step`
+:meth:`CVI.init` puts the sites at 0 (:math:`q` = prior, Algorithm 1 line 1), at given sites, or for counts by
+default at the sites of the log counts (:meth:`CVI.default_init`), :meth:`CVI.step`
 is one full-batch step (Algorithm 1, O(K N^3)) or one doubly stochastic single-site step (eq. 14, O(K N^2) on cached
 factors of :math:`K + S_k` updated **in place** by rank-one updates), the stop rule ends the run when the relative
 ELBO change between two checks falls below ``tol``, and :meth:`CVI.result` builds the
@@ -285,8 +286,20 @@ class CVI:
 
     # ------------------------------------------------------------------ the engine contract
     def default_init(self, target: Any) -> init_to_sites:
-        """Start at ``model.theta`` with the sites at 0 (:math:`q` = prior)."""
-        return init_to_sites()
+        r"""Start at ``model.theta`` with the sites at 0 (:math:`q` = prior, Algorithm 1 line 1), or, for a
+        likelihood with ``initial_sites`` (the counts: :class:`~gpvi.models.latent_likelihoods.Poisson`,
+        :class:`~gpvi.models.latent_likelihoods.NegativeBinomial`), at its sites: for counts those of the log
+        counts (:func:`gpvi.models.latent_likelihoods.log_count_sites`), which CVI needs for counts in the hundreds.
+        With ``weights`` :math:`w_n > 0` the sites are :math:`w_n` times those (the weighted likelihood's); a
+        weight of 0 (a site that must stay empty) keeps the start at the prior."""
+        sites = getattr(getattr(target, "likelihood", None), "initial_sites", None)
+        w = getattr(target, "weights", None)
+        if sites is None or (w is not None and not bool((w > 0).all())):
+            return init_to_sites()
+        lam1, lam2 = sites(target.y)
+        if w is not None:
+            lam1, lam2 = lam1 * w, lam2 * w
+        return init_to_sites(lam1=lam1, lam2=lam2, sites=f"{target.likelihood.name}'s initial_sites")
 
     def init(self, target: Any, start: Any = None, generator: torch.Generator | None = None) -> CVIState:
         """A fresh state at ``start``: a :class:`~gpvi.inference.init.Start` (or anything ``run(init=...)`` takes).

@@ -198,13 +198,17 @@ class init_to_sites:  # noqa: N801 - strategies read as functions, as in gpvi.in
         Both or neither; ``lam2 < 0`` everywhere.
     source : str
         Recorded in ``info["init"]["mean"]``.
+    sites : str
+        Recorded in ``info["init"]["sites"]`` when sites are given (default ``"given"``).
     """
 
-    def __init__(self, theta: Any = None, lam1: Any = None, lam2: Any = None, *, source: str | None = None) -> None:
+    def __init__(self, theta: Any = None, lam1: Any = None, lam2: Any = None, *, source: str | None = None,
+                 sites: str = "given") -> None:
         if (lam1 is None) != (lam2 is None):
             raise ValueError("give both lam1 and lam2, or neither")
         self.theta, self.lam1, self.lam2 = theta, lam1, lam2
         self.source = source or ("model.theta" if theta is None else "given")
+        self.sites = sites
 
     def __call__(self, model: Any) -> SiteStart:
         th = model.check_theta(self.theta).detach().clone()
@@ -222,7 +226,7 @@ class init_to_sites:  # noqa: N801 - strategies read as functions, as in gpvi.in
             raise ValueError(f"lam1 and lam2 must have {what}; got {got}")
         if not bool((l2 < 0).all()):
             raise ValueError(f"lam2 must be < 0 for every site; {int((l2 >= 0).sum())} are not")
-        return SiteStart(th, info={"mean": self.source, "sites": "given"}, lam1=l1.clone(), lam2=l2.clone())
+        return SiteStart(th, info={"mean": self.source, "sites": self.sites}, lam1=l1.clone(), lam2=l2.clone())
 
     def __repr__(self) -> str:
         return f"init_to_sites(source={self.source!r})"
