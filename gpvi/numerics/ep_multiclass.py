@@ -273,9 +273,12 @@ def _tilted_qmc(y: torch.Tensor, mc: torch.Tensor, Cc: torch.Tensor, centre: tor
     eps, aug, stats = _qmc_tables(num_draws, C - 1, mc)                    # (S, K-1), (K, S), (S, 1 + ...)
     S = eps.shape[0]
     a = torch.linalg.solve_triangular(Ld, (cd - mu_d).unsqueeze(-1), upper=False).squeeze(-1)    # (N, K-1)
-    D = (torch.cat([Ld, cd.unsqueeze(-1)], -1).reshape(N * (C - 1), C) @ aug).view(N, C - 1, S)  # L_d eps + cd
+    Lc = torch.cat([Ld, cd.unsqueeze(-1)], -1).reshape(N * (C - 1), C)
+    lp = log_lik_of_differences((Lc @ aug).view(N, C - 1, S))               # D = L_d eps + cd, (N, K-1, S)
+    if lp is None:                                                          # a sum overflowed: the shifted form
+        lp = log_lik_of_differences((Lc @ aug).view(N, C - 1, S), stable=True)
     a_aug = torch.cat([a, 0.5 * a.square().sum(-1, keepdim=True)], -1)   # (N, K)
-    lp = torch.addmm(log_lik_of_differences(D), a_aug, aug, alpha=-1.0)    # importance weights, log (N, S)
+    lp = torch.addmm(lp, a_aug, aug, alpha=-1.0)                            # importance weights, log (N, S)
     top = lp.amax(-1, keepdim=True)
     om = lp.sub_(top).exp_()
     mom = om @ stats                                                        # sums: weights, eps, eps eps^T

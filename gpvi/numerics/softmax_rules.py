@@ -242,13 +242,16 @@ def fixed_draws(num_draws: int, num_classes: int, like: torch.Tensor) -> torch.T
     return pts
 
 
-def log_lik_of_differences(D: torch.Tensor) -> torch.Tensor:
+def log_lik_of_differences(D: torch.Tensor, *, stable: bool = False) -> torch.Tensor | None:
     r""":math:`\log p(y\mid\mathbf d) = -\log(1 + \sum_j e^{d_j})`, ``(N, S)``, for the K - 1 differences
     :math:`d_j = f_j - f_y` along axis 1 of ``D`` ``(N, K-1, S)`` (multi-class EP's quasi-Monte Carlo rule), which
-    is overwritten. By ``log1p`` of the sum directly (two passes over ``D``) where no :math:`d_j` exceeds 700, else
-    by the shifted form :math:`m + \log(e^{-m} + \sum_j e^{d_j - m})`, :math:`m = \max(0, \max_j d_j)`, which
-    cannot overflow."""
-    if float(D.amax()) < 700.0:
-        return torch.log1p(D.exp_().sum(1)).neg_()
+    is overwritten. By the log of :math:`1 + \sum_j e^{d_j}` directly (two passes over ``D``; ``log`` rather than
+    ``log1p``, three times faster here: where the sum is below 1e-16 the result is 0 instead of :math:`-\sum_j
+    e^{d_j}`, an absolute error below 1e-16), or ``None`` when a sum overflows (some :math:`d_j > 709`); with
+    ``stable``, by the shifted form :math:`m + \log(e^{-m} + \sum_j e^{d_j - m})`, :math:`m = \max(0, \max_j d_j)`,
+    which cannot overflow."""
+    if not stable:
+        s = D.exp_().sum(1)
+        return s.add_(1.0).log_().neg_() if bool(torch.isfinite(s).all()) else None
     mx = D.amax(1).clamp_min_(0.0)
     return -(mx + torch.log(torch.exp(-mx) + D.sub_(mx.unsqueeze(1)).exp_().sum(1)))
