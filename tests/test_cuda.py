@@ -197,3 +197,36 @@ def test_generalised_regression_predicts_on_the_device_reloads_on_the_cpu_and_pl
     grid = torch.as_tensor(line.get_xdata())
     torch.testing.assert_close(torch.as_tensor(line.get_ydata()), back.predict(grid.unsqueeze(-1)).mean,
                                rtol=1e-9, atol=1e-9)
+
+
+def test_generalised_priors_count_start_and_whitened_likelihood_parameters_follow_the_device():
+    """Issue 60, item 3: LikelihoodTypeII with priors (registered kernel prior, Gamma on the dispersion) from the
+    default start for counts, and the whitened target with the dispersion sampled: the device's answers equal the
+    CPU's (a deterministic fit to 1e-6 relative, the log joint and its gradient to rounding)."""
+    import gpytorch
+
+    from gpvi.inference.cvi import LikelihoodTypeII
+    from gpvi.models.latent_likelihoods import NegativeBinomial
+    from gpvi.models.whitened import WhitenedLatentGP
+
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(30, 1, generator=g, dtype=torch.float64) * 5
+    y = torch.poisson(torch.exp(5 + torch.sin(X[:, 0])), generator=g)          # counts in the hundreds
+
+    def model(dev):
+        k = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(
+            lengthscale_prior=gpytorch.priors.LogNormalPrior(0.0, 0.5)))
+        return gpvi.GPGeneralisedRegression(X, y, kernel=k, likelihood=NegativeBinomial(5.0), device=dev)
+
+    priors = {"dispersion": gpytorch.priors.GammaPrior(2.0, 0.1)}
+    a, b = _both(lambda dev: LikelihoodTypeII(priors=priors).run(model(dev)))
+    torch.testing.assert_close(_on(b.theta), a.theta, rtol=1e-6, atol=1e-6)
+    assert b.info["likelihood_params"]["dispersion"] == pytest.approx(a.info["likelihood_params"]["dispersion"],
+                                                                      rel=1e-6)
+    ta, tb = (WhitenedLatentGP(model(dev), likelihood_priors=priors) for dev in ("cpu", DEVICE))
+    z = ta.initial_theta() + 0.1 * torch.randn(ta.dim, generator=g, dtype=torch.float64)
+    za, zb = z.clone().requires_grad_(True), z.to(DEVICE).requires_grad_(True)
+    la, lb = ta.log_joint(za), tb.log_joint(zb)
+    (ga,), (gb,) = torch.autograd.grad(la, za), torch.autograd.grad(lb, zb)
+    assert float(_on(lb.detach())) == pytest.approx(float(la), rel=1e-10)
+    torch.testing.assert_close(_on(gb), ga, rtol=1e-8, atol=1e-8)

@@ -166,6 +166,7 @@ class LikelihoodPrior:
                             f"{type(priors).__name__}")
         self.base = base
         self.terms: dict[int, tuple[Any, bool]] = {}          # index in psi -> (distribution, on the log scale)
+        self._kinds: dict[int, str] = {}                       # the user's class names, for summary()
         for key, dist in priors.items():
             if not isinstance(key, str):
                 raise TypeError(f"{arg}'s keys must be parameter names (str); got {key!r}")
@@ -186,6 +187,7 @@ class LikelihoodPrior:
                                  f"{name} is positive: use a distribution on the positive reals (Gamma, LogNormal, "
                                  f"HalfNormal ...), or give a prior on the log value as {arg}['log_{name}']")
             self.terms[i] = (_float64(dist), log)
+            self._kinds[i] = type(dist).__name__
 
     @property
     def dim(self) -> int:
@@ -232,9 +234,8 @@ class LikelihoodPrior:
         out = {}
         for i, n in enumerate(self.names):
             if i in self.terms:
-                dist, log = self.terms[i]
-                out[n] = (f"{type(dist).__name__} on log {n}" if log else
-                          f"{type(dist).__name__} on {n} (with the log-Jacobian of log {n} -> {n})")
+                kind, log = self._kinds[i], self.terms[i][1]
+                out[n] = (f"{kind} on log {n}" if log else f"{kind} on {n} (with the log-Jacobian of log {n} -> {n})")
             else:
                 out[n] = (f"N(0, {DEFAULT_LOG_VARIANCE:g}) on log {n} (gpvi default)" if self.base == "default"
                           else "flat (no prior)")
