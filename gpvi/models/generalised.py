@@ -37,7 +37,12 @@ class GPGeneralisedRegression(LatentGP):
     Inference is CVI (:class:`gpvi.CVI`): each step is a GP-regression prediction with Gaussian pseudo-observations
     (the sites), full-batch (Khan & Lin 2017, Algorithm 1) or one site at a time (eq. 14). The kernel
     hyperparameters are theta (log scale); the likelihood's parameters (``df``, ``scale``, ``dispersion``) are
-    fixed at the values given.
+    fixed at the values given here. Both are learned by type-II on the CVI bound
+    (:class:`gpvi.inference.cvi.TypeII`, :class:`gpvi.inference.cvi.LikelihoodTypeII`), MAP-II with priors: those
+    registered on the kernel, named ones, and priors on the likelihood's parameters
+    (:mod:`gpvi.models.likelihood_priors`); NUTS samples them with the latent values
+    (:class:`gpvi.models.whitened.WhitenedLatentGP`). Count likelihoods start CVI from the sites of the log counts
+    (:func:`gpvi.models.latent_likelihoods.log_count_sites`).
 
     **Negative site precisions.** The Student-t likelihood is not log-concave: for an outlying point
     (:math:`|y_n - f_n| > \sigma\sqrt\nu`) :math:`h'' > 0`, and the CVI update (eq. 13)

@@ -1,4 +1,4 @@
-r"""The joint posterior of kernel hyperparameters and latent values, whitened: the MCMC baseline of GP classification.
+r"""The joint posterior of kernel hyperparameters and latent values, whitened: the MCMC baseline of latent GPs.
 
 For a latent GP :math:`f \sim \mathcal N(0, K_\theta)` with a factorised likelihood :math:`\prod_n p(y_n\mid f_n)`
 (:class:`gpvi.models.classification.LatentGP`), sampling :math:`(\theta, f)` directly is hard: :math:`f`'s scale
