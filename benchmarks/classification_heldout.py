@@ -23,7 +23,10 @@ Rule (section ``rule``): gpvi's load-independent counts under the rule before is
 after it, on every family at N = 500 (``--sizes``) and the multi-class families at N = 100-300.
 
 Fully Bayesian (section ``bayes``): ``GPClassifier(hyperparameters="bayes")`` against the type-II wall on binary sets
-at N = 100-400, and on 4 classes at N = 100.
+at N = 100-400 (the higher noise level), and on 4 classes at N = 100: ``moons`` and ``mc_blobs`` (held out) by
+default, any families with ``--families`` (e.g. the tuning half: ``xor clf8 mc_clf``). Besides the walls, each row
+keeps the fit's load-independent counts (EP evaluations and sweeps, the engine's steps) and stage walls
+(:func:`bayes_counts`), q(theta)'s means and sds and the test probabilities.
 
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.classification_heldout [--quick] [--sections binary
 multiclass bayes rule] [--sizes 2000] [--families moons ...] [--noise 0 1] [--repeats 2] [--no-sklearn] [--name NAME]``.
@@ -206,18 +209,37 @@ def run_multiclass(families: list[str], sizes: list[int], classes: list[int], le
                     save()
 
 
+def bayes_counts(post: Any) -> dict[str, Any]:
+    """Load-independent counts and stage walls of a ``hyperparameters="bayes"`` fit (from its ``info``): EP's
+    evaluations and sweeps, the engine's steps, the predictive stage's CVI steps, and the seconds per stage."""
+    info = post.info
+    ep = info.get("ep_counters", {}) or {}
+    out = {"ep_evaluations": ep.get("evaluations"), "ep_sweeps": ep.get("sweeps"), "q_steps": info.get("q_steps"),
+           "engine_retry": info.get("engine_retry") is not None,
+           "predictive_inner_steps": info.get("predictive_inner_steps")}
+    for k in ("map_time_s", "ep_map_time_s", "laplace_time_s", "q_time_s", "predictive_time_s", "time_s"):
+        if k in info:
+            out[k] = round(float(info[k]), 3)
+    return out
+
+
 def run_bayes(sizes: list[int], repeats: int, out: dict[str, Any], save: Callable[[], None],
-              four_classes: bool = True) -> None:
-    """``hyperparameters="bayes"`` against type-II, alternated: binary moons (held out) at ``sizes``, and (with
-    ``four_classes``) the 4-class blobs at N = 100."""
-    cases = [("moons", n, 2) for n in sizes] + ([("mc_blobs", 100, 4)] if four_classes else [])
+              four_classes: bool = True, families: list[str] | None = None) -> None:
+    """``hyperparameters="bayes"`` against type-II, alternated: binary ``families`` (default moons, held out) at
+    ``sizes`` (the higher noise level), and (with ``four_classes``) 4 classes at N = 100 (``mc_blobs`` held out by
+    default; a multi-class family in ``families`` replaces it)."""
+    fams = families or ["moons", "mc_blobs"]
+    binary = [f for f in fams if f in FAMILIES]
+    multi = [f for f in fams if f not in FAMILIES] or (["mc_blobs"] if families is None else [])
+    cases = [(f, n, 2) for f in binary for n in sizes] + ([(f, 100, 4) for f in multi] if four_classes else [])
     for fam, n, k in cases:
         data = binary_data(fam, n, 1) if k == 2 else multiclass_data(fam, n, k, 0)
         Xtr, ytr, Xte, yte = data
-        b_walls, t_walls, loads = [], [], []
+        b_walls, t_walls, loads, b_counts = [], [], [], []
         for _ in range(repeats):
             b, w, ld, _ = fit_gpvi(Xtr, ytr, hyperparameters="bayes")
             b_walls.append(round(w, 3))
+            b_counts.append(bayes_counts(b.posterior_))
             loads.append(ld)
             t, w, ld, cnt = fit_gpvi(Xtr, ytr)
             t_walls.append(round(w, 3))
@@ -226,11 +248,14 @@ def run_bayes(sizes: list[int], repeats: int, out: dict[str, Any], save: Callabl
         row = {"section": "bayes", "family": fam, "half": half_of(fam), "N": n, "K": k,
                "bayes_s": statistics.median(b_walls), "bayes_walls": b_walls,
                "type2_s": statistics.median(t_walls), "type2_walls": t_walls, "loads": loads,
-               "bayes_log_loss": log_loss(Pb, yte), "type2_log_loss": log_loss(Pt, yte), "type2_counts": cnt}
+               "bayes_log_loss": log_loss(Pb, yte), "type2_log_loss": log_loss(Pt, yte), "type2_counts": cnt,
+               "bayes_counts": b_counts, "theta_mean": b.posterior_.mean.tolist(),
+               "theta_sd": b.posterior_.std.tolist(), "test_proba": np.asarray(Pb).tolist()}
         row["ratio"] = row["bayes_s"] / row["type2_s"]
         key = f"bayes/{fam}/{n}/{k}"
         out[key] = row
-        print(key, {k2: v for k2, v in row.items() if k2.endswith("_s") or k2 == "ratio"}, flush=True)
+        print(key, {k2: v for k2, v in row.items() if k2.endswith("_s") or k2 == "ratio"}, b_counts[-1],
+              flush=True)
         save()
 
 
@@ -367,12 +392,17 @@ def report(rows: dict[str, Any]) -> str:
     bay = [r for r in rows.values() if r["section"] == "bayes"]
     if bay:
         lines += ["## Fully Bayesian: hyperparameters=\"bayes\" against type-II", "",
-                  "| half | family | K | N | bayes (s) | type-II (s) | ratio | log loss bayes / type-II | load |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        for r in sorted(bay, key=lambda r: (r["K"], r["N"])):
+                  "| half | family | K | N | bayes (s) | type-II (s) | ratio | log loss bayes / type-II | EP evaluations "
+                  "/ sweeps | engine steps | stages: MAP-II / EP MAP / Laplace / q / predictive (s) | load |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in sorted(bay, key=lambda r: (r["half"], r["K"], r["family"], r["N"])):
+            c = (r.get("bayes_counts") or [{}])[-1]
+            stages = " / ".join(f"{c[k]:.1f}" if k in c else "-" for k in
+                                ("map_time_s", "ep_map_time_s", "laplace_time_s", "q_time_s", "predictive_time_s"))
             lines.append(f"| {r['half']} | {r['family']} | {r['K']} | {r['N']} | {r['bayes_s']:.1f} | "
                          f"{r['type2_s']:.2f} | **{r['ratio']:.1f}** | {r['bayes_log_loss']:.4f} / "
-                         f"{r['type2_log_loss']:.4f} | {min(r['loads']):.1f}-{max(r['loads']):.1f} |")
+                         f"{r['type2_log_loss']:.4f} | {c.get('ep_evaluations', '-')} / {c.get('ep_sweeps', '-')} | "
+                         f"{c.get('q_steps', '-')} | {stages} | {min(r['loads']):.1f}-{max(r['loads']):.1f} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -436,7 +466,7 @@ def main() -> None:
             run_rule((a.sizes or [500])[0], rows, save)
         else:
             run_bayes(a.sizes or ([50] if a.quick else [100, 200, 400]), a.repeats, rows, save,
-                      four_classes=not a.quick)
+                      four_classes=not a.quick, families=a.families)
 
 
 if __name__ == "__main__":
