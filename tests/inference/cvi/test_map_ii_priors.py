@@ -100,7 +100,7 @@ def test_likelihood_type_ii_with_priors_is_stationary_in_the_log_parameter():
     f0 = _nb_profiled(X, y, r, lp)
     up, down = _nb_profiled(X, y, r * math.exp(h), lp), _nb_profiled(X, y, r * math.exp(-h), lp)
     assert up <= f0 + 1e-5 and down <= f0 + 1e-5
-    assert abs(up - down) / (2 * h) < 0.02
+    assert abs(up - down) / (2 * h) < 0.02                   # d(bound + log prior) / d log r: measured 9e-5
 
 
 @pytest.mark.parametrize("key,dist", [("log_df", torch.distributions.Normal(math.log(7.0), 0.01)),
