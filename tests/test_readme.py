@@ -70,7 +70,10 @@ QUICK: dict[str, list[tuple[str, str]]] = {
         # Single-site CVI: 20,000 steps (100 sweeps) -> 2,000.
         ("num_steps=20_000", "num_steps=2_000"),
     ],
-    "docs/latent.md": [],          # one type-II fit on 60 counts: about 3 s
+    "docs/latent.md": [
+        # NUTS over (theta, log r, whitened f): 2 x (200 + 200) transitions -> 1 x (10 + 10).
+        ("num_chains=2, num_warmup=200, num_draws=200", _TINY_NUTS),
+    ],
     "docs/results.md": [],
     "docs/development.md": [],
 }
