@@ -143,6 +143,7 @@ def test_ctrl_c_stops_cross_val_score(monkeypatch):
 
 _SCENARIO = """
 import os, signal
+signal.signal(signal.SIGINT, signal.default_int_handler)   # as in a terminal (a background job inherits SIG_IGN)
 import numpy as np
 from sklearn.model_selection import cross_val_score
 from gpvi.inference.cvi import CVI
