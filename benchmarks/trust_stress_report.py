@@ -19,6 +19,11 @@ from benchmarks._common import header, write
 from benchmarks.trust_stress_rules import CACHE, NAME, SD_HI, SD_LO, SEEDS, SEEN, TOL_MEAN, _cell, fidelity
 
 
+def _range(xs: list[float]) -> str:
+    """``min-max`` of ``xs`` rounded to whole seconds (``-`` when empty)."""
+    return f"{min(xs):.0f}-{max(xs):.0f}" if xs else "-"
+
+
 def long_references() -> dict[str, dict[str, Any]]:
     """The long dispersed NUTS runs of ``trust_stress_longref.py`` (committed results), by problem: means and sds."""
     out = {}
@@ -82,13 +87,17 @@ def render(probs: list[dict[str, Any]]) -> None:
           "rule): on the 58 cases cached then (`SEEN` in the script), no answer accepted by both is outside the "
           "tolerance. Every case was rerun with it. For these changes no case run before them is held out: the "
           "summary's \"unseen\" rows are the cases run after, held out from every decision.", "",
+          "**NUTS route.** ``infer``'s sampler is ``infer.default_nuts`` as of this run's code: since issue 57's "
+          "sixteenth session a diagonal metric adapted over 500 warm-up transitions from draws of q (before: q's "
+          "covariance fixed as the metric, 200 warm-up transitions; ``trust_stress_lean.md`` and earlier files).", "",
           ("**Partial run.** " if len(cases) < len(probs) * len(SEEDS) else "**Walls.** ")
-          + "On this 2-core machine (this suite on one core, one thread, other benchmarks on the other; load about "
-          "2) the references took 100-550 s per problem and NUTS from q 50-2,000 s per case (its walls include runs "
-          "made under earlier rules and extended from their cached state)"
+          + "On this 2-core machine (this suite on one core, one thread, other work on the other: the load heading "
+          f"this file is the render's; the run's own is in the CHANGELOG entry) the references took "
+          f"{_range([r['wall_s'] for r in refs.values()])} s per problem and NUTS from q "
+          f"{_range([c['v2']['times'].get('nuts', 0.0) for c in cases if c['v2']['answer'] == 'nuts'])} s per case "
+          "(a run cached under an earlier rule is extended from its cached state, and its wall then adds both)"
           + (", so only the cases listed above were run in the time available; `python -m benchmarks.trust_stress "
-             "cases` resumes from the cache." if len(cases) < len(probs) * len(SEEDS) else
-             "; the cases were run over several sessions, resumed from the cache."), ""]
+             "cases` resumes from the cache." if len(cases) < len(probs) * len(SEEDS) else "."), ""]
     summary = []
     ref_ok = {k: bool(r.get("mixed")) for k, r in refs.items()}
     longs = {k: v for k, v in long_references().items() if k in refs}
