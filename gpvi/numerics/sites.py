@@ -111,48 +111,72 @@ def site_factor(K: torch.Tensor, s: torch.Tensor, theta: torch.Tensor | None = N
 
 
 def marginals(K: torch.Tensor, L: torch.Tensor, ytilde: torch.Tensor, *, keep_inverse: bool = False,
-              out: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+              keep_precision: bool = False, out: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     r"""All marginals from the factor(s): ``m = K alpha``, ``var`` = :math:`\operatorname{diag}V` and ``alpha``
-    (and :math:`L^{-1}` as a fourth result with ``keep_inverse``, for :func:`kernel_gradient`; written into ``out``,
-    a buffer of ``L``'s shape, when given).
+    (and, as a fourth result, :math:`P = (K + S)^{-1}` with ``keep_precision``, or :math:`L^{-1}` with
+    ``keep_inverse``, for :func:`kernel_gradient`; written into ``out``, a buffer of ``L``'s shape, when given).
 
     ``ytilde`` (N,): ``m``, ``var``, ``alpha`` (N,); (N, K) with ``L`` (K, N, N): ``m``, ``var`` (N, K), ``alpha``
     (K, N). With :math:`P = (LL^\top)^{-1} = (K + S)^{-1}`, :math:`V = K - KPK = S - SPS`, so
 
     .. math::
 
-        V_{nn} = s_n - s_n^2 P_{nn},\qquad P_{nn} = \lVert L^{-1} e_n\rVert^2,
+        V_{nn} = s_n - s_n^2 P_{nn},
 
-    one triangular inverse (:func:`gpvi.linalg.triangular_inverse`, :math:`N^3/3` flops) instead of the triangular
-    solve :math:`L^{-1}K` (:math:`N^3`) of :math:`V_{nn} = K_{nn} - \lVert L^{-1}\mathbf k_n\rVert^2`. The
-    :math:`s_n` are read off the factor, :math:`s_n = (LL^\top)_{nn} - K_{nn}` (jitter included). The subtraction
-    loses about :math:`\log_{10}(s_n/V_{nn})` digits (measured: 2e-12 relative at :math:`s_n/V_{nn} = 10^3`), so sites with :math:`s_n > 10^4\,V_{nn}` (or a
-    non-positive result) are recomputed by the direct formula, one column of :math:`L^{-1}K` each.
+    the diagonal of :math:`P` from LAPACK's ``potri`` on the factor (:func:`torch.cholesky_inverse`: the
+    triangular inverse and :math:`L^{-\top}L^{-1}`, :math:`2N^3/3` flops) instead of the triangular solve
+    :math:`L^{-1}K` (:math:`N^3`) of :math:`V_{nn} = K_{nn} - \lVert L^{-1}\mathbf k_n\rVert^2`. ``potri`` does
+    twice the flops of a triangular inverse and column norms (:func:`gpvi.linalg.triangular_inverse`, SciPy's
+    ``trtri``), but through torch's LAPACK it took less time on this project's Intel machine (one thread, best of
+    several, load 2: 0.48 against 1.12 ms at N = 300, 16 against 18 ms at N = 1,000, 95-146 against 131-154 ms
+    at N = 2,000; batch of 4 at N = 400: 4.6 against 10.6 ms, ``benchmarks/studies/results/bayes_profile_after.md``),
+    and it leaves :math:`P` itself, which :func:`kernel_gradient_summed` needs (one ``lauum`` saved per gradient).
+    ``keep_inverse`` keeps the triangular inverse instead (:math:`P_{nn} = \lVert L^{-1} e_n\rVert^2`).
+
+    The :math:`s_n` are read off the factor, :math:`s_n = (LL^\top)_{nn} - K_{nn}` (jitter included). The
+    subtraction loses about :math:`\log_{10}(s_n/V_{nn})` digits (measured: 2e-12 relative at
+    :math:`s_n/V_{nn} = 10^3`), so sites with :math:`s_n > 10^4\,V_{nn}` (or a non-positive result) are recomputed
+    by the direct formula, one column of :math:`L^{-1}K` (a triangular solve) each.
     """
+    if keep_inverse and keep_precision:
+        raise ValueError("keep_inverse and keep_precision are exclusive")
     batched = ytilde.dim() == 2
     rhs = ytilde.T.unsqueeze(-1) if batched else ytilde.unsqueeze(-1)
     # two triangular solves (torch.cholesky_solve copies the factors first: 15x slower at N = 2,000)
     alpha = torch.linalg.solve_triangular(L.mT, torch.linalg.solve_triangular(L, rhs, upper=False),
                                           upper=True).squeeze(-1)
     m = (alpha @ K).T if batched else K @ alpha
-    Linv = triangular_inverse(L, out)
     dK = K.diagonal()
     s = sum_of_squares(L, -1) - dK
-    var = s - s * s * sum_of_squares(Linv, -2)
+    if keep_inverse:
+        extra = Linv = triangular_inverse(L, out)
+        dP = sum_of_squares(Linv, -2)
+    else:
+        extra = _precision(L, out)
+        dP = extra.diagonal(dim1=-2, dim2=-1)
+    var = s - s * s * dP
     weak = (s > _WEAK * var) | ~(var > 0)
     if bool(weak.any()):
         for c, row in enumerate(weak.reshape(-1, weak.shape[-1])):
             idx = row.nonzero().flatten()
             if idx.numel():
-                W = (Linv[c] if batched else Linv) @ K[:, idx]
+                W = torch.linalg.solve_triangular(L[c] if batched else L, K[:, idx], upper=False)
                 exact = dK[idx] - (W * W).sum(0)
                 if batched:
                     var[c, idx] = exact
                 else:
                     var[idx] = exact
-    if keep_inverse:
-        return m, (var.T if batched else var), alpha, Linv
+    if keep_inverse or keep_precision:
+        return m, (var.T if batched else var), alpha, extra
     return m, (var.T if batched else var), alpha
+
+
+def _precision(L: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    r""":math:`P = (LL^\top)^{-1}` (symmetric, both triangles) from lower factor(s) ``L`` (..., N, N) by LAPACK's
+    ``potri`` (:func:`torch.cholesky_inverse`), into ``out`` (a buffer of ``L``'s shape) when given."""
+    if out is None or L.requires_grad or out.shape != L.shape:
+        return torch.cholesky_inverse(L)
+    return torch.cholesky_inverse(L, out=out)
 
 
 def site_elbo(value_sum: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor, m: torch.Tensor,
@@ -209,7 +233,8 @@ def kl2(lam2: torch.Tensor, m: torch.Tensor, var: torch.Tensor, L: torch.Tensor,
 
 
 def kernel_gradient(L: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor, m: torch.Tensor, alpha: torch.Tensor,
-                    dm: torch.Tensor, dv: torch.Tensor, *, Linv: torch.Tensor | None = None) -> torch.Tensor:
+                    dm: torch.Tensor, dv: torch.Tensor, *, Linv: torch.Tensor | None = None,
+                    P: torch.Tensor | None = None) -> torch.Tensor:
     r""":math:`\partial\mathcal L/\partial K` of :func:`site_elbo` with the sites held fixed, in closed form
     (:mod:`gpvi.inference.cvi.typeii`, "Inner runs are monotone"):
 
@@ -222,10 +247,12 @@ def kernel_gradient(L: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor, m: 
     :math:`b = \partial_v E - \tilde\lambda^{(2)}`. Batched: every argument may carry the same leading dimensions
     (``L`` (..., N, N), the others (..., N)); returns (..., N, N). ``Linv``: :math:`L^{-1}` where the caller has it
     (:func:`marginals`); then :math:`P = L^{-\top}L^{-1}` is one ``lauum`` (:math:`N^3/3` flops) instead of
-    ``cholesky_inverse`` (:math:`2N^3/3`). About :math:`4N^3/3` flops per factor with ``Linv``.
+    ``cholesky_inverse`` (:math:`2N^3/3`); ``P``: :math:`P` itself (``marginals(keep_precision=True)``), no
+    factorisation work at all. About :math:`N^3` flops per factor with ``P``.
     """
     s = -0.5 / lam2
-    P = torch.cholesky_inverse(L) if Linv is None else _gram_of_inverse(Linv)
+    if P is None:
+        P = torch.cholesky_inverse(L) if Linv is None else _gram_of_inverse(Linv)
     a = dm - lam1 - 2.0 * lam2 * m
     # sym(P (a s) alpha^T + 1/2 alpha alpha^T) = 1/2 (w alpha^T + alpha w^T) with w = P (a s) + alpha / 2
     w = (P @ (a * s).unsqueeze(-1)).squeeze(-1) + 0.5 * alpha
@@ -236,41 +263,50 @@ def kernel_gradient(L: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor, m: 
 
 
 def kernel_gradient_summed(L: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor, m: torch.Tensor,
-                           alpha: torch.Tensor, dm: torch.Tensor, dv: torch.Tensor, Linv: torch.Tensor
-                           ) -> torch.Tensor:
+                           alpha: torch.Tensor, dm: torch.Tensor, dv: torch.Tensor, Linv: torch.Tensor | None = None,
+                           *, P: torch.Tensor | None = None) -> torch.Tensor:
     r""":func:`kernel_gradient` summed over the factors (latent functions sharing :math:`K`), as a matrix :math:`T`
     (N, N) with :math:`T + T^\top = 2\sum_k G_k`: what a contraction with a symmetric matrix needs,
     :math:`\sum_{ij} T_{ij}A_{ij} = \sum_{ij}(\sum_k G_k)_{ij}A_{ij}` (e.g. autograd through :math:`K(\theta)`).
 
-    On the CPU (float64) no :math:`N\times N` matrix is symmetrised or stacked per factor: each :math:`P_k` is one
-    ``lauum`` of ``Linv`` (:math:`N^3/3` flops), :math:`P_k\boldsymbol u = L_k^{-\top}(L_k^{-1}\boldsymbol u)`, and the
-    sandwiches :math:`\sum_k P_k\operatorname{diag}(\mathbf c_k)P_k`,
-    :math:`\mathbf c_k = \mathbf b_k\odot\mathbf s_k^2`, accumulate in one lower triangle by ``syrk``
-    (:math:`N^3` flops per factor, in double precision). Elsewhere: ``kernel_gradient(...).sum(0)``.
+    ``P``: the factors' :math:`P_k = (K + S_k)^{-1}` (``marginals(keep_precision=True)``), or ``Linv``: their
+    :math:`L_k^{-1}` (then each :math:`P_k` is one ``lauum``, :math:`N^3/3` flops); one of the two is needed.
+
+    On the CPU (float64) no :math:`N\times N` matrix is symmetrised or stacked per factor: the sandwiches
+    :math:`\sum_k P_k\operatorname{diag}(\mathbf c_k)P_k`, :math:`\mathbf c_k = \mathbf b_k\odot\mathbf s_k^2`,
+    accumulate in one lower triangle by ``syrk`` (:math:`N^3` flops per factor, in double precision). Elsewhere:
+    ``kernel_gradient(...).sum(0)``.
     """
-    if L.device.type != "cpu" or L.dtype != torch.float64 or Linv.requires_grad:
-        G = kernel_gradient(L, lam1, lam2, m, alpha, dm, dv, Linv=Linv)
+    if P is None and Linv is None:
+        raise ValueError("kernel_gradient_summed needs P or Linv")
+    given = P if P is not None else Linv
+    if L.device.type != "cpu" or L.dtype != torch.float64 or given.requires_grad:
+        G = kernel_gradient(L, lam1, lam2, m, alpha, dm, dv, Linv=Linv, P=P)
         return G if G.dim() == 2 else G.sum(0)
     n = L.shape[-1]
-    Lb = Linv.detach().reshape(-1, n, n)
     s = (-0.5 / lam2).reshape(-1, n)
     a = (dm - lam1 - 2.0 * lam2 * m).reshape(-1, n)
     c = ((dv - lam2).reshape(-1, n) * s * s).numpy()
     al = alpha.reshape(-1, n)
-    # 1/2 sum_k (w_k alpha_k^T + alpha_k w_k^T), w = P (a s) + alpha / 2, P u = Linv^T (Linv u)
-    w = (Lb.mT @ (Lb @ (a * s).unsqueeze(-1))).squeeze(-1) + 0.5 * al
+    Pb = P.detach().reshape(-1, n, n) if P is not None else None
+    Lb = Linv.detach().reshape(-1, n, n) if P is None else None
+    # 1/2 sum_k (w_k alpha_k^T + alpha_k w_k^T), w = P (a s) + alpha / 2 (P u = Linv^T (Linv u) from Linv)
+    u = (a * s).unsqueeze(-1)
+    w = (Pb @ u if Pb is not None else Lb.mT @ (Lb @ u)).squeeze(-1) + 0.5 * al
     T = torch.cat((w, al)).T @ torch.cat((al, w))
     T.mul_(0.5)
     S = np.zeros((n, n), dtype=np.float64, order="F")
-    for k in range(Lb.shape[0]):
-        P = _gram_of_inverse(Lb[k])
-        T.add_(P, alpha=-0.5)
-        Pn, ck = P.numpy(), c[k]
+    for k in range(al.shape[0]):
+        Pk = _gram_of_inverse(Lb[k]) if Pb is None else Pb[k]
+        T.add_(Pk, alpha=-0.5)
+        if not Pk.is_contiguous():             # symmetric: its transpose is the same matrix, in C order
+            Pk = Pk.mT
+        Pn, ck = Pk.contiguous().numpy(), c[k]
         for sign, cols in ((1.0, ck > 0), (-1.0, ck < 0)):
             if cols.any():             # P symmetric: its columns are its rows, gathered contiguously
                 X = (Pn[cols] * np.sqrt(sign * ck[cols])[:, None]).T
                 S = blas.dsyrk(sign, X, beta=1.0, c=S, lower=1, overwrite_c=1)
-        del P, Pn
+        del Pk, Pn
     S64 = torch.from_numpy(S)                          # lower triangle, zeros above
     T.add_(S64, alpha=2.0)
     T.diagonal().sub_(S64.diagonal())

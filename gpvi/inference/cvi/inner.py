@@ -36,9 +36,9 @@ with :math:`\boldsymbol\alpha = P\tilde{\mathbf y}`, :math:`a_n = \partial_m E_n
 :math:`b_n = \partial_v E_n - \tilde\lambda^{(2)}_n`; it is pushed through :math:`K(\theta)` by autograd. The
 factorisation is the exact Cholesky of :func:`gpvi.linalg.cholesky_with_jitter`. At a CVI fixed point :math:`a = b = 0`,
 so this is :math:`dF/d\theta` (envelope theorem). Each evaluation costs a few O(N^3) CVI steps (warm start: per
-latent function one Cholesky factor and one triangular inverse, :math:`2N^3/3` flops) plus, for the gradient, one
-``lauum`` of the best step's kept inverse and one ``syrk``
-(:func:`gpvi.numerics.sites.kernel_gradient_summed`); a stochastic engine's phases use the same full-batch inner
+latent function one Cholesky factor, :math:`N^3/3` flops, and :math:`P` by ``potri``, :math:`2N^3/3`:
+:func:`gpvi.numerics.sites.marginals`) plus, for the gradient, one ``syrk`` with the best step's kept :math:`P`
+(:func:`gpvi.numerics.sites.kernel_gradient_summed`, :math:`N^3`); a stochastic engine's phases use the same full-batch inner
 loop, because the gradient in :math:`\theta` costs O(N^3) anyway. (Alternating a few L-BFGS steps with the sites
 held fixed and CVI sweeps, variational-EM style, crept towards the optimum with thousands of evaluations on nearly
 separable data.)
@@ -104,7 +104,7 @@ def converge_sites(cvi: Any, model: Any, theta: torch.Tensor, lam1: torch.Tensor
     def buffers() -> tuple[torch.Tensor, torch.Tensor] | None:
         if work is None:
             return None
-        held = {best[k].data_ptr() for k in ("L", "Linv") if k in best} if best else set()
+        held = {best[k].data_ptr() for k in ("L", "P") if k in best} if best else set()
         for pair in work:
             if not held & {b.data_ptr() for b in pair}:
                 return pair
@@ -244,7 +244,7 @@ def theta_objective(cvi: Any, model: Any, lam1: torch.Tensor, lam2: torch.Tensor
     with torch.enable_grad():
         Kg = model.kernel_matrix(th)
     if evaluated is not None:
-        lam1, lam2, L, Linv, m, alpha, ex = (evaluated[k] for k in ("lam1", "lam2", "L", "Linv", "m", "alpha", "ex"))
+        lam1, lam2, L, P, m, alpha, ex = (evaluated[k] for k in ("lam1", "lam2", "L", "P", "m", "alpha", "ex"))
         val = torch.as_tensor(evaluated["elbo"], dtype=Kg.dtype, device=Kg.device)
     else:
         K = Kg.detach()
@@ -253,12 +253,12 @@ def theta_objective(cvi: Any, model: Any, lam1: torch.Tensor, lam2: torch.Tensor
             L, _ = sites.site_factor(K, s, theta.detach())
         except NotPSDError:
             return -math.inf, None
-        m, v, alpha, Linv = sites.marginals(K, L, ytilde, keep_inverse=True)
+        m, v, alpha, P = sites.marginals(K, L, ytilde, keep_precision=True)
         ex = steps.expectations(cvi, model, m, v, None, cvi.elbo_method)
         val = sites.site_elbo(ex.value.sum(), lam1, lam2, m, v, L, alpha)
     if not bool(torch.isfinite(val)):
         return -math.inf, None
-    G = sites.kernel_gradient_summed(L, _cols(lam1), _cols(lam2), _cols(m), alpha, _cols(ex.dm), _cols(ex.dv), Linv)
+    G = sites.kernel_gradient_summed(L, _cols(lam1), _cols(lam2), _cols(m), alpha, _cols(ex.dm), _cols(ex.dv), P=P)
     with torch.enable_grad():
         out = (Kg * G).sum()
         if prior is not None:
