@@ -42,7 +42,6 @@ Usage::
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import os
@@ -57,6 +56,7 @@ import torch
 
 import gpvi
 from gpvi.inference import infer as infer_mod
+from gpvi.inference.check import mixed, run_until_mixed
 
 from benchmarks.nuts_fidelity import run_to_ess
 
@@ -122,7 +122,7 @@ def reference(p: dict[str, Any]) -> dict[str, Any]:
     sampler = gpvi.NUTS(num_chains=4, num_warmup=500, num_draws=100 if QUICK else 200, seed=1,
                         progress_bar=False)
     # nuts_fidelity's doubling rule with gpvi.infer's targets: bulk and tail ESS >= 400, R-hat <= 1.01
-    mc, run = run_to_ess(sampler, model, mixed=lambda d, mc: infer_mod._mixed(d, MIN_ESS, mc.std))
+    mc, run = run_to_ess(sampler, model, mixed=lambda d, mc: mixed(d, MIN_ESS, mc.std))
     d = mc.diagnostics()
     x = mc.draws.reshape(-1, mc.draws.shape[-1]).cpu().numpy()
     ev_warm, ev_samp = run["evals_warmup"], run["evals_sampling"]
@@ -132,7 +132,7 @@ def reference(p: dict[str, Any]) -> dict[str, Any]:
            "ess_tail": [float(v) for v in d["ess_tail"]], "r_hat": [float(v) for v in d["r_hat"]],
            **{k: run[k] for k in ("min_ess_bulk", "min_ess_tail", "max_r_hat", "draws_per_chain", "extensions",
                                   "divergences", "wall_s")},
-           "mcse_sd": [float(v) for v in d["mcse_sd"]], "mixed": infer_mod._mixed(d, MIN_ESS, mc.std),
+           "mcse_sd": [float(v) for v in d["mcse_sd"]], "mixed": mixed(d, MIN_ESS, mc.std),
            "rule": "bulk and tail ESS >= 400, R-hat <= 1.01, MCSE of every mean and sd <= 0.05 sd",
            "wall_to_400": run["wall_s"] * (ev_warm + ev_samp * MIN_ESS / ess) / max(ev_warm + ev_samp, 1),
            "load": list(os.getloadavg())}
@@ -181,29 +181,20 @@ class _CachedNUTS:
         if blob is None:
             t0 = time.perf_counter()
             sampler = infer_mod.default_nuts(self.seed, progress_bar=False)
-            post = sampler.run(model, init=init)
-            d, ext = post.diagnostics(), 0
-            while not infer_mod._mixed(d, MIN_ESS, post.std) and ext < MAX_EXT:
-                sampler = copy.copy(sampler)
-                sampler.num_draws = 2 * sampler.num_draws
-                post = sampler.run(model, state=post.engine_state)
-                d, ext = post.diagnostics(), ext + 1
-            blob = {"post": post, "wall": time.perf_counter() - t0,
-                    "mixed": infer_mod._mixed(d, MIN_ESS, post.std)}
+            post, d, _ = run_until_mixed(sampler, model, init, min_ess=MIN_ESS, max_extensions=MAX_EXT)
+            blob = {"post": post, "wall": time.perf_counter() - t0, "mixed": mixed(d, MIN_ESS, post.std)}
             torch.save(blob, self.path)
         post = blob["post"]
         cap = 500 * 2 ** MAX_EXT
-        if not infer_mod._mixed(post.diagnostics(), MIN_ESS, post.std) and post.draws.shape[1] < cap:
+        if not mixed(post.diagnostics(), MIN_ESS, post.std) and post.draws.shape[1] < cap:
             # a run cached under an earlier rule (bulk ESS only): extended as infer now extends it, to the same cap
             t0 = time.perf_counter()
             sampler = infer_mod.default_nuts(self.seed, progress_bar=False)
             sampler.num_draws = post.draws.shape[1]
-            while not infer_mod._mixed(post.diagnostics(), MIN_ESS, post.std) and sampler.num_draws < cap:
-                sampler = copy.copy(sampler)
-                sampler.num_draws = 2 * sampler.num_draws
-                post = sampler.run(model, state=post.engine_state)
+            post, d, _ = run_until_mixed(sampler, model, min_ess=MIN_ESS, post=post,
+                                         max_extensions=math.ceil(math.log2(cap / sampler.num_draws)))
             blob = {"post": post, "wall": blob["wall"] + time.perf_counter() - t0,
-                    "mixed": infer_mod._mixed(post.diagnostics(), MIN_ESS, post.std)}
+                    "mixed": mixed(d, MIN_ESS, post.std)}
             torch.save(blob, self.path)
         self.last_wall = blob["wall"]
         return post
@@ -212,7 +203,7 @@ class _CachedNUTS:
 def _nuts_from(init: Any, model: Any, seed: int, path: Path) -> tuple[Any, bool, float]:
     s = _CachedNUTS(path, seed)
     post = s.run(model, init=init)
-    return post, infer_mod._mixed(post.diagnostics(), MIN_ESS, post.std), s.last_wall
+    return post, mixed(post.diagnostics(), MIN_ESS, post.std), s.last_wall
 
 
 def rule_v1(q: Any, model: Any, seed: int, path: Path) -> dict[str, Any]:

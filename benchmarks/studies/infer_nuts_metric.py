@@ -24,7 +24,6 @@ Usage::
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import sys
@@ -38,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import gpvi  # noqa: E402
 from benchmarks.studies._common import OWN, header, write  # noqa: E402
 from gpvi.inference import infer as infer_mod  # noqa: E402
+from gpvi.inference.check import mixed, relative_mcse, run_until_mixed  # noqa: E402
 from gpvi.inference.mcmc import Adaptation  # noqa: E402
 
 VARIANTS = {
@@ -72,16 +72,10 @@ def run(names: list[str], cases: list[tuple[str, int]]) -> None:
             s = gpvi.NUTS(num_chains=4, num_draws=500, seed=seed, progress_bar=False, **VARIANTS[name])
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                post = s.run(model, init=q)
-                d, ext = post.diagnostics(), 0
-                while not infer_mod._mixed(d, 400, post.std) and ext < 3:
-                    s = copy.copy(s)
-                    s.num_draws *= 2
-                    post = s.run(model, state=post.engine_state)
-                    d, ext = post.diagnostics(), ext + 1
-            _, mcse_sd = infer_mod._relative_mcse(d, post.std)
+                post, d, ext = run_until_mixed(s, model, q, min_ess=400, max_extensions=3)
+            _, mcse_sd = relative_mcse(d, post.std)
             row = dict(case=f"{pid}:{seed}", half=half, variant=name, wall=round(time.perf_counter() - t0, 1),
-                       ext=ext, mixed=infer_mod._mixed(d, 400, post.std), grads=int(post.stats["n_steps"].sum()),
+                       ext=ext, mixed=mixed(d, 400, post.std), grads=int(post.stats["n_steps"].sum()),
                        div=int(post.stats["diverging"].sum()), bulk=round(float(d["ess_bulk"].min())),
                        tail=round(float(d["ess_tail"].min())), rhat=round(float(d["r_hat"].max()), 3),
                        mcse_sd=round(mcse_sd, 3), load=round(os.getloadavg()[0], 2))

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.studies._common import header, write  # noqa: E402
 from benchmarks.trust_stress_rules import CACHE  # noqa: E402
 from gpvi.inference.check import MCSE_TOL  # noqa: E402
-from gpvi.inference.infer import _mixed, _relative_mcse  # noqa: E402
+from gpvi.inference.check import mixed, relative_mcse  # noqa: E402
 from gpvi.posteriors.diagnostics import diagnostics  # noqa: E402
 
 MIN_ESS, FIRST, CAP = 400.0, 500, 4000
@@ -62,7 +62,7 @@ def need(d: dict[str, Any], std: Any) -> float:
     if not bool((d["r_hat"] <= 1.01).all()):
         return 2.0
     ess = min(float(d["ess_bulk"].min()), float(d["ess_tail"].min()))
-    mcse = max(_relative_mcse(d, std))
+    mcse = max(relative_mcse(d, std))
     return max(MIN_ESS / ess if ess > 0 else math.inf, (mcse / MCSE_TOL) ** 2)
 
 
@@ -73,8 +73,8 @@ def replay(p: Prefixes, rule: str, margin: float = 1.0) -> dict[str, Any] | None
         if L > n_max:
             return None
         d, std = p.at(L)
-        if _mixed(d, MIN_ESS, std) or L >= CAP:
-            return {"lengths": lengths, "mixed": _mixed(d, MIN_ESS, std)}
+        if mixed(d, MIN_ESS, std) or L >= CAP:
+            return {"lengths": lengths, "mixed": mixed(d, MIN_ESS, std)}
         if rule == "double":
             L = 2 * L
         else:

@@ -29,7 +29,6 @@ gradients and still missed the targets at 8x the draws, where q's start met them
 
 from __future__ import annotations
 
-import copy
 import json
 import sys
 import time
@@ -44,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import gpvi  # noqa: E402
 from benchmarks.studies._common import OWN, header, write  # noqa: E402
 from gpvi.inference import infer as infer_mod  # noqa: E402
-from gpvi.inference.check import diagnose  # noqa: E402
+from gpvi.inference.check import diagnose, mixed, run_until_mixed  # noqa: E402
 from gpvi.linalg import cholesky_with_jitter  # noqa: E402
 from gpvi.posteriors.gaussian import GaussianPosterior  # noqa: E402
 
@@ -64,7 +63,7 @@ def _stats(post: Any) -> dict[str, Any]:
             "tree_depth": float(post.stats["tree_depth"].double().mean()),
             "ess_bulk": float(d["ess_bulk"].min()), "ess_tail": float(d["ess_tail"].min()),
             "r_hat": float(d["r_hat"].max()), "mcse_mean": float((d["mcse_mean"] / sd).max()),
-            "mcse_sd": float((d["mcse_sd"] / sd).max()), "mixed": infer_mod._mixed(d, MIN_ESS, sd)}
+            "mcse_sd": float((d["mcse_sd"] / sd).max()), "mixed": mixed(d, MIN_ESS, sd)}
 
 
 def _nuts(model: Any, init: Any, seed: int, extend: bool) -> tuple[Any, float]:
@@ -72,12 +71,7 @@ def _nuts(model: Any, init: Any, seed: int, extend: bool) -> tuple[Any, float]:
     s = gpvi.NUTS(num_chains=4, num_warmup=200, num_draws=500, seed=seed, progress_bar=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        post = s.run(model, init=init)
-        ext = 0
-        while extend and not infer_mod._mixed(post.diagnostics(), MIN_ESS, post.std) and ext < 3:
-            s = copy.copy(s)
-            s.num_draws *= 2
-            post, ext = s.run(model, state=post.engine_state), ext + 1
+        post, _, _ = run_until_mixed(s, model, init, min_ess=MIN_ESS, max_extensions=3 if extend else 0)
     return post, time.perf_counter() - t0
 
 

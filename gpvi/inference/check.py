@@ -40,6 +40,7 @@ variant ``scales+refine``).
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from typing import Any
@@ -53,7 +54,7 @@ from ..posteriors.weighted import batch_mcse, khat_threshold, psis
 from .dsvi.starts import BASIN_SEPARATION
 
 __all__ = ["basins", "diagnose", "starts_mixture", "defensive_proposal", "check_weighted", "q_agrees",
-           "refined_base", "refine",
+           "refined_base", "refine", "relative_mcse", "mixed", "run_until_mixed",
            "BASIN_MASS_TOL", "CHECK_SCALES", "COORD_SCALE", "COORD_WEIGHT", "CHECK_BATCHES", "MCSE_TOL", "Q_AGREE_MEAN",
            "Q_AGREE_SD", "REFINE_REACH", "REFINE_ROUNDS"]
 
@@ -304,3 +305,35 @@ def diagnose(q: Any, target: Any, seed: int, num_psis_draws: int, min_ess: float
                                                       "mcse_sd", "reliable")}
             check["reliable"] = second["reliable"]
     return w, wm, wb, mix, mass, several, check
+
+
+def relative_mcse(d: dict[str, Any], std: Any) -> tuple[float, float]:
+    """The largest Monte Carlo error of a mean and of a sd in the chains' diagnostics ``d``, each in units of its
+    parameter's sd ``std``."""
+    sd = std.detach().cpu()
+    return float((d["mcse_mean"].cpu() / sd).max()), float((d["mcse_sd"].cpu() / sd).max())
+
+
+def mixed(d: dict[str, Any], min_ess: float, std: Any) -> bool:
+    """The chains' diagnostics ``d`` meet :func:`gpvi.infer`'s targets: every bulk and tail ESS >= ``min_ess``,
+    R-hat <= 1.01, and every Monte Carlo error of a mean and of a sd at most ``MCSE_TOL`` of that parameter's sd
+    ``std`` (the weighted answer's tolerance)."""
+    return (bool((d["ess_bulk"] >= min_ess).all()) and bool((d["ess_tail"] >= min_ess).all())
+            and bool((d["r_hat"] <= 1.01).all()) and max(relative_mcse(d, std)) <= MCSE_TOL)
+
+
+def run_until_mixed(sampler: Any, target: Any, init: Any = None, *, min_ess: float, max_extensions: int,
+                    post: Any = None) -> tuple[Any, dict[str, Any], int]:
+    """Run ``sampler`` from ``init`` (or continue the run ``post``) and, while the chains miss :func:`mixed`'s
+    targets, double the draws per chain from the last state, at most ``max_extensions`` times; an interrupted run
+    is not extended. An extension continues every chain exactly as one longer run would. Returns (the run, its
+    diagnostics, the number of extensions)."""
+    if post is None:
+        post = sampler.run(target, init=init)
+    d, ext = post.diagnostics(), 0
+    while not mixed(d, min_ess, post.std) and ext < max_extensions and not post.info.get("interrupted"):
+        sampler = copy.copy(sampler)
+        sampler.num_draws = 2 * sampler.num_draws
+        post = sampler.run(target, state=post.engine_state)
+        d, ext = post.diagnostics(), ext + 1
+    return post, d, ext

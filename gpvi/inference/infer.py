@@ -72,7 +72,6 @@ why, ``trusted`` (False also warns; Ctrl-C in any stage returns that stage's par
 
 from __future__ import annotations
 
-import copy
 import html
 import math
 import time
@@ -86,7 +85,8 @@ from ..models.target import as_target
 from ..posteriors.weighted import KHAT_GOOD
 from ..rng import check_seed
 from ..validation import check_bool, check_choice, check_nonnegative_int, check_positive, check_positive_int
-from .check import BASIN_MASS_TOL, MCSE_TOL, diagnose, q_agrees, starts_mixture
+from .check import (BASIN_MASS_TOL, MCSE_TOL, diagnose, mixed, q_agrees, relative_mcse, run_until_mixed,
+                    starts_mixture)
 from .dsvi.engine import DSVI
 from .dsvi.starts import run_starts
 from .mcmc.nuts import NUTS
@@ -243,21 +243,6 @@ _FIT_STAGES = {"map": "the MAP restarts of the variational fit's start (q is tha
                "laplace": "the Laplace scales of the variational fit's starts (q is the MAP point's Gaussian, not "
                           "fitted and unchecked)",
                "q": "the variational fit (q is partial and unchecked)"}
-
-
-def _relative_mcse(d: dict[str, Any], std: Any) -> tuple[float, float]:
-    """The largest Monte Carlo error of a mean and of a sd in the chains' diagnostics ``d``, each in units of its
-    parameter's sd ``std``."""
-    sd = std.detach().cpu()
-    return float((d["mcse_mean"].cpu() / sd).max()), float((d["mcse_sd"].cpu() / sd).max())
-
-
-def _mixed(d: dict[str, Any], min_ess: float, std: Any) -> bool:
-    """The chains' diagnostics ``d`` meet the targets: every bulk and tail ESS >= ``min_ess``, R-hat <= 1.01, and
-    every Monte Carlo error of a mean and of a sd at most ``MCSE_TOL`` of that parameter's sd ``std`` (the
-    weighted answer's tolerance, :mod:`gpvi.inference.check`)."""
-    return (bool((d["ess_bulk"] >= min_ess).all()) and bool((d["ess_tail"] >= min_ess).all())
-            and bool((d["r_hat"] <= 1.01).all()) and max(_relative_mcse(d, std)) <= MCSE_TOL)
 
 
 def _choose(khat_q: float, check: dict[str, Any], *, several: bool = False,
@@ -469,19 +454,14 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")               # judged below, after any extension
-                post = sampler.run(target, init=mix if several else q)
-                d, ext = post.diagnostics(), 0
-                while not _mixed(d, min_ess, post.std) and ext < max_extensions and not post.info.get("interrupted"):
-                    sampler = copy.copy(sampler)
-                    sampler.num_draws = 2 * sampler.num_draws
-                    post = sampler.run(target, state=post.engine_state)
-                    d, ext = post.diagnostics(), ext + 1
+                post, d, ext = run_until_mixed(sampler, target, mix if several else q, min_ess=min_ess,
+                                               max_extensions=max_extensions)
         except KeyboardInterrupt:                             # before the first draw: the unchecked weighted draws
             times["nuts"] = time.perf_counter() - t0
             return _stopped(wb, "nuts", "NUTS before its first draw (the weighted draws that failed the check are "
                             "returned)", times, report, "psis")
         times["nuts"] = time.perf_counter() - t0
-        report.mcse_mean, mcse_sd = _relative_mcse(d, post.std)
+        report.mcse_mean, mcse_sd = relative_mcse(d, post.std)
         report.nuts = {"draws per chain": int(post.draws.shape[1]), "extensions": ext,
                        "min ESS": float(d["ess_bulk"].min()), "min tail ESS": float(d["ess_tail"].min()),
                        "max R-hat": float(d["r_hat"].max()), "max MCSE of a sd (sd)": mcse_sd,
@@ -489,7 +469,7 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
                        "gradient evaluations": int(post.stats["n_steps"].sum())}
         if post.info.get("interrupted"):
             return _stopped(post, "nuts", "NUTS (its partial chains are returned)", times, report, "nuts")
-        if not _mixed(d, min_ess, post.std):
+        if not mixed(d, min_ess, post.std):
             report.trusted = False
             report.reason += (f"; after {ext} extension(s) the chains still miss min bulk / tail ESS {min_ess:g}, "
                               f"R-hat 1.01 or MCSE {MCSE_TOL:g} sd: run longer "

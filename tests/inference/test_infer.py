@@ -78,25 +78,24 @@ def test_nuts_counts_as_mixed_only_when_ess_rhat_and_mcse_all_meet_their_targets
     """A chain that has not explored a heavy tail shows it in the tail ESS (5% / 95% quantiles) and in the Monte
     Carlo error of the sd before the bulk ESS: ``infer`` extends (and otherwise flags) NUTS until bulk and tail ESS
     reach ``min_ess``, R-hat <= 1.01 and every MCSE of a mean or sd is at most MCSE_TOL of the sd."""
-    from gpvi.inference.check import MCSE_TOL
-    from gpvi.inference.infer import _mixed
+    from gpvi.inference.check import MCSE_TOL, mixed
 
     t = lambda *v: torch.tensor(v, dtype=torch.float64)                      # noqa: E731
     sd = t(2.0, 1.0)
     ok = {"ess_bulk": t(900.0, 500.0), "ess_tail": t(450.0, 400.0), "r_hat": t(1.001, 1.01),
           "mcse_mean": t(0.09, 0.04), "mcse_sd": t(0.1, MCSE_TOL)}
-    assert _mixed(ok, 400.0, sd)
-    assert not _mixed({**ok, "ess_tail": t(450.0, 399.0)}, 400.0, sd)        # bulk ample, one tail short
-    assert not _mixed({**ok, "ess_bulk": t(399.0, 900.0)}, 400.0, sd)
-    assert not _mixed({**ok, "r_hat": t(1.0, 1.011)}, 400.0, sd)
-    assert not _mixed({**ok, "mcse_sd": t(0.1, 1.01 * MCSE_TOL)}, 400.0, sd)  # the sd not pinned down
-    assert not _mixed({**ok, "mcse_mean": t(0.11, 0.04)}, 400.0, sd)
+    assert mixed(ok, 400.0, sd)
+    assert not mixed({**ok, "ess_tail": t(450.0, 399.0)}, 400.0, sd)        # bulk ample, one tail short
+    assert not mixed({**ok, "ess_bulk": t(399.0, 900.0)}, 400.0, sd)
+    assert not mixed({**ok, "r_hat": t(1.0, 1.011)}, 400.0, sd)
+    assert not mixed({**ok, "mcse_sd": t(0.1, 1.01 * MCSE_TOL)}, 400.0, sd)  # the sd not pinned down
+    assert not mixed({**ok, "mcse_mean": t(0.11, 0.04)}, 400.0, sd)
     # on real draws (ArviZ's diagnostics): 4 x 1,000 independent normal draws pass; the same with every 100th draw
     # replaced by +-25 (a heavy tail; ESS and R-hat unchanged) do not: the sd's MCSE is then, in closed form for
     # independent draws, sqrt((mu4 - sigma^4) / n) / (2 sigma) = 0.068 sigma > MCSE_TOL sigma
     g = torch.Generator().manual_seed(0)
     x = torch.randn(4, 1000, 1, generator=g, dtype=torch.float64)
-    assert _mixed(gpvi.posteriors.diagnostics.diagnostics(x), 400.0, x.reshape(-1, 1).std(0))
+    assert mixed(gpvi.posteriors.diagnostics.diagnostics(x), 400.0, x.reshape(-1, 1).std(0))
     heavy = x.clone()
     heavy[:, ::100] = 25.0 * torch.sign(x[:, ::100])
     dh, sd_h = gpvi.posteriors.diagnostics.diagnostics(heavy), heavy.reshape(-1, 1).std(0)
@@ -104,7 +103,49 @@ def test_nuts_counts_as_mixed_only_when_ess_rhat_and_mcse_all_meet_their_targets
     closed = math.sqrt((mu4 - var ** 2) / 4000) / (2 * var)
     assert abs(float(dh["mcse_sd"][0] / sd_h[0]) - closed) < 0.01 and closed > MCSE_TOL
     assert float(dh["ess_bulk"].min()) >= 400 and float(dh["ess_tail"].min()) >= 400 and float(dh["r_hat"][0]) < 1.01
-    assert not _mixed(dh, 400.0, sd_h)
+    assert not mixed(dh, 400.0, sd_h)
+
+
+class _StubRun:
+    """A run whose diagnostics meet the targets once it has ``enough`` draws per chain."""
+
+    def __init__(self, n, enough, interrupted=False):
+        self.n, self.enough, self.std = n, enough, torch.ones(1, dtype=torch.float64)
+        self.info, self.engine_state = {"interrupted": interrupted}, ("state", n)
+
+    def diagnostics(self):
+        ess = 1000.0 if self.n >= self.enough else 10.0
+        one = lambda v: torch.tensor([v], dtype=torch.float64)              # noqa: E731
+        return {"ess_bulk": one(ess), "ess_tail": one(ess), "r_hat": one(1.0), "mcse_mean": one(0.01),
+                "mcse_sd": one(0.01)}
+
+
+class _StubSampler:
+    def __init__(self, enough, calls, interrupted=False):
+        self.num_draws, self.enough, self.calls, self.interrupted = 500, enough, calls, interrupted
+
+    def run(self, target, init=None, state=None):
+        self.calls.append((init, state, self.num_draws))
+        return _StubRun(self.num_draws, self.enough, self.interrupted)
+
+
+def test_run_until_mixed_doubles_the_draws_from_the_last_state_up_to_the_cap():
+    from gpvi.inference.check import run_until_mixed
+    calls = []
+    post, d, ext = run_until_mixed(_StubSampler(1500, calls), "target", "q", min_ess=400.0, max_extensions=3)
+    assert ext == 2 and post.n == 2000 and float(d["ess_bulk"][0]) == 1000.0
+    assert calls == [("q", None, 500), (None, ("state", 500), 1000), (None, ("state", 1000), 2000)]
+    calls.clear()                                                     # never enough: stops after max_extensions
+    post, _, ext = run_until_mixed(_StubSampler(10 ** 9, calls), "target", "q", min_ess=400.0, max_extensions=3)
+    assert ext == 3 and post.n == 4000 and len(calls) == 4
+    calls.clear()                                                     # an interrupted run is never extended
+    post, _, ext = run_until_mixed(_StubSampler(10 ** 9, calls, interrupted=True), "t", "q", min_ess=400.0,
+                                   max_extensions=3)
+    assert ext == 0 and len(calls) == 1
+    calls.clear()                                                     # continuing a given run
+    post, _, ext = run_until_mixed(_StubSampler(1000, calls), "t", min_ess=400.0, max_extensions=3,
+                                   post=_StubRun(500, 1000))
+    assert ext == 1 and calls == [(None, ("state", 500), 1000)]
 
 
 def _chk(reliable, khat=0.4, proposal="adapted"):
