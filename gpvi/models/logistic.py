@@ -42,10 +42,12 @@ from ..validation import (
     as_float_tensor,
     check_binary_labels,
     check_bool,
+    check_feature_columns,
     check_positive,
     check_positive_int,
     check_theta,
     check_X,
+    feature_names_of,
 )
 
 __all__ = ["BayesianLogisticRegression", "gauss_hermite"]
@@ -82,13 +84,16 @@ class BayesianLogisticRegression:
     bias : bool
         Prepend a constant-one input (weight named ``"bias"``), as in the paper.
     feature_names : sequence of str, optional
-        Names of the input columns (default ``w[0]``, ``w[1]``, ...).
+        Names of the input columns (default: a DataFrame's string column names, else ``w[0]``, ``w[1]``, ...).
     device : torch.device or str, optional
 
     Attributes
     ----------
     names : list of str
         ``["bias", <feature names>]`` (D = n_features + 1 with a bias).
+    feature_names : list of str or None
+        The input columns' names (given, or a DataFrame's), checked against a DataFrame given to
+        :meth:`predict_proba`; None when X had none.
     Phi : torch.Tensor of shape (N, D)
         Design matrix.
     y_pm : torch.Tensor of shape (N,)
@@ -118,12 +123,12 @@ class BayesianLogisticRegression:
         self.prior_var = None if prior_var is None else check_positive(prior_var, "prior_var")
         n, d = Xt.shape
         if feature_names is None:
-            feature_names = [f"w[{j}]" for j in range(d)]
+            self.feature_names = feature_names_of(X)
         else:
             if isinstance(feature_names, str) or len(feature_names) != d:
                 raise ValueError(f"feature_names must be a sequence of {d} names (one per column of X)")
-            feature_names = [str(f) for f in feature_names]
-        self.names = (["bias"] if self.bias else []) + list(feature_names)
+            self.feature_names = [str(f) for f in feature_names]
+        self.names = (["bias"] if self.bias else []) + (self.feature_names or [f"w[{j}]" for j in range(d)])
         if len(set(self.names)) != len(self.names):
             raise ValueError("feature_names must be unique and must not be 'bias'")
         self.Phi = torch.cat([torch.ones(n, 1, dtype=Xt.dtype, device=Xt.device), Xt], 1) if self.bias else Xt
@@ -142,7 +147,9 @@ class BayesianLogisticRegression:
         return self.Phi.shape[0]
 
     def design(self, X: Any) -> torch.Tensor:
-        """Design matrix ``(n, D)`` for new inputs (bias column prepended when the model has one)."""
+        """Design matrix ``(n, D)`` for new inputs (bias column prepended when the model has one). A DataFrame
+        must have the columns the model was built with, in the same order (``ValueError`` naming them)."""
+        check_feature_columns(X, self.feature_names, "X")
         Xt = check_X(X, "X", n_features=self.dim - int(self.bias), device=self.Phi.device)
         if self.bias:
             Xt = torch.cat([torch.ones(Xt.shape[0], 1, dtype=Xt.dtype, device=Xt.device), Xt], 1)
