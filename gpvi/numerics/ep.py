@@ -56,6 +56,10 @@ from ..validation import check_nonnegative_int, check_positive, check_positive_i
 
 __all__ = ["EPResult", "expectation_propagation"]
 
+_LOW_Z = 1e-200
+_SQRT_HALF = 0.7071067811865476
+r""":func:`_tilted` redoes a site in the log domain where the tilted normaliser is below this (or not finite)."""
+
 _WEAK = 1e-4
 r""":func:`_marginals` takes the direct formula for a site with :math:`\tilde\tau_n\Sigma_{nn}` below this."""
 
@@ -65,8 +69,9 @@ class EPResult(NamedTuple):
 
     log_z: torch.Tensor
     """``(S,)`` :math:`\\log Z_{EP}` (``-inf`` where the row failed)."""
-    grad_k: torch.Tensor
-    """``(S, N, N)`` :math:`\\partial\\log Z_{EP}/\\partial K` at the final sites (zero where the row failed)."""
+    grad_k: torch.Tensor | None
+    """``(S, N, N)`` :math:`\\partial\\log Z_{EP}/\\partial K` at the final sites (zero where the row failed; None
+    when called with ``gradient=False``)."""
     tau: torch.Tensor
     """``(S, N)`` site precisions :math:`\\tilde\\tau \\ge 0`."""
     nu: torch.Tensor
@@ -86,7 +91,50 @@ class EPResult(NamedTuple):
 def _tilted(likelihood: Any, y: torch.Tensor, mc: torch.Tensor, vc: torch.Tensor, quad: Quadrature
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``log Z_hat``, mean and variance of the tilted distributions, by quadrature over the cavities (flat (B,));
-    the nodes are laid out node-major, (num_points, B), so every pass runs along the sites."""
+    the nodes are laid out node-major, (num_points, B), so every pass runs along the sites.
+
+    For the Bernoulli logit and probit likelihoods the sums run on the probabilities themselves,
+    :math:`\hat Z = \sum_k w_k\,p(y\mid f_k)` (one transcendental per node, :func:`torch.sigmoid` or
+    :math:`\\Phi` by :func:`torch.special.erfc`, against four in the log domain), a sum of positive terms without cancellation; a
+    site whose :math:`\hat Z` falls below 1e-200 (a cavity deep in the likelihood's tail) is redone in the log
+    domain (:func:`_tilted_log`), the rule for every other likelihood."""
+    response = _bernoulli_response(likelihood)
+    if response is None:
+        return _tilted_log(likelihood, y, mc, vc, quad)
+    f, w = quad.nodes_by_node(mc, vc)
+    p = response((2.0 * y - 1.0) * f).mul_(w.clamp_min(0.0))
+    z = p.sum(0)
+    pw = p.div_(z)
+    mean = (pw * f).sum(0)
+    var = (pw * (f - mean).square_()).sum(0)
+    log_z = torch.log(z)
+    low = ~(z >= _LOW_Z)
+    if bool(low.any()):
+        log_z[low], mean[low], var[low] = _tilted_log(likelihood, y[low], mc[low], vc[low], quad)
+    return log_z, mean, var
+
+
+def _bernoulli_response(likelihood: Any) -> Any:
+    """:math:`p(y = 1\mid f)` as a function of :math:`f` for the Bernoulli logit and probit likelihoods (then
+    :math:`p(y\mid f)` is it at :math:`(2y - 1)f`), else None."""
+    from ..models.likelihoods import BernoulliLogit, BernoulliProbit
+    if type(likelihood) is BernoulliLogit:
+        return torch.sigmoid
+    if type(likelihood) is BernoulliProbit:
+        return _phi
+    return None
+
+
+def _phi(x: torch.Tensor) -> torch.Tensor:
+    """:math:`\\Phi(x) = \\tfrac12\\operatorname{erfc}(-x/\\sqrt2)`, accurate to the relative rounding level in the lower
+    tail (:func:`torch.special.ndtr` loses it there: 0 at x = -10 in float64, where :math:`\\Phi = 7.6\\times
+    10^{-24}`)."""
+    return torch.special.erfc(x * -_SQRT_HALF).mul_(0.5)
+
+
+def _tilted_log(likelihood: Any, y: torch.Tensor, mc: torch.Tensor, vc: torch.Tensor, quad: Quadrature
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`_tilted` in the log domain, for any likelihood with ``log_prob``."""
     f, w = quad.nodes_by_node(mc, vc)
     lp = likelihood.log_prob(y.expand_as(f), f).add_(torch.log(w.clamp_min(0.0)))
     log_z = torch.logsumexp(lp, 0)
@@ -109,17 +157,19 @@ def _marginals(K: torch.Tensor, tau: torch.Tensor, nu: torch.Tensor):
     digits (:math:`\tilde\tau_n\Sigma_{nn} < 10^{-4}`, e.g. the prior's zero sites) the direct
     :math:`K_{nn} - \mathbf k_n^\top\tilde S^{1/2}B^{-1}\tilde S^{1/2}\mathbf k_n` is used.
     :math:`\boldsymbol\mu = K\tilde{\boldsymbol\nu} - K\tilde S^{1/2}B^{-1}\tilde S^{1/2}K\tilde{\boldsymbol\nu}`
-    by a Cholesky solve."""
+    by a product with that inverse rather than a one-column ``cholesky_solve``
+    (``benchmarks/studies/results/ep_chunks.md``)."""
     sW = tau.sqrt()
     B = (K * sW.unsqueeze(-1)).mul_(sW.unsqueeze(-2))
     B.diagonal(dim1=-2, dim2=-1).add_(1.0)
     LB, ok = cholesky_plain(B)
+    del B
     if not bool(ok.all()):                      # rows that failed get an identity factor (flagged in ok)
         LB[~ok] = torch.eye(K.shape[-1], dtype=K.dtype, device=K.device)
-    Knu = (K @ nu.unsqueeze(-1)).squeeze(-1)
-    z = torch.cholesky_solve((sW * Knu).unsqueeze(-1), LB).squeeze(-1)
-    mean = Knu - (K @ (sW * z).unsqueeze(-1)).squeeze(-1)
     Binv = torch.cholesky_inverse(LB)
+    Knu = (K @ nu.unsqueeze(-1)).squeeze(-1)
+    z = (Binv @ (sW * Knu).unsqueeze(-1)).squeeze(-1)
+    mean = Knu - (K @ (sW * z).unsqueeze(-1)).squeeze(-1)
     var = (1.0 - Binv.diagonal(dim1=-2, dim2=-1)) / tau
     weak = ~(tau * var >= _WEAK) | ~(var > 0)
     if bool(weak.any()):
@@ -131,34 +181,37 @@ def _marginals(K: torch.Tensor, tau: torch.Tensor, nu: torch.Tensor):
     return LB, Binv, mean, var, ok
 
 
-class _Final(NamedTuple):
+class _Final:
     r"""Per row, the state of EP at its final sites: :math:`B^{-1}`, :math:`\tfrac12\log|B|` (the sum of the log
     diagonal of its factor), marginals, cavities, tilted :math:`\log\hat Z_n`, and whether it factorised; ``kept``
-    flags the rows filled in."""
+    flags the rows filled in. Without ``gradient`` no :math:`B^{-1}` is stored (``Binv`` is None)."""
 
-    Binv: torch.Tensor
-    half_logdet: torch.Tensor
-    mean: torch.Tensor
-    var: torch.Tensor
-    tc: torch.Tensor
-    mc: torch.Tensor
-    lz: torch.Tensor
-    ok: torch.Tensor
-    kept: torch.Tensor
+    __slots__ = ("Binv", "half_logdet", "mean", "var", "tc", "mc", "lz", "ok", "kept", "gradient")
 
-    @staticmethod
-    def empty(S: int, N: int, like: torch.Tensor) -> _Final:
+    def __init__(self, S: int, N: int, like: torch.Tensor, gradient: bool = True) -> None:
         z = torch.zeros(S, N, dtype=like.dtype, device=like.device)
-        flag = torch.zeros(S, dtype=torch.bool, device=like.device)
-        return _Final(like.new_zeros(S, N, N), like.new_zeros(S), z, z.clone(), z.clone(), z.clone(), z.clone(),
-                      flag, flag.clone())
+        self.Binv: torch.Tensor | None = None                 # allocated at the first partial keep
+        self.half_logdet = like.new_zeros(S)
+        self.mean, self.var, self.tc, self.mc, self.lz = z, z.clone(), z.clone(), z.clone(), z.clone()
+        self.ok = torch.zeros(S, dtype=torch.bool, device=like.device)
+        self.kept = self.ok.clone()
+        self.gradient = bool(gradient)
 
     def keep(self, idx: torch.Tensor, sel: torch.Tensor, LB: torch.Tensor, Binv: torch.Tensor, mean: torch.Tensor,
              var: torch.Tensor, tc: torch.Tensor, mc: torch.Tensor, lz: torch.Tensor) -> None:
-        """Store the rows ``idx[sel]`` of a sweep's state (its tensors indexed like ``idx``)."""
+        """Store the rows ``idx[sel]`` of a sweep's state (its tensors indexed like ``idx``); where every row of
+        the call is stored at once, the sweep's :math:`B^{-1}` itself, without a copy."""
         rows = idx[sel]
-        self.Binv[rows] = Binv[sel]
-        self.half_logdet[rows] = torch.log(LB[sel].diagonal(dim1=-2, dim2=-1)).sum(-1)
+        S = self.kept.shape[0]
+        if self.gradient:
+            whole = rows.numel() == S and not bool(self.kept.any())
+            if whole and Binv.shape[0] == S:
+                self.Binv = Binv
+            else:
+                if self.Binv is None:
+                    self.Binv = Binv.new_empty((S, *Binv.shape[1:]))
+                self.Binv.index_copy_(0, rows, Binv if bool(sel.all()) else Binv[sel])
+        self.half_logdet[rows] = torch.log(LB.diagonal(dim1=-2, dim2=-1)[sel]).sum(-1)
         for name, value in (("mean", mean), ("var", var), ("tc", tc), ("mc", mc), ("lz", lz)):
             getattr(self, name)[rows] = value[sel]
         self.ok[rows] = True
@@ -168,7 +221,7 @@ class _Final(NamedTuple):
 def expectation_propagation(K: torch.Tensor, y: torch.Tensor, likelihood: Any, *,
                             quadrature: Quadrature | None = None, damping: float = 0.8, tol: float = 1e-8,
                             max_sweeps: int = 200, tau: torch.Tensor | None = None,
-                            nu: torch.Tensor | None = None, anderson: int = 0) -> EPResult:
+                            nu: torch.Tensor | None = None, anderson: int = 0, gradient: bool = True) -> EPResult:
     r"""Parallel, damped EP on each row of ``K`` (module docstring).
 
     Parameters
@@ -197,6 +250,9 @@ def expectation_propagation(K: torch.Tensor, y: torch.Tensor, likelihood: Any, *
         path, not the fixed point or the stop rule. An extrapolation with a negative site precision is replaced by
         the plain damped step; a sweep that fails at an extrapolated point goes back to the plain damped step of
         the sweep before, with an empty history (at most 3 times per row, then the row goes on unaccelerated).
+    gradient : bool
+        Also return :math:`\partial\log Z_{EP}/\partial K` (default True). False: ``grad_k`` is None, and no
+        :math:`B^{-1}` is kept per row (the evidence alone, e.g. for a Monte Carlo bound: the same values).
 
     Returns
     -------
@@ -245,7 +301,7 @@ def expectation_propagation(K: torch.Tensor, y: torch.Tensor, likelihood: Any, *
     plain: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * S   # G of the last accepted sites, per row
     restarts = [0] * S
     # a row that converges keeps its sites, so the state of its last sweep is the final state: kept, not recomputed
-    fin = _Final.empty(S, N, Kb)
+    fin = _Final(S, N, Kb, bool(gradient))
     with torch.no_grad():
         for _ in range(max_sweeps):
             idx = (active & good).nonzero().flatten()
@@ -307,11 +363,14 @@ def expectation_propagation(K: torch.Tensor, y: torch.Tensor, likelihood: Any, *
         mean, var, tc, mc, sW = fin.mean, fin.var, fin.tc, fin.mc, tau.sqrt()
         log_z = (fin.lz.sum(-1) - fin.half_logdet + 0.5 * (nu * mean).sum(-1) + 0.5 * torch.log1p(tau / tc).sum(-1)
                  + ((mc * mc * tau * tc - 2.0 * mc * nu * tc - nu * nu) / (2.0 * (tau + tc))).sum(-1))
-        b = nu - tau * mean
-        R = sW.unsqueeze(-1) * fin.Binv * sW.unsqueeze(-2)
-        grad_k = 0.5 * (b.unsqueeze(-1) * b.unsqueeze(-2) - R)
-        ok = fin.ok
-    ok = good & ok & torch.isfinite(log_z) & torch.isfinite(grad_k).flatten(1).all(-1)
+        ok = good & fin.ok & torch.isfinite(log_z)
+        grad_k = None
+        if gradient:                          # 0.5 (b b^T - R), R = S^1/2 B^-1 S^1/2, in place in the kept B^-1
+            b = nu - tau * mean
+            grad_k = fin.Binv.mul_(sW.unsqueeze(-1)).mul_(sW.unsqueeze(-2)).mul_(-0.5)
+            grad_k.baddbmm_(b.unsqueeze(-1), b.unsqueeze(-2), alpha=0.5)
+            ok = ok & torch.isfinite(grad_k.sum((-2, -1)))     # a NaN or an infinity anywhere reaches the sum
+            if not bool(ok.all()):
+                grad_k[~ok] = 0.0
     log_z = torch.where(ok, log_z, torch.full_like(log_z, -float("inf")))
-    grad_k = torch.where(ok[:, None, None], grad_k, torch.zeros_like(grad_k))
     return EPResult(log_z, grad_k, tau, nu, mean, var, sweeps, converged & ok, ok)

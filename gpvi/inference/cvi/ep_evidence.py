@@ -56,14 +56,14 @@ from typing import Any
 
 import torch
 
-from ...validation import check_nonnegative_int, check_positive, check_positive_int
+from ...validation import check_nonnegative_int, check_positive, check_positive_int, check_theta
 from .bound import CVIBoundTarget, envelope_log_joint
 from ...models.multiclass_likelihoods import Softmax
 from ...numerics.ep import expectation_propagation
 from ...numerics.ep_multiclass import multiclass_ep
 from ...numerics.quadrature import Quadrature
 
-__all__ = ["EPEvidenceTarget", "multiclass_ep_applies", "EP_QUADRATURE_POINTS"]
+__all__ = ["EPEvidenceTarget", "multiclass_ep_applies", "EP_QUADRATURE_POINTS", "EP_CHUNK_ELEMENTS", "EP_CHUNK_ROWS"]
 
 EP_QUADRATURE_POINTS = 64
 r"""Nodes of the asinh-mapped Gauss-Legendre rule of binary EP's tilted moments (:meth:`EPEvidenceTarget.quadrature`):
@@ -72,6 +72,14 @@ variances 1e-3..1e3), 64 points are off by at most 3e-13 in :math:`\log\hat Z_n`
 tilted sd in the mean and 1.1e-11 relative in the variance (96 points: 1.3e-13, 5e-13, 7e-14; 48: 1.2e-8, 7e-8,
 4e-7), far below EP's stopping rule, for two thirds of the 96-point rule's work
 (``benchmarks/studies/bayes_profile.py``)."""
+
+
+EP_CHUNK_ELEMENTS = 5 * 2 ** 17
+EP_CHUNK_ROWS = 16
+"""Binary EP runs the rows of one call in chunks of at most :data:`EP_CHUNK_ROWS` rows and
+:data:`EP_CHUNK_ELEMENTS` kernel-matrix entries (5 MiB per :math:`S\times N\times N` array in float64; at least
+one row): the final bound estimate's 100 rows ran faster so than in one batch (one thread, tuning family xor at
+N = 100 / 200 / 400: ``benchmarks/studies/results/ep_chunks.md``)."""
 
 
 def multiclass_ep_applies(model: Any) -> bool:
@@ -173,14 +181,15 @@ class EPEvidenceTarget:
         with torch.no_grad():
             return self._run(self.bound._kernel(theta.detach().to(torch.float64)))
 
-    def _run(self, K: torch.Tensor) -> Any:
-        """EP on the batched kernel matrices ``K`` ``(S, N, N)``, counted."""
+    def _run(self, K: torch.Tensor, gradient: bool = True) -> Any:
+        """EP on the batched kernel matrices ``K`` ``(S, N, N)``, counted; binary rows in chunks of at most
+        :data:`EP_CHUNK_ELEMENTS` matrix entries (``gradient=False``: the evidence alone, ``grad_k`` None)."""
 
         if self.multiclass:
             res = self._run_multiclass(K)
         else:
             tau, nu = self.warm_sites() or (None, None)
-            res = self._ep_binary(K, tau, nu)
+            res = self._ep_binary_chunked(K, tau, nu, gradient)
         self.counters["evaluations"] += K.shape[0]
         self.counters["sweeps"] += int(res.sweeps.sum())
         self.counters["unconverged"] += int((res.ok & ~res.converged).sum())
@@ -196,11 +205,23 @@ class EPEvidenceTarget:
                              damping=self.damping, tol=self.tol, max_sweeps=self.max_sweeps, pi=pi, nu=nu,
                              anderson=self.anderson)
 
-    def _ep_binary(self, K: torch.Tensor, tau: torch.Tensor | None, nu: torch.Tensor | None) -> Any:
+    def _ep_binary(self, K: torch.Tensor, tau: torch.Tensor | None, nu: torch.Tensor | None,
+                   gradient: bool = True) -> Any:
 
         return expectation_propagation(K, self.model.y, self.model.likelihood, quadrature=self.quadrature,
                                        damping=self.damping, tol=self.tol, max_sweeps=self.max_sweeps, tau=tau,
-                                       nu=nu, anderson=self.anderson)
+                                       nu=nu, anderson=self.anderson, gradient=gradient)
+
+    def _ep_binary_chunked(self, K: torch.Tensor, tau: torch.Tensor | None, nu: torch.Tensor | None,
+                           gradient: bool) -> Any:
+        """:meth:`_ep_binary` on chunks of rows (each row's EP is independent of the others: the same values), the
+        results concatenated."""
+        S, N = K.shape[0], K.shape[-1]
+        step = min(EP_CHUNK_ROWS, max(1, EP_CHUNK_ELEMENTS // (N * N)))
+        if S <= step:
+            return self._ep_binary(K, tau, nu, gradient)
+        parts = [self._ep_binary(K[i:i + step], tau, nu, gradient) for i in range(0, S, step)]
+        return type(parts[0])(*[None if f[0] is None else torch.cat(f) for f in zip(*parts)])
 
     @property
     def quadrature(self) -> Quadrature:
@@ -285,8 +306,29 @@ class EPEvidenceTarget:
         return self.bound.log_prior(theta)
 
     def log_joint(self, theta: torch.Tensor) -> torch.Tensor:
-        r""":math:`\log Z_{EP}(\theta) + \log p(\theta)`: ``(D,) -> ()``, ``(S, D) -> (S,)``; differentiable once."""
-        return envelope_log_joint(self, theta)
+        r""":math:`\log Z_{EP}(\theta) + \log p(\theta)`: ``(D,) -> ()``, ``(S, D) -> (S,)``; differentiable once.
+
+        Where nothing can differentiate the result (autograd off, or a ``theta`` that does not require grad: the
+        final bound estimate's draws), binary EP runs without its gradient (:meth:`log_joint_value`): the same
+        values without :math:`\partial\log Z_{EP}/\partial K` and the kernel's backward pass."""
+        if torch.is_grad_enabled() and isinstance(theta, torch.Tensor) and theta.requires_grad:
+            return envelope_log_joint(self, theta)
+        return self.log_joint_value(theta)
+
+    def log_joint_value(self, theta: torch.Tensor) -> torch.Tensor:
+        r""":math:`\log Z_{EP}(\theta) + \log p(\theta)` without a gradient (``-inf`` where EP fails or a row is not
+        finite), the values of :meth:`log_joint`."""
+        th = check_theta(theta, self.dim, device=self.device).detach().to(torch.float64)
+        single = th.dim() == 1
+        tb = th.unsqueeze(0) if single else th
+        finite = torch.isfinite(tb).all(-1)
+        vals = torch.full(tb.shape[:-1], -math.inf, dtype=torch.float64, device=tb.device)
+        idx = finite.nonzero().flatten()
+        with torch.no_grad():
+            if idx.numel():
+                vals[idx] = self._run(self.bound._kernel(tb[idx]), gradient=False).log_z
+            out = vals + self.log_prior(torch.where(finite.unsqueeze(-1), tb, torch.zeros_like(tb)))
+        return out[0] if single else out
 
     def latent_posterior(self, theta: Any) -> Any:
         r"""CVI's :math:`q^*(\mathbf f\mid\theta)` (:meth:`CVIBoundTarget.latent_posterior`)."""
