@@ -461,6 +461,7 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
             return _stopped(wb, "nuts", "NUTS before its first draw (the weighted draws that failed the check are "
                             "returned)", times, report, "psis")
         times["nuts"] = time.perf_counter() - t0
+        met = mixed(d, min_ess, post.std)
         report.mcse_mean, mcse_sd = relative_mcse(d, post.std)
         report.nuts = {"draws per chain": int(post.draws.shape[1]), "extensions": ext,
                        "min ESS": float(d["ess_bulk"].min()), "min tail ESS": float(d["ess_tail"].min()),
@@ -469,7 +470,7 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
                        "gradient evaluations": int(post.stats["n_steps"].sum())}
         if post.info.get("interrupted"):
             return _stopped(post, "nuts", "NUTS (its partial chains are returned)", times, report, "nuts")
-        if not mixed(d, min_ess, post.std):
+        if not met:
             report.trusted = False
             report.reason += (f"; after {ext} extension(s) the chains still miss min bulk / tail ESS {min_ess:g}, "
                               f"R-hat 1.01 or MCSE {MCSE_TOL:g} sd: run longer "
