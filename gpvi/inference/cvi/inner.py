@@ -112,13 +112,31 @@ def converge_sites(cvi: Any, model: Any, theta: torch.Tensor, lam1: torch.Tensor
         work.append(tuple(torch.empty(shape, dtype=K.dtype, device=K.device) for _ in range(2)))
         return work[-1]
 
+    recent: dict[int, Any] = {}     # id of a recent step's input sites -> (those sites, evaluated sites, update)
+
     def step(st: CVIState) -> float:
+        given = st.lam1
         info = steps.full_step(cvi, model, st, K, None, method=cvi.elbo_method, work=buffers())
         if best is not None and info["elbo"] >= best.get("elbo", -math.inf):
             best.update(info["pieces"])
+        recent[id(given)] = (given, info["evaluated"], info["update"])
+        while len(recent) > 4:
+            del recent[next(iter(recent))]
         return info["elbo"]
 
-    return monotone_run(inner, step, tol=tol, max_steps=max_steps, anderson=anderson, weights=model.weights)
+    def replay(st: CVIState, kept: tuple[torch.Tensor, torch.Tensor]) -> bool:
+        # the sites went back to ``kept``: step from them at the halved step size with the gradients of their own
+        # evaluation (update_sites is all a step does after evaluating), when that evaluation is still at hand
+        held = recent.get(id(kept[0]))
+        if held is None or held[0] is not kept[0]:
+            return False
+        (lam1, lam2), (g1, g2, m, cap) = held[1], held[2]
+        st.lam1, st.lam2 = sites.update_sites(lam1, lam2, g1, g2, steps.beta_at(cvi, st), st.counters, cap,
+                                              cvi.invalid, m=m)
+        return True
+
+    return monotone_run(inner, step, tol=tol, max_steps=max_steps, anderson=anderson, weights=model.weights,
+                        replay=replay)
 
 
 def profiled_objective(cvi: Any, model: Any, theta: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor,
@@ -144,7 +162,8 @@ def profiled_objective(cvi: Any, model: Any, theta: torch.Tensor, lam1: torch.Te
 
 
 def monotone_run(inner: Any, step: Callable[[Any], float], *, tol: float, max_steps: int, anderson: int = 0,
-                 weights: torch.Tensor | None = None) -> Any:
+                 weights: torch.Tensor | None = None,
+                 replay: Callable[[Any, tuple[torch.Tensor, torch.Tensor]], bool] | None = None) -> Any:
     r"""The ELBO-monotone loop of :func:`converge_sites`.
 
     ``step(inner)`` evaluates the bound of ``inner``'s sites, then updates them in place and returns that bound.
@@ -167,6 +186,12 @@ def monotone_run(inner: Any, step: Callable[[Any], float], *, tol: float, max_st
     :math:`w_n\tilde\lambda`) counts as :math:`w_n` repeated rows (sites :math:`\tilde\lambda` each) do; rows of
     weight 0 (empty sites) take the plain step. An integer weight then gives the extrapolations, and so the run, of
     the repeated rows.
+
+    ``replay(inner, kept)``: after an undone step (sites back at ``kept``, ``beta_scale`` halved), set ``inner``'s
+    sites to the step from ``kept`` at the new step size without evaluating ``kept`` again and return True (False:
+    the next ``step`` evaluates them, as without it). Evaluating them again would give their known bound and the
+    same gradients: :func:`converge_sites` keeps those of the step before the last one and saves that factorisation
+    (``inner.counters["inner_replays"]`` counts them; the replayed step is not one of ``max_steps``).
     """
     counters = inner.counters
     prev = math.nan                       # the ELBO of the last accepted sites ...
@@ -201,7 +226,9 @@ def monotone_run(inner: Any, step: Callable[[Any], float], *, tol: float, max_st
                 inner.lam1, inner.lam2 = keep  # the last step went down: undo it, halve the step
                 inner.beta_scale *= 0.5
                 counters["inner_backtracks"] = counters.get("inner_backtracks", 0) + 1
-                redo = True
+                redo = replay is None or not replay(inner, keep)
+                if not redo:
+                    counters["inner_replays"] = counters.get("inner_replays", 0) + 1
                 if acc is not None:
                     acc.clear()
                 continue

@@ -221,8 +221,9 @@ def full_step(cvi: Any, model: Any, st: Any, K: torch.Tensor, gen: torch.Generat
     if pieces is not None:
         pieces.update(elbo=elbo_f, lam1=evaluated[0], lam2=evaluated[1], ex=ex_elbo)
         info["pieces"] = pieces
-    st.lam1, st.lam2 = sites.update_sites(st.lam1, st.lam2, g1, g2, beta, st.counters, sites.lam2_cap(K),
-                                          cvi.invalid, m=m)
+    cap = sites.lam2_cap(K)
+    info["update"] = (g1, g2, m, cap)          # what update_sites needs to step from the evaluated sites again
+    st.lam1, st.lam2 = sites.update_sites(st.lam1, st.lam2, g1, g2, beta, st.counters, cap, cvi.invalid, m=m)
     st.initialised = True
     st.t += 1
     st.sites_updated += st.num_sites
