@@ -73,8 +73,8 @@ from scipy.linalg import blas, lapack
 from ..exceptions import NumericalWarning
 from ..linalg import cholesky_with_jitter, logdet_from_cholesky, sum_of_squares, triangular_inverse
 
-__all__ = ["pseudo_data", "site_factor", "marginals", "site_elbo", "kl2", "kernel_gradient", "kernel_gradient_summed",
-           "lam2_cap", "finite_or_fault", "update_sites", "SiteFault", "MIN_SITE_PRECISION"]
+__all__ = ["pseudo_data", "site_factor", "marginals", "keeps_inverse", "INVERSE_MIN", "site_elbo", "kl2",
+           "kernel_gradient", "kernel_gradient_summed", "lam2_cap", "finite_or_fault", "update_sites", "SiteFault", "MIN_SITE_PRECISION"]
 
 _WEAK = 1e4
 """A site with pseudo-noise above this many times its marginal variance gets :func:`marginals`' direct formula."""
@@ -123,15 +123,16 @@ def marginals(K: torch.Tensor, L: torch.Tensor, ytilde: torch.Tensor, *, keep_in
 
         V_{nn} = s_n - s_n^2 P_{nn},
 
-    the diagonal of :math:`P` from LAPACK's ``potri`` on the factor (:func:`torch.cholesky_inverse`: the
-    triangular inverse and :math:`L^{-\top}L^{-1}`, :math:`2N^3/3` flops) instead of the triangular solve
-    :math:`L^{-1}K` (:math:`N^3`) of :math:`V_{nn} = K_{nn} - \lVert L^{-1}\mathbf k_n\rVert^2`. ``potri`` does
-    twice the flops of a triangular inverse and column norms (:func:`gpvi.linalg.triangular_inverse`, SciPy's
-    ``trtri``), but through torch's LAPACK it took less time on this project's Intel machine (one thread, best of
-    several, load 2: 0.48 against 1.12 ms at N = 300, 16 against 18 ms at N = 1,000, 95-146 against 131-154 ms
-    at N = 2,000; batch of 4 at N = 400: 4.6 against 10.6 ms, ``benchmarks/studies/results/bayes_profile_after.md``),
-    and it leaves :math:`P` itself, which :func:`kernel_gradient_summed` needs (one ``lauum`` saved per gradient).
-    ``keep_inverse`` keeps the triangular inverse instead (:math:`P_{nn} = \lVert L^{-1} e_n\rVert^2`).
+    the diagonal of :math:`P` from the factor, instead of the triangular solve :math:`L^{-1}K` (:math:`N^3` flops) of
+    :math:`V_{nn} = K_{nn} - \lVert L^{-1}\mathbf k_n\rVert^2`. Two ways, chosen by the order
+    (:func:`keeps_inverse`, ``benchmarks/studies/results/typeii_inverse.md``): below :data:`INVERSE_MIN`, LAPACK's
+    ``potri`` (:func:`torch.cholesky_inverse`: the triangular inverse and :math:`L^{-\top}L^{-1}`,
+    :math:`2N^3/3` flops, through torch's LAPACK), which leaves :math:`P` itself for :func:`kernel_gradient_summed`
+    and took less time than SciPy's ``trtri`` alone there (N = 300: 0.69 against 1.18 ms; three factors of 300:
+    1.9 against 3.4 ms); from it on, the triangular inverse (:func:`gpvi.linalg.triangular_inverse`, SciPy's
+    ``trtri``, :math:`N^3/3`) and :math:`P_{nn} = \lVert L^{-1} e_n\rVert^2` (N = 2,000: 94 against 135 ms;
+    N = 5,000: 1.05 against 2.03 s). The default (neither ``keep_*``) takes the cheaper one; ``keep_precision``
+    and ``keep_inverse`` ask for ``potri`` and for the triangular inverse.
 
     The :math:`s_n` are read off the factor, :math:`s_n = (LL^\top)_{nn} - K_{nn}` (jitter included). The
     subtraction loses about :math:`\log_{10}(s_n/V_{nn})` digits (measured: 2e-12 relative at
@@ -148,7 +149,7 @@ def marginals(K: torch.Tensor, L: torch.Tensor, ytilde: torch.Tensor, *, keep_in
     m = (alpha @ K).T if batched else K @ alpha
     dK = K.diagonal()
     s = sum_of_squares(L, -1) - dK
-    if keep_inverse:
+    if keep_inverse or (not keep_precision and keeps_inverse(L.shape[-1])):
         extra = Linv = triangular_inverse(L, out)
         dP = sum_of_squares(Linv, -2)
     else:
@@ -177,6 +178,21 @@ def _precision(L: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor
     if out is None or L.requires_grad or out.shape != L.shape:
         return torch.cholesky_inverse(L)
     return torch.cholesky_inverse(L, out=out)
+
+
+INVERSE_MIN = 1000
+"""Order from which :func:`marginals` takes the diagonal of :math:`P` from the triangular inverse (SciPy's
+``trtri``, :math:`N^3/3` flops, and column norms; the type-II gradient then forms :math:`P` by one ``lauum``)
+instead of from ``potri`` (:func:`torch.cholesky_inverse`, :math:`2N^3/3`, which leaves :math:`P` itself):
+``benchmarks/studies/results/typeii_inverse.md``, where per evaluation of 5 inner steps ``potri`` took less time
+at N = 300 and 768 (one factor or three: 0.52-0.80 of the other) and more from N = 1,024 on (1.02-1.57; the
+ratio crosses 1 at about N = 920-1,010 between the two measured orders; alternated calls, one thread, load 2-3)."""
+
+
+def keeps_inverse(n: int) -> bool:
+    """Whether :func:`marginals` of order ``n`` is cheaper with ``keep_inverse`` (:math:`L^{-1}`) than with
+    ``keep_precision`` (:math:`P`): from :data:`INVERSE_MIN` on."""
+    return n >= INVERSE_MIN
 
 
 def site_elbo(value_sum: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor, m: torch.Tensor,

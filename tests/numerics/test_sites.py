@@ -119,3 +119,38 @@ def test_summed_kernel_gradient_from_the_precision_equals_the_one_from_the_inver
     assert float(((T1 + T1.T) / 2 - G1).abs().max()) <= 1e-12 * float(G1.abs().max())
     with pytest.raises(ValueError, match="P or Linv"):
         sites.kernel_gradient_summed(L, lam1, lam2, m, alpha, dm, dv)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_type_ii_objective_is_the_same_with_either_inverse(monkeypatch, k):
+    """profiled_objective with the steps keeping P (potri; sites.INVERSE_MIN above N) and keeping L^-1 (trtri, then
+    one lauum for the gradient; INVERSE_MIN below N): the same sites, bound and gradient to 1e-10 relative; the
+    default marginals() gives the same variances either way."""
+    import collections
+
+    from gpvi.inference.cvi import CVI
+    from gpvi.inference.cvi.inner import profiled_objective
+    from gpvi.models.classification import GPClassification
+    from gpvi.models.multiclass import GPMulticlass
+
+    gen = torch.Generator().manual_seed(13)
+    X = torch.randn(50, 2, dtype=F64, generator=gen)
+    y = (X[:, 0] > 0).long() + (0 if k == 1 else (X[:, 1] > 0).long())
+    model = GPClassification(X, y) if k == 1 else GPMulticlass(X, y)
+    eng = CVI(progress_bar=False)
+    eng._configure(model)
+    theta = torch.tensor([0.1, -0.2, 1.0], dtype=F64)
+    shape = (50,) if k == 1 else (50, 3)
+    lam1, lam2 = torch.zeros(shape, dtype=F64), torch.full(shape, -0.2, dtype=F64)
+    out = {}
+    for n_min in (10**9, 10):
+        monkeypatch.setattr(sites, "INVERSE_MIN", n_min)
+        st, val, grad = profiled_objective(eng, model, theta, lam1, lam2, collections.defaultdict(float), tol=1e-9,
+                                           max_steps=200, anderson=5)
+        L, _ = sites.site_factor(model.kernel_matrix(theta), -0.5 / lam2)
+        out[n_min] = (st.lam1, val, grad, sites.marginals(model.kernel_matrix(theta), L, lam1 * 0 + 1.0)[1])
+    a, b = out[10**9], out[10]
+    torch.testing.assert_close(a[0], b[0], rtol=1e-10, atol=1e-12)
+    assert a[1] == pytest.approx(b[1], rel=1e-10)
+    torch.testing.assert_close(a[2], b[2], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(a[3], b[3], rtol=1e-10, atol=0)

@@ -36,9 +36,11 @@ with :math:`\boldsymbol\alpha = P\tilde{\mathbf y}`, :math:`a_n = \partial_m E_n
 :math:`b_n = \partial_v E_n - \tilde\lambda^{(2)}_n`; it is pushed through :math:`K(\theta)` by autograd. The
 factorisation is the exact Cholesky of :func:`gpvi.linalg.cholesky_with_jitter`. At a CVI fixed point :math:`a = b = 0`,
 so this is :math:`dF/d\theta` (envelope theorem). Each evaluation costs a few O(N^3) CVI steps (warm start: per
-latent function one Cholesky factor, :math:`N^3/3` flops, and :math:`P` by ``potri``, :math:`2N^3/3`:
+latent function one Cholesky factor, :math:`N^3/3` flops, and :math:`P` by ``potri``, :math:`2N^3/3`, or from
+order :data:`gpvi.numerics.sites.INVERSE_MIN` on :math:`L^{-1}` by ``trtri``, :math:`N^3/3`:
 :func:`gpvi.numerics.sites.marginals`) plus, for the gradient, one ``syrk`` with the best step's kept :math:`P`
-(:func:`gpvi.numerics.sites.kernel_gradient_summed`, :math:`N^3`); a stochastic engine's phases use the same full-batch inner
+(after one ``lauum`` of its :math:`L^{-1}`, :math:`N^3/3`, where that was kept;
+:func:`gpvi.numerics.sites.kernel_gradient_summed`, :math:`N^3`); a stochastic engine's phases use the same full-batch inner
 loop, because the gradient in :math:`\theta` costs O(N^3) anyway. (Alternating a few L-BFGS steps with the sites
 held fixed and CVI sweeps, variational-EM style, crept towards the optimum with thousands of evaluations on nearly
 separable data.)
@@ -104,7 +106,7 @@ def converge_sites(cvi: Any, model: Any, theta: torch.Tensor, lam1: torch.Tensor
     def buffers() -> tuple[torch.Tensor, torch.Tensor] | None:
         if work is None:
             return None
-        held = {best[k].data_ptr() for k in ("L", "P") if k in best} if best else set()
+        held = {best[k].data_ptr() for k in ("L", "P", "Linv") if k in best} if best else set()
         for pair in work:
             if not held & {b.data_ptr() for b in pair}:
                 return pair
@@ -271,7 +273,8 @@ def theta_objective(cvi: Any, model: Any, lam1: torch.Tensor, lam2: torch.Tensor
     with torch.enable_grad():
         Kg = model.kernel_matrix(th)
     if evaluated is not None:
-        lam1, lam2, L, P, m, alpha, ex = (evaluated[k] for k in ("lam1", "lam2", "L", "P", "m", "alpha", "ex"))
+        lam1, lam2, L, m, alpha, ex = (evaluated[k] for k in ("lam1", "lam2", "L", "m", "alpha", "ex"))
+        P, Linv = evaluated.get("P"), evaluated.get("Linv")
         val = torch.as_tensor(evaluated["elbo"], dtype=Kg.dtype, device=Kg.device)
     else:
         K = Kg.detach()
@@ -281,11 +284,12 @@ def theta_objective(cvi: Any, model: Any, lam1: torch.Tensor, lam2: torch.Tensor
         except NotPSDError:
             return -math.inf, None
         m, v, alpha, P = sites.marginals(K, L, ytilde, keep_precision=True)
+        Linv = None
         ex = steps.expectations(cvi, model, m, v, None, cvi.elbo_method)
         val = sites.site_elbo(ex.value.sum(), lam1, lam2, m, v, L, alpha)
     if not bool(torch.isfinite(val)):
         return -math.inf, None
-    G = sites.kernel_gradient_summed(L, _cols(lam1), _cols(lam2), _cols(m), alpha, _cols(ex.dm), _cols(ex.dv), P=P)
+    G = sites.kernel_gradient_summed(L, _cols(lam1), _cols(lam2), _cols(m), alpha, _cols(ex.dm), _cols(ex.dv), Linv, P=P)
     with torch.enable_grad():
         out = (Kg * G).sum()
         if prior is not None:

@@ -202,11 +202,13 @@ def full_step(cvi: Any, model: Any, st: Any, K: torch.Tensor, gen: torch.Generat
         L, jit = sites.site_factor(K, s, st.theta) if work is None else sites.site_factor(K, s, st.theta, out=work[0])
         if jit > 0:
             st.counters["jitter_events"] += 1
-        m, v, alpha, P = sites.marginals(K, L, ytilde, keep_precision=True, out=None if work is None else work[1])
+        inv = "Linv" if sites.keeps_inverse(K.shape[-1]) else "P"      # what the type-II gradient gets cheaper
+        m, v, alpha, kept = sites.marginals(K, L, ytilde, keep_inverse=inv == "Linv", keep_precision=inv == "P",
+                                            out=None if work is None else work[1])
         if _centres(cvi, st):
             st.lam1, m, alpha = center(st.lam1, st.lam2, m, alpha)
         elbo, ex_elbo = _bound(cvi, model, st.lam1, st.lam2, K, L, m, v, alpha)
-        pieces = {"L": L, "P": P, "m": m, "alpha": alpha}
+        pieces = {"L": L, inv: kept, "m": m, "alpha": alpha}
     elbo_f = sites.finite_or_fault(elbo, st.t)
     use = method or cvi.estimator
     # the bound's expectations are by the deterministic rule whatever the estimator; with that rule as the
