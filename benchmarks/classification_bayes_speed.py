@@ -8,7 +8,9 @@ process, so that every pair of fits sees the same load:
   num_draws=4, num_elbo_draws=100)`` with pseudo-random draws, EP tolerance 1e-6), given explicitly;
 * ``tol=X``: the defaults with ``ep_tol=X`` (EP's stopping rule on the largest relative site change,
   :class:`gpvi.inference.cvi.ep_evidence.EPEvidenceTarget`);
-* ``draws=K``: the defaults with K draws (K / 2 antithetic pairs) per S&K step instead of 4 (issue 59).
+* ``draws=K``: the defaults with K draws (K / 2 antithetic pairs) per S&K step instead of 4 (issue 59);
+* ``bank=K``: the defaults with ``ep_bank=K`` (EP in the engine's evaluations starts from sites predicted by the
+  last K evaluations; 0: from the EP MAP point's sites, damped, as before issue 59's bank).
 
 Sets: the stratified seeded training subsamples of ``benchmarks/classification_bayes.py`` (``--n-train``, seed 0),
 and ``binary``: the two-input synthetic set of ``benchmarks/classification_scale.py`` (seed 0, ``--n-train`` rows,
@@ -84,6 +86,8 @@ def fitter(setting: str, dim: int, seed: int = 0) -> FullyBayesianCVI:
         return FullyBayesianCVI(ep_tol=float(setting[4:]), seed=seed)
     if setting.startswith("draws="):
         return _Draws(int(setting[6:]), seed=seed)
+    if setting.startswith("bank="):
+        return FullyBayesianCVI(ep_bank=int(setting[5:]), seed=seed)
     raise ValueError(f"unknown setting {setting!r}")
 
 
@@ -170,7 +174,7 @@ def main() -> None:
     ap.add_argument("--datasets", nargs="+", default=["pima"])
     ap.add_argument("--n-train", nargs="+", type=int, default=[100])
     ap.add_argument("--settings", nargs="+", default=["before", "default"],
-                    help="'default', 'before', 'tol=X' or 'draws=K' (module docstring)")
+                    help="'default', 'before', 'tol=X', 'draws=K' or 'bank=K' (module docstring)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--seeds", nargs="+", type=int, default=[0], help="seeds of the fits (every setting per seed)")
     ap.add_argument("--name", default="classification_bayes_speed_defaults")

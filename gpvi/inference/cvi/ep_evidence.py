@@ -31,7 +31,10 @@ around which the engine draws. A fixed warm start keeps ``log_joint`` a determin
 (seeded runs repeat bit for bit), and draws of :math:`q(\theta)` near it need fewer sweeps than from the prior: on
 the ten-class synth10b 5.9 sweeps per evaluation from the EP MAP point against 6.9 from the CVI MAP-II point (fit
 264 -> 221 s; held out, synth4 / synth6 / Pima / Ripley 0.3 / 0.15 / -0.04 / 0.07 fewer, q moved by at most 0.013
-of its sds; ``benchmarks/results/ep_warm_start_*.md``).
+of its sds; ``benchmarks/results/ep_warm_start_*.md``). For its engine's evaluations of a binary model
+:class:`~gpvi.inference.cvi.bayes.FullyBayesianCVI` then switches to starts predicted from the converged sites of
+earlier evaluations (:meth:`EPEvidenceTarget.start_from_neighbours`, :mod:`gpvi.inference.cvi.ep_starts`): fewer
+sweeps to the same stopping rule, the evidence a function of theta only within EP's tolerance.
 
 **Tilted moments** (binary): by the CVI bound's quadrature rule with at most :data:`EP_QUADRATURE_POINTS` nodes
 (64: its error is below 1e-9 where EP stops at 1e-4).
@@ -62,8 +65,10 @@ from ...models.multiclass_likelihoods import Softmax
 from ...numerics.ep import expectation_propagation
 from ...numerics.ep_multiclass import multiclass_ep
 from ...numerics.quadrature import Quadrature
+from .ep_starts import SiteBank
 
-__all__ = ["EPEvidenceTarget", "multiclass_ep_applies", "EP_QUADRATURE_POINTS", "EP_CHUNK_ELEMENTS", "EP_CHUNK_ROWS"]
+__all__ = ["EPEvidenceTarget", "multiclass_ep_applies", "EP_QUADRATURE_POINTS", "EP_CHUNK_ELEMENTS", "EP_CHUNK_ROWS",
+           "BANK_DAMPING", "BANK_SWEEPS"]
 
 EP_QUADRATURE_POINTS = 64
 r"""Nodes of the asinh-mapped Gauss-Legendre rule of binary EP's tilted moments (:meth:`EPEvidenceTarget.quadrature`):
@@ -80,6 +85,14 @@ EP_CHUNK_ROWS = 16
 :data:`EP_CHUNK_ELEMENTS` kernel-matrix entries (5 MiB per :math:`S\times N\times N` array in float64; at least
 one row): the final bound estimate's 100 rows ran faster so than in one batch (one thread, tuning family xor at
 N = 100 / 200 / 400: ``benchmarks/studies/results/ep_chunks.md``)."""
+
+
+BANK_DAMPING = 1.0
+BANK_SWEEPS = 10
+"""EP from a :class:`~gpvi.inference.cvi.ep_starts.SiteBank`'s prediction runs undamped for at most this many sweeps,
+then, where a row has not converged, with the target's damping (:meth:`EPEvidenceTarget.start_from_neighbours`):
+started that close to its fixed point, undamped EP stopped in 2.4 sweeps per evaluation against 2.7 damped (tuning
+family xor, N = 400; ``benchmarks/studies/results/ep_bank.md``)."""
 
 
 def multiclass_ep_applies(model: Any) -> bool:
@@ -155,6 +168,7 @@ class EPEvidenceTarget:
         self.anderson = check_nonnegative_int(anderson, "anderson")
         self.names = list(bound.names)
         self.warm_theta: torch.Tensor | None = None
+        self.bank: SiteBank | None = None
         self.counters: dict[str, float] = {"evaluations": 0, "sweeps": 0, "failures": 0, "unconverged": 0}
         if self.multiclass:
             self.counters["anderson_restarts"] = 0
@@ -181,15 +195,23 @@ class EPEvidenceTarget:
         with torch.no_grad():
             return self._run(self.bound._kernel(theta.detach().to(torch.float64)))
 
-    def _run(self, K: torch.Tensor, gradient: bool = True) -> Any:
+    def _run(self, K: torch.Tensor, gradient: bool = True, theta: torch.Tensor | None = None) -> Any:
         """EP on the batched kernel matrices ``K`` ``(S, N, N)``, counted; binary rows in chunks of at most
-        :data:`EP_CHUNK_ELEMENTS` matrix entries (``gradient=False``: the evidence alone, ``grad_k`` None)."""
+        :data:`EP_CHUNK_ELEMENTS` matrix entries (``gradient=False``: the evidence alone, ``grad_k`` None), started
+        from :meth:`warm_sites`, or with a :attr:`bank` and the rows' ``theta`` from sites predicted by it."""
 
         if self.multiclass:
             res = self._run_multiclass(K)
         else:
-            tau, nu = self.warm_sites() or (None, None)
-            res = self._ep_binary_chunked(K, tau, nu, gradient)
+            warm = self.warm_sites()
+            tau, nu = warm or (None, None)
+            bank = self.bank if warm is not None and theta is not None else None
+            if bank is not None and len(bank):
+                res = self._ep_from_bank(K, theta, gradient)
+            else:
+                res = self._ep_binary_chunked(K, tau, nu, gradient)
+            if bank is not None:
+                bank.add(theta, res.tau, res.nu, res.ok & res.converged)
         self.counters["evaluations"] += K.shape[0]
         self.counters["sweeps"] += int(res.sweeps.sum())
         self.counters["unconverged"] += int((res.ok & ~res.converged).sum())
@@ -206,21 +228,52 @@ class EPEvidenceTarget:
                              anderson=self.anderson)
 
     def _ep_binary(self, K: torch.Tensor, tau: torch.Tensor | None, nu: torch.Tensor | None,
-                   gradient: bool = True) -> Any:
+                   gradient: bool = True, damping: float | None = None, max_sweeps: int | None = None) -> Any:
 
         return expectation_propagation(K, self.model.y, self.model.likelihood, quadrature=self.quadrature,
-                                       damping=self.damping, tol=self.tol, max_sweeps=self.max_sweeps, tau=tau,
+                                       damping=self.damping if damping is None else damping, tol=self.tol,
+                                       max_sweeps=self.max_sweeps if max_sweeps is None else max_sweeps, tau=tau,
                                        nu=nu, anderson=self.anderson, gradient=gradient)
 
+    def _ep_from_bank(self, K: torch.Tensor, theta: torch.Tensor, gradient: bool) -> Any:
+        """EP from the :attr:`bank`'s predicted sites: undamped (:data:`BANK_DAMPING`) for at most
+        :data:`BANK_SWEEPS` sweeps; rows that have not converged by then go on from where they stopped (a failed
+        row from its predicted start) with the target's damping, up to ``max_sweeps`` sweeps in all."""
+        tau, nu = self.bank.starts(theta)
+        self.counters["bank_starts"] = self.counters.get("bank_starts", 0) + K.shape[0]
+        res = self._ep_binary_chunked(K, tau, nu, gradient, BANK_DAMPING, min(BANK_SWEEPS, self.max_sweeps))
+        redo = (~res.converged).nonzero().flatten()
+        if redo.numel() == 0 or self.max_sweeps <= BANK_SWEEPS:
+            return res
+        self.counters["bank_redone"] = self.counters.get("bank_redone", 0) + redo.numel()
+        ok = res.ok[redo].unsqueeze(-1)
+        sub = self._ep_binary_chunked(K[redo], torch.where(ok, res.tau[redo], tau[redo]),
+                                      torch.where(ok, res.nu[redo], nu[redo]), gradient, None,
+                                      self.max_sweeps - BANK_SWEEPS)
+        fields = []
+        for name, full, part in zip(res._fields, res, sub):
+            if full is None:
+                fields.append(None)
+                continue
+            full = full.clone()
+            full[redo] = part + res.sweeps[redo] if name == "sweeps" else part
+            fields.append(full)
+        return type(res)(*fields)
+
     def _ep_binary_chunked(self, K: torch.Tensor, tau: torch.Tensor | None, nu: torch.Tensor | None,
-                           gradient: bool) -> Any:
+                           gradient: bool, damping: float | None = None, max_sweeps: int | None = None) -> Any:
         """:meth:`_ep_binary` on chunks of rows (each row's EP is independent of the others: the same values), the
         results concatenated."""
         S, N = K.shape[0], K.shape[-1]
         step = min(EP_CHUNK_ROWS, max(1, EP_CHUNK_ELEMENTS // (N * N)))
         if S <= step:
-            return self._ep_binary(K, tau, nu, gradient)
-        parts = [self._ep_binary(K[i:i + step], tau, nu, gradient) for i in range(0, S, step)]
+            return self._ep_binary(K, tau, nu, gradient, damping, max_sweeps)
+
+        def rows(x: torch.Tensor | None, i: int) -> torch.Tensor | None:
+            return x[i:i + step] if x is not None and x.dim() == 2 else x
+
+        parts = [self._ep_binary(K[i:i + step], rows(tau, i), rows(nu, i), gradient, damping, max_sweeps)
+                 for i in range(0, S, step)]
         return type(parts[0])(*[None if f[0] is None else torch.cat(f) for f in zip(*parts)])
 
     @property
@@ -246,6 +299,13 @@ class EPEvidenceTarget:
             raise ValueError(f"theta must be a finite vector of the {self.dim} log-hyperparameters; got shape "
                              f"{tuple(th.shape)}")
         self.warm_theta = th
+
+    def start_from_neighbours(self, size: int = 128) -> None:
+        """Binary: start each later evaluation from sites predicted by the converged sites of the last ``size``
+        evaluations (:class:`~gpvi.inference.cvi.ep_starts.SiteBank`; :meth:`warm_sites` until the first one is
+        stored); ``size=0``: back to :meth:`warm_sites` for every evaluation. The evidence then depends on the
+        earlier evaluations within EP's tolerance (:mod:`~gpvi.inference.cvi.ep_starts`)."""
+        self.bank = SiteBank(size) if int(size) > 0 and not self.multiclass else None
 
     def warm_sites(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """EP's sites at the warm-start theta (:meth:`warm_from`; by default the bound's anchor theta), run once
@@ -295,7 +355,7 @@ class EPEvidenceTarget:
         with torch.enable_grad():                  # one kernel evaluation: EP on its values, the gradient through it
             tg = th[idx].clone().requires_grad_(True)
             K = self.bound._kernel(tg)
-            res = self._run(K.detach())
+            res = self._run(K.detach(), theta=th[idx])
             (g,) = torch.autograd.grad(K, tg, grad_outputs=res.grad_k)
         ok = res.ok & torch.isfinite(g).all(-1)
         vals[idx[ok]], grads[idx[ok]] = res.log_z[ok], g[ok]
@@ -326,7 +386,7 @@ class EPEvidenceTarget:
         idx = finite.nonzero().flatten()
         with torch.no_grad():
             if idx.numel():
-                vals[idx] = self._run(self.bound._kernel(tb[idx]), gradient=False).log_z
+                vals[idx] = self._run(self.bound._kernel(tb[idx]), gradient=False, theta=tb[idx]).log_z
             out = vals + self.log_prior(torch.where(finite.unsqueeze(-1), tb, torch.zeros_like(tb)))
         return out[0] if single else out
 
