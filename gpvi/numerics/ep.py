@@ -94,10 +94,10 @@ def _tilted(likelihood: Any, y: torch.Tensor, mc: torch.Tensor, vc: torch.Tensor
     the nodes are laid out node-major, (num_points, B), so every pass runs along the sites.
 
     For the Bernoulli logit and probit likelihoods the sums run on the probabilities themselves,
-    :math:`\hat Z = \sum_k w_k\,p(y\mid f_k)` (one transcendental per node, :func:`torch.sigmoid` or
-    :math:`\\Phi` by :func:`torch.special.erfc`, against four in the log domain), a sum of positive terms without cancellation; a
-    site whose :math:`\hat Z` falls below 1e-200 (a cavity deep in the likelihood's tail) is redone in the log
-    domain (:func:`_tilted_log`), the rule for every other likelihood."""
+    :math:`\\hat Z = \\sum_k w_k\\,p(y\\mid f_k)` (one transcendental per node, :func:`torch.sigmoid` or
+    :math:`\\Phi` by :func:`torch.special.erfc`, against four in the log domain), a sum of positive terms without
+    cancellation; a site whose :math:`\\hat Z` falls below 1e-200 (a cavity deep in the likelihood's tail) is redone
+    in the log domain (:func:`_tilted_log`), the rule for every other likelihood."""
     response = _bernoulli_response(likelihood)
     if response is None:
         return _tilted_log(likelihood, y, mc, vc, quad)
@@ -126,8 +126,8 @@ def _bernoulli_response(likelihood: Any) -> Any:
 
 
 def _phi(x: torch.Tensor) -> torch.Tensor:
-    """:math:`\\Phi(x) = \\tfrac12\\operatorname{erfc}(-x/\\sqrt2)`, accurate to the relative rounding level in the lower
-    tail (:func:`torch.special.ndtr` loses it there: 0 at x = -10 in float64, where :math:`\\Phi = 7.6\\times
+    """:math:`\\Phi(x) = \\tfrac12\\operatorname{erfc}(-x/\\sqrt2)`, accurate to the relative rounding level in the
+    lower tail (:func:`torch.special.ndtr` loses it there: 0 at x = -10 in float64, where :math:`\\Phi = 7.6\\times
     10^{-24}`)."""
     return torch.special.erfc(x * -_SQRT_HALF).mul_(0.5)
 

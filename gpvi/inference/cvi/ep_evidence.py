@@ -92,7 +92,7 @@ BANK_SWEEPS = 10
 """EP from a :class:`~gpvi.inference.cvi.ep_starts.SiteBank`'s prediction runs undamped for at most this many sweeps,
 then, where a row has not converged, with the target's damping (:meth:`EPEvidenceTarget.start_from_neighbours`):
 started that close to its fixed point, undamped EP stopped in 2.4 sweeps per evaluation against 2.7 damped (tuning
-family xor, N = 400; ``benchmarks/studies/results/ep_bank.md``)."""
+family xor, N = 400: :mod:`gpvi.inference.cvi.ep_starts`)."""
 
 
 def multiclass_ep_applies(model: Any) -> bool:
@@ -201,7 +201,7 @@ class EPEvidenceTarget:
         from :meth:`warm_sites`, or with a :attr:`bank` and the rows' ``theta`` from sites predicted by it."""
 
         if self.multiclass:
-            res = self._run_multiclass(K)
+            res = self._run_multiclass(K, theta)
         else:
             warm = self.warm_sites()
             tau, nu = warm or (None, None)
@@ -301,11 +301,15 @@ class EPEvidenceTarget:
         self.warm_theta = th
 
     def start_from_neighbours(self, size: int = 128) -> None:
-        """Binary: start each later evaluation from sites predicted by the converged sites of the last ``size``
-        evaluations (:class:`~gpvi.inference.cvi.ep_starts.SiteBank`; :meth:`warm_sites` until the first one is
-        stored); ``size=0``: back to :meth:`warm_sites` for every evaluation. The evidence then depends on the
-        earlier evaluations within EP's tolerance (:mod:`~gpvi.inference.cvi.ep_starts`)."""
-        self.bank = SiteBank(size) if int(size) > 0 and not self.multiclass else None
+        """Start each later evaluation from sites predicted by the converged sites of the last ``size``
+        evaluations (multi-class: the nearest evaluation's sites; :class:`~gpvi.inference.cvi.ep_starts.SiteBank`;
+        :meth:`warm_sites` until the first one is stored); ``size=0``: back to :meth:`warm_sites` for every
+        evaluation. The evidence then depends on the earlier evaluations within EP's tolerance
+        (:mod:`~gpvi.inference.cvi.ep_starts`)."""
+        if int(size) <= 0:
+            self.bank = None
+        else:                                     # multi-class: the nearest entry's sites (a plane of site
+            self.bank = SiteBank(size, neighbours=2 ** 62 if self.multiclass else None)   # precisions need not be PSD)
 
     def warm_sites(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """EP's sites at the warm-start theta (:meth:`warm_from`; by default the bound's anchor theta), run once
@@ -328,14 +332,26 @@ class EPEvidenceTarget:
             self._warm_key = key
         return self._warm
 
-    def _run_multiclass(self, K: torch.Tensor) -> Any:
-        """:func:`~gpvi.numerics.ep_multiclass.multiclass_ep` row by row from :meth:`warm_sites`; the fields the
-        binary :class:`~gpvi.numerics.ep.EPResult` has for the evidence and its gradient, plus ``rows``."""
+    def _run_multiclass(self, K: torch.Tensor, theta: torch.Tensor | None = None) -> Any:
+        """:func:`~gpvi.numerics.ep_multiclass.multiclass_ep` row by row from :meth:`warm_sites` (with a
+        :attr:`bank` and the rows' ``theta``: from the nearest earlier evaluation's sites); the fields the binary
+        :class:`~gpvi.numerics.ep.EPResult` has for the evidence and its gradient, plus ``rows``."""
 
         warm = self.warm_sites()
-        rows = [self._ep_multiclass(K[i], warm) for i in range(K.shape[0])]
+        S = K.shape[0]
+        starts = [warm] * S
+        bank = self.bank if warm is not None and theta is not None else None
+        if bank is not None and len(bank):
+            P, V = bank.starts(theta)
+            starts = [(P[i].view_as(warm[0]), V[i].view_as(warm[1])) for i in range(S)]
+            self.counters["bank_starts"] = self.counters.get("bank_starts", 0) + S
+        rows = [self._ep_multiclass(K[i], starts[i]) for i in range(S)]
         self.counters["anderson_restarts"] += sum(r.anderson_restarts for r in rows)
         dev = K.device
+        if bank is not None:
+            keep = torch.tensor([bool(r.ok and r.converged) for r in rows], device=dev)
+            bank.add(theta, torch.stack([r.pi.reshape(-1) for r in rows]),
+                     torch.stack([r.nu.reshape(-1) for r in rows]), keep)
         return SimpleNamespace(log_z=torch.stack([r.log_z for r in rows]), grad_k=torch.stack([r.grad_k for r in rows]),
                                sweeps=torch.tensor([r.sweeps for r in rows], device=dev),
                                converged=torch.tensor([r.converged for r in rows], device=dev),

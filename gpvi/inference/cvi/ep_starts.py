@@ -1,4 +1,4 @@
-r"""Where binary EP starts in the engine's evaluations: sites predicted from the nearest earlier evaluations.
+r"""Where EP starts in the engine's evaluations: sites predicted from the nearest earlier evaluations.
 
 :class:`~gpvi.inference.cvi.ep_evidence.EPEvidenceTarget` starts every evaluation from one fixed set of sites (EP's
 at the warm-start point, :meth:`~gpvi.inference.cvi.ep_evidence.EPEvidenceTarget.warm_sites`). The engine's draws of
@@ -7,13 +7,17 @@ rule (1e-3): at N = 400 each sweep is a Cholesky factor and an inverse of an N x
 functions of :math:`\theta`, and by the middle of a run the engine has evaluated hundreds of nearby points. A
 :class:`SiteBank` keeps the converged sites of the last ``size`` evaluations and starts a new one from the
 weighted least-squares plane through its ``k`` nearest neighbours (:math:`k = 3D + 3`; the nearest one alone while
-the bank holds fewer, and above :data:`PLANE_MAX_DIM` log-hyperparameters), site by site: :math:`\tilde\tau(\theta) \approx a + J(\theta - \theta_*)`, weights
+the bank holds fewer, and above :data:`PLANE_MAX_DIM` log-hyperparameters), site by site:
+:math:`\tilde\tau(\theta) \approx a + J(\theta - \theta_*)`, weights
 :math:`1/(d_i + 10^{-3}\max_j d_j)` by Euclidean distance in the log-hyperparameters, precisions clipped at 0.
 
 EP still runs to the same stopping rule from that start, so every evaluation is EP's evidence to the same
 tolerance; what changes is where within it the sweeps stop, which now depends on the earlier evaluations (the
 evidence is no longer a function of :math:`\theta` alone at the level of the tolerance; a seeded run still repeats
-bit for bit). Measured in ``benchmarks/studies/results/ep_bank.md``.
+bit for bit). Multi-class EP (sites: :math:`K\times K` precisions per point) starts from the nearest entry's
+sites, which are valid sites, where a plane's need not be positive semi-definite. Measured in
+``benchmarks/results/classification_bayes_speed_bank59*.md`` and ``multiclass_bayes_h59b_synth4_merged.md``
+(against long NUTS runs) and ``benchmarks/studies/results/bayes_profile_ep59.md`` (counts).
 """
 
 from __future__ import annotations
