@@ -35,14 +35,15 @@ from benchmarks.heldout_families import FAMILIES, MULTICLASS_SPLIT, SPLIT, binar
 
 
 @contextlib.contextmanager
-def resolution(on: bool) -> Any:
-    """:class:`TypeII`'s default ``resolution`` set to ``on`` for the duration (GPClassifier builds its own)."""
+def resolution(on: bool, name: str = "resolution") -> Any:
+    """:class:`TypeII`'s default of the setting ``name`` (``resolution``; ``fine_fixed``: its opposite) set to ``on``
+    for the duration (GPClassifier builds its own)."""
     from gpvi.inference.cvi import typeii
 
     init = typeii.TypeII.__init__
 
     def patched(self: Any, *a: Any, **k: Any) -> None:
-        k.setdefault("resolution", on)
+        k.setdefault(name, on if name == "resolution" else not on)
         init(self, *a, **k)
 
     typeii.TypeII.__init__ = patched
@@ -52,11 +53,11 @@ def resolution(on: bool) -> Any:
         typeii.TypeII.__init__ = init
 
 
-def fit(data: tuple[np.ndarray, ...], on: bool) -> dict[str, Any]:
+def fit(data: tuple[np.ndarray, ...], on: bool, name: str = "resolution") -> dict[str, Any]:
     from gpvi import GPClassifier
 
     Xtr, ytr, Xte, yte = data
-    with warnings.catch_warnings(), resolution(on):
+    with warnings.catch_warnings(), resolution(on, name):
         warnings.simplefilter("ignore")
         t = time.perf_counter()
         clf = GPClassifier(random_state=0).fit(Xtr, ytr)
@@ -80,8 +81,10 @@ def work(r: dict[str, Any]) -> int:
     return r["outer_steps"] + r["inner_steps"] + r["evaluations"]
 
 
-def report(rows: dict[str, Any]) -> str:
-    lines = [header("Type-II's resolution stop: counts without and with it (issue 59)"), "",
+def report(rows: dict[str, Any], name: str = "resolution") -> str:
+    what = ("resolution stop" if name == "resolution" else
+            "last phase with the fixed quasi-Monte Carlo rule (K > 3): the coarse one (with) or fine ones after it")
+    lines = [header(f"Type-II's {what}: counts without and with it (issue 59)"), "",
              f"Split fixed before timing: tuning {', '.join(SPLIT['tuning'] + MULTICLASS_SPLIT['tuning'])}; held out "
              f"{', '.join(SPLIT['heldout'] + MULTICLASS_SPLIT['heldout'])}. Work = outer + inner CVI steps + theta "
              "evaluations (each about one O(N^3) factorisation or gradient). Objective: MAP-II objective with minus "
@@ -113,18 +116,23 @@ def main() -> None:
     p.add_argument("--half", choices=["tuning", "heldout", "all"], default="tuning")
     p.add_argument("--sizes", nargs=1, type=int, default=[500], help="binary N")
     p.add_argument("--name", default="classification_resolution")
+    p.add_argument("--setting", choices=["resolution", "fine_fixed"], default="resolution",
+                   help="the rule compared: the resolution stop, or (fine_fixed) the coarse phase as the last with "
+                        "the fixed rule (multi-class cases with K > 3 only)")
     a = p.parse_args()
     torch.set_num_threads(1)
     path = RESULTS / f"{a.name}.json"
     rows: dict[str, Any] = json.loads(path.read_text())["data"]["rows"] if path.exists() else {}
     for fam, n, k, lv in cases(a.half, a.sizes[0]):
+        if a.setting == "fine_fixed" and k <= 3:
+            continue
         data = binary_data(fam, n, lv) if k == 2 else multiclass_data(fam, n, k, lv)
         row = {"family": fam, "half": half_of(fam), "N": n, "K": k, "level": lv,
-               "without": fit(data, False), "with": fit(data, True)}
+               "without": fit(data, False, a.setting), "with": fit(data, True, a.setting)}
         rows[f"{fam}/{n}/{k}/{lv}"] = row
         print(fam, n, k, lv, {x: row["without"][x] for x in ("evaluations", "inner_steps", "objective")},
               {x: row["with"][x] for x in ("evaluations", "inner_steps", "objective")}, flush=True)
-        write(a.name, report(rows) + "\n", {"rows": rows})
+        write(a.name, report(rows, a.setting) + "\n", {"rows": rows, "setting": a.setting})
 
 
 if __name__ == "__main__":

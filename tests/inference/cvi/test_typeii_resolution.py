@@ -80,27 +80,42 @@ def _fit(X, y, resolution):
 
 @pytest.mark.parametrize("k", [4])
 def test_four_class_fit_with_the_rule_against_the_rule_without_it(monkeypatch, k):
-    """A 4-class type-II fit (the fixed quasi-Monte Carlo rule) with and without the stop: no more theta
-    evaluations with it, objective within 1e-6 relative, test probabilities within 1e-3."""
+    """A 4-class type-II fit (the fixed quasi-Monte Carlo rule) with its fine phases (``fine_fixed=True``), with
+    and without the stop: no more theta evaluations with it, objective within 1e-6 relative, test probabilities
+    within 1e-3. The default (``fine_fixed=False``: the coarse phase is the last) against both: one phase, fewer
+    evaluations, objective within 1e-6 relative, probabilities within 1e-3."""
     rng = np.random.default_rng(7)
     centres = rng.normal(scale=3.0, size=(k, 2))
     y = np.repeat(np.arange(k), 20)
     X = centres[y] + rng.normal(scale=1.5, size=(y.size, 2))
     Xt = rng.normal(scale=3.0, size=(50, 2))
     out = {}
-    for on in (False, True):
+    for on, fine in ((False, True), (True, True), (True, False)):
         init = TypeII.__init__
 
-        def patched(self, *a, _on=on, **kw):
+        def patched(self, *a, _on=on, _fine=fine, **kw):
             kw.setdefault("resolution", _on)
+            kw.setdefault("fine_fixed", _fine)
             init(self, *a, **kw)
 
         monkeypatch.setattr(TypeII, "__init__", patched)
         clf = _fit(X, y, on)
         monkeypatch.setattr(TypeII, "__init__", init)
         info = clf.posterior_.info
-        assert info["type_ii"]["resolution"] is on
-        out[on] = (info["theta_evaluations"], info["objective"], clf.predict_proba(Xt))
-    assert out[True][0] <= out[False][0]
-    assert out[True][1] == pytest.approx(out[False][1], rel=1e-6)
-    assert np.abs(out[True][2] - out[False][2]).max() < 1e-3
+        assert info["type_ii"]["resolution"] is on and info["type_ii"]["fine_fixed"] is fine
+        out[on, fine] = (info["theta_evaluations"], info["objective"], clf.predict_proba(Xt), info["theta_phases"])
+    assert out[True, True][0] <= out[False, True][0]
+    assert out[True, False][3] == 1 and out[True, True][3] >= 2
+    assert out[True, False][0] < out[True, True][0]
+    for a, b in ((out[True, True], out[False, True]), (out[True, False], out[True, True])):
+        assert a[1] == pytest.approx(b[1], rel=1e-6)
+        assert np.abs(a[2] - b[2]).max() < 1e-3
+
+
+def test_three_classes_keep_their_fine_phases():
+    """fine_fixed concerns the fixed quasi-Monte Carlo rule only: a 3-class fit (quadrature) runs its fine phase
+    after the coarse one whatever the setting."""
+    rng = np.random.default_rng(8)
+    y = np.repeat(np.arange(3), 15)
+    X = rng.normal(scale=3.0, size=(3, 2))[y] + rng.normal(scale=1.5, size=(y.size, 2))
+    assert _fit(X, y, True).posterior_.info["theta_phases"] >= 2
