@@ -168,8 +168,8 @@ def fit_q(p: dict[str, Any], seed: int) -> tuple[Any, float]:
 
 
 class _CachedNUTS:
-    """``gpvi.infer``'s NUTS from q (``infer.default_nuts``: 4 chains x (500 warm-up + 500 draws), doubled to its
-    targets at most 3 times), run once per (problem, seed, init) and replayed: a rule change that keeps the NUTS route
+    """``gpvi.infer``'s NUTS from q (``infer.default_nuts``: 4 chains x (500 warm-up + 500 draws), extended to its
+    targets up to 8x the draws, ``check.run_until_mixed``), run once per (problem, seed, init) and replayed: a rule change that keeps the NUTS route
     does not rerun it (a cached run short of the current targets is extended from its state, as ``infer`` would).
     The wall time of the real run is kept with it (``last_wall``)."""
 
@@ -189,10 +189,8 @@ class _CachedNUTS:
         if not mixed(post.diagnostics(), MIN_ESS, post.std) and post.draws.shape[1] < cap:
             # a run cached under an earlier rule (bulk ESS only): extended as infer now extends it, to the same cap
             t0 = time.perf_counter()
-            sampler = infer_mod.default_nuts(self.seed, progress_bar=False)
-            sampler.num_draws = post.draws.shape[1]
-            post, d, _ = run_until_mixed(sampler, model, min_ess=MIN_ESS, post=post,
-                                         max_extensions=math.ceil(math.log2(cap / sampler.num_draws)))
+            post, d, _ = run_until_mixed(infer_mod.default_nuts(self.seed, progress_bar=False), model,
+                                         min_ess=MIN_ESS, post=post, max_extensions=MAX_EXT)
             blob = {"post": post, "wall": blob["wall"] + time.perf_counter() - t0,
                     "mixed": mixed(d, MIN_ESS, post.std)}
             torch.save(blob, self.path)

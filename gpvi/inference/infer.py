@@ -58,8 +58,8 @@ importance sampling*, JMLR 2024):
    otherwise the reliable weighted answer (``"psis"``); otherwise NUTS warm-started from q (:func:`default_nuts`:
    chains start at draws of q, or of the Gaussian with the mixture's mean and covariance when there are several
    basins; step size and a diagonal inverse mass matrix adapted in Stan's windows over 500 warm-up transitions),
-   extended until every parameter's bulk
-   **and tail** ESS reach ``min_ess``, R-hat 1.01, and every Monte Carlo error of a mean and of a sd is at most
+   extended (by the draws the shortfall asks for, :func:`~gpvi.inference.check.extended_length`) until every
+   parameter's bulk **and tail** ESS reach ``min_ess``, R-hat 1.01, and every Monte Carlo error of a mean and of a sd is at most
    ``MCSE_TOL`` of the parameter's sd, the tolerance the weighted answer is held to (Vehtari, Gelman, Simpson,
    Carpenter & Bürkner 2021: the tail ESS, of the 5% and 95% quantiles, and the MCSE of the sd are what chains
    that have not yet explored a heavy tail show). NUTS that does not reach them leaves the answer **not trusted**.
@@ -384,11 +384,13 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
     nuts : optional
         The sampler used when the weighted draws fail the check (default :func:`default_nuts`).
     min_ess : float
-        The smallest weights' ESS of a weighted answer; when NUTS runs, extend the chains (doubling the draws,
-        exactly as an uninterrupted longer run) until the smallest bulk and tail ESS reach ``min_ess`` (default 400),
-        split R-hat <= 1.01 and every MCSE of a mean or sd is at most ``MCSE_TOL`` (0.05) of the sd.
+        The smallest weights' ESS of a weighted answer; when NUTS runs, extend the chains (by the draws the
+        shortfall asks for, exactly as an uninterrupted longer run) until the smallest bulk and tail ESS reach
+        ``min_ess`` (default 400), split R-hat <= 1.01 and every MCSE of a mean or sd is at most ``MCSE_TOL`` (0.05)
+        of the sd.
     max_extensions : int
-        At most this many doublings (default 3); the report says when the target was not reached.
+        The extended chains hold at most the sampler's draws x 2^max_extensions (default 3: 8x); the report says when
+        the targets were not reached.
     progress_bar : bool
     q : GaussianPosterior, optional
         A variational fit to diagnose in place of step 1 (:func:`variational_fit`'s result, with its

@@ -111,6 +111,7 @@ class _StubRun:
 
     def __init__(self, n, enough, interrupted=False):
         self.n, self.enough, self.std = n, enough, torch.ones(1, dtype=torch.float64)
+        self.draws = torch.zeros(4, n, 1, dtype=torch.float64)
         self.info, self.engine_state = {"interrupted": interrupted}, ("state", n)
 
     def diagnostics(self):
@@ -129,7 +130,22 @@ class _StubSampler:
         return _StubRun(self.num_draws, self.enough, self.interrupted)
 
 
-def test_run_until_mixed_doubles_the_draws_from_the_last_state_up_to_the_cap():
+def test_an_extension_asks_for_the_draws_the_shortfall_needs():
+    """L x clamp(1.1 x need, 1.25, 2), rounded up to 50, at most the cap; need from the ESS, the MCSE or R-hat."""
+    from gpvi.inference.check import extended_length
+    one = lambda v: torch.tensor([v], dtype=torch.float64)                  # noqa: E731
+    sd = one(1.0)
+    d = {"ess_bulk": one(300.0), "ess_tail": one(900.0), "r_hat": one(1.0), "mcse_mean": one(0.01),
+         "mcse_sd": one(0.02)}
+    assert extended_length(d, 400.0, sd, 1000, 4000) == 1500                   # 1.1 x 400/300 = 1.467
+    assert extended_length({**d, "ess_bulk": one(900.0), "mcse_sd": one(0.06)}, 400.0, sd, 1000, 4000) == 1600
+    assert extended_length({**d, "ess_bulk": one(399.0)}, 400.0, sd, 1000, 4000) == 1250        # at least 1.25x
+    assert extended_length({**d, "ess_bulk": one(10.0)}, 400.0, sd, 1000, 4000) == 2000         # at most 2x
+    assert extended_length({**d, "r_hat": one(1.02)}, 400.0, sd, 1000, 4000) == 2000            # R-hat: 2x
+    assert extended_length({**d, "ess_bulk": one(10.0)}, 400.0, sd, 3000, 4000) == 4000         # the cap
+
+
+def test_run_until_mixed_extends_from_the_last_state_up_to_the_cap():
     from gpvi.inference.check import run_until_mixed
     calls = []
     post, d, ext = run_until_mixed(_StubSampler(1500, calls), "target", "q", min_ess=400.0, max_extensions=3)
