@@ -36,7 +36,14 @@ from .bound import refuse_weights
 from ...numerics.lbfgs import lbfgs_maximise
 from .ep_evidence import EPEvidenceTarget
 
-__all__ = ["FullyBayesianCVI"]
+__all__ = ["FullyBayesianCVI", "EP_MAP_GTOL", "EP_MAP_FTOL"]
+
+EP_MAP_GTOL, EP_MAP_FTOL = 1e-3, 1e-6
+"""L-BFGS-B's tolerances of the EP MAP search (the start of the engine; 1e-6 and 1e-10 before issue 59). The study
+``benchmarks/studies/ep_map_tol.py`` measured them: q moved by at most 2.3e-4 of its sds on Pima, Ripley, synth4,
+synth6, iris and synth10b with 2-6x fewer search evaluations (``benchmarks/studies/results/ep_map_tol_*.md``);
+rechecked on the tuning families of issue 59: xor N = 400 / clf8 N = 200 / mc_clf K = 4 N = 100, q moved by 9e-6 /
+4e-5 / 8e-13 of its sds, 514 -> 511, 933 -> 929, 737 -> 723 EP evaluations in the whole fit."""
 
 
 class FullyBayesianCVI:
@@ -359,7 +366,7 @@ class FullyBayesianCVI:
 
         target = EPEvidenceTarget(bound, tol=tol)
         t0 = time.perf_counter()
-        fit = lbfgs_maximise(target.log_joint, theta_map, bounds=(-25.0, 25.0), gtol=1e-6, ftol=1e-10,
+        fit = lbfgs_maximise(target.log_joint, theta_map, bounds=(-25.0, 25.0), gtol=EP_MAP_GTOL, ftol=EP_MAP_FTOL,
                              device=target.device)
         theta = torch.as_tensor(fit.x, dtype=torch.float64, device=target.device)
         if not bool(torch.isfinite(theta).all()) or not math.isfinite(float(fit.value)):
