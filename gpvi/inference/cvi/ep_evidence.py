@@ -131,6 +131,10 @@ class EPEvidenceTarget:
 
     Attributes
     ----------
+    value_tol : float or None
+        EP's stopping rule where only the evidence is wanted (``log_joint`` without a gradient):
+        ``max(tol, value_tol)``; None (default): ``tol``. :class:`~gpvi.inference.cvi.bayes.FullyBayesianCVI` sets
+        it for its engine's phase of a binary model (:data:`~gpvi.inference.cvi.bayes.EP_VALUE_TOL`).
     counters : dict
         ``evaluations`` (rows), ``sweeps`` (EP sweeps over all rows), ``failures`` (rows that returned ``-inf``),
         ``unconverged`` (rows that hit ``max_sweeps``); multi-class also ``anderson_restarts`` (failed Anderson
@@ -169,6 +173,7 @@ class EPEvidenceTarget:
         self.names = list(bound.names)
         self.warm_theta: torch.Tensor | None = None
         self.bank: SiteBank | None = None
+        self.value_tol: float | None = None
         self.counters: dict[str, float] = {"evaluations": 0, "sweeps": 0, "failures": 0, "unconverged": 0}
         if self.multiclass:
             self.counters["anderson_restarts"] = 0
@@ -201,7 +206,7 @@ class EPEvidenceTarget:
         from :meth:`warm_sites`, or with a :attr:`bank` and the rows' ``theta`` from sites predicted by it."""
 
         if self.multiclass:
-            res = self._run_multiclass(K, theta)
+            res = self._run_multiclass(K, theta, None if gradient else self._value_tol())
         else:
             warm = self.warm_sites()
             tau, nu = warm or (None, None)
@@ -218,20 +223,27 @@ class EPEvidenceTarget:
         self.counters["failures"] += int((~res.ok).sum())
         return res
 
-    def _ep_multiclass(self, K: torch.Tensor, sites: tuple[torch.Tensor, torch.Tensor] | None) -> Any:
+    def _value_tol(self) -> float:
+        """EP's stopping rule where only the evidence is wanted: ``max(tol, value_tol)``."""
+        return self.tol if self.value_tol is None else max(self.tol, self.value_tol)
+
+    def _ep_multiclass(self, K: torch.Tensor, sites: tuple[torch.Tensor, torch.Tensor] | None,
+                       tol: float | None = None) -> Any:
 
         pi, nu = sites if sites is not None else (None, None)
         # the bound's nested rule where its CVI integrates by quadrature (max_quadrature_classes), else EP's QMC rule
         quad = self.bound.cvi.quadrature if self.bound.cvi.elbo_method == "quadrature" else "qmc"
         return multiclass_ep(K, self.model.y, self.model.num_classes, quadrature=quad,
-                             damping=self.damping, tol=self.tol, max_sweeps=self.max_sweeps, pi=pi, nu=nu,
+                             damping=self.damping, tol=self.tol if tol is None else tol, max_sweeps=self.max_sweeps,
+                             pi=pi, nu=nu,
                              anderson=self.anderson)
 
     def _ep_binary(self, K: torch.Tensor, tau: torch.Tensor | None, nu: torch.Tensor | None,
                    gradient: bool = True, damping: float | None = None, max_sweeps: int | None = None) -> Any:
 
         return expectation_propagation(K, self.model.y, self.model.likelihood, quadrature=self.quadrature,
-                                       damping=self.damping if damping is None else damping, tol=self.tol,
+                                       damping=self.damping if damping is None else damping,
+                                       tol=self.tol if gradient else self._value_tol(),
                                        max_sweeps=self.max_sweeps if max_sweeps is None else max_sweeps, tau=tau,
                                        nu=nu, anderson=self.anderson, gradient=gradient)
 
@@ -332,7 +344,7 @@ class EPEvidenceTarget:
             self._warm_key = key
         return self._warm
 
-    def _run_multiclass(self, K: torch.Tensor, theta: torch.Tensor | None = None) -> Any:
+    def _run_multiclass(self, K: torch.Tensor, theta: torch.Tensor | None = None, tol: float | None = None) -> Any:
         """:func:`~gpvi.numerics.ep_multiclass.multiclass_ep` row by row from :meth:`warm_sites` (with a
         :attr:`bank` and the rows' ``theta``: from the nearest earlier evaluation's sites); the fields the binary
         :class:`~gpvi.numerics.ep.EPResult` has for the evidence and its gradient, plus ``rows``."""
@@ -345,7 +357,7 @@ class EPEvidenceTarget:
             P, V = bank.starts(theta)
             starts = [(P[i].view_as(warm[0]), V[i].view_as(warm[1])) for i in range(S)]
             self.counters["bank_starts"] = self.counters.get("bank_starts", 0) + S
-        rows = [self._ep_multiclass(K[i], starts[i]) for i in range(S)]
+        rows = [self._ep_multiclass(K[i], starts[i], tol) for i in range(S)]
         self.counters["anderson_restarts"] += sum(r.anderson_restarts for r in rows)
         dev = K.device
         if bank is not None:
