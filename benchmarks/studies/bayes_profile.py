@@ -23,6 +23,11 @@ Results: ``benchmarks/studies/results/bayes_profile_<label>.{md,json}``: ``befor
 with the working-tree changes other sessions had made by then, run from that copy) and ``after`` (add7924), one
 after the other at load 2.0-2.9: walls are only indicative, the counts are the comparison.
 
+``ep59`` (issue 59's second pass: binary EP's sweep trimmed, the evidence without its gradient for the bound estimate,
+tilted moments on probabilities, EP started from the bank of earlier evaluations; before the multi-class bank and the
+EP MAP tolerances), load 2.2: xor N = 100 / 400 2.7 -> 1.7 s / 16.9 -> 8.1 s, EP sweeps per evaluation 3.90 -> 2.66 /
+3.46 -> 2.23, the bound estimate 3.45 -> 1.22 s at N = 400; mc_clf unchanged.
+
 What they showed (before -> after): binary EP did 6.1 / 5.7 factorisations of B per evaluation (xor N = 100 /
 400: one per sweep, 5.1 / 4.6 sweeps, plus one more at the final sites), SciPy's triangular inverse took twice
 potri's time at N = 400, and the final bound estimate (100 draws) was a fifth of the evaluations; after the EP
