@@ -79,12 +79,13 @@ tilted sd in the mean and 1.1e-11 relative in the variance (96 points: 1.3e-13, 
 (``benchmarks/studies/bayes_profile.py``)."""
 
 
-EP_CHUNK_ELEMENTS = 5 * 2 ** 17
+EP_CHUNK_ELEMENTS = 5 * 2 ** 16
 EP_CHUNK_ROWS = 16
 """Binary EP runs the rows of one call in chunks of at most :data:`EP_CHUNK_ROWS` rows and
-:data:`EP_CHUNK_ELEMENTS` kernel-matrix entries (5 MiB per :math:`S\times N\times N` array in float64; at least
-one row): the final bound estimate's 100 rows ran faster so than in one batch (one thread, tuning family xor at
-N = 100 / 200 / 400: ``benchmarks/studies/results/ep_chunks.md``)."""
+:data:`EP_CHUNK_ELEMENTS` kernel-matrix entries (2.5 MiB per :math:`S\times N\times N` array in float64; at least
+one row): 100 rows of the evidence without the gradient (the final bound estimate's work) took 1.56 s in chunks of 2
+against 2.84 s in one batch at N = 400, 0.46 (chunks of 13) against 0.58 s at N = 200 and 0.14 (chunks of 16)
+against 0.19 s at N = 100 (one thread, load 3, tuning family xor: ``benchmarks/studies/results/ep_chunks.md``)."""
 
 
 BANK_DAMPING = 1.0
