@@ -26,7 +26,10 @@ after the other at load 2.0-2.9: walls are only indicative, the counts are the c
 ``ep59`` (issue 59's second pass: binary EP's sweep trimmed, the evidence without its gradient for the bound estimate,
 tilted moments on probabilities, EP started from the bank of earlier evaluations; before the multi-class bank and the
 EP MAP tolerances), load 2.2: xor N = 100 / 400 2.7 -> 1.7 s / 16.9 -> 8.1 s, EP sweeps per evaluation 3.90 -> 2.66 /
-3.46 -> 2.23, the bound estimate 3.45 -> 1.22 s at N = 400; mc_clf unchanged.
+3.46 -> 2.23, the bound estimate 3.45 -> 1.22 s at N = 400; mc_clf unchanged. ``ep59b`` (all of issue 59's second
+pass: also the multi-class bank, the EP MAP tolerances, EP at 1e-2 for the bound estimate's values, the predictive's
+CVI at 1e-6), load 2.2-2.3: xor N = 100 / 400 2.4 / 6.5 s (sweeps per evaluation 2.42 / 2.04), mc_clf 45.7 -> 34.8 s
+(6.60 -> 5.50 sweeps per evaluation; EP MAP 2.95 -> 1.12 s, Laplace 3.50 -> 1.53 s, predictive 3.26 -> 1.53 s).
 
 What they showed (before -> after): binary EP did 6.1 / 5.7 factorisations of B per evaluation (xor N = 100 /
 400: one per sweep, 5.1 / 4.6 sweeps, plus one more at the final sites), SciPy's triangular inverse took twice
