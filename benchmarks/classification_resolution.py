@@ -1,19 +1,21 @@
-"""Type-II's resolution stop (issue 59): load-independent counts with and without it, decided on the tuning half.
+"""Type-II rule changes of issue 59, decided on the tuning half: load-independent counts without and with each.
 
-:class:`gpvi.inference.cvi.typeii.TypeII` ends an L-BFGS-B phase at a trial point whose first-order change from the
-phase's best point is below the phase's ``ftol`` relative (its module docstring, "Resolution"). This script fits
-``GPClassifier(random_state=0)`` twice per case, with ``resolution=False`` (the rule before) and ``True``, in one
-process, and records theta evaluations, inner CVI steps (and backtracks), outer CVI steps, the objective, theta
-and the test log loss. Walls are recorded but the decision rests on the counts (every inner or outer step is one
-O(N^3) factorisation; every evaluation adds one gradient of about the same cost), since this 2-core machine is
-shared.
+``--setting resolution`` (default): :class:`gpvi.inference.cvi.typeii.TypeII` ends an L-BFGS-B phase at a trial point
+whose first-order change from the phase's best point is below the phase's ``ftol`` relative (its module docstring,
+"Resolution"); ``fine_fixed``: with the fixed quasi-Monte Carlo rule (K > 3) the coarse phase is the last;
+``between_runs``: phases back to back, without the engine's CVI run between them. This script fits
+``GPClassifier(random_state=0)`` twice per case, without the change and with it, in one process, and records theta
+evaluations, inner CVI steps (and backtracks), outer CVI steps, the objective, theta and the test log loss. Walls
+are recorded but the decision rests on the counts (every inner or outer step is one O(N^3) factorisation; every
+evaluation adds one gradient of about the same cost), since this 2-core machine is shared.
 
 Cases (``benchmarks.heldout_families``; the split ``SPLIT`` / ``MULTICLASS_SPLIT`` fixed before any timing): every
 binary family at N = 500 (``--sizes``) and both noise levels; both multi-class families at N = 100 and 300 with
 K = 3, 4, 6 and both noise levels. ``--half tuning`` (default) runs the tuning half only, ``--half heldout`` the
 other, ``--half all`` both.
 
-Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.classification_resolution [--half tuning] [--name NAME]``.
+Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.classification_resolution [--half tuning] [--setting S]
+[--name NAME]``.
 Results: ``benchmarks/results/<name>.{md,json}`` (default ``classification_resolution``).
 """
 
@@ -36,8 +38,8 @@ from benchmarks.heldout_families import FAMILIES, MULTICLASS_SPLIT, SPLIT, binar
 
 @contextlib.contextmanager
 def resolution(on: bool, name: str = "resolution") -> Any:
-    """:class:`TypeII`'s default of the setting ``name`` (``resolution``; ``fine_fixed``: its opposite) set to ``on``
-    for the duration (GPClassifier builds its own)."""
+    """:class:`TypeII`'s default of the setting ``name`` (``resolution``; ``fine_fixed``, ``between_runs``: their
+    opposite) set to ``on`` for the duration (GPClassifier builds its own)."""
     from gpvi.inference.cvi import typeii
 
     init = typeii.TypeII.__init__
@@ -82,8 +84,10 @@ def work(r: dict[str, Any]) -> int:
 
 
 def report(rows: dict[str, Any], name: str = "resolution") -> str:
-    what = ("resolution stop" if name == "resolution" else
-            "last phase with the fixed quasi-Monte Carlo rule (K > 3): the coarse one (with) or fine ones after it")
+    what = {"resolution": "resolution stop",
+            "fine_fixed": "last phase with the fixed quasi-Monte Carlo rule (K > 3): the coarse one (with) or fine "
+                          "ones after it",
+            "between_runs": "phases back to back (with) or a CVI run of the engine between them (without)"}[name]
     lines = [header(f"Type-II's {what}: counts without and with it (issue 59)"), "",
              f"Split fixed before timing: tuning {', '.join(SPLIT['tuning'] + MULTICLASS_SPLIT['tuning'])}; held out "
              f"{', '.join(SPLIT['heldout'] + MULTICLASS_SPLIT['heldout'])}. Work = outer + inner CVI steps + theta "
@@ -116,9 +120,10 @@ def main() -> None:
     p.add_argument("--half", choices=["tuning", "heldout", "all"], default="tuning")
     p.add_argument("--sizes", nargs=1, type=int, default=[500], help="binary N")
     p.add_argument("--name", default="classification_resolution")
-    p.add_argument("--setting", choices=["resolution", "fine_fixed"], default="resolution",
-                   help="the rule compared: the resolution stop, or (fine_fixed) the coarse phase as the last with "
-                        "the fixed rule (multi-class cases with K > 3 only)")
+    p.add_argument("--setting", choices=["resolution", "fine_fixed", "between_runs"], default="resolution",
+                   help="the rule compared: the resolution stop, (fine_fixed) the coarse phase as the last with "
+                        "the fixed rule (multi-class cases with K > 3 only), or (between_runs) phases back to back "
+                        "without the engine's CVI run between them")
     a = p.parse_args()
     torch.set_num_threads(1)
     path = RESULTS / f"{a.name}.json"

@@ -227,6 +227,13 @@ class TypeII:
         half (``benchmarks/results/classification_resolution_h59b_fine.md``: ``mc_clf``, K = 4, 6, N = 100, 300)
         the fine phases then raised the objective by at most 5e-5 (3e-7 relative), moved theta by at most 3e-3
         and left the test log loss equal to 4 digits, for 6-32% of the fit's steps and evaluations (23% in all).
+    between_runs : bool
+        A CVI run of the engine (its rule, step and ``tol``) between two phases (default True). False: with a
+        full-batch engine of deterministic expectations the next phase starts from the sites the last one ended
+        with, whose first evaluation converges them at the same theta with the inner runs' rule and step. Measured
+        on the tuning half (``benchmarks/results/classification_resolution_h59b_between.md``): work 0.99 of the
+        default's on the binary sets and 1.01 on the multi-class ones (one set one evaluation more), so the run
+        stays (the held-out ``mc_blobs`` K = 3, N = 300 spends 12 steps there).
     theta_bounds : tuple of float
         Box on every log-hyperparameter during learning (default (-11.5, 11.5), i.e. 1e-5..1e5 on the natural
         scale of variances), relative to the inputs' scale for lengthscales: lengthscale^2 of input j within
@@ -254,7 +261,8 @@ class TypeII:
                  gtol: float = 1e-5, max_iter: int = 100, inner_tol: float = 1e-9, inner_num_steps: int = 500,
                  theta_bounds: tuple[float, float] = (-11.5, 11.5), ftol: float = 1e-8,
                  inner_quadrature: Quadrature | str | None = "auto", coarse: bool = True, anderson: int = 5,
-                 inner_beta: float | None = 0.75, resolution: bool = True, fine_fixed: bool = False) -> None:
+                 inner_beta: float | None = 0.75, resolution: bool = True, fine_fixed: bool = False,
+                 between_runs: bool = True) -> None:
         if cvi is not None and not isinstance(cvi, CVI):
             raise TypeError(f"cvi must be a gpvi.CVI engine; got {type(cvi).__name__}")
         self.cvi = cvi if cvi is not None else CVI()
@@ -274,6 +282,7 @@ class TypeII:
         self.inner_beta = None if inner_beta is None else check_fraction(inner_beta, "inner_beta")
         self.resolution = check_bool(resolution, "resolution")
         self.fine_fixed = check_bool(fine_fixed, "fine_fixed")
+        self.between_runs = check_bool(between_runs, "between_runs")
 
     def _prior(self, model: Any) -> Any:
         return resolve_prior(self.prior, model)
@@ -314,7 +323,7 @@ class TypeII:
                                      else self.inner_quadrature),
                 "theta_bounds": list(self.theta_bounds), "coarse": dict(COARSE) if self.coarse else None,
                 "anderson": self.anderson, "inner_beta": self.inner_beta, "resolution": self.resolution,
-                "fine_fixed": self.fine_fixed,
+                "fine_fixed": self.fine_fixed, "between_runs": self.between_runs,
                 "prior": prior_name(self.prior)}
 
     def phase(self, model: Any, state: CVIState, prior: Any, *, coarse: bool = False,
@@ -442,8 +451,10 @@ class TypeII:
             first = copy.copy(self._phase_engine(model) if plain else self._inner_engine(model))
             first.tol = max(cvi.tol, COARSE["cvi_tol"])
         post = first.run(model, init, state=state, generator=generator, callback=callback)
+        straight = not self.between_runs and cvi.mode == "full" and cvi.estimator != "mc"
+        carried = None                                         # a phase's end, taken straight to the next phase
         while True:
-            st = post.engine_state
+            st = carried if carried is not None else post.engine_state
             if post.info.get("interrupted") or not st.converged:
                 break
             try:
@@ -452,6 +463,8 @@ class TypeII:
                                                                                    coarse=coarse, step=step)
             except KeyboardInterrupt:
                 warn_interrupted("CVI type-II", st.t, cvi.num_steps)
+                if carried is not None:
+                    post = cvi.posterior(model, st, {"stopped_early": False}, warn=False)
                 post = post._with_info({"interrupted": True, "converged": False, "stopped_early": False},
                                     converged=False)
                 break
@@ -467,6 +480,9 @@ class TypeII:
                                      warn=not converged)
                 new.elbo = post.engine_state.elbo = post.elbo       # the bound posterior() evaluated: no second one
                 break
+            if straight:                                       # the next phase's first evaluation converges them
+                new.converged, carried = True, new
+                continue
             new.elbo = steps.elbo_from_sites(cvi, model, lam1, lam2, theta)[0]
             post = cvi.run(model, state=new, callback=callback)
         lp = float(prior_log_prob(prior, post.theta)) if prior is not None else 0.0
