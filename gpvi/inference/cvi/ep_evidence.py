@@ -31,10 +31,11 @@ around which the engine draws. A fixed warm start keeps ``log_joint`` a determin
 (seeded runs repeat bit for bit), and draws of :math:`q(\theta)` near it need fewer sweeps than from the prior: on
 the ten-class synth10b 5.9 sweeps per evaluation from the EP MAP point against 6.9 from the CVI MAP-II point (fit
 264 -> 221 s; held out, synth4 / synth6 / Pima / Ripley 0.3 / 0.15 / -0.04 / 0.07 fewer, q moved by at most 0.013
-of its sds; ``benchmarks/results/ep_warm_start_*.md``). For its engine's evaluations of a binary model
+of its sds; ``benchmarks/results/ep_warm_start_*.md``). For its engine's evaluations
 :class:`~gpvi.inference.cvi.bayes.FullyBayesianCVI` then switches to starts predicted from the converged sites of
 earlier evaluations (:meth:`EPEvidenceTarget.start_from_neighbours`, :mod:`gpvi.inference.cvi.ep_starts`): fewer
-sweeps to the same stopping rule, the evidence a function of theta only within EP's tolerance.
+sweeps to the same stopping rule, the evidence a function of theta only within EP's tolerance; the target it
+returns is back on the fixed start.
 
 **Tilted moments** (binary): by the CVI bound's quadrature rule with at most :data:`EP_QUADRATURE_POINTS` nodes
 (64: its error is below 1e-9 where EP stops at 1e-4).
