@@ -24,7 +24,7 @@ class Likelihood:
     name : str
         ``"logit"``, ``"probit"``, ``"gaussian"``, ``"poisson"``... recorded in every result.
     binary : bool
-        Whether targets are binary labels (0/1 floats internally).
+        Whether targets are binary labels (0/1 floats internally); then ``response(f)`` is :math:`p(y = 1\mid f)`.
     """
 
     name: str = "likelihood"

@@ -57,7 +57,6 @@ from ..validation import check_nonnegative_int, check_positive, check_positive_i
 __all__ = ["EPResult", "expectation_propagation"]
 
 _LOW_Z = 1e-200
-_SQRT_HALF = 0.7071067811865476
 r""":func:`_tilted` redoes a site in the log domain where the tilted normaliser is below this (or not finite)."""
 
 _WEAK = 1e-4
@@ -115,21 +114,9 @@ def _tilted(likelihood: Any, y: torch.Tensor, mc: torch.Tensor, vc: torch.Tensor
 
 
 def _bernoulli_response(likelihood: Any) -> Any:
-    """:math:`p(y = 1\mid f)` as a function of :math:`f` for the Bernoulli logit and probit likelihoods (then
-    :math:`p(y\mid f)` is it at :math:`(2y - 1)f`), else None."""
-    from ..models.likelihoods import BernoulliLogit, BernoulliProbit
-    if type(likelihood) is BernoulliLogit:
-        return torch.sigmoid
-    if type(likelihood) is BernoulliProbit:
-        return _phi
-    return None
-
-
-def _phi(x: torch.Tensor) -> torch.Tensor:
-    """:math:`\\Phi(x) = \\tfrac12\\operatorname{erfc}(-x/\\sqrt2)`, accurate to the relative rounding level in the
-    lower tail (:func:`torch.special.ndtr` loses it there: 0 at x = -10 in float64, where :math:`\\Phi = 7.6\\times
-    10^{-24}`)."""
-    return torch.special.erfc(x * -_SQRT_HALF).mul_(0.5)
+    """:math:`p(y = 1\mid f)` as a function of :math:`f` for a binary likelihood (``binary``: the Bernoulli logit and
+    probit, whose ``response`` is that probability; then :math:`p(y\mid f)` is it at :math:`(2y - 1)f`), else None."""
+    return likelihood.response if getattr(likelihood, "binary", False) else None
 
 
 def _tilted_log(likelihood: Any, y: torch.Tensor, mc: torch.Tensor, vc: torch.Tensor, quad: Quadrature
