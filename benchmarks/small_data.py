@@ -362,6 +362,34 @@ def numpy_log_joint(model: Any, name: str):
     return f
 
 
+def rwm_warmup(f: Any, x: np.ndarray, rng: np.random.Generator, warmup: int) -> tuple[np.ndarray, float, np.ndarray]:
+    """Adaptive random-walk Metropolis warm-up from ``x`` (Haario et al. 2001): the proposal's covariance,
+    (2.38^2 / D) times that of the second half of the path, re-estimated every 100 steps from step 200; returns the
+    last point, its log density and the proposal's Cholesky factor."""
+    D = x.shape[0]
+    lp, hist = f(x), []
+    L = np.linalg.cholesky(0.1 * np.eye(D))
+    for i in range(warmup):
+        path, x, lp = rwm_steps(f, x, lp, L, rng, 1)
+        hist += path
+        if i >= 200 and i % 100 == 0:
+            L = np.linalg.cholesky((2.38 ** 2 / D) * np.cov(np.array(hist[i // 2:]).T) + 1e-8 * np.eye(D))
+    return x, lp, L
+
+
+def rwm_steps(f: Any, x: np.ndarray, lp: float, L: np.ndarray, rng: np.random.Generator, n: int
+              ) -> tuple[list[np.ndarray], np.ndarray, float]:
+    """``n`` random-walk Metropolis steps with proposal factor ``L``: (the path, the last point, its log density)."""
+    path = []
+    for _ in range(n):
+        prop = x + L @ rng.standard_normal(x.shape[0])
+        lq = f(prop)
+        if math.log(rng.random()) < lq - lp:
+            x, lp = prop, lq
+        path.append(x)
+    return path, x, lp
+
+
 def run_rwm(model: Any, name: str, *, warmup: int = 2000, block: int = 2000, max_steps: int = 64000,
             target: float = 400.0, infer_targets: bool = False) -> dict[str, Any]:
     """Adaptive random-walk Metropolis (Haario et al. 2001 during warm-up, then fixed) in NumPy: wall to min bulk
@@ -375,37 +403,17 @@ def run_rwm(model: Any, name: str, *, warmup: int = 2000, block: int = 2000, max
     D = th0.shape[0]
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
-    cov = 0.1 * np.eye(D)
-    chains, states, lps = [], [], []
+    chains, states = [], []
     for c in range(4):
-        x = th0 + 0.1 * rng.standard_normal(D)
-        lp, hist = f(x), []
-        C = cov.copy()
-        Lc = np.linalg.cholesky(C)
-        for i in range(warmup):
-            prop = x + Lc @ rng.standard_normal(D)
-            lq = f(prop)
-            if math.log(rng.random()) < lq - lp:
-                x, lp = prop, lq
-            hist.append(x)
-            if i >= 200 and i % 100 == 0:
-                C = (2.38 ** 2 / D) * np.cov(np.array(hist[i // 2:]).T) + 1e-8 * np.eye(D)
-                Lc = np.linalg.cholesky(C)
+        states.append(rwm_warmup(f, th0 + 0.1 * rng.standard_normal(D), rng, warmup))
         chains.append([])
-        states.append((x, C, np.linalg.cholesky(C)))
-        lps.append(lp)
     steps, ess, wall_400, wall_targets = 0, 0.0, math.nan, math.nan
     while steps < max_steps:
         for c in range(4):
-            x, C, Lc = states[c]
-            lp = lps[c]
-            for _ in range(block):
-                prop = x + Lc @ rng.standard_normal(D)
-                lq = f(prop)
-                if math.log(rng.random()) < lq - lp:
-                    x, lp = prop, lq
-                chains[c].append(x)
-            states[c], lps[c] = (x, C, Lc), lp
+            x, lp, L = states[c]
+            path, x, lp = rwm_steps(f, x, lp, L, rng, block)
+            chains[c] += path
+            states[c] = (x, lp, L)
         steps += block
         x = torch.as_tensor(np.array(chains))
         d = diagnostics(x)

@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.small_data import numpy_log_joint, tiny_model  # noqa: E402
+from benchmarks.small_data import numpy_log_joint, rwm_steps, rwm_warmup, tiny_model  # noqa: E402
 from benchmarks.studies._common import RESULTS, header, write  # noqa: E402
 from gpvi.inference.check import relative_mcse  # noqa: E402
 from gpvi.posteriors.diagnostics import diagnostics  # noqa: E402
@@ -116,25 +116,8 @@ def rwm_reference() -> dict:
     t0 = time.perf_counter()
     chains = []
     for _ in range(CHAINS):
-        x = th0 + 0.5 * rng.standard_normal(D)
-        lp, hist = f(x), []
-        L = np.linalg.cholesky(0.1 * np.eye(D))
-        for i in range(WARMUP):
-            p = x + L @ rng.standard_normal(D)
-            lq = f(p)
-            if math.log(rng.random()) < lq - lp:
-                x, lp = p, lq
-            hist.append(x)
-            if i >= 200 and i % 100 == 0:
-                L = np.linalg.cholesky((2.38 ** 2 / D) * np.cov(np.array(hist[i // 2:]).T) + 1e-8 * np.eye(D))
-        out = []
-        for _ in range(STEPS):
-            p = x + L @ rng.standard_normal(D)
-            lq = f(p)
-            if math.log(rng.random()) < lq - lp:
-                x, lp = p, lq
-            out.append(x)
-        chains.append(out)
+        x, lp, L = rwm_warmup(f, th0 + 0.5 * rng.standard_normal(D), rng, WARMUP)
+        chains.append(rwm_steps(f, x, lp, L, rng, STEPS)[0])
     x = torch.as_tensor(np.array(chains))
     d = diagnostics(x)
     flat = x.reshape(-1, D)
