@@ -17,7 +17,7 @@ __all__ = ["Likelihood"]
 
 
 class Likelihood:
-    """Base of the site likelihoods (documentation of the protocol; subclass or duck-type it).
+    r"""Base of the site likelihoods (documentation of the protocol; subclass or duck-type it).
 
     Attributes
     ----------

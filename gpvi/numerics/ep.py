@@ -114,7 +114,7 @@ def _tilted(likelihood: Any, y: torch.Tensor, mc: torch.Tensor, vc: torch.Tensor
 
 
 def _bernoulli_response(likelihood: Any) -> Any:
-    """:math:`p(y = 1\mid f)` as a function of :math:`f` for a binary likelihood (``binary``: the Bernoulli logit and
+    r""":math:`p(y = 1\mid f)` as a function of :math:`f` for a binary likelihood (``binary``: the Bernoulli logit and
     probit, whose ``response`` is that probability; then :math:`p(y\mid f)` is it at :math:`(2y - 1)f`), else None."""
     return likelihood.response if getattr(likelihood, "binary", False) else None
 
