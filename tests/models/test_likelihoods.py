@@ -252,3 +252,14 @@ def test_nodes_into_fills_the_same_nodes_and_weights_as_nodes_by_node(rule):
     torch.testing.assert_close(wi, w, rtol=1e-12, atol=1e-300)
     v[0] = 0.0
     assert q.nodes_into(m, v, fi, wi, scratch) is (rule == "gauss-hermite")
+
+
+def test_probit_response_keeps_its_relative_accuracy_in_the_lower_tail():
+    """Phi(f) by erfc against SciPy's ndtr (Cephes, erfc-based in the tails) to 1e-13 relative, from the lower tail
+    (Phi(-10) = 7.6e-24, where torch.special.ndtr returns 0) to the upper; the logit's response is the sigmoid."""
+    f = torch.linspace(-30.0, 8.0, 381, dtype=torch.float64)
+    got = BernoulliProbit().response(f)
+    want = torch.from_numpy(sp.ndtr(f.numpy()))
+    assert bool((want > 0).all()) and torch.allclose(got, want, rtol=1e-13, atol=0)
+    assert float(BernoulliProbit().response(torch.tensor([-10.0], dtype=torch.float64))) > 7e-24
+    assert torch.equal(BernoulliLogit().response(f), torch.sigmoid(f))
