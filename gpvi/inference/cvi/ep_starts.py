@@ -9,7 +9,15 @@ functions of :math:`\theta`, and by the middle of a run the engine has evaluated
 weighted least-squares plane through its ``k`` nearest neighbours (:math:`k = 3D + 3`; the nearest one alone while
 the bank holds fewer, and above :data:`PLANE_MAX_DIM` log-hyperparameters), site by site:
 :math:`\tilde\tau(\theta) \approx a + J(\theta - \theta_*)`, weights
-:math:`1/(d_i + 10^{-3}\max_j d_j)` by Euclidean distance in the log-hyperparameters, precisions clipped at 0.
+:math:`1/(d_i + 10^{-3}\max_j d_j)` by Euclidean distance in the log-hyperparameters, precisions clipped at 0;
+once the bank holds twice the coefficients of a full quadratic, :math:`p = 1 + D + D(D+1)/2`, it fits that
+quadratic through the :math:`2p` nearest entries instead (up to :data:`QUADRATIC_MAX_DIM`). On the tuning families
+of issue 59 the quadratic's first undamped sweep changed the sites by 2.7x less than the plane's (median relative
+change 1.6e-3 against 4.3e-3 at xor N = 100, 1.7e-3 against 5.8e-3 at spirals N = 200; a third of the evaluations
+then stop after that one sweep against 1-2%), and EP took 1.84 / 1.67 / 1.90 / 1.75 / 1.46 sweeps per evaluation
+against 2.43 / 2.04 / 2.48 / 2.28 / 1.87 (xor N = 100 / 400, spirals N = 200, checkerboard N = 200 / 400, D = 3);
+with D = 4 / 5 / 9 (clf8 on 3 / 4 / all 8 inputs) 2.43 / 2.75 / 3.78 against 2.74 / 2.99 / 3.96. q(theta) moved by
+at most 0.007 of its sds, the test probabilities by at most 8e-4 (``benchmarks/studies/results/bayes_bank_h59c.md``).
 
 EP still runs to the same stopping rule from that start, so every evaluation is EP's evidence to the same
 tolerance; what changes is where within it the sweeps stop, which now depends on the earlier evaluations (the
@@ -24,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["SiteBank", "PLANE_MAX_DIM"]
+__all__ = ["SiteBank", "PLANE_MAX_DIM", "QUADRATIC_MAX_DIM"]
 
 PLANE_MAX_DIM = 10
 """Above this many log-hyperparameters a :class:`SiteBank` starts from the nearest entry's sites, not the plane:
@@ -32,6 +40,12 @@ on the Ionosphere subsample (D = 35, N = 100) the plane through 3 D + 3 neighbou
 point than the nearest entry (6.3 against 5.5 sweeps per evaluation; 5.6 from the fixed start), on Sonar (D = 61)
 both took 1.9 (2.8 from the fixed start); at D = 3 and 9 the plane took fewer than the nearest (xor N = 400: 2.7
 against 3.0, clf8 N = 200: 4.7 against 4.9, damped)."""
+
+
+QUADRATIC_MAX_DIM = PLANE_MAX_DIM
+"""Up to this many log-hyperparameters (once the bank holds twice its coefficients) a :class:`SiteBank` fits a full
+quadratic in theta through the 2 (1 + D + D (D + 1) / 2) nearest entries instead of the plane (module docstring;
+measured at D = 3, 4, 5 and 9)."""
 
 
 class SiteBank:
@@ -84,14 +98,19 @@ class SiteBank:
         near = d.argmin(-1)
         tau, nu = A[near].clone(), B[near].clone()
         D = theta.shape[-1]
-        k = self.neighbours if self.neighbours is not None else 3 * D + 3
+        quadratic = self.neighbours is None and D <= QUADRATIC_MAX_DIM and n >= 2 * _quadratic_terms(D)
+        k = 2 * _quadratic_terms(D) if quadratic else (self.neighbours if self.neighbours is not None else 3 * D + 3)
         if n < max(k, D + 2) or D > PLANE_MAX_DIM:
             return tau, nu
         dist, idx = d.topk(k, dim=-1, largest=False)                          # (S, k)
         w = 1.0 / (dist + 1e-3 * dist.amax(-1, keepdim=True) + 1e-300)
-        ones = torch.ones(*idx.shape, 1, dtype=T.dtype, device=T.device)
-        X = torch.cat([ones, T[idx] - theta.unsqueeze(1)], -1) * w.unsqueeze(-1)   # (S, k, D + 1)
-        # the plane's value at theta is the intercept: row 0 of pinv(X) weighs the (weighted) neighbours' sites
+        dx = T[idx] - theta.unsqueeze(1)                                       # (S, k, D)
+        cols = [torch.ones(*idx.shape, 1, dtype=T.dtype, device=T.device), dx]
+        if quadratic:
+            iu = torch.triu_indices(D, D, device=T.device)
+            cols.append((dx.unsqueeze(-1) * dx.unsqueeze(-2))[..., iu[0], iu[1]])
+        X = torch.cat(cols, -1) * w.unsqueeze(-1)                              # (S, k, terms)
+        # the fit's value at theta is the intercept: row 0 of pinv(X) weighs the (weighted) neighbours' sites
         u = torch.linalg.pinv(X)[:, 0, :] * w                                  # (S, k)
         fit_tau = (u.unsqueeze(-1) * A[idx]).sum(1)
         fit_nu = (u.unsqueeze(-1) * B[idx]).sum(1)
@@ -99,3 +118,8 @@ class SiteBank:
         tau = torch.where(good.unsqueeze(-1), fit_tau.clamp_min(0.0), tau)
         nu = torch.where(good.unsqueeze(-1), fit_nu, nu)
         return tau, nu
+
+
+def _quadratic_terms(D: int) -> int:
+    """Coefficients of a full quadratic in D variables: 1 + D + D (D + 1) / 2."""
+    return 1 + D + D * (D + 1) // 2
