@@ -297,8 +297,8 @@ def expectation_propagation(K: torch.Tensor, y: torch.Tensor, likelihood: Any, *
             t, n = tau[idx], nu[idx]
             LB, Binv, mean, var, ok = _marginals(Kb if idx.numel() == S else Kb[idx], t, n)
             # a sweep that failed at an extrapolated point: back to that row's plain damped step, history cleared
-            retry = [i for k, i in enumerate(idx.tolist()) if not bool(ok[k]) and plain[i] is not None
-                     and restarts[i] < 3]
+            rows, ok_rows = idx.tolist(), ok.tolist()          # one transfer each, not one per row
+            retry = [i for k, i in enumerate(rows) if not ok_rows[k] and plain[i] is not None and restarts[i] < 3]
             if retry:
                 for i in retry:
                     tau[i], nu[i] = plain[i]
@@ -322,12 +322,15 @@ def expectation_propagation(K: torch.Tensor, y: torch.Tensor, likelihood: Any, *
             g_t = torch.where(step.unsqueeze(-1), (1.0 - damping) * t + damping * t_new, t)
             g_n = torch.where(step.unsqueeze(-1), (1.0 - damping) * n + damping * n_new, n)
             tau[idx], nu[idx] = g_t, g_n
-            for k, i in enumerate(idx.tolist()):
+            for k, (i, stepped) in enumerate(zip(rows, step.tolist())):
                 acc = accs[i]
-                if acc is None or not bool(step[k]):
+                if acc is None or not stepped:
                     continue
                 plain[i] = (g_t[k].clone(), g_n[k].clone())
+                first = not acc.r                 # an empty history: the step is the plain one, already in place
                 nxt = acc.step(torch.cat([t[k], n[k]]), torch.cat([g_t[k], g_n[k]]))
+                if first:
+                    continue
                 if bool(torch.isfinite(nxt).all()) and bool((nxt[:N] >= 0).all()):
                     tau[i], nu[i] = nxt[:N], nxt[N:]
                 else:
