@@ -11,6 +11,8 @@ process, so that every pair of fits sees the same load:
 * ``draws=K``: the defaults with K draws (K / 2 antithetic pairs) per S&K step instead of 4 (issue 59);
 * ``bank=K``: the defaults with ``ep_bank=K`` (EP in the engine's evaluations starts from sites predicted by the
   last K evaluations; 0: from the EP MAP point's sites, damped, as before issue 59's bank).
+* ``quad=K``: the defaults with :data:`gpvi.inference.cvi.ep_starts.QUADRATIC_MAX_DIM` = K for the fit (the bank
+  fits a quadratic in theta up to K log-hyperparameters; 0: the plane everywhere, as before 2026-11-29).
 
 Sets: the stratified seeded training subsamples of ``benchmarks/classification_bayes.py`` (``--n-train``, seed 0),
 and ``binary``: the two-input synthetic set of ``benchmarks/classification_scale.py`` (seed 0, ``--n-train`` rows,
@@ -88,6 +90,8 @@ def fitter(setting: str, dim: int, seed: int = 0) -> FullyBayesianCVI:
         return _Draws(int(setting[6:]), seed=seed)
     if setting.startswith("bank="):
         return FullyBayesianCVI(ep_bank=int(setting[5:]), seed=seed)
+    if setting.startswith("quad="):
+        return _Quadratic(int(setting[5:]), seed=seed)
     raise ValueError(f"unknown setting {setting!r}")
 
 
@@ -103,6 +107,24 @@ class _Draws(FullyBayesianCVI):
         e = super().default_engine(dim)
         return SKGaussian(num_steps=e.num_steps, method=e.method, num_draws=self.sk_draws, draws=e.draws,
                           num_elbo_draws=e.num_elbo_draws, seed=self.seed, progress_bar=False)
+
+
+class _Quadratic(FullyBayesianCVI):
+    """The defaults with the site bank's quadratic up to ``max_dim`` log-hyperparameters (``quad=K``)."""
+
+    def __init__(self, max_dim: int, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.max_dim = max_dim
+
+    def run(self, model: Any, init: Any = None) -> Any:
+        from gpvi.inference.cvi import ep_starts
+
+        keep = ep_starts.QUADRATIC_MAX_DIM
+        ep_starts.QUADRATIC_MAX_DIM = self.max_dim
+        try:
+            return super().run(model, init)
+        finally:
+            ep_starts.QUADRATIC_MAX_DIM = keep
 
 
 def run(name: str, n: int, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -174,7 +196,7 @@ def main() -> None:
     ap.add_argument("--datasets", nargs="+", default=["pima"])
     ap.add_argument("--n-train", nargs="+", type=int, default=[100])
     ap.add_argument("--settings", nargs="+", default=["before", "default"],
-                    help="'default', 'before', 'tol=X', 'draws=K' or 'bank=K' (module docstring)")
+                    help="'default', 'before', 'tol=X', 'draws=K', 'bank=K' or 'quad=K' (module docstring)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--seeds", nargs="+", type=int, default=[0], help="seeds of the fits (every setting per seed)")
     ap.add_argument("--name", default="classification_bayes_speed_defaults")
