@@ -235,16 +235,16 @@ def test_the_final_state_of_converged_and_capped_rows_matches_the_dense_formulas
             torch.testing.assert_close(res.var[i], var, rtol=1e-6, atol=1e-9)
 
 
-def test_the_evidence_target_uses_a_64_point_rule_within_1e9_of_the_96_point_evidence():
-    """EP's tilted moments in the evidence target use the bound's rule cut to 64 nodes (EP_QUADRATURE_POINTS): the
-    evidence and its gradient agree with EP run directly with the 96-point rule (the CVI default) to 1e-9, while a
+def test_the_evidence_target_uses_a_48_point_rule_within_1e7_of_the_96_point_evidence():
+    """EP's tilted moments in the evidence target use the bound's rule cut to 48 nodes (EP_QUADRATURE_POINTS): the
+    evidence and its gradient agree with EP run directly with the 96-point rule (the CVI default) to 1e-7, while a
     32-point rule is measurably off (the comparison can fail)."""
     from gpvi.inference.cvi.ep_evidence import EP_QUADRATURE_POINTS
     from gpvi.numerics.quadrature import Quadrature
 
     model = _data(30)
     target = EPEvidenceTarget(CVIBoundTarget(model), tol=1e-10)
-    assert target.quadrature.num_points == EP_QUADRATURE_POINTS == 64
+    assert target.quadrature.num_points == EP_QUADRATURE_POINTS == 48
     theta = torch.tensor([[-0.8, 0.6], [0.4, 4.5]], dtype=F64)
     K = target.bound._kernel(theta).detach()
     ours = target.evidence(theta)
@@ -252,4 +252,4 @@ def test_the_evidence_target_uses_a_64_point_rule_within_1e9_of_the_96_point_evi
         ref = expectation_propagation(K, model.y, model.likelihood, quadrature=Quadrature(n), tol=1e-10,
                                       damping=target.damping, anderson=target.anderson)
         gap = max(float((ours.log_z - ref.log_z).abs().max()), float((ours.grad_k - ref.grad_k).abs().max()))
-        assert (gap < 1e-9) == close, (n, gap)
+        assert (gap < 1e-7) == close, (n, gap)

@@ -38,7 +38,7 @@ sweeps to the same stopping rule, the evidence a function of theta only within E
 returns is back on the fixed start.
 
 **Tilted moments** (binary): by the CVI bound's quadrature rule with at most :data:`EP_QUADRATURE_POINTS` nodes
-(64: its error is below 1e-9 where EP stops at 1e-4).
+(48: its error is below 1e-6 where EP stops at 1e-3).
 
 **The latent posterior** at a :math:`\theta` (for predictions) stays CVI's :math:`q^*(\mathbf f\mid\theta)`,
 from the wrapped :class:`~gpvi.inference.cvi.bound.CVIBoundTarget`: EP only weighs the hyperparameters.
@@ -71,13 +71,17 @@ from .ep_starts import SiteBank
 __all__ = ["EPEvidenceTarget", "multiclass_ep_applies", "EP_QUADRATURE_POINTS", "EP_CHUNK_ELEMENTS", "EP_CHUNK_ROWS",
            "BANK_DAMPING", "BANK_SWEEPS"]
 
-EP_QUADRATURE_POINTS = 64
+EP_QUADRATURE_POINTS = 48
 r"""Nodes of the asinh-mapped Gauss-Legendre rule of binary EP's tilted moments (:meth:`EPEvidenceTarget.quadrature`):
 the CVI bound's rule with at most this many points. Against a 1,000-point rule on 5,820 cavities (means -12..12,
-variances 1e-3..1e3), 64 points are off by at most 3e-13 in :math:`\log\hat Z_n` (logit; probit 6e-10), 1.4e-12
-tilted sd in the mean and 1.1e-11 relative in the variance (96 points: 1.3e-13, 5e-13, 7e-14; 48: 1.2e-8, 7e-8,
-4e-7), far below EP's stopping rule, for two thirds of the 96-point rule's work
-(``benchmarks/studies/bayes_profile.py``)."""
+variances 1e-3..1e3), 48 points are off by at most 1.2e-8 in :math:`\log\hat Z_n` (logit; probit 5.3e-8), 7.1e-8
+tilted sd in the mean and 4.1e-7 relative in the variance (64 points: 3e-13, 1.4e-12, 1.1e-11; 32: 1.4e-4, 5.4e-4,
+2.4e-3), four orders below EP's stopping rule in the engine's evaluations (1e-3) and below that of the EP MAP search
+(1e-6) (``benchmarks/studies/bayes_profile.py``). 64 before issue 59's third pass: 48 nodes take 20-28% less time
+per tilted-moment pass (400-1,600 cavities, one thread: 0.43 -> 0.33, 0.90 -> 0.69, 1.96 -> 1.42 ms), and on the
+tuning families (xor N = 100 / 400, spirals N = 100, clf8 N = 100) the fits took the same EP sweeps, q(theta) moved
+by at most 4e-11 of its sds and the test probabilities by at most 6e-12
+(``benchmarks/studies/results/bayes_nodes_h59c.md``)."""
 
 
 EP_CHUNK_ELEMENTS = 5 * 2 ** 16
