@@ -161,13 +161,14 @@ def test_multiclass_evidence_from_the_nearest_earlier_sites_matches_tight_ep_in_
 
 
 def test_the_predictives_looser_cvi_tolerance_keeps_the_probabilities_of_tight_runs():
-    """The predictive's CVI runs stop at 1e-6 (PREDICTIVE_INNER_TOL): its probabilities against the same draws'
-    posteriors converged to 1e-12 (an independent, tighter answer) within 1e-4, in fewer inner steps."""
-    from gpvi.inference.cvi.bayes import PREDICTIVE_INNER_TOL, FullyBayesianCVI
+    """A binary model's predictive CVI runs stop at 1e-4 (BINARY_PREDICTIVE_INNER_TOL; multi-class 1e-6,
+    PREDICTIVE_INNER_TOL): its probabilities against the same draws' posteriors converged to 1e-12 (an independent,
+    tighter answer) within 1e-3, in fewer inner steps."""
+    from gpvi.inference.cvi.bayes import BINARY_PREDICTIVE_INNER_TOL, PREDICTIVE_INNER_TOL, FullyBayesianCVI
     from gpvi.inference.salimans_knowles import SKGaussian
     from gpvi.posteriors.bayes_classification import BayesClassificationPosterior
 
-    assert PREDICTIVE_INNER_TOL == 1e-6
+    assert PREDICTIVE_INNER_TOL == 1e-6 and BINARY_PREDICTIVE_INNER_TOL == 1e-4
     model = _model(50)
     engine = SKGaussian(num_steps=24, method="gradient", num_draws=4, draws="sobol", num_elbo_draws=8,
                         progress_bar=False)
@@ -176,7 +177,7 @@ def test_the_predictives_looser_cvi_tolerance_keeps_the_probabilities_of_tight_r
     assert bound.inner_tol == 1e-9 and post.target.bank is None and post.target.value_tol is None   # reset
     X = torch.linspace(-2, 2, 41, dtype=F64)
     Xt = torch.stack([X, X.flip(0)], 1)
-    bound.inner_tol = 1e-6                       # the predictive's tolerance: the same posteriors again
+    bound.inner_tol = 1e-4                       # the predictive's tolerance: the same posteriors again
     again = BayesClassificationPosterior(post.q, post.target, num_draws=8, seed=post.info["seed"])
     assert torch.equal(again.predict_proba(Xt), post.predict_proba(Xt))
     bound.inner_tol = 1e-12
@@ -185,4 +186,4 @@ def test_the_predictives_looser_cvi_tolerance_keeps_the_probabilities_of_tight_r
     assert torch.equal(tight.draws, post.draws)
     assert bound.counters["inner_steps"] - steps0 > post.info["predictive_inner_steps"]
     gap = float((tight.predict_proba(Xt) - post.predict_proba(Xt)).abs().max())
-    assert 0 < gap < 1e-4, gap
+    assert 0 < gap < 1e-3, gap
