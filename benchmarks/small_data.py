@@ -570,7 +570,7 @@ def render(data: dict[str, Any]) -> str:
         md += ["## gpvi.infer", "", "RWM wall to infer's targets: the same random-walk chains run on until they meet "
                "the targets `infer` holds its NUTS answer to (bulk and tail ESS >= 400, R-hat <= 1.01, every MCSE of a "
                "mean and of a sd <= 0.05 sd; checked every 2,000 steps a chain, at most 64,000).", "",
-               "| problem | seed | answer | trusted | wall (s) | q / psis / nuts (s) | RWM wall to 400 ESS (s) | "
+               "| problem | seed | answer | trusted | wall (s) | grid / q / psis / nuts (s) | RWM wall to 400 ESS (s) | "
                "RWM wall to infer's targets (s) |", "|---|---|---|---|---|---|---|---|"]
         for r in data["infer"]:
             t = r["times"]
@@ -578,7 +578,8 @@ def render(data: dict[str, Any]) -> str:
             wt = r.get("rwm", {}).get("wall_to_targets")
             wt = "-" if wt is None else f"{wt:.1f}" if math.isfinite(wt) else f"> {r['rwm']['wall']:.0f} (not met)"
             md.append(f"| {r['problem']} | {r['seed']} | {r['answer']} | {r['trusted']} | {r['wall']:.1f} | "
-                      f"{t.get('q', 0):.1f} / {t.get('psis', 0):.1f} / {t.get('nuts', 0):.1f} | {rw} | {wt} |")
+                      f"{t.get('grid', 0):.1f} / {t.get('q', 0):.1f} / {t.get('psis', 0):.1f} / {t.get('nuts', 0):.1f} | "
+                      f"{rw} | {wt} |")
         md.append("")
     return "\n".join(md) + "\n"
 

@@ -3,6 +3,10 @@ r"""``gpvi.infer``: one call from a target to a hyperparameter posterior whose r
 The recipe (Yao, Vehtari, Simpson & Gelman, *Yes, but did it work?*, ICML 2018; Vehtari et al., *Pareto smoothed
 importance sampling*, JMLR 2024):
 
+0. **Grid** (exact GP targets of at most ``GRID_MAX_D`` = 4 parameters; :mod:`gpvi.inference.grid`): from the
+   MAP optima and their Laplace scales, the posterior by quadrature on a lattice flooded outwards until the log
+   joint has dropped by ``GRID_DROP`` nats (INLA's exploration of hyperparameters, Rue, Martino & Chopin 2009),
+   accepted when the lattice's 2h cosets agree; otherwise the steps below run from the same MAP optima.
 1. **Variational fit**: the best Gaussian q. Default engine: Salimans & Knowles' Hessian-free stochastic linear
    regression (2013, section 6.2; :class:`gpvi.SKGaussian`) from every distinct MAP optimum with its Laplace scale
    (DSVI's default starts for exact GP targets), the best final bound kept; ``engine="dsvi"``: DSVI's default
@@ -72,16 +76,15 @@ why, ``trusted`` (False also warns; Ctrl-C in any stage returns that stage's par
 
 from __future__ import annotations
 
-import html
 import math
 import time
 import warnings
-from dataclasses import dataclass, field
 from typing import Any
 
 
 from ..exceptions import InterruptedRunWarning, NumericalFaultError, NumericalWarning
 from ..models.target import as_target
+from ..posteriors.gaussian import GaussianPosterior
 from ..posteriors.weighted import KHAT_GOOD
 from ..rng import check_seed
 from ..validation import check_bool, check_choice, check_nonnegative_int, check_positive, check_positive_int
@@ -89,154 +92,15 @@ from .check import (BASIN_MASS_TOL, MCSE_TOL, diagnose, mixed, q_agrees, relativ
                     starts_mixture)
 from .dsvi.engine import DSVI
 from .dsvi.starts import run_starts
+from .grid import GRID_MAX_D, grid_posterior
+from .init import init_to_laplace
 from .mcmc.nuts import NUTS
 from .mcmc.settings import Adaptation
+from .report import InferenceReport
 from .salimans_knowles.engine import SKGaussian
 
-__all__ = ["infer", "variational_fit", "default_sk", "default_nuts", "InferenceReport", "starts_mixture",
+__all__ = ["infer", "variational_fit", "map_laplace_start", "default_sk", "default_nuts", "InferenceReport", "starts_mixture",
            "BASIN_MASS_TOL"]
-
-@dataclass
-class InferenceReport:
-    """What :func:`infer` did and why (prints as one screen; renders as HTML in notebooks).
-
-    Attributes
-    ----------
-    answer : {"q", "psis", "nuts"}
-        Which posterior was returned.
-    reason : str
-    trusted : bool
-        False when the answer failed its own check (NUTS short of ``min_ess`` / R-hat 1.01); the reason and the
-        first line of the report say so, and ``infer`` warns.
-    check : dict
-        The weighted answer's check: ``proposal`` ("q" or "mixture": the base of the defensive proposal),
-        ``khat`` and its ``threshold``, ``ess`` and ``num_draws`` of its weights, ``mcse_mean`` and ``mcse_sd``
-        (largest batch MCSE over the parameters, in weighted sds), ``reliable``; after a refinement (module
-        docstring, step 4) also ``refined`` (its rounds of new draws) and ``first`` (the first check's ``khat``,
-        ``ess``, ``num_draws``, ``mcse_mean``, ``mcse_sd``), the other keys then being the refined proposal's;
-        when that check passed, ``second`` (the second opinion's ``khat``, ``threshold``, ``ess``, ``num_draws``,
-        ``mcse_mean``, ``mcse_sd``, ``reliable``), ``reliable`` then being both.
-    interrupted : str
-        The stage a Ctrl-C ended, empty when none did: ``"map"`` (the MAP restarts of the default start),
-        ``"laplace"`` (their Laplace scales), ``"q"`` (the engine runs), ``"psis"`` (PSIS and the check) or
-        ``"nuts"``; the answer is then the partial result of that stage and not trusted.
-    mcse_mean : float
-        The returned answer's largest Monte Carlo standard error of a mean, in posterior sds (0 for q, whose
-        moments are exact; the batch MCSE for weighted draws; ArviZ's MCSE for NUTS).
-    khat : float
-        Pareto :math:`\\hat k` of q's importance weights.
-    elbo, elbo_se : float
-        The variational engine's final bound and its Monte Carlo standard error.
-    converged : bool
-        The engine's convergence rule held (S&K: its fixed number of steps ran and the window-split check
-        passed).
-    log_evidence, log_evidence_se : float
-        Importance-sampling estimate of :math:`\\log p(y)` from q's draws (reliable only when ``khat`` is small).
-    psis_ess : float
-        Effective sample size of the PSIS weights.
-    q : GaussianPosterior
-        The variational posterior that was diagnosed (whatever the answer).
-    times : dict of str to float
-        Wall time (s) of each stage: ``q`` (MAP restarts included), ``psis`` (the check included), ``nuts``.
-    nuts : dict
-        NUTS diagnostics when it ran: smallest bulk ESS, largest split R-hat, divergences, gradient evaluations.
-    starts : list of dict
-        The starts (one per distinct MAP optimum; ``q.info["starts"]``): MAP log joint, final bound, its se.
-    starts_agree : bool or None
-        Whether the starts' final bounds agree within their Monte Carlo error (``q.info["starts_agree"]``).
-    basin_mass : list of float
-        When the starts' Gaussians lie in several basins: the posterior mass of each (best q's first), estimated
-        by PSIS of their mixture; empty otherwise.
-    khat_mixture, log_evidence_mixture, log_evidence_mixture_se : float
-        :math:`\\hat k` of that mixture and its importance-sampling log evidence (NaN without one).
-    engine : str
-        The variational engine's name (``"SKGaussian"``, ``"DSVI"``, ...).
-    """
-
-    answer: str
-    reason: str
-    khat: float
-    elbo: float
-    elbo_se: float
-    converged: bool
-    log_evidence: float
-    log_evidence_se: float
-    psis_ess: float
-    times: dict[str, float] = field(default_factory=dict)
-    nuts: dict[str, Any] = field(default_factory=dict)
-    starts: list[dict[str, Any]] = field(default_factory=list)
-    starts_agree: bool | None = None
-    basin_mass: list[float] = field(default_factory=list)
-    khat_mixture: float = math.nan
-    log_evidence_mixture: float = math.nan
-    log_evidence_mixture_se: float = math.nan
-    q: Any = field(default=None, repr=False)
-    engine: str = "q"
-    trusted: bool = True
-    check: dict[str, Any] = field(default_factory=dict)
-    mcse_mean: float = math.nan
-    interrupted: str = ""
-
-    def lines(self) -> list[str]:
-        head = "gpvi.infer: answer = " if self.trusted else "gpvi.infer: NOT TRUSTED: answer = "
-        out = [f"{head}{self.answer} ({self.reason})",
-               f"  {self.engine} bound {self.elbo:.3f} +- {self.elbo_se:.3f} (converged: {self.converged})"
-               + self._starts_line(),
-               f"  PSIS of q: k-hat {self.khat:.2f}, weights' ESS {self.psis_ess:.0f}, "
-               f"log evidence {self.log_evidence:.3f} +- {self.log_evidence_se:.3f}"]
-        c = self.check
-        if c.get("first"):
-            f = c["first"]
-            out.append(f"  first check ({c['proposal']} proposal, {f['num_draws']} draws): k-hat {f['khat']:.2f}, "
-                       f"weights' ESS {f['ess']:.0f}, batch MCSE {max(f['mcse_mean'], f['mcse_sd']):.3f} sd: "
-                       "proposal refined from its weighted draws")
-        if c:
-            out.append(f"  check ({'refined ' if c.get('first') else ''}{c['proposal']} proposal, "
-                       f"{c['num_draws']} draws): k-hat {c['khat']:.2f} "
-                       f"(<= {c['threshold']:.2f}?), weights' ESS {c['ess']:.0f}, batch MCSE of means <= "
-                       f"{c['mcse_mean']:.3f} sd, of sds <= {c['mcse_sd']:.3f} sd: "
-                       + ("reliable" if c["reliable"] else "not reliable"))
-        if c.get("second"):
-            t = c["second"]
-            out.append(f"  second opinion (the scaled copies alone, {t['num_draws']} draws): k-hat {t['khat']:.2f} "
-                       f"(<= {t['threshold']:.2f}?), weights' ESS {t['ess']:.0f}, batch MCSE "
-                       f"{max(t['mcse_mean'], t['mcse_sd']):.3f} sd: "
-                       + ("reliable" if t["reliable"] else "not reliable"))
-        out.append(f"  answer's Monte Carlo error: means within {self.mcse_mean:.3f} sd (1 MCSE)"
-                   if self.mcse_mean > 0 else "  answer's Monte Carlo error: none (q's moments are exact)")
-        if self.basin_mass:
-            out.append(f"  basins: the starts' Gaussians lie in {len(self.basin_mass)} basins holding "
-                       + " / ".join(f"{m:.0%}" for m in self.basin_mass)
-                       + f" of the mass (PSIS of their mixture: k-hat {self.khat_mixture:.2f}, log evidence "
-                       f"{self.log_evidence_mixture:.3f} +- {self.log_evidence_mixture_se:.3f})")
-        if self.nuts:
-            out.append("  NUTS from q: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                                                     for k, v in self.nuts.items()))
-        out.append("  wall time: " + ", ".join(f"{k} {v:.1f} s" for k, v in self.times.items())
-                   + f" (total {sum(self.times.values()):.1f} s)")
-        return out
-
-    def title(self) -> str:
-        """The report's headline (its first line) with q's own :math:`\\hat k`: the title of the returned posterior's
-        ``summary()``, which so tells the report's story (a weighted answer's own k-hat is its proposal's, not q's),
-        an interruption or a failed check included."""
-        own = f"; q's own k-hat {self.khat:.2f}" if math.isfinite(self.khat) else ""
-        return self.lines()[0] + own
-
-    def _starts_line(self) -> str:
-        if len(self.starts) < 2:
-            return ""
-        bounds = ", ".join(f"{r['elbo']:.2f}" for r in self.starts)
-        verdict = "they agree" if self.starts_agree else "they differ: the best is kept"
-        return f"; {len(self.starts)} starts (distinct MAP optima), bounds {bounds}: {verdict}"
-
-    def __str__(self) -> str:
-        return "\n".join(self.lines())
-
-    def _repr_html_(self) -> str:
-        rows = "".join(f"<li>{html.escape(x.strip())}</li>" for x in self.lines()[1:])
-        return f"<b>{html.escape(self.lines()[0])}</b><ul>{rows}</ul>"
-
 
 _FIT_STAGES = {"map": "the MAP restarts of the variational fit's start (q is that start's Gaussian, not fitted "
                       "and unchecked)",
@@ -305,8 +169,10 @@ def _stopped(post: Any, stage: str, what: str, times: dict[str, float], report: 
     return post
 
 
-def variational_fit(target: Any, *, seed: int = 0, engine: Any = None, progress_bar: bool = True) -> Any:
-    r"""Step 1 of :func:`infer`: the best Gaussian q (``engine`` as in :func:`infer`).
+def variational_fit(target: Any, *, seed: int = 0, engine: Any = None, progress_bar: bool = True,
+                    start: Any = None) -> Any:
+    r"""Step 1 of :func:`infer`: the best Gaussian q (``engine`` as in :func:`infer`; ``start``: the default
+    engines' start when already found, :func:`map_laplace_start`'s, which is what they would compute).
 
     Returns
     -------
@@ -325,7 +191,7 @@ def variational_fit(target: Any, *, seed: int = 0, engine: Any = None, progress_
     t0 = time.perf_counter()
     fallback = ""
     if init is not None:                                      # S&K from every distinct MAP optimum
-        start = init(as_target(target))
+        start = init(as_target(target)) if start is None else start
         try:
             q = run_starts(engine, target, start)
         except NumericalFaultError as err:                    # every start's S&K run failed: DSVI, same starts
@@ -334,10 +200,36 @@ def variational_fit(target: Any, *, seed: int = 0, engine: Any = None, progress_
             engine = DSVI(scale="full", seed=seed, progress_bar=progress_bar)
             q = run_starts(engine, target, start)
     else:
-        q = engine.run(target, init=init)
+        q = engine.run(target, init=init if start is None else start)
     q.info["infer"] = {"engine": getattr(engine, "name", type(engine).__name__), "fallback": fallback,
                        "wall": time.perf_counter() - t0}
     return q
+
+
+def map_laplace_start(target: Any, seed: int = 0) -> Any:
+    """The MAP optima with their Laplace scales that the default engines start from
+    (``DSVI(seed=seed).default_init``), or None for a target they do not start so (not an exact GP target)."""
+    init = DSVI(scale="full", seed=seed, progress_bar=False).default_init(target)
+    return init(as_target(target)) if isinstance(init, init_to_laplace) else None
+
+
+def _grid_step(target: Any, seed: int, times: dict[str, float]) -> tuple[Any, Any, dict[str, Any]]:
+    """Step 0 (:mod:`gpvi.inference.grid`): (the grid's posterior or None, the MAP start for step 1, its record).
+    Ctrl-C returns the MAP point's Laplace Gaussian, flagged."""
+    t0 = time.perf_counter()
+    start = map_laplace_start(target, seed)
+    post, info = None, {}
+    if start is None:
+        return None, None, {}
+    if not start.info.get("interrupted"):
+        try:
+            post, info = grid_posterior(target, start)
+        except KeyboardInterrupt:
+            times["grid"] = time.perf_counter() - t0
+            q = GaussianPosterior(start.theta, start.scale_tril, list(target.names), target)
+            return _stopped(q, "grid", "the grid (the MAP point's Laplace Gaussian is returned)", times), None, {}
+    times["grid"] = time.perf_counter() - t0
+    return post, start, info
 
 
 def default_nuts(seed: int = 0, progress_bar: bool = True) -> NUTS:
@@ -357,7 +249,8 @@ def default_nuts(seed: int = 0, progress_bar: bool = True) -> NUTS:
 
 
 def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any = None, nuts: Any = None,
-          min_ess: float = 400.0, max_extensions: int = 3, progress_bar: bool = True, q: Any = None) -> Any:
+          min_ess: float = 400.0, max_extensions: int = 3, progress_bar: bool = True, q: Any = None,
+          grid: bool = True) -> Any:
     r"""A posterior over the target's parameters that has been checked against the exact log joint.
 
     Parameters
@@ -394,7 +287,12 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
     progress_bar : bool
     q : GaussianPosterior, optional
         A variational fit to diagnose in place of step 1 (:func:`variational_fit`'s result, with its
-        ``start_posteriors``); ``engine`` is then ignored and the report's ``times["q"]`` is 0.
+        ``start_posteriors``); ``engine`` is then ignored, the grid is not tried and the report's ``times["q"]``
+        is 0.
+    grid : bool
+        Step 0 (default True): for exact GP targets of at most ``GRID_MAX_D`` = 4 parameters, the posterior by
+        quadrature on a lattice flooded from the MAP optima (:mod:`gpvi.inference.grid`), returned when its check
+        passes (answer ``"grid"``); otherwise the steps below run from the same MAP optima.
 
     Returns
     -------
@@ -418,10 +316,21 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
     min_ess = check_positive(min_ess, "min_ess", allow_zero=True)
     max_extensions = check_nonnegative_int(max_extensions, "max_extensions")
     progress_bar = check_bool(progress_bar, "progress_bar")
+    grid = check_bool(grid, "grid")
     times: dict[str, float] = {}
+    start, ginfo = None, {}
+    if grid and q is None and len(target.names) <= GRID_MAX_D:
+        gpost, start, ginfo = _grid_step(target, seed, times)
+        if gpost is not None and start is None:               # interrupted
+            return gpost
+        if gpost is not None:
+            gpost.report = InferenceReport(
+                "grid", "the lattice quadrature's 2h cosets agree", math.nan, math.nan, math.nan,
+                True, ginfo["log_evidence"], math.nan, math.nan, times, engine="grid", mcse_mean=0.0, grid=ginfo)
+            return gpost
     t0 = time.perf_counter()
     if q is None:
-        q = variational_fit(target, seed=seed, engine=engine, progress_bar=progress_bar)
+        q = variational_fit(target, seed=seed, engine=engine, progress_bar=progress_bar, start=start)
     elif not (callable(getattr(q, "sample", None)) and callable(getattr(q, "log_prob", None))):
         raise TypeError(f"q must be a posterior with sample and log_prob (variational_fit's); got {type(q).__name__}")
     times["q"] = time.perf_counter() - t0
@@ -446,7 +355,7 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
                              log_evidence_mixture=math.nan if wm is None else wm.log_evidence,
                              log_evidence_mixture_se=math.nan if wm is None else wm.log_evidence_se, q=q,
                              engine=fit.get("engine", type(q).__name__), check=check,
-                             mcse_mean=0.0 if answer == "q" else check["mcse_mean"])
+                             mcse_mean=0.0 if answer == "q" else check["mcse_mean"], grid=ginfo)
     if fit.get("fallback"):
         report.reason += f"; {fit['fallback']}"
     post: Any = q if answer == "q" else wb

@@ -215,11 +215,12 @@ def test_gp_regression_end_to_end_and_bad_arguments():
     model = gpvi.GPRegression(X, y)
     eng = gpvi.DSVI(seed=0, num_steps=400, num_elbo_draws=200, progress_bar=False)
     nuts = gpvi.NUTS(num_chains=2, num_warmup=30, num_draws=60, seed=0, progress_bar=False)
-    post = _quiet(gpvi.infer, model, seed=0, engine=eng, nuts=nuts, num_psis_draws=400, progress_bar=False)
+    post = _quiet(gpvi.infer, model, seed=0, engine=eng, nuts=nuts, num_psis_draws=400, progress_bar=False,
+                  grid=False)                              # the variational route (3 parameters: else the grid)
     assert post.report.answer in ("q", "psis", "nuts") and math.isfinite(post.report.khat)
     assert post.predict(X[:3], num_draws=20).mean.shape == (3,)
     # the default engine: S&K Hessian-free from every distinct MAP optimum, each start recorded
-    dflt = _quiet(gpvi.infer, model, seed=0, nuts=nuts, num_psis_draws=400, progress_bar=False)
+    dflt = _quiet(gpvi.infer, model, seed=0, nuts=nuts, num_psis_draws=400, progress_bar=False, grid=False)
     assert dflt.report.engine == "SKGaussian" and type(dflt.report.q.engine_state).__name__ == "SKState"
     assert len(dflt.report.starts) >= 1 and all(math.isfinite(r["elbo"]) for r in dflt.report.starts)
     assert dflt.report.q.info["settings"]["method"] == "gradient"
@@ -227,6 +228,8 @@ def test_gp_regression_end_to_end_and_bad_arguments():
         gpvi.infer(model, seed=-1)
     with pytest.raises(ValueError, match="num_psis_draws"):
         gpvi.infer(model, num_psis_draws=0)
+    with pytest.raises(TypeError, match="grid"):
+        gpvi.infer(model, grid="yes")
 
 
 def test_engine_by_name_sk_and_the_starts_in_the_report():
@@ -265,7 +268,7 @@ def test_a_failed_sk_run_falls_back_to_dsvi_from_the_same_starts(monkeypatch):
     X = torch.rand(20, 1, generator=g, dtype=torch.float64)
     model = gpvi.GPRegression(X, torch.sin(6 * X[:, 0]) + 0.1 * torch.randn(20, generator=g, dtype=torch.float64))
     with pytest.warns(NumericalWarning, match="S&K failed from every start"):
-        post = gpvi.infer(model, seed=0, num_psis_draws=200, progress_bar=False,
+        post = gpvi.infer(model, seed=0, num_psis_draws=200, progress_bar=False, grid=False,
                           nuts=gpvi.NUTS(num_chains=2, num_warmup=20, num_draws=40, seed=0, progress_bar=False))
     assert post.report.engine == "DSVI" and "DSVI from the same starts" in post.report.reason
     assert type(post.report.q.engine_state).__name__ == "DSVIState"
@@ -355,7 +358,7 @@ def test_ctrl_c_while_the_default_start_is_found_ends_the_call(monkeypatch, stag
     r = post.report
     assert calls["n"] == at and post is r.q and r.interrupted == stage and not r.trusted
     assert str(r).startswith("gpvi.infer: NOT TRUSTED") and "interrupted (Ctrl-C)" in r.reason
-    assert set(r.times) == {"q"}
+    assert set(r.times) == {"grid", "q"} and r.grid == {}      # the MAP restarts ran in step 0; no grid after them
 
 
 def test_ctrl_c_in_a_later_sk_start_ends_infer(monkeypatch):
