@@ -40,6 +40,7 @@ import torch
 
 from ..posteriors.weighted import WeightedPosterior, log_joint_at
 from .check import MCSE_TOL
+from .progress import Progress
 
 __all__ = ["grid_posterior", "GRID_MAX_D", "GRID_STEP", "GRID_DROP", "GRID_MAX_CELLS", "GRID_TOL_MEAN",
            "GRID_TOL_SD"]
@@ -73,7 +74,7 @@ def _unpack(key: np.ndarray, D: int) -> np.ndarray:
 
 
 def _flood(target: Any, centre: torch.Tensor, L: torch.Tensor, h: float, seeds: np.ndarray, drop: float,
-           max_cells: int, budget: Any = None) -> tuple[np.ndarray, torch.Tensor, dict[str, Any]]:
+           max_cells: int, budget: Any, bar: Progress) -> tuple[np.ndarray, torch.Tensor, dict[str, Any]]:
     """Flood the lattice :math:`\\theta^* + hLz` from the cells ``seeds`` (module docstring): (keys, log joints,
     info); the keys are empty when the flood outgrew ``max_cells`` or the coordinates' range."""
     D = L.shape[0]
@@ -91,6 +92,7 @@ def _flood(target: Any, centre: torch.Tensor, L: torch.Tensor, h: float, seeds: 
         all_keys.append(frontier)
         lps.append(lp)
         waves += 1
+        bar.update(int(frontier.size), h=h, waves=waves)
         best = max(best, float(lp.max()))
         inside = frontier[(lp >= best - drop).cpu().numpy()]
         cand = np.sort((inside[:, None] + step[None, :]).ravel())
@@ -125,8 +127,8 @@ def _coset_spread(z: np.ndarray, w: torch.Tensor, theta: torch.Tensor) -> tuple[
 
 
 def grid_posterior(target: Any, start: Any, *, step: float = GRID_STEP, drop: float = GRID_DROP,
-                   max_cells: int = GRID_MAX_CELLS, budget: Any = None) -> tuple[WeightedPosterior | None,
-                                                                                   dict[str, Any]]:
+                   max_cells: int = GRID_MAX_CELLS, budget: Any = None,
+                   progress_bar: bool = False) -> tuple[WeightedPosterior | None, dict[str, Any]]:
     r"""The posterior by quadrature on the lattice around ``start`` (module docstring).
 
     Parameters
@@ -140,6 +142,8 @@ def grid_posterior(target: Any, start: Any, *, step: float = GRID_STEP, drop: fl
         h, the exploration threshold (nats) and the cell budget (``GRID_STEP``, ``GRID_DROP``, ``GRID_MAX_CELLS``).
     budget : MemoryBudget, optional
         Chunks the batched log-joint calls.
+    progress_bar : bool
+        A bar counting the evaluated cells (no total: the flood's extent is not known in advance).
 
     Returns
     -------
@@ -177,7 +181,8 @@ def grid_posterior(target: Any, start: Any, *, step: float = GRID_STEP, drop: fl
     post = None
     for attempt in range(2):
         seeds = np.rint(torch.stack([(Linv @ (t - centre)) / step for t in thetas]).cpu().numpy()).astype(np.int64)
-        keys, lp, flood = _flood(target, centre, L, step, seeds, drop, max_cells, budget)
+        with Progress(None, enabled=progress_bar, desc="grid cells", leave=False) as bar:
+            keys, lp, flood = _flood(target, centre, L, step, seeds, drop, max_cells, budget, bar)
         info.update(step=step, cells=flood["cells"], waves=info["waves"] + flood["waves"])
         if flood["outgrown"]:
             info["reason"] = (f"the lattice outgrew {max_cells:,} cells (h = {step:g} Laplace sd): an improper, very "

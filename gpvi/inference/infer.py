@@ -213,7 +213,7 @@ def map_laplace_start(target: Any, seed: int = 0) -> Any:
     return init(as_target(target)) if isinstance(init, init_to_laplace) else None
 
 
-def _grid_step(target: Any, seed: int, times: dict[str, float]) -> tuple[Any, Any, dict[str, Any]]:
+def _grid_step(target: Any, seed: int, times: dict[str, float], progress_bar: bool) -> tuple[Any, Any, dict[str, Any]]:
     """Step 0 (:mod:`gpvi.inference.grid`): (the grid's posterior or None, the MAP start for step 1, its record).
     Ctrl-C returns the MAP point's Laplace Gaussian, flagged."""
     t0 = time.perf_counter()
@@ -223,7 +223,7 @@ def _grid_step(target: Any, seed: int, times: dict[str, float]) -> tuple[Any, An
         return None, None, {}
     if not start.info.get("interrupted"):
         try:
-            post, info = grid_posterior(target, start)
+            post, info = grid_posterior(target, start, progress_bar=progress_bar)
         except KeyboardInterrupt:
             times["grid"] = time.perf_counter() - t0
             q = GaussianPosterior(start.theta, start.scale_tril, list(target.names), target)
@@ -320,7 +320,7 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
     times: dict[str, float] = {}
     start, ginfo = None, {}
     if grid and q is None and len(target.names) <= GRID_MAX_D:
-        gpost, start, ginfo = _grid_step(target, seed, times)
+        gpost, start, ginfo = _grid_step(target, seed, times, progress_bar)
         if gpost is not None and start is None:               # interrupted
             return gpost
         if gpost is not None:

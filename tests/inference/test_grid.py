@@ -121,3 +121,23 @@ def test_infer_answers_the_14_point_model_by_the_grid_as_a_brute_force_box_does(
     assert float((post.std / sd - 1).abs().max()) < 0.02
     assert 0.003 < float(w[box[:, 2] < -6].sum()) < 0.03
     assert post.predict(torch.tensor([[0.5], [5.0], [12.0]], **F64), num_draws=20).mean.shape == (3,)
+
+
+def test_ctrl_c_in_the_grid_returns_the_map_points_laplace_gaussian_flagged(monkeypatch):
+    """Ctrl-C during the flood (the third batched log-joint call): infer stops there and returns the MAP point's
+    Laplace Gaussian, not trusted, the stage named, with an InterruptedRunWarning; nothing runs after it."""
+    import gpvi.inference.grid as grid_module
+    real, calls = grid_module.log_joint_at, {"n": 0}
+
+    def interrupted(*a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+
+    monkeypatch.setattr(grid_module, "log_joint_at", interrupted)
+    with pytest.warns(gpvi.exceptions.InterruptedRunWarning, match="grid"):
+        post = gpvi.infer(_tiny(), seed=0, progress_bar=False)
+    r = post.report
+    assert calls["n"] == 3 and isinstance(post, gpvi.GaussianPosterior) and r.interrupted == "grid"
+    assert not r.trusted and set(r.times) == {"grid"} and "interrupted (Ctrl-C)" in r.reason
