@@ -159,7 +159,8 @@ def report(out: dict[str, Any]) -> str:
     lines = []
     for half in ("tuning", "held-out"):
         cases = {k: r for k, r in out.items() if r["half"] == half}
-        gained = [k for k, r in cases.items() if r["rule"]["check"]["reliable"] and not r["before"]["check"]["reliable"]]
+        gained = [k for k, r in cases.items()
+                  if r["rule"]["check"]["reliable"] and not r["before"]["check"]["reliable"]]
         lost = [k for k, r in cases.items() if r["before"]["check"]["reliable"] and not r["rule"]["check"]["reliable"]]
         missed = [k for k in gained if not cases[k]["rule"]["weighted"]["within"]]
         notrep = [k for k, r in cases.items() if not r["reproduced"]]

@@ -19,15 +19,16 @@ answer is compared with the box: largest |mean difference| in box sds, sd ratios
 (``report.grid`` not reliable), the row says why and which route answered.
 
 Result: the tuning half, rerun with the new constants, 17 of 17 by the grid (walls 0.25-5.8 s); the held-out half 17
-of 18 (0.54-6.4 s; rbf-ard-2d n=15 outgrew the budget, 430,616 cells, and NUTS answered in 25 s). Every held-out grid
-answer is within 0.02 box sd of the box's means and within 1% of its sds but one: rbf-ard-2d n=30, 1.094x in the
-second lengthscale's sd against a box whose edges held 6e-4 of the mass. (Tuning: rbf-1d n=20 noise=1.0 0.981x in one
-sd, accepted at h = 0.35 with a 2.3% coset spread; the two four-parameter rows against the coarse box.) Checked outside this script (one run, the same code): a box twice as wide in that
-lengthscale (68 points there) gives sds within 0.1% of the grid's, and ``infer(grid=False)`` (the weighted answer,
-trusted) has that sd 0.88x the grid's. On the tuning case rbf-1d n=20 noise=1.0 the first run's declined grid left
-the answer to ``infer(grid=False)``: a trusted weighted answer whose log noise variance sd was 0.55x that of a box
-of 80 x 80 x 100 points over (-10, 14) x (-12, 8) x (-20, 4) (edge mass under 0.0015), which the grid at h = 0.175
-matches within 0.5%.
+of 18 (0.54-6.4 s; rbf-ard-2d n=15 outgrew the budget, 430,616 cells, and NUTS answered in 25 s). Every held-out
+grid answer is within 0.02 box sd of the box's means and within 1% of its sds but one: rbf-ard-2d n=30, 1.094x in
+the second lengthscale's sd against a box whose edges held 6e-4 of the mass. (Tuning: rbf-1d n=20 noise=1.0 0.981x
+in one sd, accepted at h = 0.35 with a 2.3% coset spread; the two four-parameter rows against the coarse box.)
+Checked outside this script (one run, the same code): a box twice as wide in that lengthscale (68 points there)
+gives sds within 0.1% of the grid's, and ``infer(grid=False)`` (the weighted answer, trusted) has that sd 0.88x the
+grid's. On the tuning case rbf-1d n=20 noise=1.0 the first run's declined grid left the answer to
+``infer(grid=False)``: a trusted weighted answer whose log noise variance sd was 0.55x that of a box of 80 x 80 x
+100 points over (-10, 14) x (-12, 8) x (-20, 4) (edge mass under 0.0015), which the grid at h = 0.175 matches within
+0.5%.
 
 Usage::
 
@@ -84,7 +85,8 @@ def cases() -> list[tuple[str, str, Any]]:
     out = []
     for n in (10, 20, 40, 80):
         for noise in (0.05, 0.3, 1.0):
-            out.append((f"rbf-1d n={n} noise={noise}", "tuning", lambda n=n, noise=noise: _synthetic(n, 1, noise, 100 + n)))
+            out.append((f"rbf-1d n={n} noise={noise}", "tuning",
+                        lambda n=n, noise=noise: _synthetic(n, 1, noise, 100 + n)))
     for n in (15, 30):
         out.append((f"matern52-1d n={n} noise=0.3", "tuning", lambda n=n: _synthetic(n, 1, 0.3, 200 + n, "matern52")))
     for n in (20, 40):

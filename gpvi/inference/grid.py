@@ -24,9 +24,9 @@ lattice sums converge fast in h for smooth log densities (the trapezoid rule on 
 :math:`e^{-2\pi^2\sigma^2/h^2}`), so agreement at :math:`2h` bounds the error at h. A failed check halves h once
 when the finer lattice fits in ``GRID_MAX_CELLS``; a lattice that outgrows it (an improper or very flat posterior,
 or more parameters than quadrature suits), a start without a Laplace scale, or a log joint that fails (NaN) at a
-cell next to the mass end the grid step, and :func:`gpvi.infer` goes on to the variational fit as before. Mass no flood reaches (a
-basin that no MAP restart found, separated by a valley deeper than ``GRID_DROP``) is not seen, as it is not by
-the other routes.
+cell next to the mass end the grid step, and :func:`gpvi.infer` goes on to the variational fit as before. Mass no
+flood reaches (a basin that no MAP restart found, separated by a valley deeper than ``GRID_DROP``) is not seen, as
+it is not by the other routes.
 """
 
 from __future__ import annotations

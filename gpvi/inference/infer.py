@@ -99,7 +99,8 @@ from .mcmc.settings import Adaptation
 from .report import InferenceReport
 from .salimans_knowles.engine import SKGaussian
 
-__all__ = ["infer", "variational_fit", "map_laplace_start", "default_sk", "default_nuts", "InferenceReport", "starts_mixture",
+__all__ = ["infer", "variational_fit", "map_laplace_start", "default_sk", "default_nuts", "InferenceReport",
+           "starts_mixture",
            "BASIN_MASS_TOL"]
 
 _FIT_STAGES = {"map": "the MAP restarts of the variational fit's start (q is that start's Gaussian, not fitted "
