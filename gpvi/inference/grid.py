@@ -94,6 +94,10 @@ def _flood(target: Any, centre: torch.Tensor, L: torch.Tensor, h: float, seeds: 
         waves += 1
         bar.update(int(frontier.size), h=h, waves=waves)
         best = max(best, float(lp.max()))
+        if best == -math.inf:                                 # no mass where the flood starts
+            return np.empty(0, dtype=np.int64), centre.new_empty(0), {"cells": int(seen.size), "waves": waves,
+                                                                      "outgrown": False, "faults": faults,
+                                                                      "empty": True}
         inside = frontier[(lp >= best - drop).cpu().numpy()]
         cand = np.sort((inside[:, None] + step[None, :]).ravel())
         cand = cand[np.r_[True, cand[1:] != cand[:-1]]] if cand.size else cand
@@ -180,13 +184,17 @@ def grid_posterior(target: Any, start: Any, *, step: float = GRID_STEP, drop: fl
     thetas = [centre] + [a.theta.detach().to(centre) for a in getattr(start, "alternatives", ())]
     post = None
     for attempt in range(2):
-        seeds = np.rint(torch.stack([(Linv @ (t - centre)) / step for t in thetas]).cpu().numpy()).astype(np.int64)
+        seeds = np.rint(torch.stack([(Linv @ (t - centre)) / step for t in thetas]).cpu().numpy())
+        seeds = seeds[np.all(np.abs(seeds) < _BIAS // 2, axis=1)].astype(np.int64)   # the MAP optimum's cell: 0
         with Progress(None, enabled=progress_bar, desc="grid cells", leave=False) as bar:
             keys, lp, flood = _flood(target, centre, L, step, seeds, drop, max_cells, budget, bar)
         info.update(step=step, cells=flood["cells"], waves=info["waves"] + flood["waves"])
         if flood["outgrown"]:
             info["reason"] = (f"the lattice outgrew {max_cells:,} cells (h = {step:g} Laplace sd): an improper, very "
                               "flat or wide posterior for quadrature")
+            break
+        if flood.get("empty"):
+            info["reason"] = "the log joint is -inf at every MAP optimum's cell"
             break
         if flood["faults"]:
             info.update(non_finite=flood["faults"], reason=f"the log joint failed (NaN) at {flood['faults']} cells "

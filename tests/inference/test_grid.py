@@ -64,6 +64,9 @@ def test_an_improper_or_faulty_target_ends_the_grid_step():
     assert post is None and info["non_finite"] > 0 and "NaN" in info["reason"]
     post, info = grid_posterior(nan, Start(torch.zeros(2, **F64)))
     assert post is None and "Laplace" in info["reason"]
+    nowhere = gpvi.Target(lambda th: torch.full_like(th[:, 0], -math.inf), names=["a", "b"])
+    post, info = grid_posterior(nowhere, _start([0.0, 0.0], torch.eye(2, **F64)))
+    assert post is None and "-inf at every" in info["reason"]
     five = gpvi.Target(lambda th: -0.5 * (th ** 2).sum(-1), names=list("abcde"))
     post, info = grid_posterior(five, _start([0.0] * 5, torch.eye(5, **F64)))
     assert post is None and "5 parameters" in info["reason"]
