@@ -1,0 +1,137 @@
+"""The fully Bayesian classifier before and after issue 59's third pass, against type-II, alternated in one process
+(issue 59, item 3): the held-out rows, reported as measured.
+
+The third pass changed three constants, so "before" is the same code with them set back for the fit:
+:data:`gpvi.inference.cvi.ep_starts.QUADRATIC_MAX_DIM` = 0 (the site bank's plane), :data:`gpvi.inference.cvi.
+ep_evidence.EP_QUADRATURE_POINTS` = 64 and :data:`gpvi.inference.cvi.bayes.BINARY_PREDICTIVE_INNER_TOL` = 1e-6
+(its other change, in binary EP's sweep, gives bit-identical results). Per case (``--cases``: a binary family of
+``benchmarks/heldout_families.py`` at N training rows, the higher noise level, as ``classification_heldout.py
+--sections bayes``) and repeat: ``GPClassifier()`` (type-II), ``GPClassifier(hyperparameters="bayes")`` before
+and after, in that order, one thread, ``random_state=0``. Reported: median walls, the ratios to type-II's median,
+the load before each fit, EP sweeps and the predictive's inner steps, test log loss, and the change of q(theta)
+(in its sds) and of the test probabilities between before and after.
+
+Run: ``OMP_NUM_THREADS=1 nice -n 5 .venv/bin/python -m benchmarks.studies.bayes_ab --repeats 3``. Results:
+``benchmarks/studies/results/bayes_ab_<label>.{md,json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import time
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks.heldout_families import binary_data, half_of
+from benchmarks.studies._common import header, write
+
+BEFORE = {"QUADRATIC_MAX_DIM": 0, "EP_QUADRATURE_POINTS": 64, "BINARY_PREDICTIVE_INNER_TOL": 1e-6}
+
+
+@contextlib.contextmanager
+def before() -> Any:
+    """The third pass's constants set back (module docstring)."""
+    import gpvi.inference.cvi.bayes as B
+    import gpvi.inference.cvi.ep_evidence as E
+    import gpvi.inference.cvi.ep_starts as S
+
+    mods = {"QUADRATIC_MAX_DIM": S, "EP_QUADRATURE_POINTS": E, "BINARY_PREDICTIVE_INNER_TOL": B}
+    keep = {k: getattr(m, k) for k, m in mods.items()}
+    for k, m in mods.items():
+        setattr(m, k, BEFORE[k])
+    try:
+        yield
+    finally:
+        for k, m in mods.items():
+            setattr(m, k, keep[k])
+
+
+def fit(Xtr: np.ndarray, ytr: np.ndarray, Xte: np.ndarray, yte: np.ndarray, kind: str) -> dict[str, Any]:
+    from gpvi import GPClassifier
+
+    kw = {} if kind == "type2" else {"hyperparameters": "bayes"}
+    load = os.getloadavg()[0]
+    with before() if kind == "before" else contextlib.nullcontext():
+        t0 = time.perf_counter()
+        clf = GPClassifier(random_state=0, **kw).fit(Xtr, ytr)
+        wall = time.perf_counter() - t0
+    p = np.clip(np.asarray(clf.predict_proba(Xte))[:, 1], 1e-15, 1 - 1e-15)
+    out = {"kind": kind, "wall_s": wall, "load": load, "p": p,
+           "log_loss": float(-np.mean(np.where(yte == 1, np.log(p), np.log1p(-p))))}
+    if kind != "type2":
+        info = clf.posterior_.info
+        out.update(ep_sweeps=info["ep_counters"]["sweeps"], ep_evaluations=info["ep_counters"]["evaluations"],
+                   predictive_inner_steps=info["predictive_inner_steps"], mean=clf.posterior_.mean.numpy(),
+                   std=clf.posterior_.std.numpy())
+    return out
+
+
+def run_case(case: str, repeats: int) -> dict[str, Any]:
+    fam, n = case.split("/")
+    Xtr, ytr, Xte, yte = binary_data(fam, int(n), 1)
+    fits: dict[str, list[dict[str, Any]]] = {"type2": [], "before": [], "after": []}
+    for _ in range(repeats):
+        for kind in ("type2", "before", "after"):
+            fits[kind].append(fit(Xtr, ytr, Xte, yte, kind))
+    med = {k: statistics.median(f["wall_s"] for f in v) for k, v in fits.items()}
+    b, a = fits["before"][-1], fits["after"][-1]
+    return {"case": case, "half": half_of(fam), "walls": {k: [round(f["wall_s"], 3) for f in v]
+                                                          for k, v in fits.items()},
+            "median_s": med, "ratio_before": med["before"] / med["type2"], "ratio_after": med["after"] / med["type2"],
+            "loads": [round(f["load"], 2) for v in fits.values() for f in v],
+            "log_loss": {k: v[-1]["log_loss"] for k, v in fits.items()},
+            "ep_sweeps": {k: v[-1]["ep_sweeps"] for k, v in fits.items() if k != "type2"},
+            "ep_evaluations": {k: v[-1]["ep_evaluations"] for k, v in fits.items() if k != "type2"},
+            "predictive_inner_steps": {k: v[-1]["predictive_inner_steps"] for k, v in fits.items() if k != "type2"},
+            "q_mean_change_sd": float(np.abs((a["mean"] - b["mean"]) / b["std"]).max()),
+            "q_log_sd_change": float(np.abs(np.log(a["std"] / b["std"])).max()),
+            "p_change_max": float(np.abs(a["p"] - b["p"]).max())}
+
+
+def report(rows: list[dict[str, Any]], label: str) -> str:
+    lines = [header(f"The fully Bayesian classifier before / after issue 59's third pass, against type-II ({label})"),
+             "", "Protocol in the docstring of `benchmarks/studies/bayes_ab.py`: type-II, bayes before, bayes after, "
+             "alternated in one process, one thread; medians of the repeats; load: the 1-min load average before "
+             "each fit (min-max).", "",
+             "| half | case | type-II s | bayes before s (ratio) | bayes after s (ratio) | EP sweeps before / after | "
+             "predictive inner steps before / after | log loss type-II / before / after | q change (sd) / log sd; "
+             "test p change | load |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        m, ll = r["median_s"], r["log_loss"]
+        lines.append(f"| {r['half']} | {r['case']} | {m['type2']:.2f} | {m['before']:.2f} ({r['ratio_before']:.1f}) | "
+                     f"**{m['after']:.2f} ({r['ratio_after']:.1f})** | {r['ep_sweeps']['before']} / "
+                     f"{r['ep_sweeps']['after']} | {r['predictive_inner_steps']['before']} / "
+                     f"{r['predictive_inner_steps']['after']} | {ll['type2']:.4f} / {ll['before']:.4f} / "
+                     f"{ll['after']:.4f} | {r['q_mean_change_sd']:.4f} / {r['q_log_sd_change']:.4f}; "
+                     f"{r['p_change_max']:.1e} | {min(r['loads']):.1f}-{max(r['loads']):.1f} |")
+    lines += ["", "Walls of every fit (s): " + "; ".join(f"{r['case']}: " + ", ".join(
+        f"{k} {v}" for k, v in r["walls"].items()) for r in rows)]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", nargs="+", default=["moons/100", "moons/200", "moons/400"])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--label", default="h59c")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    rows: list[dict[str, Any]] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        Xw, yw, Xt, yt = binary_data("xor", 40, 0)
+        fit(Xw, yw, Xt, yt, "after")                                      # warm-up, untimed
+        for case in a.cases:
+            rows.append(run_case(case, a.repeats))
+            print({k: v for k, v in rows[-1].items() if k not in ("walls",)}, flush=True)
+            write(f"bayes_ab_{a.label}", report(rows, a.label), {"rows": rows})
+
+
+if __name__ == "__main__":
+    main()
