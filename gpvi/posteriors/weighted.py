@@ -186,6 +186,8 @@ class WeightedPosterior(Posterior):
     def _own_title(self) -> str:
         """k-hat, the weights' ESS and :func:`verdict`: on q when q was the proposal, else on the weighted draws."""
         S = int(self.draws.shape[0])
+        if self.info.get("proposal") == "grid":                  # gpvi.inference.grid: quadrature weights
+            return f"WeightedPosterior summary (lattice quadrature over {S} cells, weights' ESS {self.ess:.0f})"
         of_q = self.info.get("proposal", "GaussianPosterior") == "GaussianPosterior"
         return (f"WeightedPosterior summary (PSIS k-hat {self.khat:.2f}, ESS {self.ess:.0f} of {S}, "
                 f"{verdict(self.khat) if of_q else verdict_of_draws(self.khat, S)})")
@@ -200,6 +202,10 @@ class WeightedPosterior(Posterior):
 
     def _arviz_extra(self) -> dict[str, Any]:
         S = int(self.draws.shape[0])
+        if self.info.get("proposal") == "grid":
+            return {"attrs": {"grid_cells": S, "weights_ess": self.ess,
+                              "draws": f"resampled with replacement from {S} lattice cells by their quadrature "
+                                       "weights, at most the weights' ESS of them: not independent posterior draws"}}
         return {"attrs": {"psis_khat": self.khat, "psis_ess": self.ess, "psis_num_draws": S,
                           "psis_proposal": str(self.info.get("proposal", "")),
                           "draws": f"resampled with replacement from {S} PSIS-weighted draws, at most the weights' "

@@ -162,3 +162,11 @@ def test_every_map_optimum_seeds_the_flood():
                                          alternatives=(_start([-6.0, 0.0], torch.eye(2, **F64)),)))
     assert info["reliable"] and abs(float(both.mean[0]) - 2.4) < 1e-4
     assert abs(float(both.covariance[0, 0]) - (37.0 - 2.4 ** 2)) < 1e-3
+
+
+def test_the_grid_posterior_says_what_it_is_in_its_summary_and_arviz_export():
+    t = gpvi.Target(lambda th: -0.5 * (th ** 2).sum(-1), names=["a", "b"])
+    post, info = grid_posterior(t, _start([0.0, 0.0], torch.eye(2, **F64)))
+    assert "lattice quadrature" in post._own_title() and "PSIS" not in post._own_title()
+    idata = post.to_arviz(num_draws=200, seed=0)
+    assert idata.attrs["grid_cells"] == post.draws.shape[0] and "lattice" in idata.attrs["draws"]
