@@ -3,7 +3,9 @@
 ``--setting resolution`` (default): :class:`gpvi.inference.cvi.typeii.TypeII` ends an L-BFGS-B phase at a trial point
 whose first-order change from the phase's best point is below the phase's ``ftol`` relative (its module docstring,
 "Resolution"); ``fine_fixed``: with the fixed quasi-Monte Carlo rule (K > 3) the coarse phase is the last;
-``between_runs``: phases back to back, without the engine's CVI run between them. This script fits
+``between_runs``: phases back to back, without the engine's CVI run between them; ``coarse_adaptive``: the coarse
+phase's inner tolerance at each trial point from its first-order change (``TypeII(coarse_adaptive=...)``, the value
+of ``--value``; without: the fixed ``COARSE["inner_tol"]``). This script fits
 ``GPClassifier(random_state=0)`` twice per case, without the change and with it, in one process, and records theta
 evaluations, inner CVI steps (and backtracks), outer CVI steps, the objective, theta and the test log loss. Walls
 are recorded but the decision rests on the counts (every inner or outer step is one O(N^3) factorisation; every
@@ -15,7 +17,7 @@ K = 3, 4, 6 and both noise levels. ``--half tuning`` (default) runs the tuning h
 other, ``--half all`` both.
 
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.classification_resolution [--half tuning] [--setting S]
-[--name NAME]``.
+[--value V] [--kinds binary multiclass] [--sizes N] [--name NAME]``.
 Results: ``benchmarks/results/<name>.{md,json}`` (default ``classification_resolution``).
 """
 
@@ -36,16 +38,24 @@ from benchmarks.classification_heldout import log_loss
 from benchmarks.heldout_families import FAMILIES, MULTICLASS_SPLIT, SPLIT, binary_data, half_of, multiclass_data
 
 
+VALUE = {"coarse_adaptive": 1e-2}
+"""The value of a setting with a value (``--value``) when on; off: None."""
+
+
 @contextlib.contextmanager
 def resolution(on: bool, name: str = "resolution") -> Any:
     """:class:`TypeII`'s default of the setting ``name`` (``resolution``; ``fine_fixed``, ``between_runs``: their
-    opposite) set to ``on`` for the duration (GPClassifier builds its own)."""
+    opposite; ``coarse_adaptive``: :data:`VALUE` or None) set to ``on`` for the duration (GPClassifier builds its
+    own)."""
     from gpvi.inference.cvi import typeii
 
     init = typeii.TypeII.__init__
 
     def patched(self: Any, *a: Any, **k: Any) -> None:
-        k.setdefault(name, on if name == "resolution" else not on)
+        if name in VALUE:
+            k[name] = VALUE[name] if on else None
+        else:
+            k.setdefault(name, on if name == "resolution" else not on)
         init(self, *a, **k)
 
     typeii.TypeII.__init__ = patched
@@ -73,9 +83,10 @@ def fit(data: tuple[np.ndarray, ...], on: bool, name: str = "resolution") -> dic
             "log_loss": log_loss(clf.predict_proba(Xte), yte)}
 
 
-def cases(half: str, n: int) -> list[tuple[str, int, int, int]]:
-    out = [(f, n, 2, lv) for f in sorted(FAMILIES) for lv in (0, 1)]
-    out += [(f, m, k, lv) for f in ("mc_clf", "mc_blobs") for m in (100, 300) for k in (3, 4, 6) for lv in (0, 1)]
+def cases(half: str, n: int, kinds: tuple[str, ...] = ("binary", "multiclass")) -> list[tuple[str, int, int, int]]:
+    out = [(f, n, 2, lv) for f in sorted(FAMILIES) for lv in (0, 1)] if "binary" in kinds else []
+    out += [(f, m, k, lv) for f in ("mc_clf", "mc_blobs") for m in (100, 300) for k in (3, 4, 6) for lv in (0, 1)
+            if "multiclass" in kinds]
     return [c for c in out if half == "all" or half_of(c[0]) == half]
 
 
@@ -87,7 +98,9 @@ def report(rows: dict[str, Any], name: str = "resolution") -> str:
     what = {"resolution": "resolution stop",
             "fine_fixed": "last phase with the fixed quasi-Monte Carlo rule (K > 3): the coarse one (with) or fine "
                           "ones after it",
-            "between_runs": "phases back to back (with) or a CVI run of the engine between them (without)"}[name]
+            "between_runs": "phases back to back (with) or a CVI run of the engine between them (without)",
+            "coarse_adaptive": f"coarse inner tolerance from each trial's first-order change "
+                               f"(coarse_adaptive={VALUE['coarse_adaptive']:g})"}[name]
     lines = [header(f"Type-II's {what}: counts without and with it (issue 59)"), "",
              f"Split fixed before timing: tuning {', '.join(SPLIT['tuning'] + MULTICLASS_SPLIT['tuning'])}; held out "
              f"{', '.join(SPLIT['heldout'] + MULTICLASS_SPLIT['heldout'])}. Work = outer + inner CVI steps + theta "
@@ -120,15 +133,21 @@ def main() -> None:
     p.add_argument("--half", choices=["tuning", "heldout", "all"], default="tuning")
     p.add_argument("--sizes", nargs=1, type=int, default=[500], help="binary N")
     p.add_argument("--name", default="classification_resolution")
-    p.add_argument("--setting", choices=["resolution", "fine_fixed", "between_runs"], default="resolution",
+    p.add_argument("--kinds", nargs="+", choices=["binary", "multiclass"], default=["binary", "multiclass"])
+    p.add_argument("--value", type=float, default=None, help="the value of a setting that has one (coarse_adaptive)")
+    p.add_argument("--setting", choices=["resolution", "fine_fixed", "between_runs", "coarse_adaptive"],
+                   default="resolution",
                    help="the rule compared: the resolution stop, (fine_fixed) the coarse phase as the last with "
                         "the fixed rule (multi-class cases with K > 3 only), or (between_runs) phases back to back "
-                        "without the engine's CVI run between them")
+                        "without the engine's CVI run between them, or (coarse_adaptive) the coarse phase's inner "
+                        "tolerance from each trial point's first-order change")
     a = p.parse_args()
+    if a.value is not None:
+        VALUE[a.setting] = a.value
     torch.set_num_threads(1)
     path = RESULTS / f"{a.name}.json"
     rows: dict[str, Any] = json.loads(path.read_text())["data"]["rows"] if path.exists() else {}
-    for fam, n, k, lv in cases(a.half, a.sizes[0]):
+    for fam, n, k, lv in cases(a.half, a.sizes[0], tuple(a.kinds)):
         if a.setting == "fine_fixed" and k <= 3:
             continue
         data = binary_data(fam, n, lv) if k == 2 else multiclass_data(fam, n, k, lv)

@@ -64,7 +64,7 @@ from ...numerics.anderson import Anderson
 from . import steps
 from .state import CVIState
 
-__all__ = ["converge_sites", "monotone_run", "theta_objective", "profiled_objective"]
+__all__ = ["converge_sites", "monotone_run", "theta_objective", "profiled_objective", "trial_tol", "secant_step"]
 
 _NO_DRAWS = torch.Generator()
 """The inner runs draw nothing (deterministic expectations); their states carry this generator, never used."""
@@ -161,6 +161,52 @@ def profiled_objective(cvi: Any, model: Any, theta: torch.Tensor, lam1: torch.Te
                            anderson=anderson, best=best, work=work)
     val, grad = theta_objective(cvi, model, inner.lam1, inner.lam2, theta, prior, evaluated=best or None)
     return inner, val, grad
+
+
+def secant_step(pairs: list[tuple[float, torch.Tensor, torch.Tensor]]) -> float | None:
+    r""":math:`\gamma = -s^\top y / y^\top y` from the two points of highest value among ``pairs``
+    (``(value, theta, gradient)`` of a maximised objective): :math:`s` the difference of their thetas, :math:`y` of
+    their gradients; the step :math:`\theta + \gamma g` is a Newton step along :math:`s` (L-BFGS's initial
+    inverse-Hessian scale). ``None`` with fewer than two finite points, or where the pair shows no curvature of a
+    maximum (:math:`s^\top y \ge 0`)."""
+    ok = [p for p in pairs if math.isfinite(p[0])]
+    if len(ok) < 2:
+        return None
+    (_, ta, ga), (_, tb, gb) = sorted(ok, key=lambda p: -p[0])[:2]
+    s, y = ta - tb, ga - gb
+    sy, yy = float(s @ y), float(y @ y)
+    if not (sy < 0.0 and yy > 0.0 and math.isfinite(sy / yy)):
+        return None
+    return -sy / yy
+
+
+def trial_tol(pairs: list[tuple[float, torch.Tensor, torch.Tensor]], theta: torch.Tensor, tol: float,
+              ratio: float, cap: float) -> float:
+    r"""The inner runs' tolerance at a trial ``theta``: ``ratio`` times the first-order change
+    :math:`\lVert g\rVert\,\lVert\theta - \theta_b\rVert` from the best point so far of ``pairs`` (``(value, theta,
+    gradient)``), relative to :math:`\max(1, |F_b|)`, within ``[tol, cap]``; ``cap`` before any point.
+
+    L-BFGS-B compares the values of its trial points and builds its model from their gradients; an inner run stopped
+    at a relative change of ``tol`` gives a value low by about that much (the run is monotone in the bound) and a
+    gradient off by the sites' residual. Where the trial point's expected change is many times that error the
+    comparison and the step are the same, so the run can stop earlier: the coarse phase of
+    :class:`~gpvi.inference.cvi.typeii.TypeII` (``coarse_adaptive``), whose first points are tens of nats apart.
+    Near the optimum the expected change, and with it the tolerance, falls back to ``tol``.
+
+    >>> g = torch.tensor([30.0, 40.0], dtype=torch.float64)
+    >>> pairs = [(-500.0, torch.zeros(2, dtype=torch.float64), g)]
+    >>> trial_tol(pairs, torch.tensor([0.0, 0.5], dtype=torch.float64), 1e-6, 1e-2, 1e-3)   # 50 * 0.5 / 500 / 100
+    0.0005
+    >>> near = torch.tensor([0.0, 1e-3], dtype=torch.float64)
+    >>> trial_tol(pairs, near, 1e-6, 1e-2, 1e-3), trial_tol([], near, 1e-6, 1e-2, 1e-3)
+    (1e-06, 0.001)
+    """
+    ok = [p for p in pairs if math.isfinite(p[0])]
+    if not ok:
+        return max(tol, cap)
+    val, th, g = max(ok, key=lambda p: p[0])
+    change = float(g.norm()) * float((theta.to(th) - th).norm())
+    return min(max(tol, ratio * change / max(1.0, abs(val))), max(tol, cap))
 
 
 def monotone_run(inner: Any, step: Callable[[Any], float], *, tol: float, max_steps: int, anderson: int = 0,

@@ -79,19 +79,20 @@ from ...validation import (check_bool, check_fraction, check_interval, check_non
 from ..progress import warn_interrupted
 from . import steps
 from .engine import CVI
-from .inner import profiled_objective
+from .inner import profiled_objective, secant_step, trial_tol
 from .state import CVIState
 
 __all__ = ["TypeII", "secant_step", "inner_quadrature", "report_box", "COARSE"]
 
-COARSE = {"cvi_tol": 1e-2, "inner_tol": 1e-6, "gtol": 1e-2, "ftol": 1e-6}
+COARSE = {"cvi_tol": 1e-2, "inner_tol": 1e-6, "gtol": 1e-2, "ftol": 1e-6, "max_inner_tol": 1e-3}
 """Settings of :class:`TypeII`'s coarse first phase (``coarse=True``): the first CVI run's ``tol`` (1e-2: the
 phase's first evaluation converges the sites from there to ``inner_tol`` with the accelerated inner run, which
 takes 2-3 steps more than from sites at 1e-6, where the plain run from the prior took 6-8 more to reach 1e-6:
 ``benchmarks/results/classification_heldout.md``), the first L-BFGS-B phase's ``inner_tol``, ``gtol`` (on the objective divided by the norm of its first gradient) and
 ``ftol`` (the relative change between L-BFGS-B iterations below which the phase stops: that of the objective's own
 accuracy, ``inner_tol``; at 1e-10 the digits benchmark's coarse phase spent 8 more evaluations of 2 inner steps
-each on changes the inner runs cannot resolve)."""
+each on changes the inner runs cannot resolve). ``max_inner_tol``: the largest inner tolerance of a trial point with
+``coarse_adaptive`` (and that of the phase's first point), :func:`gpvi.inference.cvi.inner.trial_tol`."""
 
 
 class _Resolved(Exception):
@@ -109,23 +110,6 @@ def report_box(model: Any, theta: torch.Tensor, theta_bounds: tuple[float, float
         warnings.warn(box_message(at_bound, theta_bounds, "ML-II" if prior is None else "MAP-II",
                                   setting="theta_bounds", relative=True), BoundWarning, stacklevel=3)
     return at_bound
-
-
-def secant_step(pairs: list[tuple[float, torch.Tensor, torch.Tensor]]) -> float | None:
-    r""":math:`\gamma = -s^\top y / y^\top y` from the two points of highest value among ``pairs``
-    (``(value, theta, gradient)`` of a maximised objective): :math:`s` the difference of their thetas, :math:`y` of
-    their gradients; the step :math:`\theta + \gamma g` is a Newton step along :math:`s` (L-BFGS's initial
-    inverse-Hessian scale). ``None`` with fewer than two finite points, or where the pair shows no curvature of a
-    maximum (:math:`s^\top y \ge 0`)."""
-    ok = [p for p in pairs if math.isfinite(p[0])]
-    if len(ok) < 2:
-        return None
-    (_, ta, ga), (_, tb, gb) = sorted(ok, key=lambda p: -p[0])[:2]
-    s, y = ta - tb, ga - gb
-    sy, yy = float(s @ y), float(y @ y)
-    if not (sy < 0.0 and yy > 0.0 and math.isfinite(sy / yy)):
-        return None
-    return -sy / yy
 
 
 def inner_quadrature(num_classes: int) -> Quadrature:
@@ -234,6 +218,16 @@ class TypeII:
         on the tuning half (``benchmarks/results/classification_resolution_h59b_between.md``): work 0.99 of the
         default's on the binary sets and 1.01 on the multi-class ones (one set one evaluation more), so the run
         stays (the held-out ``mc_blobs`` K = 3, N = 300 spends 12 steps there).
+    coarse_adaptive : float or None
+        The coarse phase's inner tolerance at each trial point (default 1e-2): this fraction of the first-order change
+        from the phase's best point so far, :math:`\lVert g\rVert\,\lVert\Delta\theta\rVert`, relative to
+        :math:`\max(1, |F|)`, within :data:`COARSE` ``["inner_tol"]`` and ``["max_inner_tol"]`` (the latter at the
+        phase's first point; :func:`gpvi.inference.cvi.inner.trial_tol`). Far from the optimum trial points differ by
+        tens of nats and inner runs to 1e-6 spent 4-10 steps each there (2-3 at 1e-3); near it the tolerance is
+        ``inner_tol``'s again. ``None``: ``COARSE["inner_tol"]`` at every point. Decided on the tuning half of
+        ``benchmarks/classification_heldout.py``'s binary families at N = 2,000
+        (``benchmarks/studies/results/typeii_trace_h59c.md``, ``benchmarks/results/classification_resolution_h59c_*``):
+        0.1 took more evaluations on the two spirals (the tail's values too coarse for L-BFGS-B), 1e-3 saved less.
     theta_bounds : tuple of float
         Box on every log-hyperparameter during learning (default (-11.5, 11.5), i.e. 1e-5..1e5 on the natural
         scale of variances), relative to the inputs' scale for lengthscales: lengthscale^2 of input j within
@@ -262,7 +256,7 @@ class TypeII:
                  theta_bounds: tuple[float, float] = (-11.5, 11.5), ftol: float = 1e-8,
                  inner_quadrature: Quadrature | str | None = "auto", coarse: bool = True, anderson: int = 5,
                  inner_beta: float | None = 0.75, resolution: bool = True, fine_fixed: bool = False,
-                 between_runs: bool = True) -> None:
+                 between_runs: bool = True, coarse_adaptive: float | None = 1e-2) -> None:
         if cvi is not None and not isinstance(cvi, CVI):
             raise TypeError(f"cvi must be a gpvi.CVI engine; got {type(cvi).__name__}")
         self.cvi = cvi if cvi is not None else CVI()
@@ -283,6 +277,7 @@ class TypeII:
         self.resolution = check_bool(resolution, "resolution")
         self.fine_fixed = check_bool(fine_fixed, "fine_fixed")
         self.between_runs = check_bool(between_runs, "between_runs")
+        self.coarse_adaptive = None if coarse_adaptive is None else check_positive(coarse_adaptive, "coarse_adaptive")
 
     def _prior(self, model: Any) -> Any:
         return resolve_prior(self.prior, model)
@@ -324,6 +319,7 @@ class TypeII:
                 "theta_bounds": list(self.theta_bounds), "coarse": dict(COARSE) if self.coarse else None,
                 "anderson": self.anderson, "inner_beta": self.inner_beta, "resolution": self.resolution,
                 "fine_fixed": self.fine_fixed, "between_runs": self.between_runs,
+                "coarse_adaptive": self.coarse_adaptive,
                 "prior": prior_name(self.prior)}
 
     def phase(self, model: Any, state: CVIState, prior: Any, *, coarse: bool = False,
@@ -355,9 +351,11 @@ class TypeII:
         def fn(theta: torch.Tensor) -> tuple[float, torch.Tensor]:
             theta = theta.detach()
             counters["theta_evaluations"] = counters.get("theta_evaluations", 0) + 1
+            tol = trial_tol(pairs, theta, inner_tol, self.coarse_adaptive, COARSE["max_inner_tol"]) if (
+                coarse and self.coarse_adaptive) else inner_tol
             try:
                 inner, val, grad = profiled_objective(cvi, model, theta, cur["lam1"], cur["lam2"], counters,
-                                                      tol=inner_tol, max_steps=self.inner_num_steps,
+                                                      tol=tol, max_steps=self.inner_num_steps,
                                                       anderson=self.anderson, prior=prior, work=work)
             except (sites.SiteFault, NotPSDError):
                 return -math.inf, torch.zeros_like(theta)
