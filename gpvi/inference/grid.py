@@ -38,7 +38,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..numerics.budget import MemoryBudget
 from ..posteriors.weighted import WeightedPosterior, log_joint_at
+from ..validation import check_positive, check_positive_int
 from .check import MCSE_TOL
 from .progress import Progress
 
@@ -75,29 +77,28 @@ def _unpack(key: np.ndarray, D: int) -> np.ndarray:
 
 def _flood(target: Any, centre: torch.Tensor, L: torch.Tensor, h: float, seeds: np.ndarray, drop: float,
            max_cells: int, budget: Any, bar: Progress) -> tuple[np.ndarray, torch.Tensor, dict[str, Any]]:
-    """Flood the lattice :math:`\\theta^* + hLz` from the cells ``seeds`` (module docstring): (keys, log joints,
-    info); the keys are empty when the flood outgrew ``max_cells`` or the coordinates' range."""
+    """Flood the lattice :math:`\theta^* + hLz` from the cells ``seeds`` (module docstring): (keys, log joints,
+    info). ``info["stop"]`` is None when the flood ran out, ``"outgrown"`` when it passed ``max_cells`` or the
+    coordinates' range, ``"empty"`` when the log joint is -inf at every seed; the keys are then empty."""
     D = L.shape[0]
     offsets = np.stack(np.meshgrid(*[np.array([-1, 0, 1])] * D, indexing="ij"), -1).reshape(-1, D)
     step = _pack(offsets[np.any(offsets != 0, axis=1)]) - _pack(np.zeros((1, D), dtype=np.int64))
-    keys = np.unique(_pack(seeds))
-    lps: list[torch.Tensor] = []
-    seen, frontier, best, waves, faults = keys, keys, -math.inf, 0, 0
+    seen = frontier = np.unique(_pack(seeds))
     all_keys: list[np.ndarray] = []
-    while frontier.size:
+    lps: list[torch.Tensor] = []
+    best, faults, stop = -math.inf, 0, None
+    while frontier.size and stop is None:
         z = torch.as_tensor(_unpack(frontier, D), dtype=centre.dtype, device=centre.device)
         lp, _ = log_joint_at(target, centre + h * z @ L.T, budget)
         faults += int((torch.isnan(lp) | (lp == math.inf)).sum())
         lp = torch.where(torch.isfinite(lp), lp, torch.full_like(lp, -math.inf))
         all_keys.append(frontier)
         lps.append(lp)
-        waves += 1
-        bar.update(int(frontier.size), h=h, waves=waves)
+        bar.update(int(frontier.size), h=h, waves=len(lps))
         best = max(best, float(lp.max()))
         if best == -math.inf:                                 # no mass where the flood starts
-            return np.empty(0, dtype=np.int64), centre.new_empty(0), {"cells": int(seen.size), "waves": waves,
-                                                                      "outgrown": False, "faults": faults,
-                                                                      "empty": True}
+            stop = "empty"
+            break
         inside = frontier[(lp >= best - drop).cpu().numpy()]
         cand = np.sort((inside[:, None] + step[None, :]).ravel())
         cand = cand[np.r_[True, cand[1:] != cand[:-1]]] if cand.size else cand
@@ -105,10 +106,11 @@ def _flood(target: Any, centre: torch.Tensor, L: torch.Tensor, h: float, seeds: 
         frontier = cand[seen[at] != cand]                     # sorted, unseen
         seen = np.sort(np.concatenate([seen, frontier]), kind="stable")   # two sorted runs: a merge
         if seen.size > max_cells or (frontier.size and np.abs(_unpack(frontier, D)).max() >= _BIAS - 2):
-            return np.empty(0, dtype=np.int64), centre.new_empty(0), {"cells": int(seen.size), "waves": waves,
-                                                                      "outgrown": True, "faults": faults}
-    return np.concatenate(all_keys), torch.cat(lps), {"cells": int(seen.size), "waves": waves, "outgrown": False,
-                                                      "faults": faults}
+            stop = "outgrown"
+    info = {"cells": int(seen.size), "waves": len(lps), "faults": faults, "stop": stop}
+    if stop is not None:
+        return np.empty(0, dtype=np.int64), centre.new_empty(0), info
+    return np.concatenate(all_keys), torch.cat(lps), info
 
 
 def _coset_spread(z: np.ndarray, w: torch.Tensor, theta: torch.Tensor) -> tuple[float, float]:
@@ -169,6 +171,10 @@ def grid_posterior(target: Any, start: Any, *, step: float = GRID_STEP, drop: fl
     (True, 1.0, 1.8379)
     """
     t0 = time.perf_counter()
+    step = check_positive(step, "step")
+    drop = check_positive(drop, "drop")
+    max_cells = check_positive_int(max_cells, "max_cells")
+    budget = MemoryBudget() if budget is None else budget       # one budget for every wave's calls
     L = start.scale_tril
     info: dict[str, Any] = {"reliable": False, "step": step, "cells": 0, "waves": 0, "coset_mean": math.nan,
                             "coset_sd": math.nan, "edge_mass": math.nan, "non_finite": 0,
@@ -183,17 +189,17 @@ def grid_posterior(target: Any, start: Any, *, step: float = GRID_STEP, drop: fl
     Linv = torch.linalg.inv(L)
     thetas = [centre] + [a.theta.detach().to(centre) for a in getattr(start, "alternatives", ())]
     post = None
-    for attempt in range(2):
+    for _ in range(2):                                         # h, then h / 2 once
         seeds = np.rint(torch.stack([(Linv @ (t - centre)) / step for t in thetas]).cpu().numpy())
         seeds = seeds[np.all(np.abs(seeds) < _BIAS // 2, axis=1)].astype(np.int64)   # the MAP optimum's cell: 0
         with Progress(None, enabled=progress_bar, desc="grid cells", leave=False) as bar:
             keys, lp, flood = _flood(target, centre, L, step, seeds, drop, max_cells, budget, bar)
         info.update(step=step, cells=flood["cells"], waves=info["waves"] + flood["waves"])
-        if flood["outgrown"]:
+        if flood["stop"] == "outgrown":
             info["reason"] = (f"the lattice outgrew {max_cells:,} cells (h = {step:g} Laplace sd): an improper, very "
                               "flat or wide posterior for quadrature")
             break
-        if flood.get("empty"):
+        if flood["stop"] == "empty":
             info["reason"] = "the log joint is -inf at every MAP optimum's cell"
             break
         if flood["faults"]:

@@ -215,21 +215,26 @@ def map_laplace_start(target: Any, seed: int = 0) -> Any:
 
 
 def _grid_step(target: Any, seed: int, times: dict[str, float], progress_bar: bool) -> tuple[Any, Any, dict[str, Any]]:
-    """Step 0 (:mod:`gpvi.inference.grid`): (the grid's posterior or None, the MAP start for step 1, its record).
-    Ctrl-C returns the MAP point's Laplace Gaussian, flagged."""
+    """Step 0 (:mod:`gpvi.inference.grid`): (the answer when the grid gave one, or Ctrl-C stopped it: the MAP point's
+    Laplace Gaussian, flagged; else None, the MAP start for step 1 (None for a target without one), the grid's
+    record)."""
     t0 = time.perf_counter()
     start = map_laplace_start(target, seed)
-    post, info = None, {}
     if start is None:
         return None, None, {}
+    post, info = None, {}
     if not start.info.get("interrupted"):
         try:
             post, info = grid_posterior(target, start, progress_bar=progress_bar)
         except KeyboardInterrupt:
             times["grid"] = time.perf_counter() - t0
             q = GaussianPosterior(start.theta, start.scale_tril, list(target.names), target)
-            return _stopped(q, "grid", "the grid (the MAP point's Laplace Gaussian is returned)", times), None, {}
+            return _stopped(q, "grid", "the grid (the MAP point's Laplace Gaussian is returned)", times), start, {}
     times["grid"] = time.perf_counter() - t0
+    if post is not None:
+        post.report = InferenceReport("grid", "the lattice quadrature's 2h cosets agree", math.nan, math.nan,
+                                      math.nan, True, info["log_evidence"], math.nan, math.nan, times,
+                                      engine="grid", mcse_mean=0.0, grid=info)
     return post, start, info
 
 
@@ -321,14 +326,9 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
     times: dict[str, float] = {}
     start, ginfo = None, {}
     if grid and q is None and len(target.names) <= GRID_MAX_D:
-        gpost, start, ginfo = _grid_step(target, seed, times, progress_bar)
-        if gpost is not None and start is None:               # interrupted
-            return gpost
-        if gpost is not None:
-            gpost.report = InferenceReport(
-                "grid", "the lattice quadrature's 2h cosets agree", math.nan, math.nan, math.nan,
-                True, ginfo["log_evidence"], math.nan, math.nan, times, engine="grid", mcse_mean=0.0, grid=ginfo)
-            return gpost
+        answer, start, ginfo = _grid_step(target, seed, times, progress_bar)
+        if answer is not None:                                # the grid's, or Ctrl-C's
+            return answer
     t0 = time.perf_counter()
     if q is None:
         q = variational_fit(target, seed=seed, engine=engine, progress_bar=progress_bar, start=start)

@@ -170,3 +170,12 @@ def test_the_grid_posterior_says_what_it_is_in_its_summary_and_arviz_export():
     assert "lattice quadrature" in post._own_title() and "PSIS" not in post._own_title()
     idata = post.to_arviz(num_draws=200, seed=0)
     assert idata.attrs["grid_cells"] == post.draws.shape[0] and "lattice" in idata.attrs["draws"]
+
+
+def test_bad_settings_are_refused_naming_the_argument():
+    t = gpvi.Target(lambda th: -0.5 * (th ** 2).sum(-1), names=["a", "b"])
+    s = _start([0.0, 0.0], torch.eye(2, **F64))
+    for kw, err in (({"step": 0.0}, ValueError), ({"step": -0.5}, ValueError), ({"drop": 0.0}, ValueError),
+                    ({"max_cells": 0}, ValueError), ({"max_cells": 2.5}, TypeError), ({"step": "0.7"}, TypeError)):
+        with pytest.raises(err, match=next(iter(kw))):
+            grid_posterior(t, s, **kw)
