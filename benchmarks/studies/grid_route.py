@@ -23,7 +23,7 @@ of 17 (0.54-6.4 s; rbf-ard-2d n=15 outgrew the budget, 430,616 cells, and NUTS a
 grid answer is within 0.02 box sd of the box's means and within 1% of its sds but one: rbf-ard-2d n=30, 1.094x in
 the second lengthscale's sd against a box whose edges held 6e-4 of the mass. (Tuning: rbf-1d n=20 noise=1.0 0.981x
 in one sd, accepted at h = 0.35 with a 2.3% coset spread; the two four-parameter rows against the coarse box.)
-Checked outside this script (one run, the same code): a box twice as wide in that lengthscale (68 points there)
+Checked in ``grid_checks.py``: a box twice as wide in that lengthscale (68 points there)
 gives sds within 0.1% of the grid's, and ``infer(grid=False)`` (the weighted answer, trusted) has that sd 0.88x the
 grid's. On the tuning case rbf-1d n=20 noise=1.0 the first run's declined grid left the answer to
 ``infer(grid=False)``: a trusted weighted answer whose log noise variance sd was 0.55x that of a box of 80 x 80 x
