@@ -78,6 +78,7 @@ from ...validation import (check_bool, check_fraction, check_interval, check_non
                            check_positive_int)
 from ..progress import warn_interrupted
 from . import steps
+from .deferred import built, run_deferred
 from .engine import CVI
 from .inner import profiled_objective, secant_step, trial_tol
 from .state import CVIState
@@ -448,7 +449,8 @@ class TypeII:
             plain = cvi.mode == "full" and cvi.estimator != "mc"     # a stochastic first run keeps its own step
             first = copy.copy(self._phase_engine(model) if plain else self._inner_engine(model))
             first.tol = max(cvi.tol, COARSE["cvi_tol"])
-        post = first.run(model, init, state=state, generator=generator, callback=callback)
+        # the runs' posteriors are built only where the loop ends on a run (a phase's end replaces them)
+        post = run_deferred(first, model, init, state=state, generator=generator, callback=callback)
         straight = not self.between_runs and cvi.mode == "full" and cvi.estimator != "mc"
         carried = None                                         # a phase's end, taken straight to the next phase
         while True:
@@ -463,8 +465,8 @@ class TypeII:
                 warn_interrupted("CVI type-II", st.t, cvi.num_steps)
                 if carried is not None:
                     post = cvi.posterior(model, st, {"stopped_early": False}, warn=False)
-                post = post._with_info({"interrupted": True, "converged": False, "stopped_early": False},
-                                    converged=False)
+                post = built(post)._with_info({"interrupted": True, "converged": False, "stopped_early": False},
+                                           converged=False)
                 break
             new.counters["theta_phases"] = new.counters.get("theta_phases", 0) + 1
             converged = (coarse and not self.fine_fixed and cvi.elbo_method == "fixed") or (
@@ -482,7 +484,8 @@ class TypeII:
                 new.converged, carried = True, new
                 continue
             new.elbo = steps.elbo_from_sites(cvi, model, lam1, lam2, theta)[0]
-            post = cvi.run(model, state=new, callback=callback)
+            post = run_deferred(cvi, model, state=new, callback=callback)
+        post = built(post)
         lp = float(prior_log_prob(prior, post.theta)) if prior is not None else 0.0
         wall = time.perf_counter() - t0
         extra = {"engine": "TypeII", "learn_hyperparameters": True, "type_ii": self.settings(), "time_s": wall,

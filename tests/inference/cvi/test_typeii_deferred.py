@@ -1,0 +1,96 @@
+"""TypeII's engine runs build their posterior only where it is used (``gpvi.inference.cvi.deferred``, issue 59):
+the answers against the loop with every run's posterior built (the engine's own ``run``), the posteriors built, and
+a faulted run's partial posterior."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from gpvi.exceptions import NumericalFaultError
+from gpvi.inference.cvi import CVI, deferred, typeii
+from gpvi.inference.cvi.engine import CVI as Engine
+from gpvi.inference.cvi.typeii import TypeII
+from gpvi.models.classification import GPClassification
+from gpvi.models.multiclass import GPMulticlass
+from gpvi.posteriors.latent import LatentPosterior
+
+
+def _binary(n=90, seed=5):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-1.0, 1.0, size=(n, 2))
+    y = ((X[:, 0] * X[:, 1] > 0) ^ (rng.uniform(size=n) < 0.05)).astype(int)
+    return GPClassification(torch.as_tensor(X), torch.as_tensor(y))
+
+
+def _three(n=60, seed=2):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-2.0, 2.0, size=(n, 1))
+    y = (X[:, 0] > -0.6).astype(int) + (X[:, 0] > 0.6).astype(int)
+    y[rng.uniform(size=n) < 0.05] = 1
+    return GPMulticlass(torch.as_tensor(X), torch.as_tensor(y))
+
+
+def _fit(model, monkeypatch=None, eager=False, **kw):
+    """A type-II fit and the number of posteriors built; ``eager``: every run through the engine's own ``run``
+    (the loop before the runs' posteriors were deferred)."""
+    calls = {"n": 0}
+    orig = Engine.posterior
+
+    def counted(self, *a, **k):
+        calls["n"] += 1
+        return orig(self, *a, **k)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Engine, "posterior", counted)
+        if eager:
+            mp.setattr(typeii, "run_deferred", lambda engine, model, init=None, **k: engine.run(model, init, **k))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            post = TypeII(CVI(progress_bar=False, **kw)).run(model)
+    return post, calls["n"]
+
+
+def _same(a, b):
+    assert a.elbo == b.elbo and a.info["objective"] == b.info["objective"]
+    assert torch.equal(a.theta, b.theta) and torch.equal(a.lam1, b.lam1) and torch.equal(a.lam2, b.lam2)
+    assert torch.equal(a.mean, b.mean) and torch.equal(a.var, b.var)
+    for k in ("theta_evaluations", "inner_steps", "theta_phases", "converged", "steps"):
+        assert a.info[k] == b.info[k], k
+
+
+@pytest.mark.parametrize("make", [_binary, _three])
+def test_deferred_posteriors_give_the_eager_loops_answer_bit_for_bit(make):
+    lazy, n_lazy = _fit(make())
+    eager, n_eager = _fit(make(), eager=True)
+    _same(lazy, eager)
+    phases = lazy.info["theta_phases"]
+    # eager: one posterior per engine run (the first and one between each two phases) and the final one
+    assert n_eager == phases + 1 and n_lazy == 1 and phases >= 2
+
+
+def test_a_run_the_loop_ends_on_is_built_as_the_engine_builds_it():
+    # a step budget the first run spends before converging: the loop ends on that run, unconverged
+    lazy, n = _fit(_binary(), num_steps=2)
+    eager, _ = _fit(_binary(), eager=True, num_steps=2)
+    assert n == 1 and not lazy.converged and lazy.info["theta_phases"] == 0
+    _same(lazy, eager)
+    assert lazy.info["steps_this_run"] == eager.info["steps_this_run"] == 2
+
+
+def test_a_faulted_deferred_run_raises_with_the_partial_posterior(monkeypatch):
+    model = _binary()
+    engine = CVI(progress_bar=False)
+
+    def skipped(self, target, state):
+        state.t += 1
+        return state, {"skipped": True, "checked": False, "sites": 0, "beta": 0.0}
+
+    monkeypatch.setattr(Engine, "step", skipped)
+    with pytest.raises(NumericalFaultError) as err:
+        deferred.run_deferred(engine, model)
+    assert isinstance(err.value.partial, LatentPosterior)
+    assert not hasattr(engine, "result") or "result" not in vars(engine)        # the engine given is not changed
