@@ -420,11 +420,11 @@ class CVI:
         return steps.run_result(self, target, state, report)
 
     def posterior(self, model: LatentGP, state: CVIState, extra: dict[str, Any] | None = None, *,
-                  warn: bool = True) -> LatentPosterior:
+                  warn: bool = True, pieces: dict[str, Any] | None = None) -> LatentPosterior:
         r"""The posterior of ``state`` at its :math:`\theta`: factors, marginals and ELBO recomputed (O(K N^3)).
 
         ``extra`` is merged into ``info``; ``warn`` issues the :class:`~gpvi.exceptions.ConvergenceWarning` of a
-        run that ended without meeting ``tol``.
+        run that ended without meeting ``tol``. ``pieces``: a full step's ``info["pieces"]`` at this state, reused.
         """
         model = self._configure(model)
         if not state.initialised:
@@ -432,7 +432,8 @@ class CVI:
             lam1, lam2 = torch.zeros_like(state.lam1), torch.full_like(state.lam2, -1e-12)
         else:
             lam1, lam2 = state.lam1, state.lam2
-        elbo, parts = steps.elbo_from_sites(self, model, lam1, lam2, state.theta)
+        elbo, parts = (pieces["elbo"], pieces) if pieces else steps.elbo_from_sites(self, model, lam1, lam2,
+                                                                                    state.theta)
         L, alpha, m, v = parts["L"], parts["alpha"], parts["m"], parts["v"]
         kind = {"num_classes": model.num_classes, "backtracks": 0} if self.class_factorised else {}
         info = RunInfo(engine="CVI", converged=state.converged, steps=state.t, total_time_s=state.wall_time,

@@ -208,7 +208,7 @@ def full_step(cvi: Any, model: Any, st: Any, K: torch.Tensor, gen: torch.Generat
         if _centres(cvi, st):
             st.lam1, m, alpha = center(st.lam1, st.lam2, m, alpha)
         elbo, ex_elbo = _bound(cvi, model, st.lam1, st.lam2, K, L, m, v, alpha)
-        pieces = {"L": L, inv: kept, "m": m, "alpha": alpha}
+        pieces = {"L": L, inv: kept, "m": m, "v": v, "alpha": alpha}
     elbo_f = sites.finite_or_fault(elbo, st.t)
     use = method or cvi.estimator
     # the bound's expectations are by the deterministic rule whatever the estimator; with that rule as the

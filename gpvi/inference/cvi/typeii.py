@@ -72,15 +72,14 @@ from ...models.priors import check_prior_choice, prior_log_prob, prior_name, res
 from ...numerics import sites
 from ...numerics.lbfgs import box_message, ends_on_box, lbfgs_maximise
 from ...numerics.quadrature import Quadrature
-from ...numerics.softmax_rules import default_quadrature
 from ...posteriors.latent import LatentPosterior
 from ...validation import (check_bool, check_fraction, check_interval, check_nonnegative_int, check_positive,
                            check_positive_int)
 from ..progress import warn_interrupted
 from . import steps
-from .deferred import built, run_deferred
+from .deferred import built, final_posterior, run_deferred
 from .engine import CVI
-from .inner import profiled_objective, secant_step, trial_tol
+from .inner import inner_quadrature, profiled_objective, secant_step, trial_tol
 from .state import CVIState
 
 __all__ = ["TypeII", "secant_step", "inner_quadrature", "report_box", "COARSE"]
@@ -111,16 +110,6 @@ def report_box(model: Any, theta: torch.Tensor, theta_bounds: tuple[float, float
         warnings.warn(box_message(at_bound, theta_bounds, "ML-II" if prior is None else "MAP-II",
                                   setting="theta_bounds", relative=True), BoundWarning, stacklevel=3)
     return at_bound
-
-
-def inner_quadrature(num_classes: int) -> Quadrature:
-    r"""The cheaper softmax rule of :class:`TypeII`'s inner runs: 28 asinh-mapped Gauss-Legendre nodes per
-    dimension on a window of 6 sd (784 per site at K = 3, against 1600 for
-    :func:`gpvi.numerics.softmax_rules.default_quadrature`). Largest error in :math:`E_n` and its derivatives against a
-    200-node rule: 6e-6 on iris sites at the MAP-II optimum (2e-6 in the sum over sites); 2e-4 (value), 8e-4
-    (:math:`\partial_m`), 6e-5 (:math:`\partial_v`) for means of sd 4 and per-class variances 0.1..10 (the
-    1600-node rule: 1.4e-6, 1.6e-5, 4.9e-6)."""
-    return Quadrature(28, width=6.0) if num_classes >= 3 else default_quadrature(num_classes)
 
 
 class TypeII:
@@ -325,11 +314,12 @@ class TypeII:
 
     def phase(self, model: Any, state: CVIState, prior: Any, *, coarse: bool = False,
               step: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float, float, bool,
-                                                   float | None]:
+                                                   float | None, dict[str, Any] | None]:
         r"""L-BFGS-B on the profiled objective from ``state``; returns (theta, lam1, lam2, objective, objective at
-        the start, stationary, step) (the start when nothing better was found); ``stationary``: L-BFGS-B met its
-        own stop rule (projected gradient below ``gtol`` or relative change below ``ftol``) at the point returned.
-        ``coarse``: :data:`COARSE`'s ``inner_tol`` and ``gtol``.
+        the start, stationary, step, final) (the start when nothing better was found); ``stationary``: L-BFGS-B met
+        its own stop rule (projected gradient below ``gtol`` or relative change below ``ftol``) at the point
+        returned. ``coarse``: :data:`COARSE`'s ``inner_tol`` and ``gtol``. ``lam1``, ``lam2``: where the point's
+        inner run ended; ``final``: :func:`~gpvi.inference.cvi.deferred.final_posterior`'s ``end`` (or None).
 
         L-BFGS-B's first trial point is :math:`\theta_0 + g_0/c` for an objective divided by :math:`c`. Without
         ``step``, :math:`c = \max(1, \lVert g_0\rVert)` (a first move of length at most 1). With ``step``
@@ -345,26 +335,32 @@ class TypeII:
         inner_tol = COARSE["inner_tol"] if coarse else self.inner_tol
         gtol = COARSE["gtol"] if coarse else self.gtol
         cur = {"lam1": state.lam1, "lam2": state.lam2}
-        seen: dict[bytes, tuple[float, torch.Tensor, torch.Tensor]] = {}
+        seen: dict[bytes, tuple[Any, ...]] = {}         # value, end sites, evaluated sites
         pairs: list[tuple[float, torch.Tensor, torch.Tensor]] = []         # (value, theta, gradient)
         work: list[Any] = []                                                # the inner runs' N x N buffers
+        last: dict[bytes, Any] = {}                         # the last evaluation's pieces (valid until the next)
 
         def fn(theta: torch.Tensor) -> tuple[float, torch.Tensor]:
             theta = theta.detach()
             counters["theta_evaluations"] = counters.get("theta_evaluations", 0) + 1
+            last.clear()
+            got: dict[str, Any] = {}
             tol = trial_tol(pairs, theta, inner_tol, self.coarse_adaptive, COARSE["max_inner_tol"]) if (
                 coarse and self.coarse_adaptive) else inner_tol
             try:
                 inner, val, grad = profiled_objective(cvi, model, theta, cur["lam1"], cur["lam2"], counters,
                                                       tol=tol, max_steps=self.inner_num_steps,
-                                                      anderson=self.anderson, prior=prior, work=work)
+                                                      anderson=self.anderson, prior=prior, work=work,
+                                                      evaluated=got)
             except (sites.SiteFault, NotPSDError):
                 return -math.inf, torch.zeros_like(theta)
             counters["inner_steps"] = counters.get("inner_steps", 0) + inner.t
             if grad is None or not math.isfinite(val) or not bool(torch.isfinite(grad).all()):
                 return -math.inf, torch.zeros_like(theta)
             cur["lam1"], cur["lam2"] = inner.lam1, inner.lam2
-            seen[theta.cpu().numpy().tobytes()] = (val, inner.lam1, inner.lam2)
+            key = theta.cpu().numpy().tobytes()
+            seen[key] = (val, inner.lam1, inner.lam2, got.get("lam1"), got.get("lam2"))
+            last[key] = got
             pairs.append((val, theta, grad))
             return val, grad
 
@@ -408,12 +404,17 @@ class TypeII:
         if best is None and seen:
             key = max(seen, key=lambda k: seen[k][0])
             best, res_x = seen[key], np.frombuffer(key, dtype=np.float64)
+
+        def final(key: bytes) -> dict[str, Any] | None:        # pieces: the last evaluation's (buffers reused)
+            e = seen[key]
+            return None if e[3] is None else {"lam1": e[3], "lam2": e[4], "pieces": last.get(key)}
+
         if best is None or not math.isfinite(best[0]) or start is None or not best[0] > f0:
             if start is None:
-                return state.theta, state.lam1, state.lam2, -math.inf, -math.inf, False, step_out
-            return state.theta, start[1], start[2], f0, f0, stationary, step_out
+                return state.theta, state.lam1, state.lam2, -math.inf, -math.inf, False, step_out, None
+            return state.theta, start[1], start[2], f0, f0, stationary, step_out, final(x0.tobytes())
         return (torch.as_tensor(np.array(res_x), dtype=torch.float64, device=dev), best[1], best[2], best[0], f0,
-                stationary, step_out)
+                stationary, step_out, final(np.array(res_x).tobytes()))
 
     def run(self, model: Any, init: Any = None, *, state: Any = None,
             generator: torch.Generator | None = None, callback: Callable[..., None] | None = None
@@ -449,7 +450,6 @@ class TypeII:
             plain = cvi.mode == "full" and cvi.estimator != "mc"     # a stochastic first run keeps its own step
             first = copy.copy(self._phase_engine(model) if plain else self._inner_engine(model))
             first.tol = max(cvi.tol, COARSE["cvi_tol"])
-        # the runs' posteriors are built only where the loop ends on a run (a phase's end replaces them)
         post = run_deferred(first, model, init, state=state, generator=generator, callback=callback)
         straight = not self.between_runs and cvi.mode == "full" and cvi.estimator != "mc"
         carried = None                                         # a phase's end, taken straight to the next phase
@@ -459,8 +459,8 @@ class TypeII:
                 break
             try:
                 new = dataclasses.replace(st, counters=dict(st.counters))
-                theta, lam1, lam2, obj_new, obj_old, stationary, step = self.phase(model, new, prior,
-                                                                                   coarse=coarse, step=step)
+                theta, lam1, lam2, obj_new, obj_old, stationary, step, end = self.phase(model, new, prior,
+                                                                                        coarse=coarse, step=step)
             except KeyboardInterrupt:
                 warn_interrupted("CVI type-II", st.t, cvi.num_steps)
                 if carried is not None:
@@ -476,8 +476,8 @@ class TypeII:
             new.factor, new.since_refactor = None, 0           # single-site factors belong to the old theta
             steps.forget_kept(new)                             # and so does the accepted bound
             if converged or new.t >= cvi.num_steps:
-                post = cvi.posterior(model, new, {"interrupted": False, "stopped_early": converged},
-                                     warn=not converged)
+                post = final_posterior(cvi, model, new, end, {"interrupted": False, "stopped_early": converged},
+                                       warn=not converged, same_rule=self._inner_engine(model) is cvi)
                 new.elbo = post.engine_state.elbo = post.elbo       # the bound posterior() evaluated: no second one
                 break
             if straight:                                       # the next phase's first evaluation converges them

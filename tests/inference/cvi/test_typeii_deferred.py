@@ -94,3 +94,40 @@ def test_a_faulted_deferred_run_raises_with_the_partial_posterior(monkeypatch):
         deferred.run_deferred(engine, model)
     assert isinstance(err.value.partial, LatentPosterior)
     assert not hasattr(engine, "result") or "result" not in vars(engine)        # the engine given is not changed
+
+
+def test_the_final_posterior_is_of_the_sites_the_objective_was_evaluated_at(monkeypatch):
+    """Binary (the inner runs' bound is the engine's): the final posterior is of the best sites the last phase's
+    objective evaluated, built from that evaluation's factor and marginals where at hand; against the engine's own
+    posterior of the same state (recomputed from the sites) and the objective values L-BFGS-B saw."""
+    values: list[list[float]] = []
+    po, phase = typeii.profiled_objective, TypeII.phase
+
+    def recording(*a, **kw):
+        out = po(*a, **kw)
+        values[-1].append(out[1])
+        return out
+
+    def tagged(self, *a, **kw):
+        values.append([])
+        return phase(self, *a, **kw)
+
+    given = []
+    orig = Engine.posterior
+
+    def posterior(self, *a, **kw):
+        given.append(kw.get("pieces") is not None)
+        return orig(self, *a, **kw)
+
+    monkeypatch.setattr(typeii, "profiled_objective", recording)
+    monkeypatch.setattr(TypeII, "phase", tagged)
+    monkeypatch.setattr(Engine, "posterior", posterior)
+    model = _binary()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        post = TypeII(CVI(progress_bar=False)).run(model)
+        fresh = CVI(progress_bar=False).posterior(model, post.engine_state)
+    assert given == [True, False]                             # the fit's (from the pieces), then the fresh one
+    assert post.info["objective"] == max(values[-1])          # the value the last phase maximised
+    assert post.elbo == fresh.elbo and torch.equal(post.mean, fresh.mean) and torch.equal(post.var, fresh.var)
+    assert torch.equal(post._L.tril(), fresh._L.tril()) and torch.equal(post._alpha, fresh._alpha)

@@ -50,8 +50,8 @@ def test_a_phase_with_a_gradient_floor_ends_at_the_resolution_at_its_best_point(
     stationary, at the best point it evaluated, with fewer evaluations, inside the region where the gradient's
     error is larger than the true gradient (|theta - c| <= 0.05 / 20, value >= -60 - 10 (0.05 / 20)^2), as the
     phase without the rule is (measured: 11 evaluations against 46, values -60.0000313 and -60.0000243)."""
-    (th1, _, _, f1, _, stat1, _), c1, seen1 = _phase(monkeypatch, 0.05, True)
-    (th0, _, _, f0, _, _, _), c0, seen0 = _phase(monkeypatch, 0.05, False)
+    (th1, _, _, f1, _, stat1, _, _), c1, seen1 = _phase(monkeypatch, 0.05, True)
+    (th0, _, _, f0, _, _, _, _), c0, seen0 = _phase(monkeypatch, 0.05, False)
     assert c1["theta_resolution_stops"] == 1 and "theta_resolution_stops" not in c0
     assert stat1 and c1["theta_evaluations"] < c0["theta_evaluations"]
     vals = [-60.0 - 10.0 * float(((t - torch.tensor([0.3, -0.2], dtype=F64)) ** 2).sum()) for t in seen1]
@@ -63,8 +63,8 @@ def test_a_phase_with_a_gradient_floor_ends_at_the_resolution_at_its_best_point(
 def test_a_consistent_objective_reaches_its_optimum_with_the_rule(monkeypatch):
     """No gradient error: the rule leaves the optimum where L-BFGS-B finds it (theta within 1e-4, value within
     ftol's change)."""
-    (th1, _, _, f1, _, stat1, _), _, _ = _phase(monkeypatch, 0.0, True)
-    (th0, _, _, f0, _, _, _), _, _ = _phase(monkeypatch, 0.0, False)
+    (th1, _, _, f1, _, stat1, _, _), _, _ = _phase(monkeypatch, 0.0, True)
+    (th0, _, _, f0, _, _, _, _), _, _ = _phase(monkeypatch, 0.0, False)
     c = torch.tensor([0.3, -0.2], dtype=F64)
     assert stat1 and float((th1 - c).abs().max()) < 1e-4 and float((th0 - c).abs().max()) < 1e-4
     assert abs(f1 - f0) <= 1e-8 * 60
