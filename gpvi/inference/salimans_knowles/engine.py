@@ -100,7 +100,8 @@ class SKGaussian:
         (``benchmarks/results/sk_length.md``). Minibatches still come from the generator.
     schedule : SKSchedule, optional
         The step size :math:`w` (default :math:`1/\sqrt N`), the averaged fraction of the final steps (0.5: the
-        paper's second half) and the window-split drift check (``drift_tol``): see :class:`SKSchedule`.
+        paper's second half), the window-split drift check (``drift_tol``) and the draws per step before the window
+        (``burn_in_draws``): see :class:`SKSchedule`.
     init_scale : "auto", float, (D,) or (D, D) array-like, or "laplace"
         Initial scale :math:`V_1 = CC^\top` unless the start is a Gaussian posterior (a warm start keeps its
         scale): ``C = init_scale * I``, a diagonal, a lower-triangular matrix, or ``"laplace"``:
@@ -121,9 +122,10 @@ class SKGaussian:
         :math:`w`, or a start closer to the posterior). Never a NaN.
     window : int
         Length of the rolling average of the instantaneous bound in the trace.
-    num_elbo_draws : int
+    num_elbo_draws : int or "window"
         Draws for the final Monte Carlo bound estimate ``elbo`` / ``elbo_se`` (0: report the rolling average),
-        evaluated in chunks that respect the run's memory budget.
+        evaluated in chunks that respect the run's memory budget; ``"window"``: the window's draws reweighted to
+        the returned q, no new ones (:func:`~.estimates.window_bound`; no ``q.bound_draws``).
     seed : int, optional
         Seed of the run's generator (default 0); ``run(..., generator=)`` overrides it.
     progress_bar : bool
@@ -177,10 +179,13 @@ class SKGaussian:
         if schedule is not None and not isinstance(schedule, SKSchedule):
             raise TypeError(f"schedule must be a gpvi.inference.salimans_knowles.SKSchedule; got {type(schedule).__name__}")
         self.schedule = SKSchedule() if schedule is None else schedule
+        if self.method == "gradient" and (self.schedule.burn_in_draws or 0) % 2:
+            raise ValueError(f"schedule.burn_in_draws must be even for method='gradient'; got {self.schedule}")
         self.init_scale = check_init_scale(init_scale)
         self.faults = SKFaultPolicy.coerce(faults)
         self.window = check_positive_int(window, "window")
-        self.num_elbo_draws = check_nonnegative_int(num_elbo_draws, "num_elbo_draws")
+        self.num_elbo_draws = (num_elbo_draws if isinstance(num_elbo_draws, str) and num_elbo_draws == "window" else
+                               check_nonnegative_int(num_elbo_draws, "num_elbo_draws"))
         self.seed = check_seed(seed)
         self.progress_bar = check_bool(progress_bar, "progress_bar")
 
@@ -197,6 +202,7 @@ class SKGaussian:
                 "hessian": self.hessian.kind if self.method == "hessian" else None, "fd_step": self.hessian.fd_step,
                 "num_draws": self.num_draws, "draws": self.draws, "step_size": self.w,
                 "average_fraction": self.schedule.average_fraction, "drift_tol": self.schedule.drift_tol,
+                "burn_in_draws": self.schedule.burn_in_draws,
                 "init_scale": s if isinstance(s, (str, numbers.Real)) else "array",
                 "on_non_pd": self.faults.on_non_pd, "max_resample": self.faults.max_resample,
                 "max_consecutive": self.faults.max_consecutive, "num_elbo_draws": self.num_elbo_draws,
@@ -333,7 +339,8 @@ class SKGaussian:
         (1, True)
         """
         t, w, faults = state.t, state.w, self.faults
-        est = draw_statistics(target, state, self.num_draws, faults.max_resample, self.hessian)
+        S = self.schedule.draws_at(t, state.num_steps, self.num_draws)
+        est = draw_statistics(target, state, S, faults.max_resample, self.hessian)
         cnt = state.counters
         count_draws(state, "SKGaussian", "log joint, gradient or Hessian", resampled=est.resampled,
                     dropped=est.dropped, calls=est.calls)
@@ -376,6 +383,8 @@ class SKGaussian:
             for k, v in est.parts.items():
                 s[k] = s[k] + v
             s["n"] += 1
+            if self.num_elbo_draws == "window":
+                state.window_draws.append(est.draws)
         self._record(state, est.bound, est.num_valid, pd, info)
         return state, info
 
@@ -405,7 +414,7 @@ class SKGaussian:
         >>> abs(est) < 1e-12, se < 1e-12, bad           # q = target: log g - log q = log Z = 0 for every draw
         (True, True, 0)
         """
-        n = bound_draws(num_draws, self.num_elbo_draws)
+        n = bound_draws(num_draws, 100 if self.num_elbo_draws == "window" else self.num_elbo_draws)
         gen = resolve_generator(seed if seed is not None else 0, generator)
         return estimate_bound(target, mean, scale_tril, n, generator=gen, budget=budget)
 

@@ -33,7 +33,7 @@ from .options import HessianSource
 from .state import SKState
 
 __all__ = ["Estimate", "strict_cholesky", "scale_from_precision", "draw_statistics", "solve", "averaged",
-           "window_drift", "estimate_bound", "BOUND_DRAW_BLOCK"]
+           "window_drift", "window_bound", "estimate_bound", "BOUND_DRAW_BLOCK"]
 
 LOG_2PI = math.log(2.0 * math.pi)
 _PD_JITTER = 1e-13        # relative jitter of the strict positive-definiteness test (rounding level only)
@@ -76,6 +76,7 @@ class Estimate:
     backward: int
     bound: float
     parts: dict[str, torch.Tensor] | None      # a, z (+ P) or (+ A, B); None when no draw was valid
+    draws: torch.Tensor | None = None          # the valid draws' rows [x, log g(x), log q_t(x)] (S', D + 2)
 
 
 def _evaluate(target: Any, state: SKState, theta: torch.Tensor, batch: Any, hessian: HessianSource
@@ -162,6 +163,7 @@ def draw_statistics(target: Any, state: SKState, num_draws: int, max_resample: i
     # instantaneous bound: mean of log g(x) - log q_t(x), log q_t(x) = -|eps|^2/2 - D/2 log 2pi + sum log L_dd
     log_q = -0.5 * (eps * eps).sum(-1) - 0.5 * D * LOG_2PI + float(torch.log(torch.diagonal(L)).sum())
     est.bound = float((lj - log_q).mean())
+    est.draws = torch.cat([theta.detach(), lj.detach().unsqueeze(-1), log_q.unsqueeze(-1)], -1)
     parts = {"a": g.mean(0), "z": theta.mean(0)}
     if H is not None:
         parts["P"] = -H.mean(0)
@@ -221,6 +223,34 @@ def window_drift(state: SKState, L: torch.Tensor) -> tuple[float, float]:
     sd = torch.sqrt(torch.diagonal(torch.cholesky_inverse(L)))
     sds = [torch.sqrt(torch.diagonal(torch.cholesky_inverse(h[1]))) for h in halves]
     return float(((halves[0][0] - halves[1][0]).abs() / sd).max()), float(torch.log(sds[0] / sds[1]).abs().max())
+
+
+def window_bound(rows: list[torch.Tensor], mean: torch.Tensor, scale_tril: torch.Tensor
+                 ) -> tuple[float, float, float]:
+    r"""The bound :math:`\mathbb E_q[\log g(x) - \log q(x)]` of the returned :math:`q = \mathcal N(m, CC^\top)`
+    from the averaging window's draws, importance-weighted: ``(estimate, standard error, effective sample size)``.
+
+    Each window draw :math:`x_i` came from that step's :math:`q_{t_i}`, with :math:`\log g(x_i)` already evaluated
+    (``rows``: :attr:`SKState.window_draws <gpvi.inference.salimans_knowles.state.SKState.window_draws>`). With
+    :math:`w_i \propto q(x_i)/q_{t_i}(x_i)` normalised to sum 1, the estimate is :math:`\sum_i w_i(\log g(x_i) -
+    \log q(x_i))` (self-normalised importance sampling: consistent, no new evaluation of the target) and its
+    standard error :math:`\sqrt{\sum_i w_i^2 (v_i - \hat v)^2}`. The window's :math:`q_t` move little about the
+    returned q, so the weights are near uniform (the effective sample size :math:`1/\sum_i w_i^2` is returned)."""
+    R = torch.cat(rows)
+    D = mean.shape[0]
+    x, lg, lq_t = R[:, :D], R[:, D], R[:, D + 1]
+    C = torch.tril(scale_tril)
+    eps = torch.linalg.solve_triangular(C, (x - mean).T, upper=False).T
+    log_q = -0.5 * (eps * eps).sum(-1) - 0.5 * D * LOG_2PI - torch.log(torch.diagonal(C)).sum()
+    ok = torch.isfinite(lg) & torch.isfinite(log_q) & torch.isfinite(lq_t)
+    if not bool(ok.any()):
+        return math.nan, math.nan, 0.0
+    lw = (log_q - lq_t)[ok]
+    w = torch.softmax(lw, 0)
+    v = (lg - log_q)[ok]
+    est = float((w * v).sum())
+    se = float(torch.sqrt((w * w * (v - est) ** 2).sum()))
+    return est, se, float(1.0 / (w * w).sum())
 
 
 def estimate_bound(target: Any, mean: Any, scale_tril: Any, num_draws: int, *,

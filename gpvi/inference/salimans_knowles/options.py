@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ...validation import check_choice, check_fraction, check_positive
+from ...validation import check_choice, check_fraction, check_positive, check_positive_int
 from ..contract import FaultPolicy
 
 __all__ = ["SKSchedule", "HessianSource", "SKFaultPolicy", "HESSIAN_SOURCES", "ON_NON_PD"]
@@ -38,6 +38,11 @@ class SKSchedule:
         The averaging window is split in two halves and :math:`(m, V)` computed from each; a
         :class:`~gpvi.exceptions.ConvergenceWarning` is issued when the means differ by more than ``drift_tol``
         posterior sds or the sds by more than a factor ``exp(drift_tol)`` (``inf`` switches the check off).
+    burn_in_draws : int, optional
+        Draws per step before the averaging window (default None: the engine's ``num_draws`` throughout; even for
+        ``method="gradient"``). Those steps only move :math:`q_t` towards the optimum: the output is the regression
+        on the window's draws alone, so fewer draws there cost less than fewer in the window
+        (``benchmarks/studies/results/bayes_steps_h59d_burn.md``).
 
     Examples
     --------
@@ -49,8 +54,11 @@ class SKSchedule:
     step_size: float | None = None
     average_fraction: float = 0.5
     drift_tol: float = 0.5
+    burn_in_draws: int | None = None
 
     def __post_init__(self) -> None:
+        if self.burn_in_draws is not None:
+            object.__setattr__(self, "burn_in_draws", check_positive_int(self.burn_in_draws, "burn_in_draws"))
         if self.step_size is not None:
             object.__setattr__(self, "step_size", check_fraction(self.step_size, "step_size"))
         object.__setattr__(self, "average_fraction", check_fraction(self.average_fraction, "average_fraction"))
@@ -59,6 +67,13 @@ class SKSchedule:
     def w(self, num_steps: int) -> float:
         r"""The step size :math:`w` of a run of ``num_steps`` steps (``step_size`` or :math:`1/\sqrt N`)."""
         return self.step_size if self.step_size is not None else 1.0 / math.sqrt(num_steps)
+
+    def draws_at(self, t: int, num_steps: int, num_draws: int) -> int:
+        """Draws of step ``t + 1`` (``t`` steps taken) of a run of ``num_steps`` steps with ``num_draws`` per step in
+        the window: ``burn_in_draws`` before the window where set."""
+        if self.burn_in_draws is None or t >= self.window_bounds(num_steps)[0]:
+            return num_draws
+        return self.burn_in_draws
 
     def window_bounds(self, num_steps: int) -> tuple[int, int]:
         """``(start, mid)``: steps t (1-based) with start < t <= mid are the window's first half, mid < t <= N the

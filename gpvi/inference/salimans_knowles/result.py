@@ -18,7 +18,7 @@ from ...posteriors.info import RunInfo
 from ...rng import copy_generator
 from ..contract import RunReport, warn_faults
 from ..progress import trace_to_tensor
-from .estimates import averaged, estimate_bound, scale_from_precision, window_drift
+from .estimates import averaged, estimate_bound, scale_from_precision, window_bound, window_drift
 from .state import SKState
 
 __all__ = ["build_posterior"]
@@ -74,7 +74,12 @@ def build_posterior(engine: Any, target: Any, state: SKState, report: RunReport)
     scale_tril = scale_from_precision(L)
     elbo_method = "rolling window average of the instantaneous bound"
     elbo, se, invalid, kept = state.bound_average(), math.nan, 0, None
-    if not report.partial and engine.num_elbo_draws > 0:
+    window = engine.num_elbo_draws == "window"
+    if not report.partial and window and state.window_draws:
+        elbo, se, ess = window_bound(state.window_draws, m, scale_tril)
+        elbo_method = (f"the window's {sum(d.shape[0] for d in state.window_draws)} draws importance-weighted to the "
+                       f"returned (m, V) (effective sample size {ess:.0f})")
+    elif not report.partial and not window and engine.num_elbo_draws > 0:
         elbo, se, invalid, kept = estimate_bound(target, m, scale_tril, engine.num_elbo_draws,
                                                  generator=copy_generator(state.generator), budget=report.budget,
                                                  progress_bar=report.progress_bar, desc=f"{engine.name} bound",
@@ -89,7 +94,8 @@ def build_posterior(engine: Any, target: Any, state: SKState, report: RunReport)
         averaged=averaged_ok, num_averaged=n_avg, drift_mean_sd=drift_mean, drift_log_sd=drift_sd,
         steps_this_run=report.steps_this_run, step_size=state.w, faulted=report.faulted, elbo_method=elbo_method,
         elbo_invalid=invalid,
-        memory=report.budget.describe(target, engine.num_elbo_draws) if report.budget is not None else None,
+        memory=(report.budget.describe(target, 0 if window else engine.num_elbo_draws) if report.budget is not None
+                else None),
     )
     info = RunInfo(engine="SKGaussian", converged=averaged_ok and drift_mean <= tol and drift_sd <= tol,
                    interrupted=report.interrupted, steps=state.t, time_s=report.time_s,

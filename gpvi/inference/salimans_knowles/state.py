@@ -80,6 +80,9 @@ class SKState(RunState):
         Skipped steps in a row (counted by the driver, :func:`gpvi.inference.driver.run`).
     wall_time : float
         Seconds spent in ``SKGaussian.run`` over all segments.
+    window_draws : list of torch.Tensor
+        With ``SKGaussian(num_elbo_draws="window")``: per step of the averaging window, its valid draws as rows
+        ``[x, log g(x), log q_t(x)]`` ``(S, D + 2)`` (the final bound reweights them to the returned q); else empty.
 
     Examples
     --------
@@ -113,6 +116,7 @@ class SKState(RunState):
     wall_time: float = 0.0
     qmc_seed: int | None = None
     qmc_drawn: int = 0
+    window_draws: list = field(default_factory=list)
     _sobol: Any = field(default=None, repr=False, compare=False)
 
     @property
@@ -127,6 +131,7 @@ class SKState(RunState):
             "sums": [clone_tensors(s) for s in self.sums], "t": self.t, "num_steps": self.num_steps, "w": self.w,
             "method": self.method, "hessian": self.hessian, "hessian_note": self.hessian_note,
             "qmc_seed": self.qmc_seed, "qmc_drawn": self.qmc_drawn, **run_state_dict(self),
+            "window_draws": [d.clone() for d in self.window_draws],
         }
 
     @classmethod
@@ -139,7 +144,7 @@ class SKState(RunState):
             sums=[clone_tensors(s) for s in state["sums"]], t=int(state["t"]), num_steps=int(state["num_steps"]),
             w=float(state["w"]), method=state["method"], hessian=state["hessian"],
             hessian_note=state["hessian_note"], qmc_seed=state["qmc_seed"], qmc_drawn=int(state["qmc_drawn"]),
-            **run_state_fields(state),
+            window_draws=[d.clone() for d in state.get("window_draws", [])], **run_state_fields(state),
         )
 
     def standard_normals(self, k: int) -> torch.Tensor:
