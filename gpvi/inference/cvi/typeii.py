@@ -483,8 +483,9 @@ class TypeII:
             if straight:                                       # the next phase's first evaluation converges them
                 new.converged, carried = True, new
                 continue
-            new.elbo = steps.elbo_from_sites(cvi, model, lam1, lam2, theta)[0]
-            post = run_deferred(cvi, model, state=new, callback=callback)
+            unscored = cvi.mode == "full" and not steps._centres(cvi, new)      # its first check: the same sites
+            new.elbo = math.nan if unscored else steps.elbo_from_sites(cvi, model, lam1, lam2, theta)[0]
+            post = run_deferred(cvi, model, state=new, callback=callback, unscored=unscored)
         post = built(post)
         lp = float(prior_log_prob(prior, post.theta)) if prior is not None else 0.0
         wall = time.perf_counter() - t0

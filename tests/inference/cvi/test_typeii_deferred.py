@@ -1,6 +1,7 @@
-"""TypeII's engine runs build their posterior only where it is used (``gpvi.inference.cvi.deferred``, issue 59):
-the answers against the loop with every run's posterior built (the engine's own ``run``), the posteriors built, and
-a faulted run's partial posterior."""
+"""TypeII's engine runs build their posterior only where it is used, and its final posterior and between-phase runs
+reuse what was computed (``gpvi.inference.cvi.deferred``, issue 59): the answers against the loop with every run's
+posterior and every between-run's starting bound computed (the engine's own ``run``), the posteriors built, and a
+faulted run's partial posterior."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from gpvi.exceptions import NumericalFaultError
-from gpvi.inference.cvi import CVI, deferred, typeii
+from gpvi.inference.cvi import CVI, deferred, steps, typeii
 from gpvi.inference.cvi.engine import CVI as Engine
 from gpvi.inference.cvi.typeii import TypeII
 from gpvi.models.classification import GPClassification
@@ -34,24 +35,38 @@ def _three(n=60, seed=2):
     return GPMulticlass(torch.as_tensor(X), torch.as_tensor(y))
 
 
+def _eager(engine, model, init=None, *, unscored=False, **kw):
+    """The engine's own run, with the bound of a between-run's start computed first (the loop before issue 59's
+    deferred runs)."""
+    if unscored:
+        st = kw["state"]
+        st.elbo = steps.elbo_from_sites(engine, model, st.lam1, st.lam2, st.theta)[0]
+    return engine.run(model, init, **kw)
+
+
 def _fit(model, monkeypatch=None, eager=False, **kw):
     """A type-II fit and the number of posteriors built; ``eager``: every run through the engine's own ``run``
     (the loop before the runs' posteriors were deferred)."""
-    calls = {"n": 0}
-    orig = Engine.posterior
+    calls = {"n": 0, "bounds": 0}
+    orig, bound = Engine.posterior, steps.elbo_from_sites
 
     def counted(self, *a, **k):
         calls["n"] += 1
         return orig(self, *a, **k)
 
+    def bounds(*a, **k):
+        calls["bounds"] += 1
+        return bound(*a, **k)
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Engine, "posterior", counted)
+        mp.setattr(steps, "elbo_from_sites", bounds)
         if eager:
-            mp.setattr(typeii, "run_deferred", lambda engine, model, init=None, **k: engine.run(model, init, **k))
+            mp.setattr(typeii, "run_deferred", _eager)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             post = TypeII(CVI(progress_bar=False, **kw)).run(model)
-    return post, calls["n"]
+    return post, calls["n"], calls["bounds"]
 
 
 def _same(a, b):
@@ -64,18 +79,23 @@ def _same(a, b):
 
 @pytest.mark.parametrize("make", [_binary, _three])
 def test_deferred_posteriors_give_the_eager_loops_answer_bit_for_bit(make):
-    lazy, n_lazy = _fit(make())
-    eager, n_eager = _fit(make(), eager=True)
+    lazy, n_lazy, b_lazy = _fit(make())
+    eager, n_eager, b_eager = _fit(make(), eager=True)
     _same(lazy, eager)
     phases = lazy.info["theta_phases"]
     # eager: one posterior per engine run (the first and one between each two phases) and the final one
     assert n_eager == phases + 1 and n_lazy == 1 and phases >= 2
+    # bounds computed outside the steps (posteriors: the engine runs', the final one; between-runs' starts): the
+    # binary fit's final posterior from the last evaluation's pieces (both loops) and no between-run start; the
+    # softmax's (centred, its cheaper inner rule) the final one and the between-runs' starts
+    binary = make is _binary
+    assert b_eager == (2 * phases - 1 if binary else 2 * phases) and b_lazy == (0 if binary else phases)
 
 
 def test_a_run_the_loop_ends_on_is_built_as_the_engine_builds_it():
     # a step budget the first run spends before converging: the loop ends on that run, unconverged
-    lazy, n = _fit(_binary(), num_steps=2)
-    eager, _ = _fit(_binary(), eager=True, num_steps=2)
+    lazy, n, _ = _fit(_binary(), num_steps=2)
+    eager, _, _ = _fit(_binary(), eager=True, num_steps=2)
     assert n == 1 and not lazy.converged and lazy.info["theta_phases"] == 0
     _same(lazy, eager)
     assert lazy.info["steps_this_run"] == eager.info["steps_this_run"] == 2
