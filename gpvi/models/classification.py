@@ -23,7 +23,7 @@ import torch
 
 from .gpytorch_likelihoods import link_of_gpytorch, site_likelihood_of_gpytorch
 from .likelihoods import Likelihood, expected_log_lik, make_likelihood
-from .scaled_rbf import centre_inputs, input_centre, scaled_rbf_covariance
+from .scaled_rbf import centre_inputs, input_centre, scaled_rbf_covariance, scaled_rbf_vjp
 from .hyperparameters import KernelParametrisation
 from .model_prior import ModelPrior
 from .priors import resolve_prior
@@ -220,6 +220,19 @@ class LatentGP:
             K = self._matrix(t, self._Xc).contiguous()
         self._cache = (t.detach().clone(), K)
         return K
+
+    def kernel_vjp(self, theta: Any, G: torch.Tensor) -> torch.Tensor:
+        r"""The gradient in ``theta`` of :math:`\sum_{ij} (K_\theta)_{ij} G_{ij}` for a matrix ``G`` (N, N): what
+        autograd through :meth:`kernel_matrix` gives. On the fast path (:func:`~gpvi.models.scaled_rbf.scaled_rbf_vjp`)
+        from the cached :math:`K_\theta` (the same arithmetic as autograd's backward, without building the matrix
+        again: the type-II gradient after an inner run at the same theta)."""
+        t = self.check_theta(theta).detach()
+        if self.kernel_params.fast_path and self.use_fast_path:
+            pad = torch.full((1,), -math.inf, dtype=t.dtype, device=t.device)
+            return scaled_rbf_vjp(torch.cat([t, pad]), self._Xc, self.kernel_matrix(t), G)[:-1]
+        th = t.clone().requires_grad_(True)
+        with torch.enable_grad():
+            return torch.autograd.grad((self._matrix(th, self._Xc) * G).sum(), th)[0]
 
     def _new_inputs(self, X_new: Any) -> torch.Tensor:
         """``X_new`` checked against the training columns (a DataFrame's names too: ``feature_names``, in order) and

@@ -178,25 +178,30 @@ class _ScaledRBFCovariance(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph=True: refuse rather than return a silently wrong Hessian
             raise NotImplementedError("second derivatives are not available: gpvi computes the gradient of the exact log marginal in closed form (1/2 (alpha alpha^T - K^-1)), which autograd cannot differentiate again; use finite differences of the gradient (e.g. batched central differences) for Hessians")
         theta, X, K = ctx.saved_tensors
-        m = theta.shape[-1] - 2
-        noise = torch.exp(theta[:, m + 1])
-        GK = G * K
-        g_diag = G.diagonal(dim1=-2, dim2=-1)
-        GK.diagonal(dim1=-2, dim2=-1).sub_(g_diag * noise.unsqueeze(-1))     # remove the noise part
-        r = GK.sum(-1)
-        c = GK.sum(-2)
-        grad = torch.empty_like(theta)
-        grad[:, m] = r.sum(-1)
-        grad[:, m + 1] = noise * g_diag.sum(-1)
-        Xb = X.unsqueeze(0).expand(GK.shape[0], -1, -1)
-        M = torch.bmm(GK, Xb)                                                # (S, N, d)
-        per_dim = 0.5 * torch.bmm((r + c).unsqueeze(-2), Xb * Xb).squeeze(-2) - (Xb * M).sum(-2)   # (S, d)
-        inv_ls2 = torch.exp(-theta[:, :m])
-        if m == 1:
-            grad[:, 0] = inv_ls2[:, 0] * per_dim.sum(-1)
-        else:
-            grad[:, :m] = inv_ls2 * per_dim
-        return grad, None
+        return _covariance_vjp(theta, X, K, G), None
+
+
+def _covariance_vjp(theta: torch.Tensor, X: torch.Tensor, K: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
+    """The gradient in ``theta`` (S, m + 2) of ``sum(K * G)`` from ``K`` (S, N, N) = the covariance at ``theta``."""
+    m = theta.shape[-1] - 2
+    noise = torch.exp(theta[:, m + 1])
+    GK = G * K
+    g_diag = G.diagonal(dim1=-2, dim2=-1)
+    GK.diagonal(dim1=-2, dim2=-1).sub_(g_diag * noise.unsqueeze(-1))     # remove the noise part
+    r = GK.sum(-1)
+    c = GK.sum(-2)
+    grad = torch.empty_like(theta)
+    grad[:, m] = r.sum(-1)
+    grad[:, m + 1] = noise * g_diag.sum(-1)
+    Xb = X.unsqueeze(0).expand(GK.shape[0], -1, -1)
+    M = torch.bmm(GK, Xb)                                                # (S, N, d)
+    per_dim = 0.5 * torch.bmm((r + c).unsqueeze(-2), Xb * Xb).squeeze(-2) - (Xb * M).sum(-2)   # (S, d)
+    inv_ls2 = torch.exp(-theta[:, :m])
+    if m == 1:
+        grad[:, 0] = inv_ls2[:, 0] * per_dim.sum(-1)
+    else:
+        grad[:, :m] = inv_ls2 * per_dim
+    return grad
 
 
 def scaled_rbf_covariance(theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
@@ -210,6 +215,13 @@ def scaled_rbf_covariance(theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
     th = theta.unsqueeze(0) if single else theta
     K = _ScaledRBFCovariance.apply(th, X)
     return K[0] if single else K
+
+
+def scaled_rbf_vjp(theta: torch.Tensor, X: torch.Tensor, K: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
+    """The gradient in ``theta`` of ``(K * G).sum()`` for ``K = scaled_rbf_covariance(theta, X)`` given (theta
+    ``(m + 2,)``, ``K`` and ``G`` ``(N, N)``): what autograd through :func:`scaled_rbf_covariance` returns, from a
+    ``K`` already at hand instead of building it again (the same arithmetic as its backward)."""
+    return _covariance_vjp(theta.unsqueeze(0), X, K.unsqueeze(0), G.unsqueeze(0))[0]
 
 
 # ------------------------------------------------------------------ the two-buffer path for large N

@@ -314,22 +314,20 @@ def theta_objective(cvi: Any, model: Any, lam1: torch.Tensor, lam2: torch.Tensor
     (:func:`gpvi.numerics.sites.kernel_gradient`); K latent functions share :math:`K_\theta`, so it is
     :math:`\sum_k G_k` over their factors (:func:`gpvi.numerics.sites.kernel_gradient_summed`, which returns a
     matrix with the same contraction against the symmetric :math:`K_\theta`). It is pushed through
-    :math:`K(\theta)` by autograd (the same gradient as autograd through the Cholesky factors and the marginals, to
-    2e-15 relative, at half the cost).
+    :math:`K(\theta)` by the model's :meth:`~gpvi.models.classification.LatentGP.kernel_vjp` (autograd's backward,
+    from the cached kernel matrix on the fast path; the same gradient as autograd through the Cholesky factors and
+    the marginals, to 2e-15 relative, at half the cost).
 
     ``evaluated``: the ``info["pieces"]`` of a :func:`gpvi.inference.cvi.steps.full_step` at this ``theta`` (its bound, the sites it
     evaluated, their factors, marginals and expectations). Then ``lam1``, ``lam2`` are ignored and nothing is
     factorised or integrated again: the value and gradient are those of the sites that step evaluated.
     """
-    th = theta.detach().clone().requires_grad_(True)
-    with torch.enable_grad():
-        Kg = model.kernel_matrix(th)
+    K = model.kernel_matrix(theta.detach())
     if evaluated is not None:
         lam1, lam2, L, m, alpha, ex = (evaluated[k] for k in ("lam1", "lam2", "L", "m", "alpha", "ex"))
         P, Linv = evaluated.get("P"), evaluated.get("Linv")
-        val = torch.as_tensor(evaluated["elbo"], dtype=Kg.dtype, device=Kg.device)
+        val = torch.as_tensor(evaluated["elbo"], dtype=K.dtype, device=K.device)
     else:
-        K = Kg.detach()
         ytilde, s = sites.pseudo_data(lam1, lam2)
         try:
             L, _ = sites.site_factor(K, s, theta.detach())
@@ -342,13 +340,13 @@ def theta_objective(cvi: Any, model: Any, lam1: torch.Tensor, lam2: torch.Tensor
     if not bool(torch.isfinite(val)):
         return -math.inf, None
     G = sites.kernel_gradient_summed(L, _cols(lam1), _cols(lam2), _cols(m), alpha, _cols(ex.dm), _cols(ex.dv), Linv, P=P)
-    with torch.enable_grad():
-        out = (Kg * G).sum()
-        if prior is not None:
+    grad = model.kernel_vjp(theta, G)           # from the kernel matrix of the inner run, not built again
+    if prior is not None:
+        th = theta.detach().clone().requires_grad_(True)
+        with torch.enable_grad():
             lp = prior_log_prob(prior, th)
-            out = out + lp
-            val = val + lp.detach()
-        (grad,) = torch.autograd.grad(out, th)
+            grad = grad + torch.autograd.grad(lp, th)[0]
+        val = val + lp.detach()
     value = float(val)
     if not math.isfinite(value) or not bool(torch.isfinite(grad).all()):
         return -math.inf, None
