@@ -4,6 +4,8 @@
 process, so that every pair of fits sees the same load:
 
 * ``default``: the defaults of ``FullyBayesianCVI(seed=0)``;
+* ``h59c``: the defaults before issue 59's fourth pass (EP at 1e-3 in the engine's evaluations, the final bound
+  from 100 new draws);
 * ``before``: the defaults before 2026-11-27 (``SKGaussian(num_steps=max(200, 4 D), method="gradient",
   num_draws=4, num_elbo_draws=100)`` with pseudo-random draws, EP tolerance 1e-6), given explicitly;
 * ``tol=X``: the defaults with ``ep_tol=X`` (EP's stopping rule on the largest relative site change,
@@ -80,6 +82,8 @@ def fitter(setting: str, dim: int, seed: int = 0) -> FullyBayesianCVI:
     """The :class:`FullyBayesianCVI` of ``setting`` (module docstring) for ``dim`` log-hyperparameters."""
     if setting == "default":
         return FullyBayesianCVI(seed=seed)
+    if setting == "h59c":
+        return _H59c(seed=seed)
     if setting == "before":
         sk = SKGaussian(num_steps=max(200, 4 * dim), method="gradient", num_draws=4, num_elbo_draws=100, seed=seed,
                         progress_bar=False)
@@ -93,6 +97,19 @@ def fitter(setting: str, dim: int, seed: int = 0) -> FullyBayesianCVI:
     if setting.startswith("quad="):
         return _Quadratic(int(setting[5:]), seed=seed)
     raise ValueError(f"unknown setting {setting!r}")
+
+
+class _H59c(FullyBayesianCVI):
+    """The defaults before issue 59's fourth pass: EP at 1e-3 in the engine's evaluations, the final bound from 100
+    new draws of q (``num_elbo_draws=100``) rather than the window's draws."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(ep_tol=1e-3, **kw)
+
+    def default_engine(self, dim: int) -> SKGaussian:
+        e = super().default_engine(dim)
+        return SKGaussian(num_steps=e.num_steps, method=e.method, num_draws=e.num_draws, draws=e.draws,
+                          num_elbo_draws=100, seed=self.seed, progress_bar=False)
 
 
 class _Draws(FullyBayesianCVI):
@@ -148,7 +165,7 @@ def run(name: str, n: int, args: argparse.Namespace) -> list[dict[str, Any]]:
                    **{k: fb.info[k] for k in ("map_time_s", "ep_map_time_s", "laplace_time_s", "q_time_s",
                                               "predictive_time_s")},
                    "ep_evaluations": c["evaluations"], "ep_sweeps": c["sweeps"], "mean": fb.mean.tolist(),
-                   "std": fb.std.tolist(), "p_test": p.tolist()}
+                   "std": fb.std.tolist(), "p_test": p.tolist(), "elbo": fb.elbo, "elbo_se": fb.elbo_se}
             if first is None:
                 first = row
             row["mean_change_sd"] = float(np.abs(np.subtract(row["mean"], first["mean"]) / first["std"]).max())
@@ -175,8 +192,8 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
            "averaged precision).\n\n"
            "| set | N | rep | seed | setting | engine | wall s [load] | MAP-II | EP MAP | Laplace | q | predictive | "
            "EP evaluations | sweeps / evaluation | change of q mean (sd) / log sd | max theta diff (NUTS sd) | "
-           "q sd / NUTS sd | mean abs diff of p vs NUTS |\n"
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+           "q sd / NUTS sd | mean abs diff of p vs NUTS | bound (se) |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     for r in rows:
         nuts = ("| | | " if "theta_diff_sd_max" not in r else
                 f"| {r['theta_diff_sd_max']:.2f} | {r['sd_ratio_min']:.2f}-{r['sd_ratio_max']:.2f} | "
@@ -187,7 +204,8 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
                f"{r['time_s']:.1f} [{r['load_1min']:.1f}] | {r['map_time_s']:.1f} | {r['ep_map_time_s']:.1f} | "
                f"{r['laplace_time_s']:.1f} | {r['q_time_s']:.1f} | {r['predictive_time_s']:.1f} | "
                f"{r['ep_evaluations']} | {r['ep_sweeps'] / max(r['ep_evaluations'], 1):.1f} | "
-               f"{r['mean_change_sd']:.3f} / {r['std_log_ratio']:.3f} {nuts}|\n")
+               f"{r['mean_change_sd']:.3f} / {r['std_log_ratio']:.3f} {nuts}| "
+               f"{r.get('elbo', float('nan')):.3f} ({r.get('elbo_se', float('nan')):.3f}) |\n")
     return md
 
 

@@ -4,7 +4,9 @@
 The third pass changed three constants, so "before" is the same code with them set back for the fit:
 :data:`gpvi.inference.cvi.ep_starts.QUADRATIC_MAX_DIM` = 0 (the site bank's plane), :data:`gpvi.inference.cvi.
 ep_evidence.EP_QUADRATURE_POINTS` = 64 and :data:`gpvi.inference.cvi.bayes.BINARY_PREDICTIVE_INNER_TOL` = 1e-6
-(its other change, in binary EP's sweep, gives bit-identical results). Per case (``--cases``: a binary family of
+(its other change, in binary EP's sweep, gives bit-identical results). ``--before h59d``: the fourth pass's
+instead, :data:`gpvi.inference.cvi.bayes.BINARY_EP_TOL` = 1e-3 and :data:`gpvi.inference.cvi.bayes.BOUND_DRAWS` =
+100 (the final bound from 100 new draws of q). Per case (``--cases``: a binary family of
 ``benchmarks/heldout_families.py`` at N training rows, the higher noise level, as ``classification_heldout.py
 --sections bayes``) and repeat: ``GPClassifier()`` (type-II), ``GPClassifier(hyperparameters="bayes")`` before
 and after, in that order, one thread, ``random_state=0``. Reported: median walls, the ratios to type-II's median,
@@ -32,19 +34,27 @@ from benchmarks.heldout_families import binary_data, half_of
 from benchmarks.studies._common import header, write
 
 BEFORE = {"QUADRATIC_MAX_DIM": 0, "EP_QUADRATURE_POINTS": 64, "BINARY_PREDICTIVE_INNER_TOL": 1e-6}
+BEFORE_H59D = {"BINARY_EP_TOL": 1e-3, "BOUND_DRAWS": 100}
+"""``--before h59d``: the fourth pass's constants set back (:data:`gpvi.inference.cvi.bayes.BINARY_EP_TOL`, binary
+EP's tolerance in the engine's evaluations, and :data:`~gpvi.inference.cvi.bayes.BOUND_DRAWS`, the final bound's
+new draws), against the defaults."""
+WHICH = {"third": BEFORE, "h59d": BEFORE_H59D}
+BEFORE_KEY = "third"
 
 
 @contextlib.contextmanager
 def before() -> Any:
-    """The third pass's constants set back (module docstring)."""
+    """The constants of ``WHICH[BEFORE_KEY]`` set back (module docstring)."""
     import gpvi.inference.cvi.bayes as B
     import gpvi.inference.cvi.ep_evidence as E
     import gpvi.inference.cvi.ep_starts as S
 
-    mods = {"QUADRATIC_MAX_DIM": S, "EP_QUADRATURE_POINTS": E, "BINARY_PREDICTIVE_INNER_TOL": B}
+    values = WHICH[BEFORE_KEY]
+    home = {"QUADRATIC_MAX_DIM": S, "EP_QUADRATURE_POINTS": E}
+    mods = {k: home.get(k, B) for k in values}
     keep = {k: getattr(m, k) for k, m in mods.items()}
     for k, m in mods.items():
-        setattr(m, k, BEFORE[k])
+        setattr(m, k, values[k])
     try:
         yield
     finally:
@@ -95,7 +105,8 @@ def run_case(case: str, repeats: int) -> dict[str, Any]:
 
 
 def report(rows: list[dict[str, Any]], label: str) -> str:
-    lines = [header(f"The fully Bayesian classifier before / after issue 59's third pass, against type-II ({label})"),
+    what = "third pass" if BEFORE_KEY == "third" else "fourth pass (h59d)"
+    lines = [header(f"The fully Bayesian classifier before / after issue 59's {what}, against type-II ({label})"),
              "", "Protocol in the docstring of `benchmarks/studies/bayes_ab.py`: type-II, bayes before, bayes after, "
              "alternated in one process, one thread; medians of the repeats; load: the 1-min load average before "
              "each fit (min-max).", "",
@@ -120,7 +131,11 @@ def main() -> None:
     ap.add_argument("--cases", nargs="+", default=["moons/100", "moons/200", "moons/400"])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--label", default="h59c")
+    ap.add_argument("--before", choices=sorted(WHICH), default="third",
+                    help="what 'before' sets back: the third pass's constants or the fourth's (h59d)")
     a = ap.parse_args()
+    global BEFORE_KEY
+    BEFORE_KEY = a.before
     torch.set_num_threads(1)
     rows: list[dict[str, Any]] = []
     with warnings.catch_warnings():

@@ -35,9 +35,48 @@ from ..init import init_to_value, laplace_scale_at
 from .bound import refuse_weights
 from ...numerics.lbfgs import lbfgs_maximise
 from .ep_evidence import EPEvidenceTarget
+from .ep_starts import PLANE_MAX_DIM
 
 __all__ = ["FullyBayesianCVI", "EP_MAP_GTOL", "EP_MAP_FTOL", "EP_VALUE_TOL", "PREDICTIVE_INNER_TOL",
-           "BINARY_PREDICTIVE_INNER_TOL"]
+           "BINARY_PREDICTIVE_INNER_TOL", "BINARY_EP_TOL", "BOUND_DRAWS"]
+
+BOUND_DRAWS: int | str = "window"
+"""The default engine's ``num_elbo_draws``: ``"window"`` (since issue 59's fourth pass; 100 new draws of q before,
+each an EP evaluation: 4 / 9 / 11% of the fit at xor N = 100 / 200 / 400, ``bayes_profile_h59c.md``): the final
+bound estimate reuses the averaging window's draws, importance-weighted to the returned q
+(:func:`gpvi.inference.salimans_knowles.estimates.window_bound`). The bound is reported (``elbo``, ``elbo_se``), not
+used: q and the predictions do not change."""
+
+BINARY_EP_TOL = 3e-3
+"""Binary EP's stopping rule in the engine's evaluations where ``ep_tol`` is not given and the model has at most
+:data:`~gpvi.inference.cvi.ep_starts.PLANE_MAX_DIM` (10) log-hyperparameters, where the site bank predicts EP's start
+by a plane or quadratic in theta (1e-3 before issue 59's fourth pass, and still for multi-class models and above
+that D). Started that close, EP's first sweep often changes the sites by less than this, and the evaluation stops
+after one factorisation. Decided on the tuning families (``benchmarks/studies/results/bayes_steps_h59d_tol.md``;
+each engine from the same start, errors against an 800-step run, seeds 0-2): q's means 0.009 / 0.134 / 0.013 /
+0.016 / 0.035 sd from that run at 1e-3 and 0.010 / 0.122 / 0.014 / 0.017 / 0.036 at 3e-3 (xor N = 100, spirals
+N = 100 / 200, checkerboard N = 400, clf8 N = 100, D = 3 or 9) with 18-23% fewer EP sweeps (16% at N = 400); at 1e-2
+0.012 / 0.192 / 0.019 / 0.018 / 0.037, at 3e-2 up to 0.030. Against the long NUTS references
+(``benchmarks/results/classification_bayes_speed_h59d_nuts.md``, seeds 0 and 1) the Pima, Ripley and Sonar fits
+moved by at most 0.005 of q's sds, their distances from NUTS unchanged; on Ionosphere (D = 35, the bank's nearest
+entry, 5.3 sweeps per evaluation) 3e-3 moved q by 0.05 sd (NUTS distance 0.08 -> 0.10 at seed 0) and 1e-2 by
+0.34-0.39 sd (0.38-0.43): the looser rule is kept to the D the tuning families covered."""
+
+BOUND_DRAWS: int | str = "window"
+"""The default engine's ``num_elbo_draws``: ``"window"`` (since issue 59's fourth pass; 100 new draws of q before,
+each an EP evaluation: 4 / 9 / 11% of the fit at xor N = 100 / 200 / 400, ``bayes_profile_h59c.md``): the final
+bound estimate reuses the averaging window's draws, importance-weighted to the returned q
+(:func:`gpvi.inference.salimans_knowles.estimates.window_bound`). The bound is reported (``elbo``, ``elbo_se``), not
+used: q and the predictions do not change."""
+
+BINARY_EP_TOL = 3e-3
+"""Binary EP's stopping rule in the engine's evaluations where ``ep_tol`` is not given (1e-3 before issue 59's
+fourth pass; multi-class keeps 1e-3). Started from the site bank's quadratic, EP's first sweep often changes the
+sites by less than this, so the evaluation stops after one factorisation. Decided on the tuning families
+(``benchmarks/studies/results/bayes_steps_h59d_tol.md``; each engine from the same start, errors against an 800-step
+run, seeds 0-2): the error of q's means in sds 0.009 / 0.134 / 0.013 / 0.016 / 0.035 at 1e-3 and 0.010 / 0.122 /
+0.014 / 0.017 / 0.036 at 3e-3 (xor N = 100, spirals N = 100 / 200, checkerboard N = 400, clf8 N = 100) with 18-23%
+fewer EP sweeps (16% at N = 400); at 1e-2 0.012 / 0.192 / 0.019 / 0.018 / 0.037, at 3e-2 up to 0.030."""
 
 PREDICTIVE_INNER_TOL = 1e-6
 """A multi-class model's predictive: its CVI runs at the draws of q stop at ``max(inner_tol, PREDICTIVE_INNER_TOL)``
@@ -83,7 +122,7 @@ class FullyBayesianCVI:
     engine : SKGaussian or DSVI, optional
         The engine for :math:`q(\theta)`, started at the MAP-II point with the Laplace scale. Default for a binary
         model: ``SKGaussian(num_steps=max(100, min(200, 25 D), 4 D), method="gradient", num_draws=4,
-        draws="sobol", num_elbo_draws=100, seed=seed)``, Salimans & Knowles' Hessian-free stochastic linear
+        draws="sobol", num_elbo_draws="window", seed=seed)``, Salimans & Knowles' Hessian-free stochastic linear
         regression (section 6.2; D the number of log-hyperparameters: the averaged second half then holds at least
         4 D antithetic pairs, and 100 steps where D <= 4) with randomised quasi-Monte Carlo draws (the rule and
         its accuracy against long NUTS runs: ``benchmarks/results/classification_bayes_speed_*.md``); the same
@@ -150,7 +189,8 @@ class FullyBayesianCVI:
         skewed posterior (``multiclass_ep_reweight_*.md``).
     ep_tol : float, optional
         EP's stopping rule with ``evidence="ep"`` in the engine's evaluations
-        (:class:`~gpvi.inference.cvi.ep_evidence.EPEvidenceTarget`'s ``tol``; default 1e-3); the EP MAP search and
+        (:class:`~gpvi.inference.cvi.ep_evidence.EPEvidenceTarget`'s ``tol``; default 1e-3, and
+        :data:`BINARY_EP_TOL` = 3e-3 for a binary model with at most 10 log-hyperparameters); the EP MAP search and
         the Laplace scale use ``min(ep_tol, 1e-6)`` (finite differences of the gradient need it accurate). Binary:
         at 1e-3 rather than 1e-4, q moved by at most 0.002 of its sds on the Pima and Ripley subsamples (seeds
         0-2) and 0.03 / 0.002 on Ionosphere / Sonar (held out), its largest distance from the long NUTS runs' means
@@ -258,7 +298,7 @@ class FullyBayesianCVI:
 
         D = int(dim)
         return SKGaussian(num_steps=max(100, min(200, 25 * D), 4 * D), method="gradient", num_draws=4,
-                          draws="sobol", num_elbo_draws=100, seed=self.seed, progress_bar=self.progress_bar)
+                          draws="sobol", num_elbo_draws=BOUND_DRAWS, seed=self.seed, progress_bar=self.progress_bar)
 
     def retry_engine(self, engine: SKGaussian) -> SKGaussian:
         """The default engine with twice the steps (a step :math:`\\sqrt 2` smaller, a window twice as long): run
@@ -396,8 +436,11 @@ class FullyBayesianCVI:
         return engine.run(target, init=start), engine, retry, fallback
 
     def _ep_tol(self, model: Any) -> float:
-        """EP's tolerance in the engine's evaluations: ``ep_tol``, by default 1e-3 (class docstring)."""
-        return self.ep_tol if self.ep_tol is not None else 1e-3
+        """EP's tolerance in the engine's evaluations: ``ep_tol``, by default :data:`BINARY_EP_TOL` for a binary
+        model with at most 10 log-hyperparameters and 1e-3 otherwise (class docstring)."""
+        if self.ep_tol is not None:
+            return self.ep_tol
+        return BINARY_EP_TOL if not _is_multiclass(model) and len(model.names) <= PLANE_MAX_DIM else 1e-3
 
     def _ep_start(self, bound: Any, theta_map: torch.Tensor, tol: float
                   ) -> tuple[Any, torch.Tensor, dict[str, Any]]:

@@ -272,19 +272,26 @@ def test_ep_tol_is_validated():
     assert FullyBayesianCVI(ep_tol=1e-7).ep_tol == 1e-7
 
 
-def test_ep_tol_default_is_1e3_and_the_fit_uses_it():
-    """EP's default tolerance in the engine's evaluations: 1e-3 for binary and multi-class models (binary: q within
-    0.03 of its sds of the 1e-4 fit on four NUTS-referenced subsamples, benchmarks/results/
-    classification_bayes_speed_tol59*.md; multi-class: multiclass_bayes_v3_tol.md); a given one is kept, and the
-    fit's evaluations run at it (info["ep_tol"]) while the start used 1e-6."""
+def test_ep_tol_default_and_the_fit_uses_it():
+    """EP's default tolerance in the engine's evaluations: BINARY_EP_TOL (3e-3 up to D = 10, issue 59's fourth pass:
+    benchmarks/studies/results/bayes_steps_h59d_tol.md; 1e-3 before, q within 0.03 of its sds of the 1e-4 fit on
+    four NUTS-referenced subsamples, benchmarks/results/classification_bayes_speed_tol59*.md) for binary models,
+    1e-3 for multi-class ones (multiclass_bayes_v3_tol.md); a given one is kept, and the fit's evaluations run at
+    it (info["ep_tol"]) while the start used 1e-6."""
+    from gpvi.inference.cvi.bayes import BINARY_EP_TOL
     from gpvi.models.multiclass import GPMulticlass
     X = torch.linspace(-1, 1, 9, dtype=torch.float64).unsqueeze(-1)
     binary = gpvi.GPClassification(X, (X[:, 0] > 0).double())
     multi = GPMulticlass(X, torch.arange(9) % 3)
-    assert FullyBayesianCVI()._ep_tol(binary) == 1e-3 and FullyBayesianCVI()._ep_tol(multi) == 1e-3
-    assert FullyBayesianCVI(ep_tol=1e-6)._ep_tol(multi) == 1e-6
+    assert BINARY_EP_TOL == 3e-3 and FullyBayesianCVI()._ep_tol(binary) == BINARY_EP_TOL
+    assert FullyBayesianCVI()._ep_tol(multi) == 1e-3 and FullyBayesianCVI(ep_tol=1e-6)._ep_tol(multi) == 1e-6
+    assert FullyBayesianCVI(ep_tol=1e-3)._ep_tol(binary) == 1e-3
+    wide = gpvi.GPClassification(torch.randn(9, 11, dtype=torch.float64), (X[:, 0] > 0).double())   # D = 12 > 10
+    assert len(wide.names) == 12 and FullyBayesianCVI()._ep_tol(wide) == 1e-3
     post = FullyBayesianCVI(num_draws=4).run(binary)
-    assert post.info["ep_tol"] == 1e-3 and post.target.tol == 1e-3
+    assert post.info["ep_tol"] == BINARY_EP_TOL and post.target.tol == BINARY_EP_TOL
+    # the final bound from the window's draws (BOUND_DRAWS): no EP evaluation after the engine's 100 x 4
+    assert "importance-weighted" in post.q.info["elbo_method"] and math.isfinite(post.elbo_se)
 
 
 def test_an_interrupted_map_start_stops_the_fit(monkeypatch):
