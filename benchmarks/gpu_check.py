@@ -237,9 +237,19 @@ def stage_engines(a: argparse.Namespace, log: Log) -> None:
             box["boston"] = gpvi.GPRegression(ds.X_train[:a.boston_rows], ds.y_train[:a.boston_rows], device=dev)
         return gs.nuts_rate(dev, box["boston"], warmup=a.nuts_warmup, draws=a.nuts_draws)
 
+    def nuts_chains():                                      # issue 57, item 5: many chains advancing together
+        import gpvi
+        if "boston" not in box:
+            nuts()
+        w = a.chains_warmup
+        rec = gs.nuts_chains(dev, box["boston"], a.chains, warmup=w, draws=w)
+        X, y = gs.synthetic(a.chains_big_n)
+        big = gs.nuts_chains(dev, gpvi.GPRegression(X, y, device=dev), a.chains_big, warmup=w, draws=w)
+        return {**rec, **{f"big_{k}": v for k, v in big.items()}}
+
     items = {"dsvi": dsvi,
              "cvi": lambda: gs.cvi_steps(dev, a.cvi_n, full_steps=a.cvi_full_steps, single_steps=a.cvi_single_steps),
-             "nuts": nuts}
+             "nuts": nuts, "nuts_chains": nuts_chains}
     for name in a.what:
         r = log.attempt(name, items[name])
         if r is not None:
@@ -398,7 +408,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="comma-separated subset sizes fitted in turn before the full N (empty: no warm start)")
     p.add_argument("--budget", type=float, default=120.0)
     p.add_argument("--dsvi-steps", type=int, default=2)
-    p.add_argument("--what", nargs="+", default=["cvi", "nuts", "dsvi"], choices=["dsvi", "cvi", "nuts"])
+    p.add_argument("--what", nargs="+", default=["cvi", "nuts", "dsvi"], choices=["dsvi", "cvi", "nuts", "nuts_chains"])
     p.add_argument("--boston-rows", type=int, default=None, help="engines: first rows of Boston only (rehearsal)")
     p.add_argument("--dsvi-num-steps", type=int, default=None, help="engines: cap DSVI's steps on Boston")
     p.add_argument("--cvi-n", type=int, default=16_000)
@@ -406,6 +416,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cvi-single-steps", type=int, default=2000)
     p.add_argument("--nuts-warmup", type=int, default=50)
     p.add_argument("--nuts-draws", type=int, default=50)
+    p.add_argument("--chains", type=int, nargs="+", default=[4, 64, 256, 1024], help="nuts_chains: on Boston")
+    p.add_argument("--chains-big-n", type=int, default=5000, help="nuts_chains: N of the synthetic set")
+    p.add_argument("--chains-big", type=int, nargs="+", default=[4, 16, 64], help="nuts_chains: at --chains-big-n")
+    p.add_argument("--chains-warmup", type=int, default=10, help="nuts_chains: warm-up and draws per chain")
     p.add_argument("--name", default="gpu_scaling", help="summarize: name of the gpu_scaling-format report")
     a = p.parse_args(argv)
     tag = a.tag or a.stage

@@ -35,8 +35,10 @@
 #   ml2_50k         110    ML-II at N = 50,000 from the optima on its first 5,000 then 20,000 rows; time, iterations, peak
 #                          memory (max_memory_allocated); interrupted at the stage's budget (the best point is kept,
 #                          its projected gradient measured); then 2 DSVI steps if time is left
-#   engines_cuda     90    CVI full step vs single-site step at N = 16,000 (3 full steps, 2,000 single-site
-#                          steps); NUTS gradient evaluations per second (Boston); DSVI default run on Boston (wall)
+#   engines_cuda    120    CVI full step vs single-site step at N = 16,000 (3 full steps, 2,000 single-site
+#                          steps); NUTS gradient evaluations per second (Boston); NUTS with 4-1,024 chains advancing
+#                          together on Boston and 4-64 at N = 5,000 (issue 57, item 5: chain-gradients per second,
+#                          share of the wall in the log joint); last, DSVI default run on Boston (wall)
 #   engines_cpu      70    the same on the CPU (16 cores): NUTS, DSVI capped at 1,000 steps, then CVI at N = 8,000
 #                          (2 full, 300 single-site steps)
 #   summarize        20    gpu_check.{md,json}, gpu_scaling.{md,json}
@@ -161,7 +163,8 @@ if [ "$REHEARSE" = 1 ]; then            # CPU, N in the hundreds: every stage ru
     PYTEST_K=${GPU_CHECK_PYTEST_K-"test_ml2 or test_cvi_full or test_large_n or test_gp_classifier"}
     LJ_SMALL=(--sizes 200 400 --cpu-sizes 200); LJ_40K=(--sizes 600); LJ_50K=(--sizes 800)
     ML2=(--n 800 --warm-n 200,400)
-    ENG_DEV=(--cvi-n 300 --cvi-full-steps 2 --cvi-single-steps 50 --nuts-warmup 10 --nuts-draws 10
+    ENG_DEV=(--what cvi nuts nuts_chains dsvi --cvi-n 300 --cvi-full-steps 2 --cvi-single-steps 50
+             --nuts-warmup 10 --nuts-draws 10 --chains 4 8 --chains-big-n 120 --chains-big 4 --chains-warmup 5
              --dsvi-num-steps 60 --boston-rows 80)
     ENG_CPU=(--cvi-n 200 --cvi-full-steps 2 --cvi-single-steps 50 --nuts-warmup 10 --nuts-draws 10
              --dsvi-num-steps 60 --boston-rows 80)
@@ -172,7 +175,10 @@ else
     LJ_SMALL=(--sizes 1000 2000 5000 10000 20000 --cpu-sizes 1000 2000 5000)
     LJ_40K=(--sizes 40000); LJ_50K=(--sizes 50000)
     ML2=(--n 50000 --warm-n 5000,20000)
-    ENG_DEV=(--cvi-n 16000 --cvi-full-steps 3 --cvi-single-steps 2000 --nuts-warmup 50 --nuts-draws 50)
+    # many chains advancing together (issue 57, item 5) before DSVI, which may run into the stage's cap
+    ENG_DEV=(--what cvi nuts nuts_chains dsvi --cvi-n 16000 --cvi-full-steps 3 --cvi-single-steps 2000
+             --nuts-warmup 50 --nuts-draws 50 --chains 4 64 256 1024 --chains-big-n 5000 --chains-big 4 16 64
+             --chains-warmup 10)
     # the host CPU's NUTS rate first, then DSVI for 1,000 steps (a rate per step); its CVI rates are run 1's
     ENG_CPU=(--what nuts dsvi cvi --dsvi-num-steps 1000 --cvi-n 8000 --cvi-full-steps 2 --cvi-single-steps 300
              --nuts-warmup 50 --nuts-draws 50)
@@ -187,7 +193,7 @@ PLAN=(      install       60   10
             lj_40k        45   20
             lj_50k        70   30
             ml2_50k      110   40
-            engines_cuda  90   20
+            engines_cuda 120   20
             engines_cpu   70   15
             summarize     20   10 )
 # Check the knobs before anything runs: a typo must not cost device time (commas are taken as spaces).

@@ -11,7 +11,8 @@ For each N (synthetic data, d = 8, the paper's ScaleKernel(RBF) with ARD), on ``
 * **ML-II** at the largest N (one L-BFGS-B fit from the default start, one restart): wall time, evaluations;
 * **DSVI**: wall of the default run on Boston; seconds per step (S = 1) on a large synthetic set;
 * **CVI**: full-batch step vs single-site step at ``--cvi-n`` (classification labels from the synthetic inputs);
-* **NUTS**: gradient evaluations per second on Boston, CPU vs device.
+* **NUTS**: gradient evaluations per second on Boston, CPU vs device; many chains advancing together
+  (:func:`nuts_chains`: 4 to 1,024 chains at N = 455, fewer at N = 5,000).
 
 The crossover N of each measurement is the smallest N at which the device is faster than the CPU. Every record
 holds the device name, torch and CUDA versions. Medians of ``--repeats`` runs (fewer for N >= 20,000).
@@ -200,6 +201,38 @@ def nuts_rate(dev: str, model: Any, *, warmup: int = 50, draws: int = 50) -> dic
     sync(dev)
     ev = int(mc.stats["n_steps"].sum()) + int(torch.as_tensor(mc.info["warmup_stats"]["n_steps"]).sum())
     return {"nuts_grads_per_s": ev / (time.perf_counter() - t0)}
+
+
+def nuts_chains(dev: str, model: Any, chains: list[int], *, warmup: int = 30, draws: int = 30) -> dict[str, Any]:
+    """Many chains advancing together (issue 57, item 5): per number of chains, chain-gradients per second and the
+    share of the wall spent inside the batched log joint + gradient calls (the rest is the sampler's own work in
+    Python, per chain). Short runs: a rate, not a converged posterior."""
+    lean = model.closed_form
+    real, spent = lean.log_joint, [0.0]
+
+    def timed_call(*args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        out = real(*args, **kwargs)
+        sync(dev)
+        spent[0] += time.perf_counter() - t
+        return out
+
+    out: dict[str, Any] = {"nuts_chains_N": model.num_data}
+    lean.log_joint = timed_call
+    try:
+        for c in chains:
+            spent[0] = 0.0
+            t0 = time.perf_counter()
+            mc = gpvi.NUTS(num_chains=c, num_warmup=warmup, num_draws=draws, seed=0, progress_bar=False).run(model)
+            sync(dev)
+            wall = time.perf_counter() - t0
+            ev = sum(mc.info["num_evaluations"])
+            out[f"nuts_{c}_chains_grads_per_s"] = ev / wall
+            out[f"nuts_{c}_chains_in_log_joint"] = spent[0] / wall
+            out[f"nuts_{c}_chains_wall_s"] = wall
+    finally:
+        del lean.log_joint
+    return out
 
 
 def engines(dev: str, cvi_n: int, ml2_n: int) -> dict[str, Any]:

@@ -35,6 +35,7 @@ import torch
 
 from ...exceptions import NotPSDError, NumericalWarning
 from ...models.target import target_device
+from ...numerics.budget import MemoryBudget
 from ..derivatives import log_joint_and_grad
 from ..progress import Progress
 from .adaptation import DualAveraging, Welford, Windows
@@ -174,18 +175,24 @@ def _generator(seed: int, state: torch.Tensor | None = None) -> torch.Generator:
 
 
 BATCH_MAX_N = 200
-"""The chains advance together when the target has at most this many data points (or no ``num_data``); above it
-they run one after another. A call on 4 thetas costs 1.2 / 2.0 / 3.1 / 4.0x a call on one at N = 14 / 56 / 200 / 455
-(``benchmarks/results/small_data.md``): below the line four chains cost little more than one, above it batching
-saves nothing and the rows of chains that finished first would still be computed."""
+"""On the CPU the chains advance together when the target has at most this many data points (or no ``num_data``);
+above it they run one after another. A call on 4 thetas costs 1.2 / 2.0 / 3.1 / 4.0x a call on one at N = 14 / 56 /
+200 / 455 (``benchmarks/results/small_data.md``): below the line four chains cost little more than one, above it
+batching saves nothing and the rows of chains that finished first would still be computed. On an accelerator
+batching pays far beyond that (on an H200 a call on 4 thetas at N = 1,000 cost 2.0x a call on one:
+``benchmarks/results/gpu_scaling.md``), so there the chains always advance together."""
 
 
 def chain_groups(target: Any, num_chains: int) -> list[list[int]]:
-    """The chains that advance together: all of them in one group, or one group per chain above ``BATCH_MAX_N``."""
+    """The chains that advance together: consecutive groups of as many as one call of the log joint may take within
+    :class:`~gpvi.numerics.budget.MemoryBudget` (all of them, at the sizes where four chains cost little more than
+    one), or one group per chain for a CPU target above ``BATCH_MAX_N`` data points."""
     n = getattr(target, "num_data", None)
-    if n is None or n <= BATCH_MAX_N:
-        return [list(range(num_chains))]
-    return [[c] for c in range(num_chains)]
+    device = target_device(target)
+    if n is not None and n > BATCH_MAX_N and (device is None or device.type == "cpu"):
+        return [[c] for c in range(num_chains)]
+    k = MemoryBudget().draws_per_call(target, num_chains)
+    return [list(range(i, min(i + k, num_chains))) for i in range(0, num_chains, k)]
 
 
 def run_chains(engine: Any, st: MCMCState, potential: Potential, callback: Callback | None) -> None:

@@ -58,7 +58,8 @@ class NUTS(HamiltonianEngine):
     num_chains : int
         Chains (default 4), advancing together in this process: each round, one batched call of the log joint
         answers every chain's next request (:mod:`gpvi.inference.mcmc.chains`), so at tens of data points four
-        chains cost little more than one; above ``BATCH_MAX_N`` (200) data points they run one after another.
+        chains cost little more than one; above ``BATCH_MAX_N`` (200) data points they run one after another
+        on the CPU (on an accelerator they always advance together).
     num_warmup : int
         Warm-up (adaptation) transitions per chain, discarded from the posterior (>= 0).
     num_draws : int

@@ -234,6 +234,24 @@ def test_chains_of_a_large_model_run_one_after_another(monkeypatch):
     assert torch.equal(runs[0].draws[1], runs[1].draws[1]) and not torch.equal(runs[0].draws[0], runs[1].draws[0])
 
 
+def test_chains_on_an_accelerator_always_advance_together():
+    """The one-after-another rule is a CPU cost rule: a target whose data live on an accelerator keeps every chain in
+    one batch at any size (a stand-in target: no accelerator is needed to read the rule)."""
+    from types import SimpleNamespace
+
+    from gpvi.inference.mcmc.chains import BATCH_MAX_N, chain_groups
+    from gpvi.numerics.budget import MemoryBudget
+    big = BATCH_MAX_N + 1
+    assert chain_groups(SimpleNamespace(num_data=big, device="cuda"), 3) == [[0, 1, 2]]
+    assert chain_groups(SimpleNamespace(num_data=big, device="cpu"), 3) == [[0], [1], [2]]
+    assert chain_groups(SimpleNamespace(num_data=big), 2) == [[0], [1]]
+    assert chain_groups(SimpleNamespace(num_data=BATCH_MAX_N, device="cpu"), 2) == [[0, 1]]
+    # within the memory budget of one call (here 3 of 4 chains' N x N matrices a call)
+    budget = MemoryBudget().limit("cpu")
+    tight = SimpleNamespace(num_data=BATCH_MAX_N, device="cpu", memory_per_draw=lambda: budget // 3)
+    assert chain_groups(tight, 4) == [[0, 1, 2], [3]]
+
+
 # ---------------------------------------------------------------------------------------------- interruption
 class StopAt:
     def __init__(self, chain: int, iteration: int) -> None:
