@@ -12,7 +12,10 @@ Fits ``GPClassifier(random_state=0)`` (type-II, :class:`gpvi.inference.cvi.typei
 
 ``--set KEY=VALUE ...`` overrides an entry of :data:`gpvi.inference.cvi.typeii.COARSE` or a keyword of ``TypeII``
 for the duration (a candidate rule, measured here before anything changes in gpvi). Decide only on the tuning
-half (``SPLIT`` there).
+half (``SPLIT`` there). Prototype rules that are no keyword (:data:`PROTOTYPES`): ``coarse_floor_stop=true`` ends
+the coarse phase, at its best point, at the first trial point whose adaptive inner tolerance
+(:func:`gpvi.inference.cvi.inner.trial_tol`) is at its floor ``COARSE["inner_tol"]`` (there the coarse evaluation
+costs about what a fine one does, and the fine phase evaluates that neighbourhood again at ``inner_tol``).
 
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.studies.typeii_trace --families xor clf8 --sizes 2000
 [--noise 0] [--set inner_tol=1e-4] [--name NAME]``. Results: ``benchmarks/studies/results/<name>.{md,json}``
@@ -53,6 +56,22 @@ NOTE = ("Each row one fit of ``GPClassifier(random_state=0)`` with the settings 
         "of the evaluations). Posterior: walls of the engine's posterior() calls. Walls at the load quoted (1-min "
         "average before the fit), for reading only; the counts do not depend on it. The json holds every "
         "evaluation (theta, value, gradient norm, inner tolerance, inner steps, wall).")
+
+
+PROTOTYPES = ("coarse_floor_stop",)
+"""``--set`` keys that patch the library for the duration instead of naming a ``TypeII`` keyword (module docstring)."""
+
+
+def _floor_stop(typeii: Any) -> Any:
+    """``trial_tol`` that ends the coarse phase (``typeii._Resolved``) where the tolerance is at its floor."""
+    orig = typeii.trial_tol
+
+    def trial_tol(pairs: Any, theta: Any, tol: float, ratio: float, cap: float) -> float:
+        out = orig(pairs, theta, tol, ratio, cap)
+        if pairs and out <= tol:
+            raise typeii._Resolved
+        return out
+    return trial_tol
 
 
 @contextlib.contextmanager
@@ -96,10 +115,13 @@ def traced(sets: dict[str, Any]) -> Any:
 
     def init(self: Any, *a: Any, **k: Any) -> None:
         for key, v in sets.items():
-            if key not in typeii.COARSE:
+            if key not in typeii.COARSE and key not in PROTOTYPES:
                 k.setdefault(key, v)
         orig_init(self, *a, **k)
 
+    orig_tt = typeii.trial_tol
+    if sets.get("coarse_floor_stop"):
+        typeii.trial_tol = _floor_stop(typeii)
     typeii.profiled_objective, engine.CVI.run, engine.CVI.posterior = po, run, posterior
     typeii.TypeII.phase, typeii.TypeII.__init__ = phase, init
     typeii.COARSE.update({k: v for k, v in sets.items() if k in typeii.COARSE})
@@ -108,6 +130,7 @@ def traced(sets: dict[str, Any]) -> Any:
     finally:
         typeii.profiled_objective, engine.CVI.run, engine.CVI.posterior = orig_po, orig_run, orig_post
         typeii.TypeII.phase, typeii.TypeII.__init__ = orig_phase, orig_init
+        typeii.trial_tol = orig_tt
         typeii.COARSE.clear()
         typeii.COARSE.update(coarse0)
 
