@@ -5,7 +5,9 @@ process, so that every pair of fits sees the same load:
 
 * ``default``: the defaults of ``FullyBayesianCVI(seed=0)``;
 * ``h59c``: the defaults before issue 59's fourth pass (EP at 1e-3 in the engine's evaluations, the final bound
-  from 100 new draws);
+  from 100 new draws, no cubature fixed point: ``cubature=False``);
+* ``cubature``: the defaults with ``cubature=True`` (the cubature fixed point first, D <= 4:
+  :mod:`gpvi.inference.cvi.cubature`);
 * ``before``: the defaults before 2026-11-27 (``SKGaussian(num_steps=max(200, 4 D), method="gradient",
   num_draws=4, num_elbo_draws=100)`` with pseudo-random draws, EP tolerance 1e-6), given explicitly;
 * ``tol=X``: the defaults with ``ep_tol=X`` (EP's stopping rule on the largest relative site change,
@@ -84,6 +86,8 @@ def fitter(setting: str, dim: int, seed: int = 0) -> FullyBayesianCVI:
         return FullyBayesianCVI(seed=seed)
     if setting == "h59c":
         return _H59c(seed=seed)
+    if setting == "cubature":
+        return FullyBayesianCVI(cubature=True, seed=seed)
     if setting == "before":
         sk = SKGaussian(num_steps=max(200, 4 * dim), method="gradient", num_draws=4, num_elbo_draws=100, seed=seed,
                         progress_bar=False)
@@ -101,10 +105,10 @@ def fitter(setting: str, dim: int, seed: int = 0) -> FullyBayesianCVI:
 
 class _H59c(FullyBayesianCVI):
     """The defaults before issue 59's fourth pass: EP at 1e-3 in the engine's evaluations, the final bound from 100
-    new draws of q (``num_elbo_draws=100``) rather than the window's draws."""
+    new draws of q (``num_elbo_draws=100``) rather than the window's draws, S&K without the cubature fixed point."""
 
     def __init__(self, **kw: Any) -> None:
-        super().__init__(ep_tol=1e-3, **kw)
+        super().__init__(ep_tol=1e-3, cubature=False, **kw)
 
     def default_engine(self, dim: int) -> SKGaussian:
         e = super().default_engine(dim)

@@ -5,8 +5,9 @@ The third pass changed three constants, so "before" is the same code with them s
 :data:`gpvi.inference.cvi.ep_starts.QUADRATIC_MAX_DIM` = 0 (the site bank's plane), :data:`gpvi.inference.cvi.
 ep_evidence.EP_QUADRATURE_POINTS` = 64 and :data:`gpvi.inference.cvi.bayes.BINARY_PREDICTIVE_INNER_TOL` = 1e-6
 (its other change, in binary EP's sweep, gives bit-identical results). ``--before h59d``: the fourth pass's
-instead, :data:`gpvi.inference.cvi.bayes.BINARY_EP_TOL` = 1e-3 and :data:`gpvi.inference.cvi.bayes.BOUND_DRAWS` =
-100 (the final bound from 100 new draws of q). Per case (``--cases``: a binary family of
+instead, :data:`gpvi.inference.cvi.bayes.BINARY_EP_TOL` = 1e-3, :data:`gpvi.inference.cvi.bayes.BOUND_DRAWS` =
+100 (the final bound from 100 new draws of q) and :data:`gpvi.inference.cvi.bayes.CUBATURE` = False (S&K from the
+start). Per case (``--cases``: a binary family of
 ``benchmarks/heldout_families.py`` at N training rows, the higher noise level, as ``classification_heldout.py
 --sections bayes``) and repeat: ``GPClassifier()`` (type-II), ``GPClassifier(hyperparameters="bayes")`` before
 and after, in that order, one thread, ``random_state=0``. Reported: median walls, the ratios to type-II's median,
@@ -34,10 +35,11 @@ from benchmarks.heldout_families import binary_data, half_of
 from benchmarks.studies._common import header, write
 
 BEFORE = {"QUADRATIC_MAX_DIM": 0, "EP_QUADRATURE_POINTS": 64, "BINARY_PREDICTIVE_INNER_TOL": 1e-6}
-BEFORE_H59D = {"BINARY_EP_TOL": 1e-3, "BOUND_DRAWS": 100}
+BEFORE_H59D = {"BINARY_EP_TOL": 1e-3, "BOUND_DRAWS": 100, "CUBATURE": False}
 """``--before h59d``: the fourth pass's constants set back (:data:`gpvi.inference.cvi.bayes.BINARY_EP_TOL`, binary
-EP's tolerance in the engine's evaluations, and :data:`~gpvi.inference.cvi.bayes.BOUND_DRAWS`, the final bound's
-new draws), against the defaults."""
+EP's tolerance in the engine's evaluations, :data:`~gpvi.inference.cvi.bayes.BOUND_DRAWS`, the final bound's new
+draws, and :data:`~gpvi.inference.cvi.bayes.CUBATURE`, the cubature fixed point tried first), against the
+defaults."""
 WHICH = {"third": BEFORE, "h59d": BEFORE_H59D}
 BEFORE_KEY = "third"
 
@@ -76,7 +78,8 @@ def fit(Xtr: np.ndarray, ytr: np.ndarray, Xte: np.ndarray, yte: np.ndarray, kind
            "log_loss": float(-np.mean(np.where(yte == 1, np.log(p), np.log1p(-p))))}
     if kind != "type2":
         info = clf.posterior_.info
-        out.update(ep_sweeps=info["ep_counters"]["sweeps"], ep_evaluations=info["ep_counters"]["evaluations"],
+        out.update(engine=info["engine"], ep_sweeps=info["ep_counters"]["sweeps"],
+                   ep_evaluations=info["ep_counters"]["evaluations"],
                    predictive_inner_steps=info["predictive_inner_steps"], mean=clf.posterior_.mean.numpy(),
                    std=clf.posterior_.std.numpy())
     return out
@@ -98,6 +101,7 @@ def run_case(case: str, repeats: int) -> dict[str, Any]:
             "log_loss": {k: v[-1]["log_loss"] for k, v in fits.items()},
             "ep_sweeps": {k: v[-1]["ep_sweeps"] for k, v in fits.items() if k != "type2"},
             "ep_evaluations": {k: v[-1]["ep_evaluations"] for k, v in fits.items() if k != "type2"},
+            "engine": {k: v[-1]["engine"] for k, v in fits.items() if k != "type2"},
             "predictive_inner_steps": {k: v[-1]["predictive_inner_steps"] for k, v in fits.items() if k != "type2"},
             "q_mean_change_sd": float(np.abs((a["mean"] - b["mean"]) / b["std"]).max()),
             "q_log_sd_change": float(np.abs(np.log(a["std"] / b["std"])).max()),
@@ -115,7 +119,9 @@ def report(rows: list[dict[str, Any]], label: str) -> str:
              "test p change | load |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         m, ll = r["median_s"], r["log_loss"]
-        lines.append(f"| {r['half']} | {r['case']} | {m['type2']:.2f} | {m['before']:.2f} ({r['ratio_before']:.1f}) | "
+        eng = r.get("engine", {}).get("after", "")
+        lines.append(f"| {r['half']} | {r['case']}{' (' + eng + ')' if eng else ''} | {m['type2']:.2f} | "
+                     f"{m['before']:.2f} ({r['ratio_before']:.1f}) | "
                      f"**{m['after']:.2f} ({r['ratio_after']:.1f})** | {r['ep_sweeps']['before']} / "
                      f"{r['ep_sweeps']['after']} | {r['predictive_inner_steps']['before']} / "
                      f"{r['predictive_inner_steps']['after']} | {ll['type2']:.4f} / {ll['before']:.4f} / "

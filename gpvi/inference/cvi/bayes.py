@@ -36,9 +36,13 @@ from .bound import refuse_weights
 from ...numerics.lbfgs import lbfgs_maximise
 from .ep_evidence import EPEvidenceTarget
 from .ep_starts import PLANE_MAX_DIM
+from .cubature import try_cubature
 
 __all__ = ["FullyBayesianCVI", "EP_MAP_GTOL", "EP_MAP_FTOL", "EP_VALUE_TOL", "PREDICTIVE_INNER_TOL",
-           "BINARY_PREDICTIVE_INNER_TOL", "BINARY_EP_TOL", "BOUND_DRAWS"]
+           "BINARY_PREDICTIVE_INNER_TOL", "BINARY_EP_TOL", "BOUND_DRAWS", "CUBATURE"]
+
+CUBATURE = False
+"""``FullyBayesianCVI(cubature=None)``'s value; not the default (why: :data:`gpvi.inference.cvi.cubature.CHECK_TOL`)."""
 
 BOUND_DRAWS: int | str = "window"
 """The default engine's ``num_elbo_draws``: ``"window"`` (since issue 59's fourth pass; 100 new draws of q before,
@@ -61,6 +65,20 @@ N = 100 / 200, checkerboard N = 400, clf8 N = 100, D = 3 or 9) with 18-23% fewer
 moved by at most 0.005 of q's sds, their distances from NUTS unchanged; on Ionosphere (D = 35, the bank's nearest
 entry, 5.3 sweeps per evaluation) 3e-3 moved q by 0.05 sd (NUTS distance 0.08 -> 0.10 at seed 0) and 1e-2 by
 0.34-0.39 sd (0.38-0.43): the looser rule is kept to the D the tuning families covered."""
+
+CUBATURE_CHECK_TOL = 0.15
+"""The largest mean move (in q's sds) and |log sd| change that :class:`~gpvi.inference.cvi.cubature.CubatureGaussian`'s
+Monte Carlo check accepts (16 antithetic Sobol' pairs). On the tuning families
+(``benchmarks/studies/results/bayes_cubature_h59d.md``, against an 800-step S&K run from the same start) the fixed
+point took 76 / 76 / 95 / 114 EP evaluations (4-6 iterations) against S&K's 401, with q's means 0.010 / 0.012 /
+0.053 / 0.018 sd from that run (S&K's default: 0.009 / 0.014 / 0.014 / 0.017 root mean square over seeds 0-2) on xor
+N = 100, spirals N = 200, checkerboard N = 200 / 400, where the check moved it by at most 0.097 sd (three scrambles;
+checkerboard N = 200's bound equal to the long run's within 0.002 nats, 0.009 se), and 0.58 sd on spirals N = 100 (a
+posterior wide in the log signal variance: its bound 0.18 nats below the long run's), where the check's 0.53-0.86 sd
+rejects it."""
+
+CUBATURE = False
+"""``FullyBayesianCVI(cubature=None)``'s value; not the default (why: :data:`gpvi.inference.cvi.cubature.CHECK_TOL`)."""
 
 BOUND_DRAWS: int | str = "window"
 """The default engine's ``num_elbo_draws``: ``"window"`` (since issue 59's fourth pass; 100 new draws of q before,
@@ -224,6 +242,11 @@ class FullyBayesianCVI:
         distance from NUTS's and the test probabilities' (0.0129 against 0.0128) unchanged
         (``benchmarks/results/multiclass_bayes_h59b_synth4_merged.md``). The evidence then depends on the earlier
         evaluations within EP's tolerance (a seeded run still repeats bit for bit).
+    cubature : bool, optional
+        Try :class:`~gpvi.inference.cvi.cubature.CubatureGaussian` first where no ``engine`` is given, the model is
+        binary with at most 4 log-hyperparameters and the evidence is EP's (default :data:`CUBATURE`, False: less
+        accurate than S&K against NUTS): a deterministic fixed point of the same bound in about 100 EP evaluations,
+        accepted where 16 antithetic Monte Carlo pairs agree, else S&K follows (``info["cubature"]``).
     seed : int
         Seed of DSVI (when ``dsvi`` is not given) and of the predictive draws.
     progress_bar : bool
@@ -249,7 +272,7 @@ class FullyBayesianCVI:
 
     def __init__(self, engine: Any = None, *, prior: Any = "default", cvi: Any = None, inner_tol: float = 1e-9,
                  num_draws: int = 32, evidence: str = "auto", ep_tol: float | None = None, ep_bank: int = 512,
-                 seed: int = 0, progress_bar: bool = False) -> None:
+                 cubature: bool | None = None, seed: int = 0, progress_bar: bool = False) -> None:
 
         self.seed = check_seed(seed)
         self.progress_bar = check_bool(progress_bar, "progress_bar")
@@ -271,6 +294,7 @@ class FullyBayesianCVI:
         self.evidence = check_choice(evidence, "evidence", ["auto", "ep", "cvi"])
         self.ep_tol = None if ep_tol is None else check_positive(ep_tol, "ep_tol")
         self.ep_bank = check_nonnegative_int(ep_bank, "ep_bank")
+        self.cubature = CUBATURE if cubature is None else check_bool(cubature, "cubature")
 
     def __repr__(self) -> str:
         return (f"FullyBayesianCVI({self.engine!r}, inner_tol={self.inner_tol:g}, num_draws={self.num_draws}, "
@@ -387,7 +411,13 @@ class FullyBayesianCVI:
         engine = self.engine if self.engine is not None else self.default_engine(target.dim)
         start = init_to_value(theta_start, C0) if C0 is not None else init_to_value(theta_start)
         t2 = time.perf_counter()
-        q, engine, retry, fallback = self._fit_q(engine, target, start)
+        q, extra["cubature"] = None, None
+        if self.cubature and self.engine is None and evidence == "ep" and not target.multiclass:
+            q, extra["cubature"] = try_cubature(target, start, self.seed)   # None where D > 4 or it is rejected
+        if q is not None:
+            engine, retry, fallback = q.engine, None, None
+        else:
+            q, engine, retry, fallback = self._fit_q(engine, target, start)
         t_q = time.perf_counter() - t2
         map_obj = float(bound.log_joint(theta_map))
         if evidence == "ep":
