@@ -33,7 +33,8 @@ closed form,
       + P\operatorname{diag}(b\odot s^2)P + \tfrac12\boldsymbol\alpha\boldsymbol\alpha^\top - \tfrac12 P\Big),
 
 with :math:`\boldsymbol\alpha = P\tilde{\mathbf y}`, :math:`a_n = \partial_m E_n - \tilde\lambda^{(1)}_n - 2\tilde\lambda^{(2)}_n m_n`,
-:math:`b_n = \partial_v E_n - \tilde\lambda^{(2)}_n`; it is pushed through :math:`K(\theta)` by autograd. The
+:math:`b_n = \partial_v E_n - \tilde\lambda^{(2)}_n`; it is pushed through :math:`K(\theta)` by autograd's backward
+(:meth:`~gpvi.models.classification.LatentGP.kernel_vjp`, from the inner run's kernel matrix). The
 factorisation is the exact Cholesky of :func:`gpvi.linalg.cholesky_with_jitter`. At a CVI fixed point :math:`a = b = 0`,
 so this is :math:`dF/d\theta` (envelope theorem). Each evaluation costs a few O(N^3) CVI steps (warm start: per
 latent function one Cholesky factor, :math:`N^3/3` flops, and :math:`P` by ``potri``, :math:`2N^3/3`, or from
