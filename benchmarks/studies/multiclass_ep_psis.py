@@ -6,9 +6,9 @@ evaluated; since issue 59 the default reuses the window's draws instead, so this
 :data:`gpvi.inference.cvi.bayes.BOUND_DRAWS` back to 100). Pareto-smoothed importance sampling of those draws
 (:func:`gpvi.posteriors.weighted.psis`) estimates the moments of EP's posterior over theta, which q approximates by
 a Gaussian; ``multiclass_ep_reweight.md`` found that about half of q's K = 10 offset in the log signal variance is
-that approximation. This refits each set with the benchmark's settings (``FullyBayesianCVI(seed=0, evidence="ep")``, which must reproduce the stored q), and reports
-k-hat, the weights' ESS and the weighted moments against NUTS's (``multiclass_bayes_*`` runs; synth10 and synth10b
-against their long runs). Nothing is evaluated beyond the fit.
+that approximation. This refits each set with the benchmark's settings (``FullyBayesianCVI(seed=0, evidence="ep")``,
+which must reproduce the stored q), and reports k-hat, the weights' ESS and the weighted moments against NUTS's
+(``multiclass_bayes_*`` runs; synth10 and synth10b against their long runs). Nothing is evaluated beyond the fit.
 
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.studies.multiclass_ep_psis synth10 [...]``; each set writes
 ``results/multiclass_ep_psis_<set>.{md,json}``.
