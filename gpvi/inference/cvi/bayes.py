@@ -121,7 +121,8 @@ same 100 draws of the fitted q at 1e-2 against 1e-3: the bound estimate moved by
 (xor N = 400, clf8 N = 200, spirals N = 200, xor N = 100; 0.002-0.017 of its standard error) with 1.8 -> 1.0, 4.6
 -> 2.8, 2.1 -> 1.0, 1.9 -> 1.0 sweeps per evaluation; at 3e-2 clf8's moved by 0.17 standard errors. Multi-class
 keeps its tolerance (mc_clf, K = 4: 5.7e-3 nats, 0.13 standard errors, at 1e-2). q and the predictions do not use
-these evaluations."""
+these evaluations; the default bound (:data:`BOUND_DRAWS`) no longer makes them (an engine given with a number
+does)."""
 
 EP_MAP_GTOL, EP_MAP_FTOL = 1e-3, 1e-6
 """L-BFGS-B's tolerances of the EP MAP search (the start of the engine; 1e-6 and 1e-10 before issue 59). The study
