@@ -158,3 +158,22 @@ def test_type_ii_fits_give_the_previous_codes_seeded_answer(task, n, elbo, objec
     info = clf.posterior_.info
     assert (info["theta_evaluations"], info["inner_steps"], info["steps"]) == counts
     assert clf.elbo_ == pytest.approx(elbo, rel=1e-10) and info["objective"] == pytest.approx(objective, rel=1e-10)
+
+
+@pytest.mark.parametrize("n,layout,batch", [(7, "row", ()), (600, "column", ()), (300, "row", (3,)),
+                                             (257, "column", (2,))])
+def test_mirror_upper_is_the_triu_expression_bit_for_bit(n, layout, batch):
+    """sites.mirror_upper_ (the symmetrisation of P after lauum, blockwise in place) against
+    ``A.triu_().add_(A.triu(1).mT)``, on either memory layout and batched, blocks not dividing N."""
+    from gpvi.numerics.sites import mirror_upper_
+
+    base = torch.randn(*batch, n, n, dtype=torch.float64, generator=torch.Generator().manual_seed(n))
+
+    def make():                    # the same values in row-major or column-major memory
+        A = base.clone() if layout == "row" else base.mT.contiguous().mT
+        assert A.is_contiguous() == (layout == "row")
+        return A
+    ref = make()
+    ref = ref.triu_().add_(ref.triu(1).mT)
+    got = mirror_upper_(make(), block=64)
+    assert torch.equal(got, ref) and torch.equal(got, got.mT)
