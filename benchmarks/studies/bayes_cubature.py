@@ -39,31 +39,9 @@ from benchmarks.heldout_families import SPLIT, binary_data
 from benchmarks.studies._common import header, write
 from benchmarks.studies.bayes_steps import REF_SEED, engine_of
 from gpvi.inference.cvi.bayes import FullyBayesianCVI
+from gpvi.inference.cvi.cubature import rule5
 from gpvi.inference.derivatives import log_joint_and_grad
 from gpvi.inference.salimans_knowles import SKGaussian
-
-
-def rule5(D: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stroud's degree-5 fully symmetric rule for N(0, I_D), D <= 4: ``(points (2 D^2 + 1 or fewer, D), weights)``."""
-    f64 = torch.float64
-    pts, w = [torch.zeros(D, dtype=f64)], [2.0 / (D + 2)]
-    wa = (4.0 - D) / (2.0 * (D + 2) ** 2)
-    for i in range(D if wa else 0):
-        for s in (1.0, -1.0):
-            e = torch.zeros(D, dtype=f64)
-            e[i] = s * math.sqrt(D + 2)
-            pts.append(e)
-            w.append(wa)
-    r = math.sqrt((D + 2) / 2.0)
-    for i in range(D):
-        for j in range(i + 1, D):
-            for si in (1.0, -1.0):
-                for sj in (1.0, -1.0):
-                    e = torch.zeros(D, dtype=f64)
-                    e[i], e[j] = si * r, sj * r
-                    pts.append(e)
-                    w.append(1.0 / (D + 2) ** 2)
-    return torch.stack(pts), torch.tensor(w, dtype=f64)
 
 
 class Cubature:

@@ -66,36 +66,6 @@ moved by at most 0.005 of q's sds, their distances from NUTS unchanged; on Ionos
 entry, 5.3 sweeps per evaluation) 3e-3 moved q by 0.05 sd (NUTS distance 0.08 -> 0.10 at seed 0) and 1e-2 by
 0.34-0.39 sd (0.38-0.43): the looser rule is kept to the D the tuning families covered."""
 
-CUBATURE_CHECK_TOL = 0.15
-"""The largest mean move (in q's sds) and |log sd| change that :class:`~gpvi.inference.cvi.cubature.CubatureGaussian`'s
-Monte Carlo check accepts (16 antithetic Sobol' pairs). On the tuning families
-(``benchmarks/studies/results/bayes_cubature_h59d.md``, against an 800-step S&K run from the same start) the fixed
-point took 76 / 76 / 95 / 114 EP evaluations (4-6 iterations) against S&K's 401, with q's means 0.010 / 0.012 /
-0.053 / 0.018 sd from that run (S&K's default: 0.009 / 0.014 / 0.014 / 0.017 root mean square over seeds 0-2) on xor
-N = 100, spirals N = 200, checkerboard N = 200 / 400, where the check moved it by at most 0.097 sd (three scrambles;
-checkerboard N = 200's bound equal to the long run's within 0.002 nats, 0.009 se), and 0.58 sd on spirals N = 100 (a
-posterior wide in the log signal variance: its bound 0.18 nats below the long run's), where the check's 0.53-0.86 sd
-rejects it."""
-
-CUBATURE = False
-"""``FullyBayesianCVI(cubature=None)``'s value; not the default (why: :data:`gpvi.inference.cvi.cubature.CHECK_TOL`)."""
-
-BOUND_DRAWS: int | str = "window"
-"""The default engine's ``num_elbo_draws``: ``"window"`` (since issue 59's fourth pass; 100 new draws of q before,
-each an EP evaluation: 4 / 9 / 11% of the fit at xor N = 100 / 200 / 400, ``bayes_profile_h59c.md``): the final
-bound estimate reuses the averaging window's draws, importance-weighted to the returned q
-(:func:`gpvi.inference.salimans_knowles.estimates.window_bound`). The bound is reported (``elbo``, ``elbo_se``), not
-used: q and the predictions do not change."""
-
-BINARY_EP_TOL = 3e-3
-"""Binary EP's stopping rule in the engine's evaluations where ``ep_tol`` is not given (1e-3 before issue 59's
-fourth pass; multi-class keeps 1e-3). Started from the site bank's quadratic, EP's first sweep often changes the
-sites by less than this, so the evaluation stops after one factorisation. Decided on the tuning families
-(``benchmarks/studies/results/bayes_steps_h59d_tol.md``; each engine from the same start, errors against an 800-step
-run, seeds 0-2): the error of q's means in sds 0.009 / 0.134 / 0.013 / 0.016 / 0.035 at 1e-3 and 0.010 / 0.122 /
-0.014 / 0.017 / 0.036 at 3e-3 (xor N = 100, spirals N = 100 / 200, checkerboard N = 400, clf8 N = 100) with 18-23%
-fewer EP sweeps (16% at N = 400); at 1e-2 0.012 / 0.192 / 0.019 / 0.018 / 0.037, at 3e-2 up to 0.030."""
-
 PREDICTIVE_INNER_TOL = 1e-6
 """A multi-class model's predictive: its CVI runs at the draws of q stop at ``max(inner_tol, PREDICTIVE_INNER_TOL)``
 (the relative change of the bound; q itself is fitted before, at ``inner_tol``; binary models:
