@@ -289,7 +289,9 @@ class HamiltonianEngine:
             run_chains(self, st, potential, callback)
         except KeyboardInterrupt:
             interrupted = True
-        report = RunReport(interrupted=interrupted, stopped_early=False, time_s=time.perf_counter() - t0,
+        elapsed = time.perf_counter() - t0
+        st.wall_time += elapsed
+        report = RunReport(interrupted=interrupted, stopped_early=False, time_s=elapsed,
                            steps_this_run=st.t - t_before, budget=None, progress_bar=self.progress_bar)
         return self.result(target, st, report)
 

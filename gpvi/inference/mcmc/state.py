@@ -133,6 +133,9 @@ class MCMCState:
     chains : list of ChainState
     init_info : dict
         How the starting points were found (the init strategy's record and how the chains' starts were drawn).
+    wall_time : float
+        Wall seconds of every run of this state together (resumes and extensions included; the chains advance
+        together, so their own times overlap).
 
     Notes
     -----
@@ -144,6 +147,7 @@ class MCMCState:
     settings: dict[str, Any]
     chains: list[ChainState] = field(default_factory=list)
     init_info: dict[str, Any] = field(default_factory=dict)
+    wall_time: float = 0.0
 
     @property
     def num_chains(self) -> int:
@@ -156,11 +160,6 @@ class MCMCState:
         return sum(c.transitions(W) for c in self.chains)
 
     @property
-    def wall_time(self) -> float:
-        """Seconds spent in warm-up and sampling, all chains and all segments of a resumed run."""
-        return sum(c.warmup_time_s + c.sampling_time_s for c in self.chains)
-
-    @property
     def counters(self) -> dict[str, int]:
         """Per-chain counters summed over the chains (:data:`COUNTERS`), and ``divergences`` after warm-up."""
         out = {k: sum(int(getattr(c, k)) for c in self.chains) for k in COUNTERS}
@@ -170,22 +169,25 @@ class MCMCState:
     def copy(self) -> MCMCState:
         """An independent copy: running from it, or changing it, never changes this state."""
         return MCMCState(list(self.names), copy.deepcopy(self.settings), [c.copy() for c in self.chains],
-                         copy.deepcopy(self.init_info))
+                         copy.deepcopy(self.init_info), self.wall_time)
 
     def state_dict(self) -> dict[str, Any]:
         """Plain dict of tensors, numbers and strings (``torch.save`` it; load with :meth:`from_state_dict`)."""
         return {"kind": "mcmc", "names": list(self.names), "settings": dict(self.settings),
-                "chains": [c.state_dict() for c in self.chains], "init_info": _plain(self.init_info)}
+                "chains": [c.state_dict() for c in self.chains], "init_info": _plain(self.init_info),
+                "wall_time": float(self.wall_time)}
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> MCMCState:
         if not isinstance(state, dict) or state.get("kind") != "mcmc":
             raise ValueError("state must be an MCMCState or the dict returned by MCMCState.state_dict()")
-        return cls(list(state["names"]), dict(state["settings"]),
-                   [ChainState.from_state_dict(c) for c in state["chains"]], dict(state["init_info"]))
+        chains = [ChainState.from_state_dict(c) for c in state["chains"]]
+        # (a state saved before wall_time was kept: its chains' own times, the closest record there is)
+        wall = state.get("wall_time", sum(c.warmup_time_s + c.sampling_time_s for c in chains))
+        return cls(list(state["names"]), dict(state["settings"]), chains, dict(state["init_info"]), float(wall))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace this state's contents by ``state`` (from :meth:`state_dict`)."""
         other = MCMCState.from_state_dict(state)
-        self.names, self.settings, self.chains, self.init_info = (other.names, other.settings, other.chains,
-                                                                  other.init_info)
+        self.names, self.settings, self.chains, self.init_info, self.wall_time = (
+            other.names, other.settings, other.chains, other.init_info, other.wall_time)

@@ -252,6 +252,23 @@ def test_chains_on_an_accelerator_always_advance_together():
     assert chain_groups(tight, 4) == [[0, 1, 2], [3]]
 
 
+def test_total_time_is_the_wall_of_every_call():
+    """``total_time_s`` is the run's own wall for a fresh run (not the chains' overlapping times, which the chains
+    advancing together count once each) and the sum of the calls' walls after an extension; a state saved before
+    the state kept it reads the chains' times."""
+    target = gpvi.Target(lambda th: -0.5 * (th ** 2).sum(-1), names=["a", "b"])
+    first = quiet(NUTS(num_chains=3, num_warmup=20, num_draws=10, seed=0, progress_bar=False), target)
+    assert first.info.total_time_s == first.info.time_s > 0
+    chain_seconds = sum(c.warmup_time_s + c.sampling_time_s for c in first.engine_state.chains)
+    assert chain_seconds > first.info.time_s            # three chains' times overlap within one wall
+    more = quiet(NUTS(num_chains=3, num_warmup=20, num_draws=20, seed=0, progress_bar=False), target,
+                 state=first.engine_state)
+    assert more.info.total_time_s == pytest.approx(first.info.time_s + more.info.time_s, rel=1e-12)
+    old = first.engine_state.state_dict()
+    del old["wall_time"]
+    assert MCMCState.from_state_dict(old).wall_time == pytest.approx(chain_seconds, rel=1e-12)
+
+
 # ---------------------------------------------------------------------------------------------- interruption
 class StopAt:
     def __init__(self, chain: int, iteration: int) -> None:
