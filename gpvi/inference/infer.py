@@ -379,7 +379,8 @@ def infer(target: Any, *, seed: int = 0, num_psis_draws: int = 1000, engine: Any
                        "min ESS": float(d["ess_bulk"].min()), "min tail ESS": float(d["ess_tail"].min()),
                        "max R-hat": float(d["r_hat"].max()), "max MCSE of a sd (sd)": mcse_sd,
                        "divergences": int(post.stats["diverging"].sum()),
-                       "gradient evaluations": int(post.stats["n_steps"].sum())}
+                       "gradient evaluations": int(sum(post.info["num_evaluations"])),    # warm-up too
+                       "draws' gradient evaluations": int(post.stats["n_steps"].sum())}
         if post.info.get("interrupted"):
             return _stopped(post, "nuts", "NUTS (its partial chains are returned)", times, report, "nuts")
         if not met:

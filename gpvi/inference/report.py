@@ -54,7 +54,8 @@ class InferenceReport:
         Wall time (s) of each stage: ``grid`` (step 0, the MAP restarts included when it ran), ``q`` (the MAP
         restarts included when the grid did not run), ``psis`` (the check included), ``nuts``.
     nuts : dict
-        NUTS diagnostics when it ran: smallest bulk ESS, largest split R-hat, divergences, gradient evaluations.
+        NUTS diagnostics when it ran: smallest bulk ESS, largest split R-hat, divergences, gradient evaluations
+        (warm-up and draws; and the draws' alone).
     starts : list of dict
         The starts (one per distinct MAP optimum; ``q.info["starts"]``): MAP log joint, final bound, its se.
     starts_agree : bool or None
