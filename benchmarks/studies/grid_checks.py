@@ -15,7 +15,6 @@ Usage::
 
 from __future__ import annotations
 
-import math
 import os
 import time
 import warnings
@@ -28,20 +27,13 @@ from gpvi.inference.grid import grid_posterior
 from gpvi.inference.infer import map_laplace_start
 
 from benchmarks.studies._common import header, write
-from benchmarks.studies.grid_route import _synthetic
+from benchmarks.studies.grid_route import _synthetic, box_moments
 
 F64 = {"dtype": torch.float64}
 
 
 def _box(model: Any, axes: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    box = torch.cartesian_prod(*axes)
-    with torch.no_grad():
-        lp = torch.cat([model.log_joint(part) for part in torch.split(box, 20_000)])
-    lp = torch.where(torch.isfinite(lp), lp, torch.full_like(lp, -math.inf))
-    w = torch.exp(lp - lp.max())
-    w = w / w.sum()
-    m = w @ box
-    return m, torch.sqrt(w @ (box - m) ** 2)
+    return box_moments(model, axes)[2:]
 
 
 def _row(name: str, what: str, mean: Any, sd: Any, ref: tuple[torch.Tensor, torch.Tensor], extra: str = "") -> dict:

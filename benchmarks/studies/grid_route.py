@@ -108,12 +108,8 @@ def cases() -> list[tuple[str, str, Any]]:
     return out
 
 
-def box_reference(model: Any, mean: torch.Tensor, sd: torch.Tensor) -> dict[str, Any]:
-    D = mean.shape[0]
-    k, r = (48, 9.0) if D <= 3 else (34, 8.0)
-    lo, hi = mean - r * sd, mean + r * sd
-    lo[-1] = mean[-1] - 14 * sd[-1]                              # the log noise variance's small-N tail
-    axes = [torch.linspace(float(a), float(b), k, **F64) for a, b in zip(lo, hi)]
+def box_moments(model: Any, axes: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """The product grid of ``axes``, its normalised posterior weights, and the weighted means and sds."""
     box = torch.cartesian_prod(*axes)
     with torch.no_grad():
         lp = torch.cat([model.log_joint(part) for part in torch.split(box, 20_000)])
@@ -121,7 +117,16 @@ def box_reference(model: Any, mean: torch.Tensor, sd: torch.Tensor) -> dict[str,
     w = torch.exp(lp - lp.max())
     w = w / w.sum()
     m = w @ box
-    s = torch.sqrt(w @ (box - m) ** 2)
+    return box, w, m, torch.sqrt(w @ (box - m) ** 2)
+
+
+def box_reference(model: Any, mean: torch.Tensor, sd: torch.Tensor) -> dict[str, Any]:
+    D = mean.shape[0]
+    k, r = (48, 9.0) if D <= 3 else (34, 8.0)
+    lo, hi = mean - r * sd, mean + r * sd
+    lo[-1] = mean[-1] - 14 * sd[-1]                              # the log noise variance's small-N tail
+    axes = [torch.linspace(float(a), float(b), k, **F64) for a, b in zip(lo, hi)]
+    box, w, m, s = box_moments(model, axes)
     edge = torch.zeros(box.shape[0], dtype=torch.bool)
     for j in range(D):
         edge |= (box[:, j] <= axes[j][1]) | (box[:, j] >= axes[j][-2])
