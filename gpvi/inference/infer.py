@@ -182,26 +182,24 @@ def variational_fit(target: Any, *, seed: int = 0, engine: Any = None, progress_
     """
     seed = check_seed(seed)
     progress_bar = check_bool(progress_bar, "progress_bar")
-    init = None
-    if engine is None or isinstance(engine, str):
-        name = check_choice("sk" if engine is None else engine, "engine", ("sk", "dsvi"))
-        engine = DSVI(scale="full", seed=seed, progress_bar=progress_bar)
-        if name == "sk":
-            init = engine.default_init(target)                 # DSVI's starts: the MAP optima, Laplace scales
-            engine = default_sk(len(target.names), seed=seed, progress_bar=progress_bar)
     t0 = time.perf_counter()
     fallback = ""
-    if init is not None:                                      # S&K from every distinct MAP optimum
-        start = init(as_target(target)) if start is None else start
+    if engine is not None and not isinstance(engine, str):   # an engine object is run as it is
+        q = engine.run(target, init=start)
+    else:                                                     # DSVI's default starts: the MAP optima, Laplace scales
+        name = check_choice("sk" if engine is None else engine, "engine", ("sk", "dsvi"))
+        dsvi = DSVI(scale="full", seed=seed, progress_bar=progress_bar)
+        start = dsvi.default_init(target)(as_target(target)) if start is None else start
+        engine = default_sk(len(target.names), seed=seed, progress_bar=progress_bar) if name == "sk" else dsvi
         try:
-            q = run_starts(engine, target, start)
+            q = run_starts(engine, target, start)               # from every distinct MAP optimum
         except NumericalFaultError as err:                    # every start's S&K run failed: DSVI, same starts
+            if engine is dsvi:
+                raise
             fallback = f"S&K failed from every start ({str(err)[:120]}); DSVI from the same starts"
             warnings.warn(f"gpvi.infer: {fallback}", NumericalWarning, stacklevel=3)
-            engine = DSVI(scale="full", seed=seed, progress_bar=progress_bar)
+            engine = dsvi
             q = run_starts(engine, target, start)
-    else:
-        q = engine.run(target, init=init if start is None else start)
     q.info["infer"] = {"engine": getattr(engine, "name", type(engine).__name__), "fallback": fallback,
                        "wall": time.perf_counter() - t0}
     return q
