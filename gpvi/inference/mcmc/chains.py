@@ -224,7 +224,8 @@ def _run_group(engine: Any, st: MCMCState, potential: Potential, callback: Callb
     Z = torch.stack([st.chains[c].position if st.chains[c].warmed_up else st.chains[c].init for c in group]
                     ).detach().to("cpu", torch.float64).numpy().copy()
     mass = st.init_info.get("inverse_mass_matrix_init")
-    chains = {r: _chain(engine, group[r], st, counts[group[r]], bar, callback, mass) for r in todo}
+    first = st.init_info.get("inverse_mass_matrix_start")
+    chains = {r: _chain(engine, group[r], st, counts[group[r]], bar, callback, mass, first) for r in todo}
     try:
         asked = {}
         for r in todo:
@@ -254,11 +255,11 @@ def _run_group(engine: Any, st: MCMCState, potential: Potential, callback: Callb
 
 
 def _chain(engine: Any, c: int, st: MCMCState, counts: _Counts, bar: Progress, callback: Callback | None,
-           mass: torch.Tensor | None) -> Asks[None]:
+           mass: torch.Tensor | None, first: torch.Tensor | None = None) -> Asks[None]:
     """Chain ``c``: its warm-up (unless done), then its draws; a generator of requests (module docstring)."""
     if not st.chains[c].warmed_up:
         # on interruption the chain keeps no warm-up progress (resume repeats it exactly)
-        st.chains[c] = yield from _warmup(engine, c, st.chains[c], counts, callback, bar, mass)
+        st.chains[c] = yield from _warmup(engine, c, st.chains[c], counts, callback, bar, mass, first)
     yield from _sample(engine, c, st, counts, callback, bar)
 
 
@@ -269,7 +270,8 @@ def _start_point(theta: torch.Tensor) -> Asks[tuple[np.ndarray, float, np.ndarra
 
 
 def _warmup(engine: Any, c: int, cs: ChainState, counts: _Counts, callback: Callback | None,
-            bar: Progress, mass: torch.Tensor | None = None) -> Asks[ChainState]:
+            bar: Progress, mass: torch.Tensor | None = None, first: torch.Tensor | None = None
+            ) -> Asks[ChainState]:
     W = engine.num_warmup
     a = engine.adaptation
     t0 = time.perf_counter()
@@ -281,6 +283,8 @@ def _warmup(engine: Any, c: int, cs: ChainState, counts: _Counts, callback: Call
     dense = a.dense_mass or mass is not None
     if mass is not None:
         inv = mass.detach().to("cpu", torch.float64).numpy()
+    elif first is not None:                               # Adaptation.mass_start == "init"
+        inv = first.detach().to("cpu", torch.float64).numpy().copy()
     else:
         inv = np.eye(D) if dense else np.ones(D)
     metric = Metric(inv)

@@ -173,6 +173,12 @@ class HamiltonianEngine:
         if mass is not None:
             info["inverse_mass_matrix_init"] = mass
             how["mass_matrix"] = "q's covariance (dense, fixed); step size adapted"
+        elif (self.adaptation.mass_start == "init" and start.scale_source == "posterior"
+              and start.scale_tril is not None):
+            L = start.scale_tril.detach().to(torch.float64).cpu()
+            info["inverse_mass_matrix_start"] = L @ L.T if self.adaptation.dense_mass else (L * L).sum(-1)
+            how["mass_matrix"] = "adapted in windows from q's " + ("covariance" if self.adaptation.dense_mass
+                                                                    else "marginal variances")
         return MCMCState(names, self._settings(), chains, {**info, **how})
 
     def _mass_from(self, start: Start) -> torch.Tensor | None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ...validation import check_bool, check_fraction, check_positive
+from ...validation import check_bool, check_choice, check_fraction, check_positive
 
 __all__ = ["Adaptation", "ConvergenceChecks"]
 
@@ -49,6 +49,12 @@ class Adaptation:
         covariance :math:`CC^\top` as the dense :math:`M^{-1}` and adapt only the step size (default True): q
         has already learnt the scales and correlations the mass-matrix windows would estimate, so the warm-up
         can be short. False: adapt as for any other start.
+    mass_start : {"identity", "init"}
+        Where the adapted :math:`M^{-1}` starts, before the first window ends (ignored when ``mass_from_init`` fixes
+        it): ``"identity"`` (default; Stan's unit metric) or ``"init"``: when the chains start from a Gaussian
+        posterior, its marginal variances :math:`\operatorname{diag}(CC^\top)` (its covariance for a dense
+        metric), so that the start buffer's trees are as shallow as q's scales allow; the windows then estimate
+        :math:`M^{-1}` from the draws as before.
 
     Raises
     ------
@@ -60,8 +66,9 @@ class Adaptation:
     Examples
     --------
     >>> from gpvi.inference.mcmc import Adaptation
-    >>> Adaptation(target_accept=0.9, dense_mass=True)
-    Adaptation(target_accept=0.9, adapt_step_size=True, adapt_mass_matrix=True, dense_mass=True, mass_from_init=True)
+    >>> a = Adaptation(target_accept=0.9, dense_mass=True)
+    >>> a.target_accept, a.dense_mass, a.mass_from_init, a.mass_start
+    (0.9, True, True, 'identity')
     """
 
     target_accept: float = 0.8
@@ -69,8 +76,10 @@ class Adaptation:
     adapt_mass_matrix: bool = True
     dense_mass: bool = False
     mass_from_init: bool = True
+    mass_start: str = "identity"
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "mass_start", check_choice(self.mass_start, "mass_start", ("identity", "init")))
         object.__setattr__(self, "target_accept",
                            check_fraction(self.target_accept, "target_accept", high_closed=False))
         for name in ("adapt_step_size", "adapt_mass_matrix", "dense_mass", "mass_from_init"):
@@ -80,7 +89,8 @@ class Adaptation:
         """The values as a plain dict (stored in a run's state and compared on resume)."""
         return {"adapt_step_size": self.adapt_step_size, "adapt_mass_matrix": self.adapt_mass_matrix,
                 "dense_mass": self.dense_mass, "target_accept": self.target_accept,
-                "mass_from_init": self.mass_from_init}
+                "mass_from_init": self.mass_from_init,
+                **({"mass_start": self.mass_start} if self.mass_start != "identity" else {})}
 
 
 @dataclass(frozen=True)

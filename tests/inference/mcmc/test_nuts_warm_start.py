@@ -81,3 +81,27 @@ def test_a_point_start_keeps_the_usual_adaptation():
     assert "mass_matrix" not in mc.info["init"]
     with pytest.raises(TypeError):
         Adaptation(mass_from_init="yes")
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_mass_start_init_starts_the_adapted_metric_at_q_and_the_windows_replace_it(monkeypatch, dense):
+    q = GaussianPosterior(M + 0.1, 1.1 * L, NAMES)
+    from gpvi.inference.mcmc import nuts as nuts_module
+    real = nuts_module.nuts_transition
+    seen = []
+
+    def spy(z, lp, g, eps, metric, max_depth, rng):
+        seen.append(torch.from_numpy(metric.inv.copy()))
+        return real(z, lp, g, eps, metric, max_depth, rng)
+
+    monkeypatch.setattr(nuts_module, "nuts_transition", spy)
+    start = q.covariance if dense else torch.diagonal(q.covariance)
+    mc = _run(q, adaptation=Adaptation(mass_from_init=False, mass_start="init", dense_mass=dense), draws=5)
+    assert torch.allclose(seen[0], start, rtol=0, atol=1e-14)          # the first warm-up transition
+    assert not torch.allclose(seen[-1], start, rtol=0, atol=1e-3)       # the windows estimated it from the draws
+    assert mc.info["init"]["mass_matrix"].startswith("adapted in windows from q's")
+    seen.clear()
+    _run(q, adaptation=Adaptation(mass_from_init=False, dense_mass=dense), draws=5)
+    assert torch.equal(seen[0], torch.eye(3, dtype=torch.float64) if dense else torch.ones(3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="mass_start"):
+        Adaptation(mass_start="q")
