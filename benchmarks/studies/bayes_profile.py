@@ -32,6 +32,12 @@ CVI at 1e-6), load 2.2-2.3: xor N = 100 / 400 2.4 / 6.5 s (sweeps per evaluation
 (6.60 -> 5.50 sweeps per evaluation; EP MAP 2.95 -> 1.12 s, Laplace 3.50 -> 1.53 s, predictive 3.26 -> 1.53 s).
 ``h59c`` (issue 59's third pass: the site bank's quadratic, 48 tilted nodes, the binary predictive at 1e-4; also
 xor N = 200 and the S&K step, the whole of binary EP, the bank's starts and the kernel in the cumulative table).
+``h59e`` (after issue 59's fourth pass: EP at 3e-3 in the engine's evaluations, the final bound from the window's
+draws), load 1.3-1.4, xor N = 100 / 400, spirals N = 200, clf8 N = 100 / 400 (D = 3 / 3 / 3 / 9 / 9): walls 1.1 /
+4.5 / 2.3 / 3.5 / 19.8 s, MAP-II 0.07 / 0.18 / 0.20 / 0.20 / 0.50 s (2.5-9%), q 0.71 / 3.45 / 1.52 / 2.82 / 16.98 s
+(65-86%), binary EP 0.45 / 2.73 / 1.08 / 1.81 / 14.57 s of it (its factorisations and marginals 0.15 / 1.87 / 0.55
+/ 0.62 / 10.33 s), 1.5-1.7 sweeps per evaluation at D = 3 and 3.3 at D = 9; the predictive 0.24 / 0.61 / 0.43 /
+0.31 / 1.50 s.
 
 What they showed (before -> after): binary EP did 6.1 / 5.7 factorisations of B per evaluation (xor N = 100 /
 400: one per sweep, 5.1 / 4.6 sweeps, plus one more at the final sites), SciPy's triangular inverse took twice

@@ -19,7 +19,10 @@ classifier builds, ``random_state`` the fit's seed):
   (:math:`\\lambda_1 = \\tilde\\nu`, :math:`\\lambda_2 = -\\tilde\\tau / 2`). Stages (4)-(6) as today, from that point
   (EP's evaluations in S&K start from EP's sites at the EP MAP point as today);
 * ``direct2``: ``direct`` with a coarse stage first: EP at 1e-3, L-BFGS-B at ``gtol`` 1e-2 and ``ftol`` 1e-6 (the
-  type-II rule's coarse phase's), then the search above from its end.
+  type-II rule's coarse phase's), then the search above from its end;
+* ``coarse``: the defaults with MAP-II cut to the type-II rule's coarse phase (:data:`gpvi.inference.cvi.typeii.COARSE`:
+  inner runs at 1e-6, ``gtol`` 1e-2; the phase after it runs at the same settings from its end, where L-BFGS-B's rule
+  holds at once, and ends the loop); the anchor, the EP MAP search and the rest as today from that point.
 
 Per fit: wall and stages (``start``: MAP-II, or the direct EP MAP search; ``anchor + EP MAP`` is today's; then the
 Laplace scale, q, predictive), the EP MAP search's evaluations, sweeps and L-BFGS-B iterations, the CVI inner steps
@@ -46,6 +49,14 @@ at seed 1 against seed 0: 0.008-0.34 sd, 1.3e-2-9.3e-2). Not adopted: no wall ga
 type-II was 9.7-35x on the tuning cases (type-II 0.06-0.73 s), so the 10x target is far from every lever of this
 stage: removing MAP-II and the EP MAP search at no cost would save less than the 8-18% of the stages before S&K
 (the Laplace scale stays).
+
+``h59e_coarse`` (the same day, load 1.6-2.0, one fit per setting, seed 0): ``coarse`` cut MAP-II from 9-18
+evaluations / 20-83 inner steps to 6-17 / 14-70 (the fine phases had taken 1-6 evaluations; the coarse phase is
+most of the stage), and the EP MAP search from the coarse point took the same evaluations and sweeps as from the
+MAP-II point on 11 of the 12 cases (checkerboard N = 100: 3 / 5 against 2 / 2). The EP MAP point moved by at most
+0.0032 sd, q's means by 0.0034 sd, the test probabilities by 5.2e-4. The saving is at most 6 evaluations / 27 inner
+CVI steps at N = 100 (clf8; a few hundredths of a second), below the walls' noise (the stages before S&K moved by
+-0.29 to +0.42 s in single fits). Not adopted either.
 """
 
 from __future__ import annotations
@@ -80,6 +91,8 @@ phase, :data:`gpvi.inference.cvi.typeii.COARSE`)."""
 class _Recorded(FullyBayesianCVI):
     """:class:`FullyBayesianCVI` (its defaults) recording the EP MAP search's counts and the Laplace sds."""
 
+    map2_class: Any = None
+
     def run(self, model: Any, init: Any = None) -> Any:
         self.record: dict[str, Any] = {}
         keep = B.laplace_scale_at
@@ -91,7 +104,7 @@ class _Recorded(FullyBayesianCVI):
 
         record = self.record
 
-        class Counted(B.TypeII):                 # MAP-II's own counts (its result unchanged)
+        class Counted(self.map2_class or B.TypeII):          # MAP-II's own counts (its result unchanged)
             def run(self, *a: Any, **k: Any) -> Any:
                 post = super().run(*a, **k)
                 record["map2"] = {c: post.info.get(c) for c in ("theta_phases", "theta_evaluations", "inner_steps")}
@@ -158,6 +171,20 @@ class _Direct(_Recorded):
                                "ep_map_time_s": search["time_s"]}
 
 
+class _CoarseTypeII(B.TypeII):
+    """TypeII whose every phase runs at the coarse phase's settings: the phase after the coarse one starts at its
+    end and stops at once (L-BFGS-B's own rule met there), which ends the loop."""
+
+    def phase(self, *a: Any, coarse: bool = False, **k: Any) -> Any:
+        return super().phase(*a, coarse=True, **k)
+
+
+class _Coarse(_Recorded):
+    """``coarse``: the defaults with MAP-II cut to its coarse phase (module docstring)."""
+
+    map2_class = _CoarseTypeII
+
+
 class _Direct2(_Direct):
     """``direct2``: :class:`_Direct` with a coarse stage first (module docstring)."""
 
@@ -181,7 +208,8 @@ def fit(Xtr: np.ndarray, ytr: np.ndarray, Xte: np.ndarray, setting: str, seed: i
     from gpvi import GPClassifier
 
     kw = {} if setting == "type2" else {"hyperparameters": "bayes"}
-    cls = {"default": _Recorded, "direct": _Direct, "direct2": _Direct2}.get(setting, FullyBayesianCVI)
+    cls = {"default": _Recorded, "direct": _Direct, "direct2": _Direct2, "coarse": _Coarse}.get(setting,
+                                                                                                 FullyBayesianCVI)
     load = os.getloadavg()[0]
     with bayes_as(cls), warnings.catch_warnings():
         warnings.simplefilter("ignore")
