@@ -168,6 +168,16 @@ def _marginals(K: torch.Tensor, tau: torch.Tensor, nu: torch.Tensor):
     return LB, Binv, mean, var, ok
 
 
+def _rows_of(Kb: torch.Tensor, idx: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """The rows ``idx`` (``rows``, the same as a list) of ``Kb``: ``Kb`` itself for all of them, a view for a run
+    of consecutive rows (e.g. the one row left of two), a copy (gathered) only for any other subset."""
+    if len(rows) == Kb.shape[0]:
+        return Kb
+    if rows[-1] - rows[0] + 1 == len(rows):
+        return Kb[rows[0]:rows[-1] + 1]
+    return Kb[idx]
+
+
 class _Final:
     r"""Per row, the state of EP at its final sites: :math:`B^{-1}`, :math:`\tfrac12\log|B|` (the sum of the log
     diagonal of its factor), marginals, cavities, tilted :math:`\log\hat Z_n`, and whether it factorised; ``kept``
@@ -294,10 +304,10 @@ def expectation_propagation(K: torch.Tensor, y: torch.Tensor, likelihood: Any, *
             idx = (active & good).nonzero().flatten()
             if idx.numel() == 0:
                 break
-            t, n = tau[idx], nu[idx]
-            LB, Binv, mean, var, ok = _marginals(Kb if idx.numel() == S else Kb[idx], t, n)
+            t, n, rows = tau[idx], nu[idx], idx.tolist()
+            LB, Binv, mean, var, ok = _marginals(_rows_of(Kb, idx, rows), t, n)
             # a sweep that failed at an extrapolated point: back to that row's plain damped step, history cleared
-            rows, ok_rows = idx.tolist(), ok.tolist()          # one transfer each, not one per row
+            ok_rows = ok.tolist()                              # one transfer, not one per row
             retry = [i for k, i in enumerate(rows) if not ok_rows[k] and plain[i] is not None and restarts[i] < 3]
             if retry:
                 for i in retry:
@@ -344,7 +354,7 @@ def expectation_propagation(K: torch.Tensor, y: torch.Tensor, likelihood: Any, *
         rest = (~fin.kept).nonzero().flatten()
         if rest.numel():
             t, n = tau[rest], nu[rest]
-            LB, Binv, mean, var, ok_r = _marginals(Kb if rest.numel() == S else Kb[rest], t, n)
+            LB, Binv, mean, var, ok_r = _marginals(_rows_of(Kb, rest, rest.tolist()), t, n)
             tc = (1.0 / var - t).clamp_min(torch.finfo(Kb.dtype).tiny)
             mc = (mean / var - n) / tc
             lz, _, _ = _tilted(likelihood, yb[rest].reshape(-1), mc.reshape(-1), (1.0 / tc).reshape(-1), quad)
@@ -357,7 +367,7 @@ def expectation_propagation(K: torch.Tensor, y: torch.Tensor, likelihood: Any, *
         grad_k = None
         if gradient:                          # 0.5 (b b^T - R), R = S^1/2 B^-1 S^1/2, in place in the kept B^-1
             b = nu - tau * mean
-            grad_k = fin.Binv.mul_(sW.unsqueeze(-1)).mul_(sW.unsqueeze(-2)).mul_(-0.5)
+            grad_k = fin.Binv.mul_(sW.unsqueeze(-1)).mul_(-0.5 * sW.unsqueeze(-2))   # -1/2 exact: two passes
             grad_k.baddbmm_(b.unsqueeze(-1), b.unsqueeze(-2), alpha=0.5)
             ok = ok & torch.isfinite(grad_k.sum((-2, -1)))     # a NaN or an infinity anywhere reaches the sum
             if not bool(ok.all()):

@@ -253,3 +253,26 @@ def test_the_evidence_target_uses_a_48_point_rule_within_1e7_of_the_96_point_evi
                                       damping=target.damping, anderson=target.anderson)
         gap = max(float((ours.log_z - ref.log_z).abs().max()), float((ours.grad_k - ref.grad_k).abs().max()))
         assert (gap < 1e-7) == close, (n, gap)
+
+
+def test_rows_that_stop_at_different_sweeps_give_each_rows_own_run(monkeypatch):
+    """Four rows that converge after different numbers of sweeps: the sweeps in between run on the rows still
+    active, as a view where they are consecutive and gathered where not (``_rows_of``); every field of every row
+    equals that row's EP run alone (1e-12), and both kinds of subset occurred."""
+    from gpvi.numerics import ep
+
+    model = _data(30)
+    X, y = model.X, model.y
+    thetas = ([0.0, 0.0], [0.6, 5.0], [-0.5, 1.0], [0.3, 4.0])          # 10 / 16 / 11 / 16 sweeps
+    K = torch.stack([_rbf(X, torch.tensor(t, dtype=F64)) for t in thetas]) + 1e-8 * torch.eye(30, dtype=F64)
+    seen = []
+    real = ep._rows_of
+    monkeypatch.setattr(ep, "_rows_of", lambda Kb, idx, rows: seen.append(list(rows)) or real(Kb, idx, rows))
+    res = expectation_propagation(K, y, BernoulliLogit(), tol=1e-10, anderson=5)
+    assert len(set(res.sweeps.tolist())) > 1 and bool(res.converged.all())
+    assert any(len(r) < 4 and r[-1] - r[0] + 1 == len(r) for r in seen), seen    # a view ([1, 2, 3])
+    assert any(r[-1] - r[0] + 1 != len(r) for r in seen), seen                   # a gathered subset ([1, 3])
+    for i in range(4):
+        one = expectation_propagation(K[i], y, BernoulliLogit(), tol=1e-10, anderson=5)
+        for name, a, b in zip(res._fields, res, one):
+            torch.testing.assert_close(a[i], b[0], rtol=1e-12, atol=1e-12, msg=name)
