@@ -6,6 +6,8 @@ process, so that every pair of fits sees the same load:
 * ``default``: the defaults of ``FullyBayesianCVI(seed=0)``;
 * ``h59c``: the defaults before issue 59's fourth pass (EP at 1e-3 in the engine's evaluations, the final bound
   from 100 new draws, no cubature fixed point: ``cubature=False``);
+* ``h59e``: the defaults before issue 59's fifth pass (the site bank's intercept from ``torch.linalg.pinv``
+  instead of a QR factorisation; EP's sweeps are bit-identical);
 * ``cubature``: the defaults with ``cubature=True`` (the cubature fixed point first, D <= 4:
   :mod:`gpvi.inference.cvi.cubature`);
 * ``before``: the defaults before 2026-11-27 (``SKGaussian(num_steps=max(200, 4 D), method="gradient",
@@ -86,6 +88,8 @@ def fitter(setting: str, dim: int, seed: int = 0) -> FullyBayesianCVI:
         return FullyBayesianCVI(seed=seed)
     if setting == "h59c":
         return _H59c(seed=seed)
+    if setting == "h59e":
+        return _BankPinv(seed=seed)
     if setting == "cubature":
         return FullyBayesianCVI(cubature=True, seed=seed)
     if setting == "before":
@@ -146,6 +150,21 @@ class _Quadratic(FullyBayesianCVI):
             return super().run(model, init)
         finally:
             ep_starts.QUADRATIC_MAX_DIM = keep
+
+
+class _BankPinv(FullyBayesianCVI):
+    """The defaults with the site bank's intercept from ``torch.linalg.pinv`` (``h59e``), as before issue 59's fifth
+    pass (:func:`gpvi.inference.cvi.ep_starts.intercept_weights` now: QR and one triangular solve)."""
+
+    def run(self, model: Any, init: Any = None) -> Any:
+        from gpvi.inference.cvi import ep_starts
+
+        keep = ep_starts.intercept_weights
+        ep_starts.intercept_weights = lambda X: torch.linalg.pinv(X)[:, 0, :]
+        try:
+            return super().run(model, init)
+        finally:
+            ep_starts.intercept_weights = keep
 
 
 def run(name: str, n: int, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -218,7 +237,8 @@ def main() -> None:
     ap.add_argument("--datasets", nargs="+", default=["pima"])
     ap.add_argument("--n-train", nargs="+", type=int, default=[100])
     ap.add_argument("--settings", nargs="+", default=["before", "default"],
-                    help="'default', 'before', 'tol=X', 'draws=K', 'bank=K' or 'quad=K' (module docstring)")
+                    help="'default', 'before', 'h59c', 'h59e', 'cubature', 'tol=X', 'draws=K', 'bank=K' or 'quad=K' "
+                         "(module docstring)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--seeds", nargs="+", type=int, default=[0], help="seeds of the fits (every setting per seed)")
     ap.add_argument("--name", default="classification_bayes_speed_defaults")

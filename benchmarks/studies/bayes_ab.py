@@ -7,7 +7,8 @@ ep_evidence.EP_QUADRATURE_POINTS` = 64 and :data:`gpvi.inference.cvi.bayes.BINAR
 (its other change, in binary EP's sweep, gives bit-identical results). ``--before h59d``: the fourth pass's
 instead, :data:`gpvi.inference.cvi.bayes.BINARY_EP_TOL` = 1e-3, :data:`gpvi.inference.cvi.bayes.BOUND_DRAWS` =
 100 (the final bound from 100 new draws of q) and :data:`gpvi.inference.cvi.bayes.CUBATURE` = False (S&K from the
-start). Per case (``--cases``: a binary family of
+start); ``--before h59e``: the fifth pass's site-bank intercept by the pseudo-inverse (:data:`BEFORE_H59E`). Per
+case (``--cases``: a binary family of
 ``benchmarks/heldout_families.py`` at N training rows, the higher noise level, as ``classification_heldout.py
 --sections bayes``) and repeat: ``GPClassifier()`` (type-II), ``GPClassifier(hyperparameters="bayes")`` before
 and after, in that order, one thread, ``random_state=0``. Reported: median walls, the ratios to type-II's median,
@@ -40,7 +41,20 @@ BEFORE_H59D = {"BINARY_EP_TOL": 1e-3, "BOUND_DRAWS": 100, "CUBATURE": False}
 EP's tolerance in the engine's evaluations, :data:`~gpvi.inference.cvi.bayes.BOUND_DRAWS`, the final bound's new
 draws, and :data:`~gpvi.inference.cvi.bayes.CUBATURE`, the cubature fixed point tried first), against the
 defaults."""
-WHICH = {"third": BEFORE, "h59d": BEFORE_H59D}
+
+
+def _pinv_intercept(X: torch.Tensor) -> torch.Tensor:
+    """The site bank's intercept weights before issue 59's fifth pass: the first row of ``torch.linalg.pinv(X)``."""
+    return torch.linalg.pinv(X)[:, 0, :]
+
+
+BEFORE_H59E = {"intercept_weights": _pinv_intercept}
+"""``--before h59e``: the site bank's quadratic takes its intercept from the pseudo-inverse (an SVD) again instead of
+a QR factorisation (:func:`gpvi.inference.cvi.ep_starts.intercept_weights`); the fifth pass's other changes, inside
+binary EP's sweep, give bit-identical results and cannot be set back here (``benchmarks/studies/ep_sweep_lean.py``
+replays them)."""
+WHICH = {"third": BEFORE, "h59d": BEFORE_H59D, "h59e": BEFORE_H59E}
+PASS = {"third": "third pass", "h59d": "fourth pass (h59d)", "h59e": "fifth pass (h59e: the bank's intercept by QR)"}
 BEFORE_KEY = "third"
 
 
@@ -52,7 +66,7 @@ def before() -> Any:
     import gpvi.inference.cvi.ep_starts as S
 
     values = WHICH[BEFORE_KEY]
-    home = {"QUADRATIC_MAX_DIM": S, "EP_QUADRATURE_POINTS": E}
+    home = {"QUADRATIC_MAX_DIM": S, "EP_QUADRATURE_POINTS": E, "intercept_weights": S}
     mods = {k: home.get(k, B) for k in values}
     keep = {k: getattr(m, k) for k, m in mods.items()}
     for k, m in mods.items():
@@ -109,7 +123,7 @@ def run_case(case: str, repeats: int) -> dict[str, Any]:
 
 
 def report(rows: list[dict[str, Any]], label: str) -> str:
-    what = "third pass" if BEFORE_KEY == "third" else "fourth pass (h59d)"
+    what = PASS[BEFORE_KEY]
     lines = [header(f"The fully Bayesian classifier before / after issue 59's {what}, against type-II ({label})"),
              "", "Protocol in the docstring of `benchmarks/studies/bayes_ab.py`: type-II, bayes before, bayes after, "
              "alternated in one process, one thread; medians of the repeats; load: the 1-min load average before "
@@ -138,7 +152,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--label", default="h59c")
     ap.add_argument("--before", choices=sorted(WHICH), default="third",
-                    help="what 'before' sets back: the third pass's constants or the fourth's (h59d)")
+                    help="what 'before' sets back: the third pass's constants, the fourth's (h59d) or the fifth's "
+                         "bank intercept (h59e)")
     a = ap.parse_args()
     global BEFORE_KEY
     BEFORE_KEY = a.before

@@ -11,7 +11,8 @@ the bank holds fewer, and above :data:`PLANE_MAX_DIM` log-hyperparameters), site
 :math:`\tilde\tau(\theta) \approx a + J(\theta - \theta_*)`, weights
 :math:`1/(d_i + 10^{-3}\max_j d_j)` by Euclidean distance in the log-hyperparameters, precisions clipped at 0;
 once the bank holds twice the coefficients of a full quadratic, :math:`p = 1 + D + D(D+1)/2`, it fits that
-quadratic through the :math:`2p` nearest entries instead (up to :data:`QUADRATIC_MAX_DIM`). On the tuning families
+quadratic through the :math:`2p` nearest entries instead (up to :data:`QUADRATIC_MAX_DIM`); the fit's intercept
+comes from a QR factorisation (:func:`intercept_weights`). On the tuning families
 of issue 59 the quadratic's first undamped sweep changed the sites by 2.7x less than the plane's (median relative
 change 1.6e-3 against 4.3e-3 at xor N = 100, 1.7e-3 against 5.8e-3 at spirals N = 200; a third of the evaluations
 then stop after that one sweep against 1-2%), and EP took 1.84 / 1.67 / 1.90 / 1.75 / 1.46 sweeps per evaluation
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["SiteBank", "PLANE_MAX_DIM", "QUADRATIC_MAX_DIM"]
+__all__ = ["SiteBank", "PLANE_MAX_DIM", "QUADRATIC_MAX_DIM", "RANK_RTOL", "intercept_weights"]
 
 PLANE_MAX_DIM = 10
 """Above this many log-hyperparameters a :class:`SiteBank` starts from the nearest entry's sites, not the plane:
@@ -46,6 +47,11 @@ QUADRATIC_MAX_DIM = PLANE_MAX_DIM
 """Up to this many log-hyperparameters (once the bank holds twice its coefficients) a :class:`SiteBank` fits a full
 quadratic in theta through the 2 (1 + D + D (D + 1) / 2) nearest entries instead of the plane (module docstring;
 measured at D = 3, 4, 5 and 9)."""
+
+
+RANK_RTOL = 1e-8
+""":func:`intercept_weights` falls back to the pseudo-inverse for a row whose triangular factor has a diagonal entry
+below this times its largest."""
 
 
 class SiteBank:
@@ -111,13 +117,39 @@ class SiteBank:
             cols.append((dx.unsqueeze(-1) * dx.unsqueeze(-2))[..., iu[0], iu[1]])
         X = torch.cat(cols, -1) * w.unsqueeze(-1)                              # (S, k, terms)
         # the fit's value at theta is the intercept: row 0 of pinv(X) weighs the (weighted) neighbours' sites
-        u = torch.linalg.pinv(X)[:, 0, :] * w                                  # (S, k)
+        u = intercept_weights(X) * w                                           # (S, k)
         fit_tau = (u.unsqueeze(-1) * A[idx]).sum(1)
         fit_nu = (u.unsqueeze(-1) * B[idx]).sum(1)
         good = torch.isfinite(fit_tau).all(-1) & torch.isfinite(fit_nu).all(-1)
         tau = torch.where(good.unsqueeze(-1), fit_tau.clamp_min(0.0), tau)
         nu = torch.where(good.unsqueeze(-1), fit_nu, nu)
         return tau, nu
+
+
+def intercept_weights(X: torch.Tensor) -> torch.Tensor:
+    r"""The least-squares fit's intercept as weights on the observations: for ``X`` ``(S, k, p)`` of full column
+    rank whose *first* column is the (weighted) intercept, the first row of :math:`X^+` ``(S, k)``, as
+    ``torch.linalg.pinv(X)[:, 0, :]`` gives it (the bank's path before issue 59's fifth pass).
+
+    From the reduced QR factorisation :math:`X = QR`, :math:`X^+ = R^{-1}Q^\top`, so the row is
+    :math:`Q\mathbf a` with :math:`R^\top\mathbf a = \mathbf e_1` (one triangular solve of order p): one
+    batched Householder QR instead of the SVD of :func:`torch.linalg.pinv`: at D = 9 (k = 110 neighbours, p = 55
+    coefficients, 4 rows) 0.42 against 2.2 ms a call, over clf8 N = 100's fit 0.16 against 0.52 s; on the tuning
+    families' fits (xor, spirals, checkerboard N = 200 / 400, clf8 N = 100) the weights agree with the
+    pseudo-inverse's to 3.7e-14 relative (condition numbers 4-1,549; ``benchmarks/studies/results/
+    ep_sweep_lean_h59ep.md``). A row whose :math:`R` has a diagonal entry below :data:`RANK_RTOL` times its largest
+    (numerically rank deficient, where the pseudo-inverse's minimum-norm answer and the triangular solve's part)
+    takes the pseudo-inverse's row (none did in those fits)."""
+    Q, R = torch.linalg.qr(X)
+    e1 = torch.zeros(*R.shape[:-1], 1, dtype=R.dtype, device=R.device)
+    e1[..., 0, 0] = 1.0
+    a = torch.linalg.solve_triangular(R.transpose(-1, -2), e1, upper=False)       # (S, p, 1)
+    u = (Q @ a).squeeze(-1)
+    d = R.diagonal(dim1=-2, dim2=-1).abs()
+    weak = ~(d.amin(-1) > RANK_RTOL * d.amax(-1)) | ~torch.isfinite(u).all(-1)
+    if bool(weak.any()):
+        u[weak] = torch.linalg.pinv(X[weak])[:, 0, :]
+    return u
 
 
 def _quadratic_terms(D: int) -> int:

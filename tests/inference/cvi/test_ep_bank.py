@@ -187,3 +187,32 @@ def test_the_predictives_looser_cvi_tolerance_keeps_the_probabilities_of_tight_r
     assert bound.counters["inner_steps"] - steps0 > post.info["predictive_inner_steps"]
     gap = float((tight.predict_proba(Xt) - post.predict_proba(Xt)).abs().max())
     assert 0 < gap < 1e-3, gap
+
+
+def test_the_intercept_weights_by_qr_are_pinvs_row_and_a_rank_deficient_fit_falls_back_to_pinv():
+    """``intercept_weights`` (QR and one triangular solve) against the pseudo-inverse's first row it replaces
+    (issue 59's fifth pass): the quadratic's weighted design at D = 3 and 9 within 1e-12 relative; a design with
+    two equal columns (rank deficient) takes pinv's row, a finite minimum-norm answer, and a batch mixing both kinds
+    keeps the full-rank rows' QR answers."""
+    from gpvi.inference.cvi.ep_starts import intercept_weights
+
+    g = torch.Generator().manual_seed(5)
+    for D in (3, 9):
+        p = 1 + D + D * (D + 1) // 2
+        dx = 0.3 * torch.randn(4, 2 * p, D, generator=g, dtype=F64)
+        w = 1.0 / (dx.norm(dim=-1) + 1e-3)
+        iu = torch.triu_indices(D, D)
+        X = torch.cat([torch.ones(4, 2 * p, 1, dtype=F64), dx,
+                       (dx.unsqueeze(-1) * dx.unsqueeze(-2))[..., iu[0], iu[1]]], -1) * w.unsqueeze(-1)
+        ref = torch.linalg.pinv(X)[:, 0, :]
+        u = intercept_weights(X)
+        assert float((u - ref).abs().max() / ref.abs().max()) < 1e-12, D
+        # the fit reproduces an exact quadratic's intercept: u . (X beta) / w = beta_0
+        beta = torch.randn(p, generator=g, dtype=F64)
+        torch.testing.assert_close((u * (X @ beta)).sum(-1), beta[0].expand(4), rtol=1e-10, atol=1e-10)
+    bad = X.clone()
+    bad[1, :, 2] = bad[1, :, 1]                                    # row 1: two equal columns
+    u = intercept_weights(bad)
+    assert bool(torch.isfinite(u).all())
+    torch.testing.assert_close(u[1], torch.linalg.pinv(bad[1])[0], rtol=0, atol=0)
+    torch.testing.assert_close(u[[0, 2, 3]], intercept_weights(X[[0, 2, 3]]), rtol=0, atol=0)
