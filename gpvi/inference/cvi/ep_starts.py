@@ -133,10 +133,8 @@ def intercept_weights(X: torch.Tensor) -> torch.Tensor:
 
     From the reduced QR factorisation :math:`X = QR`, :math:`X^+ = R^{-1}Q^\top`, so the row is
     :math:`Q\mathbf a` with :math:`R^\top\mathbf a = \mathbf e_1` (one triangular solve of order p): one
-    batched Householder QR instead of the SVD of :func:`torch.linalg.pinv`: at D = 9 (k = 110 neighbours, p = 55
-    coefficients, 4 rows) 0.42 against 2.2 ms a call, over clf8 N = 100's fit 0.16 against 0.52 s; on the tuning
-    families' fits (xor, spirals, checkerboard N = 200 / 400, clf8 N = 100) the weights agree with the
-    pseudo-inverse's to 3.7e-14 relative (condition numbers 4-1,549; ``benchmarks/studies/results/
+    batched Householder QR instead of the SVD of :func:`torch.linalg.pinv` (its cost against the SVD's, and the
+    weights' agreement with the pseudo-inverse's on the tuning families' fits: ``benchmarks/studies/results/
     ep_sweep_lean_h59ep.md``). A row whose :math:`R` has a diagonal entry below :data:`RANK_RTOL` times its largest
     (numerically rank deficient, where the pseudo-inverse's minimum-norm answer and the triangular solve's part)
     takes the pseudo-inverse's row (none did in those fits)."""
