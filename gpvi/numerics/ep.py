@@ -137,9 +137,8 @@ def _marginals(K: torch.Tensor, tau: torch.Tensor, nu: torch.Tensor):
     With :math:`\tilde S = \operatorname{diag}\tilde\tau`, :math:`\tilde S^{1/2}\Sigma\tilde S^{1/2} = I - B^{-1}`,
     so :math:`\Sigma_{nn} = (1 - (B^{-1})_{nn})/\tilde\tau_n`: one inverse from the factor
     (:func:`torch.cholesky_inverse`, LAPACK's ``potri``, :math:`2N^3/3` flops, which the gradient
-    :math:`R = \tilde S^{1/2}B^{-1}\tilde S^{1/2}` then reuses; on one CPU thread, for a batch of 4, 0.2 / 1.2 /
-    4.6 ms against 0.4 / 1.6 / 10.6 ms for :func:`gpvi.linalg.triangular_inverse` plus the column norms at N = 100 /
-    200 / 400: ``benchmarks/studies/results/bayes_profile_after.md``)
+    :math:`R = \tilde S^{1/2}B^{-1}\tilde S^{1/2}` then reuses; faster than :func:`gpvi.linalg.triangular_inverse`
+    plus the column norms at N = 100-400: ``benchmarks/studies/results/bayes_profile_after.md``)
     instead of the solve :math:`L_B^{-1}\tilde S^{1/2}K` (:math:`N^3`). Where the subtraction would lose more than 4
     digits (:math:`\tilde\tau_n\Sigma_{nn} < 10^{-4}`, e.g. the prior's zero sites) the direct
     :math:`K_{nn} - \mathbf k_n^\top\tilde S^{1/2}B^{-1}\tilde S^{1/2}\mathbf k_n` is used.

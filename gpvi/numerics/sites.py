@@ -128,10 +128,10 @@ def marginals(K: torch.Tensor, L: torch.Tensor, ytilde: torch.Tensor, *, keep_in
     (:func:`keeps_inverse`, ``benchmarks/studies/results/typeii_inverse.md``): below :data:`INVERSE_MIN`, LAPACK's
     ``potri`` (:func:`torch.cholesky_inverse`: the triangular inverse and :math:`L^{-\top}L^{-1}`,
     :math:`2N^3/3` flops, through torch's LAPACK), which leaves :math:`P` itself for :func:`kernel_gradient_summed`
-    and took less time than SciPy's ``trtri`` alone there (N = 300: 0.69 against 1.18 ms; three factors of 300:
-    1.9 against 3.4 ms); from it on, the triangular inverse (:func:`gpvi.linalg.triangular_inverse`, SciPy's
-    ``trtri``, :math:`N^3/3`) and :math:`P_{nn} = \lVert L^{-1} e_n\rVert^2` (N = 2,000: 94 against 135 ms;
-    N = 5,000: 1.05 against 2.03 s). The default (neither ``keep_*``) takes the cheaper one; ``keep_precision``
+    and took less time than SciPy's ``trtri`` alone there; from it on, the triangular inverse
+    (:func:`gpvi.linalg.triangular_inverse`, SciPy's ``trtri``, :math:`N^3/3`) and
+    :math:`P_{nn} = \lVert L^{-1} e_n\rVert^2`, 0.5-0.7x the time of ``potri`` at N = 2,000-5,000 (both
+    measured in ``typeii_inverse.md``). The default (neither ``keep_*``) takes the cheaper one; ``keep_precision``
     and ``keep_inverse`` ask for ``potri`` and for the triangular inverse.
 
     The :math:`s_n` are read off the factor, :math:`s_n = (LL^\top)_{nn} - K_{nn}` (jitter included). The
@@ -351,7 +351,7 @@ def mirror_upper_(A: torch.Tensor, block: int = 256) -> torch.Tensor:
     r"""``A`` (..., N, N) made symmetric from its upper triangle, in place (the strictly lower one is overwritten),
     returned: the same numbers as ``A.triu_().add_(A.triu(1).mT)``, by copies of blocks of ``block`` columns of the
     upper triangle into the rows below them, without that expression's N x N temporary and its passes over the whole
-    matrix (N = 2,000: 9-13 against 32-35 ms, one thread; once per type-II evaluation with :math:`L^{-1}` kept)."""
+    matrix (a third of its time at N = 2,000; once per type-II evaluation with :math:`L^{-1}` kept)."""
     n = A.shape[-1]
     for i in range(0, n, block):
         j = min(i + block, n)

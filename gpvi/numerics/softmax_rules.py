@@ -201,7 +201,7 @@ def _workspace(numel: int, like: torch.Tensor) -> torch.Tensor:
     """A flat scratch buffer of ``numel`` elements on ``like``'s device and dtype, reused across calls (one per
     thread, CPU only, at most 64 MiB kept; a fresh tensor otherwise). The softmax averages fill a (K, N, S) block
     at every CVI step: allocating it afresh each time cost more in page faults than the arithmetic (N = 210,
-    S = 1,024, K = 10: 16,500 faults and 31 ms of system time per call on this 2-core machine). Callers must not
+    S = 1,024, K = 10: 16,500 faults per call). Callers must not
     return views of it."""
     nbytes = numel * like.element_size()
     if like.device.type != "cpu" or nbytes > _WORKSPACE_MAX_BYTES:

@@ -78,7 +78,7 @@ variances 1e-3..1e3), 48 points are off by at most 1.2e-8 in :math:`\log\hat Z_n
 tilted sd in the mean and 4.1e-7 relative in the variance (64 points: 3e-13, 1.4e-12, 1.1e-11; 32: 1.4e-4, 5.4e-4,
 2.4e-3), four orders below EP's stopping rule in the engine's evaluations (1e-3) and below that of the EP MAP search
 (1e-6) (``benchmarks/studies/bayes_profile.py``). 64 before issue 59's third pass: 48 nodes take 20-28% less time
-per tilted-moment pass (400-1,600 cavities, one thread: 0.43 -> 0.33, 0.90 -> 0.69, 1.96 -> 1.42 ms), and on the
+per tilted-moment pass (400-1,600 cavities), and on the
 tuning families (xor N = 100 / 400, spirals N = 100, clf8 N = 100) the fits took the same EP sweeps, q(theta) moved
 by at most 4e-11 of its sds and the test probabilities by at most 6e-12
 (``benchmarks/studies/results/bayes_nodes_h59c.md``)."""
