@@ -13,8 +13,8 @@ operations that allocate their result (the in-place ones took the same time in b
 :func:`set_malloc_thresholds` sets the two thresholds to the values that rule tends to, 32 MiB and 64 MiB, so the
 first fit runs like a warm one, with identical results. Measured on a fresh process
 (``benchmarks/studies/results/malloc_thresholds.md``, 2 cores, 3 runs each, medians): the default multi-class fully
-Bayesian fit on ``synth4`` 83.9 s with them against 111.7 s without (0.75x), ``gpvi.infer`` on Bodyfat 64.5 against
-68.3 s (0.94x); single runs of type-II ``GPClassifier`` fits differed by -10 % to +4 %, within their noise.
+Bayesian fit on ``synth4`` took 0.75x the time without them, ``gpvi.infer`` on Bodyfat 0.94x; single runs of
+type-II ``GPClassifier`` fits differed by -10 % to +4 %, within their noise.
 
 **Why not on import.** The thresholds belong to the whole process, not to gpvi: with them, up to 64 MiB of freed
 memory may stay with the process instead of going back to the system, and every other library's blocks of up to

@@ -41,7 +41,7 @@ so every site estimate has a negative second natural parameter. The estimators (
   to the rule's error, so CVI's fixed point is a stationary point of the reported bound only to that error (on
   digits, 300 rows, the monotone inner runs of MAP-II undo 10 of 195 steps for it). The exact derivative was
   tried (with an antithetic, whitened point set so that it stays finite as :math:`v \to 0`): MAP-II on the same
-  digits split then needed 62 instead of 28 evaluations of theta (28.7 s against 16.8 s), so Price's form stays.
+  digits split then needed 62 instead of 28 evaluations of theta (1.7x the time), so Price's form stays.
 
 Names: ``m``, ``v`` (N, K) marginal means and variances, ``dm``, ``dv`` (N, K) the derivatives, ``y`` (N,) class
 indices in 0..K-1, ``F`` latent values (..., K).

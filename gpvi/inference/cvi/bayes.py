@@ -72,7 +72,7 @@ PREDICTIVE_INNER_TOL = 1e-6
 :data:`BINARY_PREDICTIVE_INNER_TOL`). On the tuning families, against ``inner_tol`` 1e-9 (binary at this tolerance too):
 the test probabilities moved by at most 1.2e-5 / 3.9e-5 / 1.3e-5 (xor N = 400, clf8 N = 200, spirals N = 100) with
 193 -> 139, 323 -> 230, 211 -> 153 inner steps for the 32 draws; multi-class (mc_clf, K = 4, N = 100) by at most
-1.1e-4 with 629 -> 350 steps (2.4 -> 1.5 s)."""
+1.1e-4 with 629 -> 350 steps."""
 
 BINARY_PREDICTIVE_INNER_TOL = 1e-4
 """The same for a binary model: its predictive's CVI runs stop at ``max(inner_tol, BINARY_PREDICTIVE_INNER_TOL)``

@@ -4,7 +4,7 @@ A CVI run ends by building its posterior (:meth:`gpvi.CVI.posterior` through the
 factor of :math:`K + S`, the marginals and the bound, one :math:`O(N^3)` evaluation). Inside the type-II loop a run
 is almost always followed by a hyperparameter phase, which needs only the run's state, and the loop's answer is the
 posterior of the phase's end; so the first run's posterior and those of the runs between phases were built and
-dropped (two of the three posteriors of a binary fit at N = 2,000, about 0.2 s each, 2-3% of the fit:
+dropped (two of the three posteriors of a binary fit at N = 2,000, 2-3% of the fit:
 ``benchmarks/studies/results/typeii_trace_h59d.md``). :func:`run_deferred` runs the engine the same way and returns
 a :class:`RunEnd` (the state and the run's report); :meth:`RunEnd.posterior` builds the posterior the run would have
 returned, bit for bit, where the loop does end on a run (interrupted, not converged, Ctrl-C in a phase).
@@ -84,7 +84,7 @@ def final_posterior(cvi: Any, model: Any, state: Any, end: dict[str, Any] | None
     expectations, so their bound is the posterior's) the posterior is of those sites, from their pieces where at
     hand: the objective reported is then the value the phase maximised, and the factorisation, marginals and bound
     of the sites one inner step past them (``state``'s, within the inner tolerance of the same fixed point) are not
-    computed again (one of the two posteriors a binary fit built: about 0.2 s at N = 2,000). Without ``end`` or
+    computed again (one of the two posteriors a binary fit built). Without ``end`` or
     ``same_rule`` (the softmax's cheaper inner rule), ``state``'s sites as they are.
     """
     pieces = None

@@ -29,8 +29,8 @@ warm-start point (computed once; the prior's zero sites if that run fails): by d
 :class:`~gpvi.inference.cvi.bayes.FullyBayesianCVI` the EP MAP point once its search is done (:meth:`warm_from`),
 around which the engine draws. A fixed warm start keeps ``log_joint`` a deterministic function of :math:`\theta`
 (seeded runs repeat bit for bit), and draws of :math:`q(\theta)` near it need fewer sweeps than from the prior: on
-the ten-class synth10b 5.9 sweeps per evaluation from the EP MAP point against 6.9 from the CVI MAP-II point (fit
-264 -> 221 s; held out, synth4 / synth6 / Pima / Ripley 0.3 / 0.15 / -0.04 / 0.07 fewer, q moved by at most 0.013
+the ten-class synth10b 5.9 sweeps per evaluation from the EP MAP point against 6.9 from the CVI MAP-II point (the
+fit 0.84x as long; held out, synth4 / synth6 / Pima / Ripley 0.3 / 0.15 / -0.04 / 0.07 fewer, q moved by at most 0.013
 of its sds; ``benchmarks/results/ep_warm_start_*.md``). For its engine's evaluations
 :class:`~gpvi.inference.cvi.bayes.FullyBayesianCVI` then switches to starts predicted from the converged sites of
 earlier evaluations (:meth:`EPEvidenceTarget.start_from_neighbours`, :mod:`gpvi.inference.cvi.ep_starts`): fewer
@@ -88,9 +88,9 @@ EP_CHUNK_ELEMENTS = 5 * 2 ** 16
 EP_CHUNK_ROWS = 16
 """Binary EP runs the rows of one call in chunks of at most :data:`EP_CHUNK_ROWS` rows and
 :data:`EP_CHUNK_ELEMENTS` kernel-matrix entries (2.5 MiB per :math:`S\times N\times N` array in float64; at least
-one row): 100 rows of the evidence without the gradient (the final bound estimate's work) took 1.56 s in chunks of 2
-against 2.84 s in one batch at N = 400, 0.46 (chunks of 13) against 0.58 s at N = 200 and 0.14 (chunks of 16)
-against 0.19 s at N = 100 (one thread, load 3, tuning family xor: ``benchmarks/studies/results/ep_chunks.md``)."""
+one row): 100 rows of the evidence without the gradient (the final bound estimate's work) took 0.55x the time of
+one batch at N = 400 (chunks of 2), 0.79x at N = 200 (chunks of 13) and 0.74x at N = 100 (chunks of 16) (tuning
+family xor: ``benchmarks/studies/results/ep_chunks.md``)."""
 
 
 BANK_DAMPING = 1.0

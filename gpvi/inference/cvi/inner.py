@@ -13,7 +13,7 @@ signal variance, (nearly) separable classes) the damped map
 :math:`-1` at its fixed point for ``beta = 0.5``: the fixed point is unstable and the iterates settle on a
 **2-cycle** (measured on iris setosa vs versicolor at signal variance 292: the ELBO alternates between -3.7276 and
 -3.7288 with the sites' residual stuck at 0.015, while the fixed point has ELBO -3.7160). The relative-change test
-then never passes, every inner run spends its whole ``inner_num_steps`` budget (38,000 inner steps, 44 s, for
+then never passes, every inner run spends its whole ``inner_num_steps`` budget (38,000 inner steps for
 N = 100), and the gradient returned is not that of :math:`F` (the sites are not at a fixed point). So
 :func:`converge_sites` accepts a step only if the ELBO does not go down: an ELBO below the last accepted one
 sends the sites back to the last accepted point and halves the step, and each accepted step lets the step grow
