@@ -1,12 +1,12 @@
 """q(theta) of the fully Bayesian classifier by a deterministic cubature fixed point instead of Salimans-Knowles'
-stochastic regression (issue 59, item 3), on the tuning half only: the prototype this study ran (:class:`Cubature`),
-since in gpvi as the opt-in :class:`gpvi.inference.cvi.cubature.CubatureGaussian` (``FullyBayesianCVI(
+stochastic regression (issue 59, item 3), on the tuning half only: the prototype this study ran, since in gpvi as the opt-in :class:`gpvi.inference.cvi.cubature.CubatureGaussian` (``FullyBayesianCVI(
 cubature=True)``, the same algorithm), not the default: held to the long NUTS reference of the Ripley subsample it
 moved q by 0.10-0.12 sd (``benchmarks/results/classification_bayes_speed_h59d_cubature.md``).
 
 The Gaussian q = N(m, V) that maximises the bound satisfies E_q[g] = 0 and E_q[H] = -V^-1 (g, H: the gradient and
 Hessian of the log joint). By Stein's lemma E_q[H] = E_q[g z^T] C^-1 for x = m + C z, so both conditions need only
-gradients. The prototype (:class:`Cubature`) takes these expectations with Stroud's degree-5 fully symmetric rule for
+gradients. The fixed point (:class:`Cubature`, now the library's iteration with at most 40 rather than 30 halvings
+of r, and its check without the acceptance rule) takes these expectations with Stroud's degree-5 fully symmetric rule for
 N(0, I_D) (2 D^2 + 1 points; D <= 4, positive weights) and iterates the damped natural-gradient step
 P <- (1 - r) P + r P_new, m <- m + r P^-1 E[g] (r = 1, halved while P is not positive definite and, for later steps,
 each time the mean's step reverses; at least 1/8) until the mean moves by less than 0.01 sd and every sd by less
@@ -39,64 +39,26 @@ from benchmarks.heldout_families import SPLIT, binary_data
 from benchmarks.studies._common import header, write
 from benchmarks.studies.bayes_steps import REF_SEED, engine_of
 from gpvi.inference.cvi.bayes import FullyBayesianCVI
-from gpvi.inference.cvi.cubature import rule5
-from gpvi.inference.derivatives import log_joint_and_grad
+from gpvi.inference.cvi.cubature import CubatureGaussian
 from gpvi.inference.salimans_knowles import SKGaussian
 
 
 class Cubature:
-    """The damped cubature fixed point of the module docstring."""
+    """The damped cubature fixed point of the module docstring, without the library's acceptance rule: gpvi's
+    :meth:`~gpvi.inference.cvi.cubature.CubatureGaussian.fixed_point` and its Monte Carlo check."""
 
     def __init__(self, max_iter: int = 30, tol: float = 0.01) -> None:
         self.max_iter, self.tol = max_iter, tol
 
     def fit(self, target: Any, m: torch.Tensor, C: torch.Tensor) -> dict[str, Any]:
-        Z, W = rule5(m.shape[0])
-        rho, prev, evals = 1.0, None, 0
-        for it in range(self.max_iter):
-            lj, g = log_joint_and_grad(target, m + Z @ C.T, None)
-            evals += Z.shape[0]
-            if not bool(torch.isfinite(lj).all() and torch.isfinite(g).all()):
-                return {"m": m, "C": C, "evaluations": evals, "iterations": it + 1, "converged": False}
-            Eg = (W[:, None] * g).sum(0)
-            Hbar = torch.linalg.solve_triangular(C, (W[:, None] * g).T @ Z, upper=False, left=False)
-            P_new, P_old = -0.5 * (Hbar + Hbar.T), torch.cholesky_inverse(C)
-            r = rho
-            for _ in range(30):
-                L, info = torch.linalg.cholesky_ex((1 - r) * P_old + r * P_new)
-                if int(info) == 0:
-                    break
-                r *= 0.5
-            step = r * torch.cholesky_solve(Eg.unsqueeze(-1), L).squeeze(-1)
-            C_new = torch.linalg.cholesky(torch.cholesky_inverse(L))
-            sd_old, sd_new = C.square().sum(-1).sqrt(), C_new.square().sum(-1).sqrt()
-            if prev is not None and float(step @ prev) < 0:
-                rho = max(0.125, 0.5 * rho)
-            prev = step
-            m, C = m + step, C_new
-            if float((step.abs() / sd_new).max()) < self.tol and float((sd_new / sd_old).log().abs().max()) < self.tol:
-                return {"m": m, "C": C, "evaluations": evals, "iterations": it + 1, "converged": True}
-        return {"m": m, "C": C, "evaluations": evals, "iterations": self.max_iter, "converged": False}
+        m, C, record, _ = CubatureGaussian(tol=self.tol, max_iter=self.max_iter).fixed_point(target, m, C)
+        return {"m": m, "C": C, **record}
 
     @staticmethod
     def mc_check(target: Any, m: torch.Tensor, C: torch.Tensor, pairs: int = 16, seed: int = 0) -> tuple[float, float]:
         """``(mean shift in sds, largest |log sd change|)`` the S&K regression on ``pairs`` antithetic Sobol pairs
-        of N(m, CC^T) proposes."""
-        D = m.shape[0]
-        u = torch.quasirandom.SobolEngine(D, scramble=True, seed=seed).draw(pairs, dtype=torch.float64)
-        eps = torch.special.ndtri(u.clamp(1e-16, 1 - 1e-16))
-        lj, g = log_joint_and_grad(target, m + torch.cat([eps, -eps]) @ C.T, None)
-        if not bool(torch.isfinite(lj).all() and torch.isfinite(g).all()):
-            return math.inf, math.inf
-        B = (0.5 * (g[:pairs] - g[pairs:])).T @ eps / pairs
-        A = C @ (eps.T @ eps / pairs)
-        M = torch.linalg.solve(A.T, B.T).T
-        L, info = torch.linalg.cholesky_ex(-0.5 * (M + M.T))
-        if int(info):
-            return math.inf, math.inf
-        sd = C.square().sum(-1).sqrt()
-        dm = torch.cholesky_solve(g.mean(0).unsqueeze(-1), L).squeeze(-1)
-        return float((dm.abs() / sd).max()), float((torch.cholesky_inverse(L).diagonal().sqrt() / sd).log().abs().max())
+        of N(m, CC^T) proposes (the library's check)."""
+        return CubatureGaussian(check_pairs=pairs, seed=seed).check(target, m, C)[:2]
 
 
 class _Stop(Exception):

@@ -141,16 +141,39 @@ class CubatureGaussian:
         m = start.theta.detach().to(torch.float64).clone()
         C = start.scale_tril.detach().to(torch.float64)
         C = torch.diag(C) if C.dim() == 1 else C.clone()
-        D = m.shape[0]
-        Z, W = rule5(D)
-        rho, prev, evals, record = 1.0, None, 0, {"iterations": 0, "converged": False}
+        m, C, record, stop = self.fixed_point(target, m, C)
+        evals = record["evaluations"]
+        if stop == "non-finite":
+            raise CubatureRejected("CubatureGaussian: a non-finite log joint at the rule's points", record)
+        if not record["converged"]:
+            raise CubatureRejected(f"CubatureGaussian: no fixed point in {self.max_iter} iterations", record)
+        shift, log_sd, elbo, se, n = self.check(target, m, C)
+        record.update(check_mean_sd=shift, check_log_sd=log_sd, check_evaluations=n)
+        evals += n
+        if not (shift <= self.check_tol and log_sd <= self.check_tol):
+            raise CubatureRejected(f"CubatureGaussian: the Monte Carlo check moves the mean by {shift:.3g} sd and the "
+                                   f"sds by up to exp({log_sd:.3g}) (accepted: {self.check_tol:g})", record)
+        wall = time.perf_counter() - t0
+        info = RunInfo(engine=self.name, converged=True, interrupted=False, steps=record["iterations"], time_s=wall,
+                       total_time_s=wall, settings=self.settings(), counters={"log_joint_evals": evals},
+                       details={**record, "elbo_method": f"Monte Carlo, the check's {n} draws"})
+        return GaussianPosterior(m, C, list(target.names), target, elbo=elbo, elbo_se=se, info=info)
+
+    def fixed_point(self, target: Any, m: torch.Tensor, C: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any], str]:
+        """The damped fixed-point iteration from ``(m, C)`` (module docstring): ``(m, C, record, stop)``, the last
+        iterate, ``{"iterations", "evaluations", "converged"}`` and why it stopped (``"converged"``,
+        ``"non-finite"``: a log joint or gradient at the rule's points that is not finite, the iterate before it
+        returned; ``"max_iter"``)."""
+        Z, W = rule5(m.shape[0])
+        rho, prev, evals, record = 1.0, None, 0, {"iterations": 0, "converged": False, "evaluations": 0}
         for it in range(self.max_iter):
             record["iterations"] = it + 1
             lj, g = log_joint_and_grad(target, m + Z @ C.T, None)
             evals += Z.shape[0]
             record["evaluations"] = evals
             if not bool(torch.isfinite(lj).all() and torch.isfinite(g).all()):
-                raise CubatureRejected("CubatureGaussian: a non-finite log joint at the rule's points", record)
+                return m, C, record, "non-finite"
             Eg = (W[:, None] * g).sum(0)
             Hbar = torch.linalg.solve_triangular(C, (W[:, None] * g).T @ Z, upper=False, left=False)
             P_new, P_old = -0.5 * (Hbar + Hbar.T), torch.cholesky_inverse(C)
@@ -169,20 +192,8 @@ class CubatureGaussian:
             m, C = m + step, C_new
             if float((step.abs() / sd_new).max()) < self.tol and float((sd_new / sd_old).log().abs().max()) < self.tol:
                 record["converged"] = True
-                break
-        if not record["converged"]:
-            raise CubatureRejected(f"CubatureGaussian: no fixed point in {self.max_iter} iterations", record)
-        shift, log_sd, elbo, se, n = self.check(target, m, C)
-        record.update(check_mean_sd=shift, check_log_sd=log_sd, check_evaluations=n)
-        evals += n
-        if not (shift <= self.check_tol and log_sd <= self.check_tol):
-            raise CubatureRejected(f"CubatureGaussian: the Monte Carlo check moves the mean by {shift:.3g} sd and the "
-                                   f"sds by up to exp({log_sd:.3g}) (accepted: {self.check_tol:g})", record)
-        wall = time.perf_counter() - t0
-        info = RunInfo(engine=self.name, converged=True, interrupted=False, steps=record["iterations"], time_s=wall,
-                       total_time_s=wall, settings=self.settings(), counters={"log_joint_evals": evals},
-                       details={**record, "elbo_method": f"Monte Carlo, the check's {n} draws"})
-        return GaussianPosterior(m, C, list(target.names), target, elbo=elbo, elbo_se=se, info=info)
+                return m, C, record, "converged"
+        return m, C, record, "max_iter"
 
     def check(self, target: Any, m: torch.Tensor, C: torch.Tensor) -> tuple[float, float, float, float, int]:
         """``(mean move in sds, largest |log sd| change, bound, its se, evaluations)``: S&K's Hessian-free
