@@ -8,6 +8,8 @@ process, so that every pair of fits sees the same load:
   from 100 new draws, no cubature fixed point: ``cubature=False``);
 * ``h59e``: the defaults before issue 59's fifth pass (the site bank's intercept from ``torch.linalg.pinv``
   instead of a QR factorisation; EP's sweeps are bit-identical);
+* ``h59g``: the defaults before issue 59's seventh pass (S&K from the start: ``importance=False``, without
+  :class:`gpvi.inference.cvi.importance.ImportanceGaussian` tried first);
 * ``cubature``: the defaults with ``cubature=True`` (the cubature fixed point first, D <= 4:
   :mod:`gpvi.inference.cvi.cubature`);
 * ``before``: the defaults before 2026-11-27 (``SKGaussian(num_steps=max(200, 4 D), method="gradient",
@@ -92,6 +94,8 @@ def fitter(setting: str, dim: int, seed: int = 0) -> FullyBayesianCVI:
         return _BankPinv(seed=seed)
     if setting == "cubature":
         return FullyBayesianCVI(cubature=True, seed=seed)
+    if setting == "h59g":
+        return FullyBayesianCVI(importance=False, seed=seed)
     if setting == "before":
         sk = SKGaussian(num_steps=max(200, 4 * dim), method="gradient", num_draws=4, num_elbo_draws=100, seed=seed,
                         progress_bar=False)
@@ -237,7 +241,7 @@ def main() -> None:
     ap.add_argument("--datasets", nargs="+", default=["pima"])
     ap.add_argument("--n-train", nargs="+", type=int, default=[100])
     ap.add_argument("--settings", nargs="+", default=["before", "default"],
-                    help="'default', 'before', 'h59c', 'h59e', 'cubature', 'tol=X', 'draws=K', 'bank=K' or 'quad=K' "
+                    help="'default', 'before', 'h59c', 'h59e', 'h59g', 'cubature', 'tol=X', 'draws=K', 'bank=K' or 'quad=K' "
                          "(module docstring)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--seeds", nargs="+", type=int, default=[0], help="seeds of the fits (every setting per seed)")

@@ -53,8 +53,12 @@ BEFORE_H59E = {"intercept_weights": _pinv_intercept}
 a QR factorisation (:func:`gpvi.inference.cvi.ep_starts.intercept_weights`); the fifth pass's other changes, inside
 binary EP's sweep, give bit-identical results and cannot be set back here (``benchmarks/studies/ep_sweep_lean.py``
 replays them)."""
-WHICH = {"third": BEFORE, "h59d": BEFORE_H59D, "h59e": BEFORE_H59E}
-PASS = {"third": "third pass", "h59d": "fourth pass (h59d)", "h59e": "fifth pass (h59e: the bank's intercept by QR)"}
+BEFORE_H59G = {"IMPORTANCE": False}
+"""``--before h59g``: q(theta) by S&K from the start, without :class:`gpvi.inference.cvi.importance.ImportanceGaussian`
+tried first (:data:`gpvi.inference.cvi.bayes.IMPORTANCE`)."""
+WHICH = {"third": BEFORE, "h59d": BEFORE_H59D, "h59e": BEFORE_H59E, "h59g": BEFORE_H59G}
+PASS = {"third": "third pass", "h59d": "fourth pass (h59d)", "h59e": "fifth pass (h59e: the bank's intercept by QR)",
+        "h59g": "seventh pass (h59g: q by importance sampling first)"}
 BEFORE_KEY = "third"
 
 

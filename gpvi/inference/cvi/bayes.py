@@ -37,9 +37,20 @@ from ...numerics.lbfgs import lbfgs_maximise
 from .ep_evidence import EPEvidenceTarget
 from .ep_starts import PLANE_MAX_DIM
 from .cubature import try_cubature
+from .importance import try_importance
 
 __all__ = ["FullyBayesianCVI", "EP_MAP_GTOL", "EP_MAP_FTOL", "EP_VALUE_TOL", "PREDICTIVE_INNER_TOL",
-           "BINARY_PREDICTIVE_INNER_TOL", "BINARY_EP_TOL", "BOUND_DRAWS", "CUBATURE"]
+           "BINARY_PREDICTIVE_INNER_TOL", "BINARY_EP_TOL", "BOUND_DRAWS", "CUBATURE", "IMPORTANCE"]
+
+IMPORTANCE = True
+"""``FullyBayesianCVI(importance=None)``'s value (since issue 59's seventh pass): for a binary model with at most
+:data:`~gpvi.inference.cvi.importance.MAX_DIM` (4) log-hyperparameters on EP's evidence, q is first the
+moment-matched Gaussian of two rounds of importance sampling from the Laplace start
+(:class:`~gpvi.inference.cvi.importance.ImportanceGaussian`, 128 value-only EP evaluations), accepted where PSIS's
+k-hat and ESS allow; else S&K runs exactly as before (the site bank emptied first). On the tuning sets
+(``benchmarks/studies/results/bayes_psis_h59g_tuning.md``, ``..._inflate.md``) an accepted q was as near the
+references as S&K's (:data:`~gpvi.inference.cvi.importance.MIN_ESS`) with a q stage 3-7x shorter; a rejected one
+costs the draws on top of S&K's (about a third of S&K's evaluations, each cheaper)."""
 
 CUBATURE = False
 """``FullyBayesianCVI(cubature=None)``'s value; not the default (why: :data:`gpvi.inference.cvi.cubature.CHECK_TOL`)."""
@@ -213,6 +224,12 @@ class FullyBayesianCVI:
         distance from NUTS's and the test probabilities' (0.0129 against 0.0128) unchanged
         (``benchmarks/results/multiclass_bayes_h59b_synth4_merged.md``). The evidence then depends on the earlier
         evaluations within EP's tolerance (a seeded run still repeats bit for bit).
+    importance : bool, optional
+        Try :class:`~gpvi.inference.cvi.importance.ImportanceGaussian` first where no ``engine`` is given, the model
+        is binary with at most 4 log-hyperparameters and the evidence is EP's (default :data:`IMPORTANCE`, True):
+        two rounds of importance sampling from the Laplace start (128 EP evaluations without gradients), q the
+        weighted draws' moment-matched Gaussian, accepted where PSIS's k-hat and ESS allow, else the engine runs
+        as it would without it (``info["importance"]``: the record, ``accepted``).
     cubature : bool, optional
         Try :class:`~gpvi.inference.cvi.cubature.CubatureGaussian` first where no ``engine`` is given, the model is
         binary with at most 4 log-hyperparameters and the evidence is EP's (default :data:`CUBATURE`, False: less
@@ -230,7 +247,7 @@ class FullyBayesianCVI:
     >>> y = (X[:, 0] + 0.5 * torch.randn(20, generator=g, dtype=torch.float64) > 0).double()
     >>> post = FullyBayesianCVI(num_draws=8).run(gpvi.GPClassification(X, y))
     >>> post.info["engine"], post.mean.shape, post.predict_proba(X[:3]).shape
-    ('SKGaussian', torch.Size([2]), torch.Size([3]))
+    ('ImportanceGaussian', torch.Size([2]), torch.Size([3]))
 
     DSVI instead (the Natural rule, stopped by its convergence rule):
 
@@ -243,7 +260,8 @@ class FullyBayesianCVI:
 
     def __init__(self, engine: Any = None, *, prior: Any = "default", cvi: Any = None, inner_tol: float = 1e-9,
                  num_draws: int = 32, evidence: str = "auto", ep_tol: float | None = None, ep_bank: int = 512,
-                 cubature: bool | None = None, seed: int = 0, progress_bar: bool = False) -> None:
+                 cubature: bool | None = None, importance: bool | None = None, seed: int = 0,
+                 progress_bar: bool = False) -> None:
 
         self.seed = check_seed(seed)
         self.progress_bar = check_bool(progress_bar, "progress_bar")
@@ -266,6 +284,7 @@ class FullyBayesianCVI:
         self.ep_tol = None if ep_tol is None else check_positive(ep_tol, "ep_tol")
         self.ep_bank = check_nonnegative_int(ep_bank, "ep_bank")
         self.cubature = CUBATURE if cubature is None else check_bool(cubature, "cubature")
+        self.importance = IMPORTANCE if importance is None else check_bool(importance, "importance")
 
     def __repr__(self) -> str:
         return (f"FullyBayesianCVI({self.engine!r}, inner_tol={self.inner_tol:g}, num_draws={self.num_draws}, "
@@ -382,8 +401,13 @@ class FullyBayesianCVI:
         engine = self.engine if self.engine is not None else self.default_engine(target.dim)
         start = init_to_value(theta_start, C0) if C0 is not None else init_to_value(theta_start)
         t2 = time.perf_counter()
-        q, extra["cubature"] = None, None
-        if self.cubature and self.engine is None and evidence == "ep" and not target.multiclass:
+        q, extra["importance"], extra["cubature"] = None, None, None
+        first = self.engine is None and evidence == "ep" and not target.multiclass
+        if self.importance and first:
+            q, extra["importance"] = try_importance(target, start, self.seed)   # None where D > 4 or it is rejected
+            if q is None and extra["importance"] is not None:
+                target.start_from_neighbours(self.ep_bank)    # the engine's run as without the draws
+        if q is None and self.cubature and first:
             q, extra["cubature"] = try_cubature(target, start, self.seed)   # None where D > 4 or it is rejected
         if q is not None:
             engine, retry, fallback = q.engine, None, None

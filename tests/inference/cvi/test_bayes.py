@@ -112,17 +112,21 @@ def nuts_reference():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("engine", ["default (S&K Hessian-free, EP evidence)", "S&K on the CVI bound", "DSVI natural"])
+@pytest.mark.parametrize("engine", ["default (importance sampling or S&K, EP evidence)",
+                                    "S&K Hessian-free, EP evidence", "S&K on the CVI bound", "DSVI natural"])
 def test_q_theta_and_predictive_match_nuts_on_theta_and_whitened_latents(nuts_reference, engine):
     """q(theta)'s mean within 0.3 NUTS sd of NUTS's on WhitenedLatentGP, its sd within 30%; predictive
     probabilities within 0.05. NUTS's Monte Carlo error of the mean at its ESS (> 100 here) is below 0.1 sd."""
     model, target, d = nuts_reference
     if engine.startswith(("default", "S&K")):
-        evidence = "ep" if engine.startswith("default") else "cvi"
+        evidence = "cvi" if "CVI" in engine else "ep"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            post = FullyBayesianCVI(prior=_TIGHT, num_draws=16, evidence=evidence, seed=0).run(model)
-        assert post.info["engine"] == "SKGaussian" and post.info["evidence"] == evidence
+            post = FullyBayesianCVI(prior=_TIGHT, num_draws=16, evidence=evidence, seed=0,
+                                    importance=engine.startswith("default")).run(model)
+        assert post.info["evidence"] == evidence
+        assert post.info["engine"] == ("SKGaussian" if engine.startswith("S&K") or not post.info["importance"]
+                                       ["accepted"] else "ImportanceGaussian")
     else:
         post = _short_fit(model, prior=_TIGHT, steps=300)
     nm, ns = d[:, :2].mean(0), d[:, :2].std(0)
@@ -187,7 +191,7 @@ def test_a_failed_default_sk_run_falls_back_to_dsvi(monkeypatch):
 
     monkeypatch.setattr(SKGaussian, "run", failing)
     model = _data(12, seed=3)
-    fit = FullyBayesianCVI(num_draws=4, seed=0)
+    fit = FullyBayesianCVI(num_draws=4, seed=0, importance=False)
     monkeypatch.setattr(fit, "fallback_engine", lambda: DSVI(optimizer=Natural(), num_draws=4, num_steps=30,
                                                              num_elbo_draws=10, convergence=Convergence(stop=False),
                                                              progress_bar=False))
@@ -217,7 +221,7 @@ def test_a_failed_default_sk_run_is_rerun_longer_from_its_last_q_and_matches_nut
         return q
 
     monkeypatch.setattr(SKGaussian, "run", fail_once)
-    fit = FullyBayesianCVI(prior=_TIGHT, num_draws=16, seed=0)
+    fit = FullyBayesianCVI(prior=_TIGHT, num_draws=16, seed=0, importance=False)
     with pytest.warns(NumericalWarning, match="rerun with"):
         post = fit.run(model)
     (n1, _), (n2, warm) = calls

@@ -75,14 +75,15 @@ def test_a_heavy_tailed_target_is_rejected_by_the_check():
 
 def test_the_classifier_uses_it_only_when_asked():
     """FullyBayesianCVI(cubature=True) on a 1-D binary set (D = 2): the fit's engine is the cubature fixed point
-    (or S&K after its rejection, recorded); the default never tries it."""
+    (or S&K after its rejection, recorded); the default never tries it (importance sampling, tried first by
+    default, switched off for both)."""
     X = torch.linspace(-2, 2, 24, dtype=torch.float64).unsqueeze(-1)
     y = (X[:, 0] + 0.3 * torch.sin(7 * X[:, 0]) > 0).double()
     model = gpvi.GPClassification(X, y)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        post = FullyBayesianCVI(cubature=True, num_draws=4).run(model)
-        plain = FullyBayesianCVI(num_draws=4).run(model)
+        post = FullyBayesianCVI(cubature=True, importance=False, num_draws=4).run(model)
+        plain = FullyBayesianCVI(importance=False, num_draws=4).run(model)
     rec = post.info["cubature"]
     assert post.info["engine"] == ("CubatureGaussian" if rec["accepted"] else "SKGaussian")
     assert plain.info["cubature"] is None and plain.info["engine"] == "SKGaussian"
