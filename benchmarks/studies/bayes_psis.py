@@ -27,6 +27,11 @@ classification_nuts_ref.json``: Pima and Ripley tune, Ionosphere and Sonar are h
 |mean - reference mean| in reference sds and the largest |log sd ratio|; test probabilities' mean absolute
 difference from the reference's.
 
+Settings ``lib=M1,M2[,M3]``: the library's default (:class:`gpvi.inference.cvi.importance.ImportanceGaussian` first,
+since this study) with :data:`gpvi.inference.cvi.importance.DRAWS` set to those rounds; ``default`` is the
+library's default of the run's day (S&K alone in ``h59g_tuning`` and ``h59g_inflate``, importance first in
+``h59g_rounds``).
+
 Run: ``OMP_NUM_THREADS=1 nice -n 5 .venv/bin/python -m benchmarks.studies.bayes_psis --cases ripley xor/100``.
 Results: ``benchmarks/studies/results/bayes_psis_<label>.{md,json}``.
 """
@@ -117,7 +122,7 @@ class PSISFit(FullyBayesianCVI):
     """``FullyBayesianCVI`` with its q stage replaced by :func:`psis_gaussian` (``M1`` + ``M2`` draws)."""
 
     def __init__(self, M1: int, M2: int, inflate: float = 1.0, **kw: Any) -> None:
-        super().__init__(**kw)
+        super().__init__(importance=False, **kw)      # the library's own importance step would run before _fit_q
         self.inflate = inflate
         self.M1, self.M2 = M1, M2
         self.record: dict[str, Any] = {}
