@@ -101,7 +101,7 @@ def weighted_moments(x: torch.Tensor, log_w: torch.Tensor) -> tuple[torch.Tensor
 
 
 class ImportanceGaussian:
-    """Two rounds of importance sampling from a Gaussian start and their check (module docstring).
+    r"""Rounds of importance sampling from a Gaussian start and their check (module docstring).
 
     Parameters
     ----------
