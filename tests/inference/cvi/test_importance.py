@@ -76,6 +76,16 @@ def test_a_heavy_tailed_target_is_rejected_with_its_record():
     assert try_importance(wide, init_to_value(torch.zeros(5, dtype=F64), torch.eye(5, dtype=F64))) == (None, None)
 
 
+def test_a_start_without_a_scale_is_rejected_not_guessed():
+    """A start with no scale (no usable Laplace curvature): rejected with the reason, nothing evaluated."""
+    target, mu, _ = _gaussian()
+    calls = []
+    counted = gpvi.Target(lambda th: calls.append(1) or target.log_joint(th), names=3)
+    with pytest.raises(ImportanceRejected, match="no scale"):
+        ImportanceGaussian().run(counted, init_to_value(mu))
+    assert not calls
+
+
 def test_bad_settings_are_named():
     with pytest.raises(TypeError, match="draws must be a tuple"):
         ImportanceGaussian(draws=64)
