@@ -27,10 +27,11 @@ classification_nuts_ref.json``: Pima and Ripley tune, Ionosphere and Sonar are h
 |mean - reference mean| in reference sds and the largest |log sd ratio|; test probabilities' mean absolute
 difference from the reference's.
 
-Settings ``lib=M1,M2[,M3]``: the library's default (:class:`gpvi.inference.cvi.importance.ImportanceGaussian` first,
+Settings ``sk``: S&K alone (``importance=False``); ``lib`` / ``lib=M1,M2[,M3]``: the library's default (:class:`gpvi.inference.cvi.importance.ImportanceGaussian` first,
 since this study) with :data:`gpvi.inference.cvi.importance.DRAWS` set to those rounds; ``default`` is the
 library's default of the run's day (S&K alone in ``h59g_tuning`` and ``h59g_inflate``, importance first in
-``h59g_rounds``).
+``h59g_rounds``); ``--max-dim``: :data:`gpvi.inference.cvi.importance.MAX_DIM` for the ``lib`` settings; cases
+``clf8:c/N`` keep clf8's first c inputs (D = c + 1).
 
 Run: ``OMP_NUM_THREADS=1 nice -n 5 .venv/bin/python -m benchmarks.studies.bayes_psis --cases ripley xor/100``.
 Results: ``benchmarks/studies/results/bayes_psis_<label>.{md,json}``.
@@ -151,7 +152,10 @@ def case_data(case: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict
         X, y, Xt = data(case, 100)
         return X, y, Xt, reference(case, 100), ("tuning" if case in ("pima", "ripley") else "heldout")
     fam, n = case.split("/")
+    fam, _, cols = fam.partition(":")                 # clf8:c keeps clf8's first c inputs (D = c + 1)
     Xtr, ytr, Xte, _ = binary_data(fam, int(n), 1)
+    if cols:
+        Xtr, Xte = Xtr[:, :int(cols)], Xte[:, :int(cols)]
     f64 = torch.float64
     half = "tuning" if fam in SPLIT["tuning"] else "heldout"
     return (torch.as_tensor(Xtr, dtype=f64), torch.as_tensor(ytr, dtype=f64), torch.as_tensor(Xte, dtype=f64),
@@ -163,6 +167,8 @@ def fitter(setting: str, seed: int) -> FullyBayesianCVI:
         return FullyBayesianCVI(seed=seed)
     if setting.startswith("lib"):
         return FullyBayesianCVI(seed=seed)
+    if setting == "sk":
+        return FullyBayesianCVI(seed=seed, importance=False)
     if setting == "psis_ref":
         return PSISFit(1024, 1024, seed=seed + 100)
     if setting.startswith("psis"):
@@ -171,7 +177,8 @@ def fitter(setting: str, seed: int) -> FullyBayesianCVI:
     raise ValueError(setting)
 
 
-def study_case(case: str, settings: list[str], seeds: list[int]) -> list[dict[str, Any]]:
+def study_case(case: str, settings: list[str], seeds: list[int], max_dim: int = importance.MAX_DIM
+               ) -> list[dict[str, Any]]:
     import gpvi
 
     X, y, Xt, nuts, half = case_data(case)
@@ -183,9 +190,11 @@ def study_case(case: str, settings: list[str], seeds: list[int]) -> list[dict[st
                 continue
             fb = fitter(setting, seed)
             load = os.getloadavg()[0]
-            keep = importance.DRAWS
+            keep, keep_dim = importance.DRAWS, importance.MAX_DIM
             if setting.startswith("lib="):
                 importance.DRAWS = tuple(int(v) for v in setting[4:].split(","))
+            if setting.startswith("lib"):
+                importance.MAX_DIM = max_dim
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
@@ -194,7 +203,7 @@ def study_case(case: str, settings: list[str], seeds: list[int]) -> list[dict[st
                     wall = time.perf_counter() - t0
                     p = post.predict_proba(Xt)
             finally:
-                importance.DRAWS = keep
+                importance.DRAWS, importance.MAX_DIM = keep, keep_dim
             if setting.startswith("lib") and post.info["importance"] is not None:
                 rec = post.info["importance"]
                 fb.record = {"khat": rec["khat"], "ess": rec["ess"], "khat1": rec["rounds"][0]["khat"],
@@ -247,13 +256,15 @@ def main() -> None:
     p.add_argument("--settings", nargs="+", default=["psis_ref", "default", "psis"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     p.add_argument("--label", default="h59g")
+    p.add_argument("--max-dim", type=int, default=importance.MAX_DIM,
+                   help="importance.MAX_DIM for the lib settings (the D up to which the library tries the step)")
     a = p.parse_args()
     torch.set_num_threads(1)
     importlib.import_module("arviz")   # before the first fit: its import is not the method's cost
     rows: list[dict[str, Any]] = []
     cmd = "--cases " + " ".join(a.cases) + " --settings " + " ".join(a.settings)
     for case in a.cases:
-        rows += study_case(case, a.settings, a.seeds)
+        rows += study_case(case, a.settings, a.seeds, a.max_dim)
         write(f"bayes_psis_{a.label}", report(rows, cmd),
               {"args": vars(a), "rows": [{k: v for k, v in r.items() if k != "p"} for r in rows]})
     print(report(rows, cmd))
