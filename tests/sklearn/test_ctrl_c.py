@@ -184,12 +184,29 @@ def test_sigint_in_a_cross_validation_loop_ends_the_program():
 def test_ctrl_c_during_the_fully_bayesian_fit_leaves_fit(monkeypatch):
     """``hyperparameters="bayes"``: a Ctrl-C in the q(theta) engine's fifth step (today: the fit went on with the
     partial q(theta) and was "fitted") leaves ``fit``."""
+    from gpvi.inference.cvi import bayes
     from gpvi.inference.salimans_knowles.engine import SKGaussian
 
     X, y = small(20)
+    monkeypatch.setattr(bayes, "IMPORTANCE", False)          # S&K from the start (the step tried first: below)
     calls = interrupt(monkeypatch, SKGaussian, "step", allowed=4)
     clf = GPClassifier(hyperparameters="bayes", random_state=0)
     with pytest.raises(KeyboardInterrupt):
         clf.fit(X, y)
     assert calls["n"] == 5
+    assert_not_fitted(clf)
+
+
+@pytest.mark.parametrize("multiclass", [False, True])
+def test_ctrl_c_during_the_importance_step_leaves_fit(monkeypatch, multiclass):
+    """The same for a Ctrl-C while the importance step tried first evaluates its second chunk of draws (binary and,
+    since issue 59's seventh pass, multi-class): nothing after it runs and the estimator is not fitted."""
+    from gpvi.inference.cvi.importance import ImportanceGaussian
+
+    X, y = small(20, multiclass=multiclass)
+    calls = interrupt(monkeypatch, ImportanceGaussian, "_log_joint", allowed=1)
+    clf = GPClassifier(hyperparameters="bayes", random_state=0)
+    with pytest.raises(KeyboardInterrupt):
+        clf.fit(X, y)
+    assert calls["n"] == 2
     assert_not_fitted(clf)

@@ -40,7 +40,16 @@ from .cubature import try_cubature
 from .importance import try_importance
 
 __all__ = ["FullyBayesianCVI", "EP_MAP_GTOL", "EP_MAP_FTOL", "EP_VALUE_TOL", "PREDICTIVE_INNER_TOL",
-           "BINARY_PREDICTIVE_INNER_TOL", "BINARY_EP_TOL", "BOUND_DRAWS", "CUBATURE", "IMPORTANCE"]
+           "BINARY_PREDICTIVE_INNER_TOL", "BINARY_EP_TOL", "BOUND_DRAWS", "CUBATURE", "IMPORTANCE",
+           "MULTICLASS_IMPORTANCE"]
+
+MULTICLASS_IMPORTANCE = True
+"""Whether :data:`IMPORTANCE`'s step is tried for a multi-class softmax model too (on multi-class EP's evidence, at
+most 4 log-hyperparameters; since issue 59's seventh pass). Decided on the tuning family mc_clf with its first 3
+inputs (``benchmarks/studies/results/multiclass_psis_h59g_tuning*.md``, seeds 0-2): accepted in 10 of 12 fits (K = 3
+/ 4 / 4 / 6 at N = 100 / 100 / 200 / 100: 3 / 1 / 3 / 3), which then took 0.36-0.54 of S&K's wall, q's means within
+0.02-0.10 and log sds within 0.02-0.19 of S&K's; against 2,048 draws of EP's posterior (K = 4, N = 100, seed 0)
+0.047 sd against S&K's 0.059, sds 0.98-1.12 of its sds against 0.93-0.95. A rejection added 30 % to the fit."""
 
 IMPORTANCE = True
 """``FullyBayesianCVI(importance=None)``'s value (since issue 59's seventh pass): for a binary model with at most
@@ -226,7 +235,8 @@ class FullyBayesianCVI:
         evaluations within EP's tolerance (a seeded run still repeats bit for bit).
     importance : bool, optional
         Try :class:`~gpvi.inference.cvi.importance.ImportanceGaussian` first where no ``engine`` is given, the model
-        is binary with at most 4 log-hyperparameters and the evidence is EP's (default :data:`IMPORTANCE`, True):
+        has at most 4 log-hyperparameters and the evidence is EP's (binary or, :data:`MULTICLASS_IMPORTANCE`,
+        multi-class; default :data:`IMPORTANCE`, True):
         two rounds of importance sampling from the Laplace start (128 EP evaluations without gradients), q the
         weighted draws' moment-matched Gaussian, accepted where PSIS's k-hat and ESS allow, else the engine runs
         as it would without it (``info["importance"]``: the record, ``accepted``).
@@ -402,12 +412,12 @@ class FullyBayesianCVI:
         start = init_to_value(theta_start, C0) if C0 is not None else init_to_value(theta_start)
         t2 = time.perf_counter()
         q, extra["importance"], extra["cubature"] = None, None, None
-        first = self.engine is None and evidence == "ep" and not target.multiclass
-        if self.importance and first:
+        on_ep = self.engine is None and evidence == "ep"        # the default engine on EP's evidence
+        if self.importance and on_ep and (MULTICLASS_IMPORTANCE or not target.multiclass):
             q, extra["importance"] = try_importance(target, start, self.seed)   # None where D > 4 or it is rejected
             if q is None and extra["importance"] is not None:
                 target.start_from_neighbours(self.ep_bank)    # the engine's run as without the draws
-        if q is None and self.cubature and first:
+        if q is None and self.cubature and on_ep and not target.multiclass:
             q, extra["cubature"] = try_cubature(target, start, self.seed)   # None where D > 4 or it is rejected
         if q is not None:
             engine, retry, fallback = q.engine, None, None

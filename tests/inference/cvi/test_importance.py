@@ -127,3 +127,26 @@ def test_the_classifier_tries_it_first_and_a_rejection_leaves_s_and_k_unchanged(
     assert torch.equal(rej.mean, sk.mean) and torch.equal(rej.q.scale_tril, sk.q.scale_tril)
     Xs = torch.tensor([[-1.0], [0.5]], dtype=F64)
     assert torch.equal(rej.predict_proba(Xs), sk.predict_proba(Xs))
+
+
+def test_a_multiclass_fit_tries_it_too():
+    """A 3-class softmax model (D = 2, multi-class EP): the step is tried first (MULTICLASS_IMPORTANCE); where
+    accepted its q is within 0.3 sd and 30 % of S&K's on the same target, where rejected the fit is S&K's."""
+    from gpvi.models.multiclass import GPMulticlass
+    X = torch.linspace(-2, 2, 24, dtype=F64)[:, None]
+    y = (X[:, 0] > -0.7).long() + (X[:, 0] > 0.7).long()
+    y[[2, 9]] = (y[[2, 9]] + 1) % 3
+    model = GPMulticlass(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sk = FullyBayesianCVI(num_draws=8, importance=False).run(model)
+        post = FullyBayesianCVI(num_draws=8).run(model)
+    rec = post.info["importance"]
+    assert rec is not None and sk.info["importance"] is None
+    if rec["accepted"]:
+        assert post.info["engine"] == "ImportanceGaussian"
+        assert float(((post.mean - sk.mean) / sk.std).abs().max()) < 0.3
+        assert float((post.std / sk.std).log().abs().max()) < math.log(1.3)
+    else:
+        assert torch.equal(post.mean, sk.mean)
+    assert post.predict_proba(X[:3]).shape == (3, 3)
