@@ -103,7 +103,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         ``"fixed"``: keep them at
         their start; ``"bayes"`` (binary links, and the softmax with any number of classes): integrate over them,
         :class:`~gpvi.inference.cvi.bayes.FullyBayesianCVI` -- a Gaussian :math:`q(\theta)` (PSIS-checked importance
-        sampling for binary D <= 4, else Salimans-Knowles Hessian-free) on EP's approximate evidence (binary EP,
+        sampling where D <= 4, else Salimans-Knowles Hessian-free) on EP's approximate evidence (binary EP,
         or multi-class EP with full K x K sites, at :math:`O((NK)^3)` per sweep), predictions
         averaged over ``num_draws`` draws of it (at least 32) with their CVI posteriors. ``"bayes"`` runs EP to
         convergence at every step and is much slower than ``"type2"``

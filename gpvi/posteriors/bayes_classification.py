@@ -33,10 +33,10 @@ either approximation (``benchmarks/classification_nuts_ref.md``).
 The run: (1) MAP-II, the maximiser of :math:`\mathcal L_{CVI}(\theta) + \log p(\theta)`, by
 :class:`gpvi.inference.cvi.typeii.TypeII`, and with ``evidence="ep"`` the maximiser of
 :math:`\log Z_{EP}(\theta) + \log p(\theta)` from there (L-BFGS-B); (2) the Laplace scale of the target there
-(:func:`gpvi.inference.init.laplace_scale_at`, central differences of the gradient); (3) for a binary model with at most 4
-log-hyperparameters on EP's evidence, two rounds of importance sampling from that start
+(:func:`gpvi.inference.init.laplace_scale_at`, central differences of the gradient); (3) for a model with at most 4
+log-hyperparameters on EP's evidence (binary or softmax), two rounds of importance sampling from that start
 (:class:`gpvi.inference.cvi.importance.ImportanceGaussian`: q the moment-matched Gaussian of
-:math:`Z_{EP}(	heta)p(	heta)`, accepted where PSIS's :math:`\hat k` and ESS allow), else the engine from that
+:math:`Z_{EP}(\theta)p(\theta)`, accepted where PSIS's :math:`\hat k` and ESS allow), else the engine from that
 start (default: S&K Hessian-free, max(100, min(200, 25 D), 4 D) steps of 4 draws, the second half averaged; see
 :class:`~gpvi.inference.cvi.bayes.FullyBayesianCVI`); (4) ``num_draws`` draws :math:`\theta_s \sim q` with their
 converged CVI latent posteriors.
