@@ -27,9 +27,9 @@ classification_nuts_ref.json``: Pima and Ripley tune, Ionosphere and Sonar are h
 |mean - reference mean| in reference sds and the largest |log sd ratio|; test probabilities' mean absolute
 difference from the reference's.
 
-Settings ``sk``: S&K alone (``importance=False``); ``lib`` / ``lib=M1,M2[,M3]``: the library's default (:class:`gpvi.inference.cvi.importance.ImportanceGaussian` first,
-since this study) with :data:`gpvi.inference.cvi.importance.DRAWS` set to those rounds; ``default`` is the
-library's default of the run's day (S&K alone in ``h59g_tuning`` and ``h59g_inflate``, importance first in
+Settings ``sk``: S&K alone (``importance=False``); ``lib`` / ``lib=M1,M2[,M3]``: the library's default
+(:class:`gpvi.inference.cvi.importance.ImportanceGaussian` first, since this study) with
+:data:`gpvi.inference.cvi.importance.DRAWS` set to those rounds; ``default`` is the library's default of the run's day (S&K alone in ``h59g_tuning`` and ``h59g_inflate``, importance first in
 ``h59g_rounds``); ``--max-dim``: :data:`gpvi.inference.cvi.importance.MAX_DIM` for the ``lib`` settings; cases
 ``clf8:c/N`` keep clf8's first c inputs (D = c + 1).
 
@@ -234,7 +234,8 @@ def report(rows: list[dict[str, Any]], cmd: str) -> str:
     lines = [header(f"The fully Bayesian classifier's q by two-round PSIS from the Laplace start ({cmd})"),
              "Protocol in the docstring of `benchmarks/studies/bayes_psis.py` (one thread). Errors against the "
              "reference named (NUTS over theta and latents, or 2,048 draws of the prototype: EP's posterior moments).",
-             "", "| case | half | D | seed | setting | wall s [load] | q stage s | EP evaluations (sweeps) | k-hat (round 1) "
+             "", "| case | half | D | seed | setting | wall s [load] | q stage s | EP evaluations (sweeps) | "
+             "k-hat (round 1) "
              "| ESS (round 1) | ref | mean error (ref sd) | log sd error | mean abs p diff |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -246,7 +247,8 @@ def report(rows: list[dict[str, Any]], cmd: str) -> str:
         err = (f"{r['ref']} | {r['mean_err']:.3f} | {r['logsd_err']:.3f} | {r['p_err']:.4f}" if "ref" in r
                else "- | - | - | -")
         lines.append(f"| {r['case']} | {r['half']} | {r['D']} | {r['seed']} | {r['setting']} | {r['wall_s']:.2f} "
-                     f"[{r['load']:.1f}] | {r['q_time_s']:.2f} | {r['evaluations']} ({r['sweeps']}) | {k} | {e} | {err} |")
+                     f"[{r['load']:.1f}] | {r['q_time_s']:.2f} | {r['evaluations']} ({r['sweeps']}) | {k} | {e} | "
+                     f"{err} |")
     return "\n".join(lines) + "\n"
 
 

@@ -117,7 +117,8 @@ def report(rows: list[dict[str, Any]], cmd: str) -> str:
              "Protocol in the docstring of `benchmarks/studies/multiclass_psis.py` (one thread). change: the step's "
              "q against S&K's (largest mean change in S&K's sds / largest |log sd ratio|; largest change of a test "
              "probability).", "",
-             "| case | half | K | D | seed | setting | engine | wall s [load] | q stage s | EP evaluations | k-hat | ESS "
+             "| case | half | K | D | seed | setting | engine | wall s [load] | q stage s | EP evaluations | k-hat | "
+             "ESS "
              "| change | ref | mean error (ref sd) | sd / ref sd | mean abs p diff |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

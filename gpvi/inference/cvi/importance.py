@@ -1,6 +1,6 @@
 r"""The Gaussian :math:`q(\theta)` of a low-dimensional target by two rounds of importance sampling from its Laplace
 start, checked by Pareto smoothing: :class:`ImportanceGaussian`, the first engine the fully Bayesian classifier tries
-for a binary model with at most :data:`MAX_DIM` log-hyperparameters
+for a binary or softmax model with at most :data:`MAX_DIM` log-hyperparameters
 (:class:`~gpvi.inference.cvi.bayes.FullyBayesianCVI`).
 
 **Draws.** From the start :math:`(\hat\theta, \Sigma_0)` (the EP MAP point and the Laplace covariance there):
@@ -183,9 +183,9 @@ class ImportanceGaussian:
             x, ll = torch.cat([x, xr]), torch.cat([ll, self._log_joint(target, xr)])
             sizes.append(M)
             n = sum(sizes)
-            log_g = torch.logsumexp(torch.stack([math.log(Mk / n) + t_log_density(x, mk, Lk, self.nu)
-                                                 for Mk, (mk, Lk) in zip(sizes, props)]), 0)
-            lw, khat = self._smooth(ll - log_g, n)
+            log_prop = torch.logsumexp(torch.stack([math.log(Mk / n) + t_log_density(x, mk, Lk, self.nu)
+                                                    for Mk, (mk, Lk) in zip(sizes, props)]), 0)   # the mixture
+            lw, khat = self._smooth(ll - log_prop, n)
             m, S, ess = weighted_moments(x, lw)
             C, bad = torch.linalg.cholesky_ex(0.5 * (S + S.T))
             ok = int(bad) == 0 and bool(torch.isfinite(C).all())
@@ -195,7 +195,7 @@ class ImportanceGaussian:
             props.append((m, C) if ok and khat <= 0.7 else props[-1])   # the next round's proposal
         finite = torch.isfinite(ll)
         n = sum(sizes)
-        log_z = float(torch.logsumexp((ll - log_g)[finite], 0) - math.log(n))
+        log_z = float(torch.logsumexp((ll - log_prop)[finite], 0) - math.log(n))
         record = {**rounds[-1], "rounds": rounds, "evaluations": n, "nonfinite": int((~finite).sum()),
                   "log_evidence": log_z}
         if not (len(rounds) >= 2 and ok and khat <= khat_threshold(n) and ess >= self.min_ess):
@@ -204,13 +204,13 @@ class ImportanceGaussian:
                                      f"{self.min_ess:g}) of {n} draws", record)
         # the bound E_q[log g - log q] of the returned q, self-normalised over the same draws (weights q / mixture)
         log_q = torch.distributions.MultivariateNormal(m, scale_tril=C).log_prob(x[finite])
-        wq = torch.softmax(log_q - log_g[finite], 0)
+        wq = torch.softmax(log_q - log_prop[finite], 0)
         v = ll[finite] - log_q
         elbo = float(wq @ v)
         elbo_se = float(((wq * wq) @ (v - elbo) ** 2).sqrt())
         wall = time.perf_counter() - t0
-        info = RunInfo(engine=self.name, converged=True, interrupted=False, steps=len(rounds), time_s=wall, total_time_s=wall,
-                       settings=self.settings(), counters={"log_joint_evals": n},
+        info = RunInfo(engine=self.name, converged=True, interrupted=False, steps=len(rounds), time_s=wall,
+                       total_time_s=wall, settings=self.settings(), counters={"log_joint_evals": n},
                        details={**record, "elbo_method": f"self-normalised importance sampling, the {n} draws"})
         return GaussianPosterior(m, C, list(target.names), target, elbo=elbo, elbo_se=elbo_se, info=info)
 
