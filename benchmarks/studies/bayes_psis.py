@@ -29,9 +29,10 @@ difference from the reference's.
 
 Settings ``sk``: S&K alone (``importance=False``); ``lib`` / ``lib=M1,M2[,M3]``: the library's default
 (:class:`gpvi.inference.cvi.importance.ImportanceGaussian` first, since this study) with
-:data:`gpvi.inference.cvi.importance.DRAWS` set to those rounds; ``default`` is the library's default of the run's day (S&K alone in ``h59g_tuning`` and ``h59g_inflate``, importance first in
-``h59g_rounds``); ``--max-dim``: :data:`gpvi.inference.cvi.importance.MAX_DIM` for the ``lib`` settings; cases
-``clf8:c/N`` keep clf8's first c inputs (D = c + 1).
+:data:`gpvi.inference.cvi.importance.DRAWS` set to those rounds; ``default`` is the library's default of the run's
+day (S&K alone in ``h59g_tuning`` and ``h59g_inflate``, importance first in ``h59g_rounds``); ``--max-dim``:
+:data:`gpvi.inference.cvi.importance.MAX_DIM` for the ``lib`` settings; cases ``clf8:c/N`` keep clf8's first c
+inputs (D = c + 1).
 
 Run: ``OMP_NUM_THREADS=1 nice -n 5 .venv/bin/python -m benchmarks.studies.bayes_psis --cases ripley xor/100``.
 Results: ``benchmarks/studies/results/bayes_psis_<label>.{md,json}``.
