@@ -39,8 +39,8 @@ import torch
 from benchmarks.studies._common import header, write
 from benchmarks.studies.bayes_psis import case_data
 from gpvi.inference.cvi.bayes import FullyBayesianCVI
-from gpvi.inference.cvi.importance import MIN_ESS, t_draws, t_log_density, weighted_moments
-from gpvi.posteriors.weighted import khat_threshold, pareto_smooth
+from gpvi.inference.cvi.importance import MIN_ESS, t_draws, t_log_density
+from gpvi.posteriors.weighted import WeightedPosterior, khat_threshold, pareto_smooth
 
 VARIANTS = {
     "A": ([[(64, 1.0)], [(64, 1.0)]], 5.0),
@@ -74,7 +74,8 @@ def run_variant(target: Any, m0: torch.Tensor, L0: torch.Tensor, rounds: list[li
         log_g = torch.logsumexp(torch.stack([math.log(Mk / n) + t_log_density(x, mk, Ck, nu) for Mk, mk, Ck in comps]),
                                 0)
         lw, k = pareto_smooth((ll - log_g).numpy())
-        m, S, ess = weighted_moments(x, torch.as_tensor(lw))
+        w = WeightedPosterior(x, torch.as_tensor(lw), [f"theta[{d}]" for d in range(x.shape[1])], khat=k)
+        m, S, ess = w.mean, w.covariance, w.ess
         C, bad = torch.linalg.cholesky_ex(0.5 * (S + S.T))
         ok = int(bad) == 0
         if r >= 1 and ok and k <= khat_threshold(n) and ess >= MIN_ESS:

@@ -35,7 +35,7 @@ import torch
 from ...exceptions import NumericalFaultError
 from ...posteriors.gaussian import GaussianPosterior
 from ...posteriors.info import RunInfo
-from ...posteriors.weighted import khat_threshold, pareto_smooth
+from ...posteriors.weighted import WeightedPosterior, khat_threshold, pareto_smooth
 from ...validation import check_positive, check_positive_int
 from ..init import Start
 
@@ -95,14 +95,6 @@ def t_log_density(x: torch.Tensor, m: torch.Tensor, L: torch.Tensor, nu: float) 
             - torch.log(torch.diagonal(L)).sum() - 0.5 * (nu + D) * torch.log1p((d * d).sum(-1) / nu))
 
 
-def weighted_moments(x: torch.Tensor, log_w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """``(mean, covariance, ESS)`` of the rows of ``x`` under log weights ``log_w`` (normalised here)."""
-    w = torch.softmax(log_w, 0)
-    m = w @ x
-    d = x - m
-    return m, (w.unsqueeze(-1) * d).T @ d, float(1.0 / (w * w).sum())
-
-
 class ImportanceGaussian:
     r"""Rounds of importance sampling from a Gaussian start and their check (module docstring).
 
@@ -158,12 +150,16 @@ class ImportanceGaussian:
             out = torch.cat([f(x[i:i + self.chunk]).detach() for i in range(0, x.shape[0], self.chunk)])
         return torch.where(torch.isfinite(out), out, torch.full_like(out, -math.inf))
 
-    def _smooth(self, log_ratios: torch.Tensor, draws: int) -> tuple[torch.Tensor, float]:
-        if int(torch.isfinite(log_ratios).sum()) < max(2, draws // 2):
+    @staticmethod
+    def _weigh(target: Any, x: torch.Tensor, log_ratios: torch.Tensor) -> WeightedPosterior:
+        """The draws ``x`` with their Pareto-smoothed weights (its ``mean``, ``covariance``, ``ess``, ``khat``)."""
+        finite = int(torch.isfinite(log_ratios).sum())
+        if finite < max(2, x.shape[0] // 2):
             raise ImportanceRejected("ImportanceGaussian: fewer than half the draws have a finite log joint",
-                                     {"finite": int(torch.isfinite(log_ratios).sum()), "draws": draws})
+                                     {"finite": finite, "draws": x.shape[0]})
         lw, khat = pareto_smooth(log_ratios.cpu().numpy())
-        return torch.as_tensor(lw, dtype=log_ratios.dtype, device=log_ratios.device), khat
+        return WeightedPosterior(x, torch.as_tensor(lw, dtype=x.dtype, device=x.device), list(target.names),
+                                 khat=khat)
 
     def run(self, target: Any, init: Any) -> GaussianPosterior:
         """q from the start ``init`` (a :class:`~gpvi.inference.init.Start` or a strategy giving one, with a scale):
@@ -185,8 +181,8 @@ class ImportanceGaussian:
             n = sum(sizes)
             log_prop = torch.logsumexp(torch.stack([math.log(Mk / n) + t_log_density(x, mk, Lk, self.nu)
                                                     for Mk, (mk, Lk) in zip(sizes, props)]), 0)   # the mixture
-            lw, khat = self._smooth(ll - log_prop, n)
-            m, S, ess = weighted_moments(x, lw)
+            w = self._weigh(target, x, ll - log_prop)
+            m, S, ess, khat = w.mean, w.covariance, w.ess, w.khat
             C, bad = torch.linalg.cholesky_ex(0.5 * (S + S.T))
             ok = int(bad) == 0 and bool(torch.isfinite(C).all())
             rounds.append({"draws": n, "khat": khat, "khat_threshold": khat_threshold(n), "ess": ess})

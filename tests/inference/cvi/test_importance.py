@@ -93,6 +93,10 @@ def test_bad_settings_are_named():
         ImportanceGaussian(draws=(0, 64))
     with pytest.raises(ValueError, match="nu"):
         ImportanceGaussian(nu=-1.0)
+    with pytest.raises(ValueError, match="min_ess"):
+        ImportanceGaussian(min_ess=0.0)
+    with pytest.raises(TypeError, match="chunk"):
+        ImportanceGaussian(chunk=2.5)
     with pytest.raises(TypeError, match="importance"):
         FullyBayesianCVI(importance="yes")
 
