@@ -54,13 +54,13 @@ inputs (``benchmarks/studies/results/multiclass_psis_h59g_tuning*.md``, seeds 0-
 docstring's offset), test probabilities 0.009 / 0.005 / 0.007 from NUTS's (S&K 0.009 / 0.005 / 0.007)."""
 
 IMPORTANCE = True
-"""``FullyBayesianCVI(importance=None)``'s value (since issue 59's seventh pass): for a binary model with at most
-4 log-hyperparameters on EP's evidence, q is first the moment-matched Gaussian of two rounds of importance sampling
-from the Laplace start (:class:`~gpvi.inference.cvi.importance.ImportanceGaussian`, 128 value-only EP evaluations),
-accepted where PSIS's k-hat and ESS allow; else S&K runs exactly as before (the site bank emptied first). On the
-tuning sets (``benchmarks/studies/results/bayes_psis_h59g_tuning.md``) an accepted q was as near the references as
-S&K's (:data:`~gpvi.inference.cvi.importance.MIN_ESS`) with a q stage 3-7x shorter; a rejected one costs the
-draws on top of S&K's."""
+"""``FullyBayesianCVI(importance=None)``'s value (since issue 59's seventh pass): for a binary model (a softmax one:
+:data:`MULTICLASS_IMPORTANCE`) with at most 4 log-hyperparameters on EP's evidence, q is first the moment-matched
+Gaussian of two rounds of importance sampling from the Laplace start, 128 value-only EP evaluations
+(:class:`~gpvi.inference.cvi.importance.ImportanceGaussian`), accepted where PSIS's k-hat and ESS allow; else S&K
+runs exactly as before (the site bank emptied first). On the binary tuning sets (``bayes_psis_h59g_tuning.md`` in
+``benchmarks/studies/results``) an accepted q was as near the references as S&K's
+(:data:`~gpvi.inference.cvi.importance.MIN_ESS`) with a q stage 3-7x shorter; a rejection adds the draws to S&K's."""
 
 CUBATURE = False
 """``FullyBayesianCVI(cubature=None)``'s value; not the default (why: :data:`gpvi.inference.cvi.cubature.CHECK_TOL`)."""
