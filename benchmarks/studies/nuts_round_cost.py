@@ -60,6 +60,16 @@ def _nodes(rng: np.random.Generator) -> tuple[Any, Any]:
     return node(), node()
 
 
+def _kernel_leaf(integ: Any, z: np.ndarray, g: np.ndarray) -> Any:
+    """One ``_Integrator.leaf`` from ``(z, r = g, g)``, its log joint answered at once: the leaf's node."""
+    gen = integ.leaf(z, g, z, True)
+    next(gen)
+    try:
+        gen.send((-1.0, g))
+    except StopIteration as stop:
+        return stop.value
+
+
 def section_ops() -> list[dict[str, Any]]:
     from gpvi.inference.mcmc.kernel import Metric, Uniforms, _Integrator, _merge, _Tree
 
@@ -69,18 +79,10 @@ def section_ops() -> list[dict[str, Any]]:
     u = Uniforms(torch.Generator().manual_seed(0))
     integ = _Integrator(0.1, Metric(np.ones(D)), 0.0)
 
-    def leaf() -> Any:
-        gen = integ.leaf(a, b, a, True)
-        next(gen)
-        try:
-            gen.send((-1.0, b))
-        except StopIteration as stop:
-            return stop.value
-
     assert not _merge(old, new, True, False, u).turning
     ops = {"dot": lambda: a.dot(b), "add": lambda: a + b, "scalar x vector": lambda: 0.5 * a,
            "_Tree": lambda: _Tree(a, a, a, a, a, a, a, a, a, 0.0, a, 0.0, a, n=1, accept=0.5),
-           "uniform draw": u.uniform, "leaf": leaf, "merge": lambda: _merge(old, new, True, False, u)}
+           "uniform draw": u.uniform, "leaf": lambda: _kernel_leaf(integ, a, b), "merge": lambda: _merge(old, new, True, False, u)}
     return [{"section": "ops", "op": k, "us": _us(f)} for k, f in ops.items()]
 
 
@@ -133,12 +135,7 @@ def section_vector() -> list[dict[str, Any]]:
 
     def leaves() -> None:
         for _ in range(C):
-            gen = integ.leaf(a, b, a, True)
-            next(gen)
-            try:
-                gen.send((-1.0, b))
-            except StopIteration:
-                pass
+            _kernel_leaf(integ, a, b)
 
     old, new = _nodes(rng)
     uu = Uniforms(torch.Generator().manual_seed(0))
@@ -164,17 +161,22 @@ def _run(model: Any, fn: Any) -> dict[str, float]:
             "own_us_per_round": (r["wall"] - inside) / ev * C * 1e6, "call_us_per_round": inside / ev * C * 1e6}
 
 
-def section_rounds() -> list[dict[str, Any]]:
+def _boston0() -> tuple[Any, Any]:
+    """boston-0 of the stress suite, and a Gaussian log joint of its dimension that costs almost nothing."""
     from benchmarks.small_data import stress
 
     model = [p for p in stress()[0] if p["id"] == "boston-0"][0]["model"]
-    real = model.closed_form.log_joint
     mu = torch.ones(model.dim, dtype=torch.float64)
 
     def gaussian(theta: torch.Tensor, **_: Any) -> tuple[torch.Tensor, torch.Tensor]:
         d = theta - mu
         return -0.5 * (d * d).sum(-1), -d
+    return model, gaussian
 
+
+def section_rounds() -> list[dict[str, Any]]:
+    model, gaussian = _boston0()
+    real = model.closed_form.log_joint
     _run(model, gaussian)                                    # warm caches and imports
     rows = []
     for rep in range(3):
@@ -187,15 +189,7 @@ def section_profile() -> list[dict[str, Any]]:
     import cProfile
     import pstats
 
-    from benchmarks.small_data import stress
-
-    model = [p for p in stress()[0] if p["id"] == "boston-0"][0]["model"]
-    mu = torch.ones(model.dim, dtype=torch.float64)
-
-    def gaussian(theta: torch.Tensor, **_: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        d = theta - mu
-        return -0.5 * (d * d).sum(-1), -d
-
+    model, gaussian = _boston0()
     _run(model, gaussian)
     prof = cProfile.Profile()
     prof.runcall(_run, model, gaussian)
