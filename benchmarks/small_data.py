@@ -62,6 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gpvi  # noqa: E402
 from benchmarks._common import RESULTS, header, machine_info, write  # noqa: E402
 from gpvi.inference.check import mixed  # noqa: E402
+from gpvi.inference.mcmc import nuts as nuts_module  # noqa: E402
 from gpvi.inference.mcmc.chains import Potential  # noqa: E402
 from gpvi.posteriors.diagnostics import diagnostics  # noqa: E402
 
@@ -233,10 +234,10 @@ def _previous(model: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------- samplers
-def run_gpvi_nuts(model: Any, warmup: int, draws: int) -> dict[str, Any]:
+def run_gpvi_nuts(model: Any, warmup: int, draws: int, keep_draws: bool = False) -> dict[str, Any]:
     """gpvi's NUTS, with the time spent inside the log joint + gradient calls measured around each call (an
     instance attribute shadows ``model.closed_form.log_joint``, what the sampler calls, for the run): everything
-    else is the sampler's own cost."""
+    else is the sampler's own cost. ``keep_draws``: the draws too."""
     lean = model.closed_form
     real, spent = lean.log_joint, [0.0]
 
@@ -257,10 +258,11 @@ def run_gpvi_nuts(model: Any, warmup: int, draws: int) -> dict[str, Any]:
     wall = time.perf_counter() - t0
     ev = sum(mc.info["num_evaluations"])
     d = diagnostics(mc.draws)
-    return {"wall": wall, "evals": ev, "ms_per_grad": 1000 * wall / ev, "logjoint_ms_per_grad": 1000 * spent[0] / ev,
+    return {"kernel": "compiled" if nuts_module.compiled() is not None else "numpy", "wall": wall, "evals": ev, "ms_per_grad": 1000 * wall / ev, "logjoint_ms_per_grad": 1000 * spent[0] / ev,
             "overhead": wall / spent[0] - 1.0, "min_ess_bulk": float(d["ess_bulk"].min()),
             "min_ess_tail": float(d["ess_tail"].min()), "divergences": int(mc.info["divergences"]),
-            "mean": mc.mean.tolist(), "sd": mc.std.tolist(), "max_r_hat": float(d["r_hat"].max())}
+            "mean": mc.mean.tolist(), "sd": mc.std.tolist(), "max_r_hat": float(d["r_hat"].max()),
+            **({"draws": mc.draws} if keep_draws else {})}
 
 
 def run_pyro_nuts(model: Any, warmup: int, draws: int) -> dict[str, Any]:
@@ -438,6 +440,10 @@ def run_rwm(model: Any, name: str, *, warmup: int = 2000, block: int = 2000, max
 
 def section_sampler() -> list[dict[str, Any]]:
     importlib.import_module("arviz")          # gpvi imports it on first use (seconds): paid here, not in a wall
+    if nuts_module.compiled() is not None:     # numba's import and the compiled trees' cache load, likewise
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            gpvi.NUTS(num_chains=1, num_warmup=2, num_draws=2, progress_bar=False).run(tiny_model())
     probs, refs = stress()
     cases = [{"id": "tiny", "model": tiny_model(), "half": "-"}] + probs + \
         [{"id": "boston", "model": boston_model(), "half": "-"}]
@@ -542,8 +548,9 @@ def render(data: dict[str, Any]) -> str:
         md.append("")
     if "sampler" in data:
         md += ["## Samplers: 4 chains x (500 warm-up + 1,000 draws)", "",
-               "gpvi = `gpvi.NUTS` (NumPy transitions; up to 200 data points the 4 chains advance together, one "
-               "closed-form call on 4 thetas answering every chain's request; Boston's run one after another); "
+               "gpvi = `gpvi.NUTS` (up to 200 data points the 4 chains advance together, one "
+               "closed-form call on 4 thetas answering every chain's request; Boston's run one after another; "
+               "its transitions " + _kernels(data["sampler"]) + "); "
                "ms/grad in NUTS = its wall per gradient of one chain; "
                "overhead = its wall over the time spent inside the log joint + gradient calls (timed around each "
                "call in the same run), minus 1: the sampler's and its wrapper's own work. ms/grad bare = the "
@@ -586,6 +593,18 @@ def render(data: dict[str, Any]) -> str:
                       f"{rw} | {wt} |")
         md.append("")
     return "\n".join(md) + "\n"
+
+
+def _kernels(rows: list[dict[str, Any]]) -> str:
+    """Which NUTS kernel measured which rows: numba's compiled trees (``gpvi.inference.mcmc.trees``) or the NumPy
+    transitions (rows without a record predate the compiled trees)."""
+    comp = [r["problem"] for r in rows if r["gpvi"].get("kernel") == "compiled"]
+    if len(comp) == len(rows):
+        return "compiled with numba (`gpvi.inference.mcmc.trees`) on every row"
+    if not comp:
+        return "the NumPy kernel on every row"
+    rest = ", ".join(r["problem"] for r in rows if r["problem"] not in comp)
+    return f"compiled with numba (`gpvi.inference.mcmc.trees`) except on {rest} (the NumPy kernel, an earlier run)"
 
 
 def main() -> None:

@@ -41,6 +41,7 @@ from ..progress import Progress
 from .adaptation import DualAveraging, Welford, Windows
 from .kernel import Asks, Metric, Uniforms, find_step_size
 from .state import ChainState, MCMCState
+from .trees import TreeRequest, Trees
 
 __all__ = ["Potential", "tree_depth", "run_chains", "chain_groups", "BATCH_MAX_N", "SAMPLE_STATS", "WARMUP_STATS"]
 
@@ -226,17 +227,29 @@ def _run_group(engine: Any, st: MCMCState, potential: Potential, callback: Callb
     mass = st.init_info.get("inverse_mass_matrix_init")
     first = st.init_info.get("inverse_mass_matrix_start")
     chains = {r: _chain(engine, group[r], st, counts[group[r]], bar, callback, mass, first) for r in todo}
+    trees: Trees | None = None
+    growing: set[int] = set()                       # rows whose NUTS transition is in `trees`
     try:
         asked = {}
         for r in todo:
             asked[r] = next(chains[r])              # every chain has at least its start point to ask for
         while chains:
+            started = False
             for r, z in asked.items():
-                Z[r] = z
+                if isinstance(z, TreeRequest):
+                    if trees is None:
+                        trees = Trees(Z, engine.max_tree_depth)      # writes its rows' points into Z
+                    trees.begin(r, z)
+                    growing.add(r)
+                    started = True
+                else:
+                    Z[r] = z
+            if started:
+                trees.step(None, None)              # the new transitions' first points
             lp, grad, bad = potential(Z)
             warned = potential.flush()
             failed = bad.any()
-            lps = lp.tolist()
+            lps = lp.tolist() if len(growing) < len(chains) else None
             asked = {}
             for r in list(chains):
                 k = counts[group[r]]
@@ -245,13 +258,23 @@ def _run_group(engine: Any, st: MCMCState, potential: Potential, callback: Callb
                     k.nonfinite += int(bad[r])
                 if warned:
                     k.numerical_warnings += warned
-                try:
-                    asked[r] = chains[r].send((lps[r], grad[r]))
-                except StopIteration:
-                    del chains[r]
+                if r not in growing:
+                    _ask(chains, asked, r, (lps[r], grad[r]))
+            if growing:
+                for r, result in trees.step(lp, grad):
+                    growing.discard(r)
+                    _ask(chains, asked, r, result)
     finally:
         for gen in chains.values():                 # interrupted: each chain commits what it has
             gen.close()
+
+
+def _ask(chains: dict[int, Asks[None]], asked: dict[int, Any], r: int, answer: Any) -> None:
+    """Send chain ``r`` its answer; keep what it asks next, or drop it when it is done."""
+    try:
+        asked[r] = chains[r].send(answer)
+    except StopIteration:
+        del chains[r]
 
 
 def _chain(engine: Any, c: int, st: MCMCState, counts: _Counts, bar: Progress, callback: Callback | None,

@@ -1,7 +1,8 @@
 r"""What NUTS and HMC share: settings, the start, the run over chains, resume and the result.
 
 The engines follow the contract of :mod:`gpvi.inference.contract` except for the step loop, a per-chain loop
-(:mod:`gpvi.inference.mcmc.chains`) around the NumPy transitions of :mod:`gpvi.inference.mcmc.kernel`:
+(:mod:`gpvi.inference.mcmc.chains`) around the NumPy transitions of :mod:`gpvi.inference.mcmc.kernel` (NUTS's, with
+numba installed, compiled for all chains at once by :mod:`gpvi.inference.mcmc.trees`):
 
 .. code-block:: text
 

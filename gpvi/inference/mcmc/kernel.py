@@ -24,6 +24,9 @@ the new half at the top level (Betancourt 2017, sec. A.3.2). A step whose energy
 and ends the trajectory. The acceptance statistic is the mean of :math:`\min(1, e^{H_0 - H})` over the new states
 (Stan's ``accept_stat``), which drives the step-size adaptation (:mod:`gpvi.inference.mcmc.adaptation`).
 
+With numba installed, :mod:`gpvi.inference.mcmc.trees` runs NUTS's transitions compiled, all chains in one call a
+round; :func:`nuts_transition` is the reference they repeat bit for bit.
+
 HMC (:func:`hmc_transition`): :math:`L` leapfrog steps and a Metropolis correction (Neal 2011, sec. 5.3.2.1).
 
 Randomness: a :class:`Uniforms` stream over a torch generator (the chain's own), drawn in blocks, so a chain's
@@ -64,6 +67,7 @@ class Uniforms:
         self.g, self.block = generator, block
         self._u = np.empty(0)
         self._i = 0
+        self._saved: torch.Tensor | None = None
 
     def uniform(self) -> float:
         if self._i >= self._u.shape[0]:
@@ -78,6 +82,26 @@ class Uniforms:
     def reset(self) -> None:
         """Drop the unused part of the block, so the generator's state alone determines what comes next."""
         self._u, self._i = np.empty(0), 0
+
+    def ahead(self, blocks: int) -> np.ndarray:
+        """The next uniforms :meth:`uniform` would return if it fetched up to ``blocks`` new blocks: the rest of the
+        current block, then ``blocks`` blocks drawn now. :meth:`advance` must follow, before any other draw."""
+        self._saved = self.g.get_state()
+        fresh = torch.rand(self.block * blocks, generator=self.g, dtype=torch.float64, device="cpu").numpy()
+        return np.concatenate([self._u[self._i:], fresh])
+
+    def advance(self, used: int) -> None:
+        """Leave the stream as if :meth:`uniform` had returned the first ``used`` of :meth:`ahead`'s uniforms: the
+        generator set back, then moved on by the blocks they used (``torch.rand`` of k blocks at once draws the same
+        numbers as k draws of one block)."""
+        self.g.set_state(self._saved)
+        extra = used - (self._u.shape[0] - self._i)
+        if extra <= 0:
+            self._i += used
+            return
+        k = -(-extra // self.block)
+        self._u = torch.rand(self.block * k, generator=self.g, dtype=torch.float64, device="cpu").numpy()[-self.block:]
+        self._i = extra - self.block * (k - 1)
 
 
 class Metric:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import gpvi
-from gpvi.inference.mcmc import Adaptation
+from gpvi.inference.mcmc import NUTS, Adaptation
 from gpvi.posteriors import GaussianPosterior
 
 M = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
@@ -30,17 +30,21 @@ def _run(init, adaptation=Adaptation(), warmup=60, draws=300, seed=0):
                          adaptation=adaptation).run(_target(), init=init)
 
 
+def _spy_metrics(monkeypatch, seen):
+    """Record the inverse mass matrix of every NUTS transition (NumPy or compiled kernel alike)."""
+    real = NUTS._transition
+
+    def spy(self, z, lp, g, eps, metric, rng):
+        seen.append(torch.from_numpy(metric.inv.copy()))
+        return real(self, z, lp, g, eps, metric, rng)
+
+    monkeypatch.setattr(NUTS, "_transition", spy)
+
+
 def test_q_covariance_is_the_inverse_mass_matrix_the_sampler_uses(monkeypatch):
     q = GaussianPosterior(M + 0.1, 1.1 * L, NAMES)
     seen = []
-    from gpvi.inference.mcmc import nuts as nuts_module
-    real = nuts_module.nuts_transition
-
-    def spy(z, lp, g, eps, metric, max_depth, rng):               # the metric of every transition
-        seen.append(torch.from_numpy(metric.inv.copy()))
-        return real(z, lp, g, eps, metric, max_depth, rng)
-
-    monkeypatch.setattr(nuts_module, "nuts_transition", spy)
+    _spy_metrics(monkeypatch, seen)                                     # the metric of every transition
     mc = _run(q)
     cov = q.covariance
     assert len(seen) == 2 * (60 + 300)
@@ -86,15 +90,8 @@ def test_a_point_start_keeps_the_usual_adaptation():
 @pytest.mark.parametrize("dense", [False, True])
 def test_mass_start_init_starts_the_adapted_metric_at_q_and_the_windows_replace_it(monkeypatch, dense):
     q = GaussianPosterior(M + 0.1, 1.1 * L, NAMES)
-    from gpvi.inference.mcmc import nuts as nuts_module
-    real = nuts_module.nuts_transition
     seen = []
-
-    def spy(z, lp, g, eps, metric, max_depth, rng):
-        seen.append(torch.from_numpy(metric.inv.copy()))
-        return real(z, lp, g, eps, metric, max_depth, rng)
-
-    monkeypatch.setattr(nuts_module, "nuts_transition", spy)
+    _spy_metrics(monkeypatch, seen)
     start = q.covariance if dense else torch.diagonal(q.covariance)
     mc = _run(q, adaptation=Adaptation(mass_from_init=False, mass_start="init", dense_mass=dense), draws=5)
     assert torch.allclose(seen[0], start, rtol=0, atol=1e-14)          # the first warm-up transition
