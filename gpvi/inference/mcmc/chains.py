@@ -1,7 +1,9 @@
 r"""The chains: warm-up with adaptation, then sampling from a frozen snapshot, all chains advancing together.
 
 The transitions are :mod:`gpvi.inference.mcmc.kernel`'s (NumPy generators that ask for the log density and gradient
-at one point at a time); the adaptation is :mod:`gpvi.inference.mcmc.adaptation`'s. Each chain is one generator
+at one point at a time) or, when a chain asks for a whole NUTS transition (a :class:`~gpvi.inference.mcmc.trees.
+TreeRequest`, with numba installed), a row of a compiled :class:`~gpvi.inference.mcmc.trees.Trees` batch that advances
+every such chain in one call a round; the adaptation is :mod:`gpvi.inference.mcmc.adaptation`'s. Each chain is one generator
 (:func:`_chain`: warm-up, then draws). :func:`run_chains` answers the current request of **every** chain with one
 batched call of the log joint, ``(num_chains, D) -> (num_chains,)`` and its gradient: a chain whose transition ends
 starts its next one at once, so no chain waits for another's trajectory, and at tens of data points four chains
