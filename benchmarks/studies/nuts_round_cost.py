@@ -25,6 +25,8 @@ Sections (``--sections``, in this order by default):
   ``nuts_transition``), the chains' bookkeeping (``_sample``, ``_warmup``) and the round loop (``_run_group``).
   The profiler inflates Python's per-call costs, so these are shares, not times.
 
+The NumPy kernel is measured even with numba installed (``nuts_compiled`` measures the compiled trees).
+
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.studies.nuts_round_cost``. Results:
 ``benchmarks/studies/results/nuts_round_cost.{md,json}``.
 """
@@ -241,6 +243,8 @@ def main() -> None:
     p.add_argument("--sections", nargs="+", default=["ops", "vector", "rounds", "profile"])
     a = p.parse_args()
     torch.set_num_threads(1)
+    from gpvi.inference.mcmc import nuts
+    nuts.compiled = lambda: None          # this study is of the NumPy kernel (nuts_compiled: the compiled trees)
     rows: list[dict[str, Any]] = []
     cmd = "--sections " + " ".join(a.sections)
     for sec in a.sections:
