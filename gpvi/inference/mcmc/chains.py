@@ -1,17 +1,18 @@
 r"""The chains: warm-up with adaptation, then sampling from a frozen snapshot, all chains advancing together.
 
 The transitions are :mod:`gpvi.inference.mcmc.kernel`'s (NumPy generators that ask for the log density and gradient
-at one point at a time) or, when a chain asks for a whole NUTS transition (a :class:`~gpvi.inference.mcmc.trees.
-TreeRequest`, with numba installed), a row of a compiled :class:`~gpvi.inference.mcmc.trees.Trees` batch that advances
-every such chain in one call a round; the adaptation is :mod:`gpvi.inference.mcmc.adaptation`'s. Each chain is one generator
-(:func:`_chain`: warm-up, then draws). :func:`run_chains` answers the current request of **every** chain with one
-batched call of the log joint, ``(num_chains, D) -> (num_chains,)`` and its gradient: a chain whose transition ends
-starts its next one at once, so no chain waits for another's trajectory, and at tens of data points four chains
-cost little more than one (the call's cost is Python and framework overhead, not arithmetic). Above
-``BATCH_MAX_N`` data points, where a call's cost is arithmetic, the chains run one after another (a batch of one). Chain ``c`` is
-always row ``c`` of a batch of ``num_chains`` rows (a finished chain's row repeats its last point): for gpvi's own
-models a row's value and gradient do not depend on the other rows, so a chain's draws are those of the same chain
-run in any company of the same size (``benchmarks/results/small_data.md``).
+at one point at a time) or, when a chain asks for a whole NUTS transition (a
+:class:`~gpvi.inference.mcmc.trees.TreeRequest`, with numba installed), a row of a compiled
+:class:`~gpvi.inference.mcmc.trees.Trees` batch that advances every such chain in one call a round; the adaptation is
+:mod:`gpvi.inference.mcmc.adaptation`'s. Each chain is one generator (:func:`_chain`: warm-up, then draws).
+:func:`run_chains` answers the current request of **every** chain with one batched call of the log joint,
+``(num_chains, D) -> (num_chains,)`` and its gradient: a chain whose transition ends starts its next one at once, so
+no chain waits for another's trajectory, and at tens of data points four chains cost little more than one (the call's
+cost is Python and framework overhead, not arithmetic). Above ``BATCH_MAX_N`` data points, where a call's cost is
+arithmetic, the chains run one after another (a batch of one). Chain ``c`` is always row ``c`` of a batch of
+``num_chains`` rows (a finished chain's row repeats its last point): for gpvi's own models a row's value and gradient
+do not depend on the other rows, so a chain's draws are those of the same chain run in any company of the same size
+(``benchmarks/results/small_data.md``).
 
 Each chain ``c`` has its own seed and its own torch generator, so the draws of a chain do not depend on what the
 other chains do, on callbacks or on interruptions (they do depend, in the last bits, on the number of chains: a
