@@ -4,16 +4,17 @@ gpvi[fast]``).
 :func:`~gpvi.inference.mcmc.kernel.nuts_transition` is NumPy code that asks for one point at a time, so at tens of
 data points its own work per leapfrog step (node objects, generator switches, small NumPy calls) is a third of what
 the batched log joint costs. With numba installed, :class:`~gpvi.inference.mcmc.nuts.NUTS` hands each transition to
-this module instead: the chain's generator yields a :class:`TreeRequest`, :func:`gpvi.inference.mcmc.chains` places it
+this module instead: the chain's generator yields a :class:`TreeRequest`, :mod:`gpvi.inference.mcmc.chains` places it
 in a :class:`Trees` batch, and one compiled call a round (:mod:`gpvi.inference.mcmc._trees_jit`) advances every
 chain's tree to its next point, between the batched log-joint calls.
 
 The transitions are the NumPy kernel's bit for bit, random numbers included: the momentum is drawn by
-:meth:`Metric.momentum` as there, and a transition's uniforms are the chain's :class:`~gpvi.inference.mcmc.kernel.
-Uniforms` stream (:meth:`~gpvi.inference.mcmc.kernel.Uniforms.ahead` draws the blocks the transition could use,
-:meth:`~gpvi.inference.mcmc.kernel.Uniforms.advance` then leaves the generator where the uniforms it did use leave
-it). So seeded results do not depend on whether numba is installed (``tests/inference/mcmc/test_trees.py``).
-Diagonal metrics and ``max_tree_depth`` up to :data:`MAX_DEPTH`; otherwise the NumPy kernel runs.
+:meth:`~gpvi.inference.mcmc.kernel.Metric.momentum` as there, and a transition's uniforms are the chain's
+:class:`~gpvi.inference.mcmc.kernel.Uniforms` stream (:meth:`~gpvi.inference.mcmc.kernel.Uniforms.ahead` draws the
+blocks the transition could use, :meth:`~gpvi.inference.mcmc.kernel.Uniforms.advance` then leaves the generator where
+the uniforms it did use leave it). So seeded results do not depend on whether numba is installed
+(``tests/inference/mcmc/test_trees.py``). Diagonal metrics and ``max_tree_depth`` up to :data:`MAX_DEPTH`; otherwise
+the NumPy kernel runs. ``GPVI_NUMBA=0`` in the environment (read once per process) runs the NumPy kernel everywhere.
 """
 
 from __future__ import annotations
