@@ -35,9 +35,19 @@ MAX_DEPTH = 12
 
 @functools.cache
 def compiled() -> Any:
-    """The compiled module, or ``None`` without numba (or with ``GPVI_NUMBA=0`` in the environment)."""
+    """The compiled module, or ``None`` without numba (or with ``GPVI_NUMBA=0`` in the environment).
+
+    Raises
+    ------
+    ValueError
+        ``GPVI_NUMBA`` set to anything but ``0`` or ``1``.
+    """
     import os
-    if os.environ.get("GPVI_NUMBA", "1") == "0":
+    switch = os.environ.get("GPVI_NUMBA", "1").strip()
+    if switch not in ("0", "1"):
+        raise ValueError(f"the environment variable GPVI_NUMBA must be 0 (the NumPy kernel) or 1 (compiled trees "
+                         f"when numba is installed); got {switch!r}")
+    if switch == "0":
         return None
     try:
         from . import _trees_jit

@@ -111,6 +111,20 @@ def test_dense_metric_and_deep_limits_use_the_numpy_kernel(monkeypatch):
         assert used == []
 
 
+def test_the_numba_switch_is_0_or_1(monkeypatch):
+    for value, on in (("0", False), ("1", True), (" 1 ", True)):
+        monkeypatch.setenv("GPVI_NUMBA", value)
+        trees.compiled.cache_clear()
+        assert (trees.compiled() is not None) is on
+    monkeypatch.setenv("GPVI_NUMBA", "false")
+    trees.compiled.cache_clear()
+    with pytest.raises(ValueError, match="GPVI_NUMBA"):
+        trees.compiled()
+    monkeypatch.delenv("GPVI_NUMBA")
+    trees.compiled.cache_clear()
+    assert trees.compiled() is not None
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_uniforms_ahead_then_advance_is_the_lazy_stream(seed):
     """Draws through ahead/advance leave the stream exactly where one-by-one uniform() calls leave it."""
