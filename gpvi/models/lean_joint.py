@@ -60,6 +60,7 @@ evaluator out as :attr:`gpvi.GPRegression.closed_form`: the samplers' inner loop
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any
 
 import torch
@@ -68,7 +69,7 @@ from ..linalg import cholesky_with_jitter
 from .lean_terms import PRECOMPUTED_MAX_ELEMENTS, _Distances, _kappa, _Param, _Term, _terms
 
 __all__ = ["LeanLogJoint", "LEAN_JOINT_MAX_N", "PRECOMPUTED_MAX_ELEMENTS", "TRIANGULAR_MAX_N", "TRIANGULAR_MAX_BATCH",
-           "lean_apply"]
+           "CHUNK_BYTES", "WORKSPACE_MAX_BYTES", "lean_apply"]
 
 LEAN_JOINT_MAX_N = 1024
 """Largest number of training points for which models take this path."""
@@ -87,7 +88,37 @@ TRIANGULAR_MAX_BATCH = 64
 ``N x N`` matrices per theta it needs then stay below 7 MB); larger batches (importance sampling, DSVI draws) take
 ``potri``, within :attr:`LeanLogJoint.copies`."""
 
+CHUNK_BYTES = 1 << 22
+r"""On the CPU, beyond :data:`TRIANGULAR_MAX_N` points and with expanded distances, the log marginal of a batch is
+evaluated in chunks of at most this many bytes of one ``(S, N, N)`` matrix (at least one theta a chunk): larger
+batches left the processor's caches and cost more per theta, not less
+(``benchmarks/studies/results/lean_workspace.md``). There every operation is per theta or a matrix product over
+the points, so each theta's value is the same bit for bit whatever the chunk (tested); its gradient is too on this
+machine's BLAS (tested to rounding, 1e-12). Precomputed distances contract the gradient as one product over the
+batch, whose blocking follows its size, so those models are not chunked; nor is the prior."""
+
+WORKSPACE_MAX_BYTES = 1 << 26
+r"""Largest size of the three ``(S, N, N)`` buffers (:math:`K`, its factor :math:`L` and :math:`G`) kept between
+calls, one set per thread, on the CPU (:func:`_buffers`); larger batches allocate afresh."""
+
 _LOG_2PI = math.log(2.0 * math.pi)
+_WORKSPACE = threading.local()
+
+
+def _buffers(S: int, n: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """``(K, L, G)`` ``(S, N, N)`` buffers, reused across calls (one set per thread, CPU only, at most
+    :data:`WORKSPACE_MAX_BYTES` kept), or None. K is row-major; L and G are column-major, as LAPACK writes them, so
+    ``cholesky_ex`` and ``cholesky_inverse`` fill them in place with the same bits as a fresh result. From about
+    200 points, N x N matrices allocated afresh at every call can cost page faults, as the heap is returned to the
+    system and taken back (measured in ``benchmarks/studies/results/lean_workspace.md``); callers never return
+    views of these buffers."""
+    numel = S * n * n
+    if like.device.type != "cpu" or 3 * numel * like.element_size() > WORKSPACE_MAX_BYTES:
+        return None
+    buf = getattr(_WORKSPACE, "buf", None)
+    if buf is None or buf.dtype != like.dtype or buf.shape[1] < numel:
+        buf = _WORKSPACE.buf = torch.empty(3, numel, dtype=like.dtype)
+    return (buf[0, :numel].view(S, n, n), buf[1, :numel].view(S, n, n).mT, buf[2, :numel].view(S, n, n).mT)
 
 
 class LeanLogJoint:
@@ -117,6 +148,10 @@ class LeanLogJoint:
         self._single = len(self._kernel_terms) == 1 and not self._const_terms     # K may then be the term itself
         self._true = torch.ones(1, dtype=torch.bool, device=X.device)
         self._cpu = X.device.type == "cpu"
+        expanded = all(d.pre is None for d in self._dist.values())
+        self._chunk = max(1, CHUNK_BYTES // (self.n * self.n * X.element_size())) \
+            if self._cpu and self.n > TRIANGULAR_MAX_N and expanded else None
+        """Largest batch of the log marginal evaluated in one pass (:data:`CHUNK_BYTES`); None: any."""
         self._rhs: dict[int, torch.Tensor] = {}                                  # [I | y] per batch size
         t0 = self._kernel_terms[0] if self._kernel_terms else None
         m = t0.lengthscale.width if t0 is not None and t0.lengthscale is not None else 0
@@ -179,8 +214,16 @@ class LeanLogJoint:
         """
         return self._log_marginal(theta, grad, raise_on_failure)[:2]
 
+    def _chunked(self, fn, theta: torch.Tensor, *args):
+        """``fn(chunk, *args)`` ``-> (value, gradient or None, all ok)`` over chunks of :attr:`_chunk` thetas."""
+        parts = [fn(t, *args) for t in theta.split(self._chunk)]
+        g = torch.cat([p[1] for p in parts]) if parts[0][1] is not None else None
+        return torch.cat([p[0] for p in parts]), g, all(p[2] for p in parts)
+
     def _log_marginal(self, theta: torch.Tensor, grad: bool, raise_on_failure: bool):
         """:meth:`log_marginal` and whether every member was factorised."""
+        if self._chunk is not None and theta.shape[0] > self._chunk:
+            return self._chunked(self._log_marginal, theta, grad, raise_on_failure)
         if self._plain_rbf:
             return self._plain_log_marginal(theta, grad, raise_on_failure)
         S, n = theta.shape[0], self.n
@@ -205,8 +248,9 @@ class LeanLogJoint:
         yc = self.y.expand(S, n)
         if self.mean is not None:
             yc = yc - self.mean.value(V)
-        L, ok, diag_l = self._cholesky(K, theta, raise_on_failure)
-        quad, alpha, G = self._solve(L, yc, grad)
+        bufs = _buffers(S, n, theta)
+        L, ok, diag_l = self._cholesky(K, theta, raise_on_failure, bufs)
+        quad, alpha, G = self._solve(L, yc, grad, bufs)
         val = -0.5 * quad - torch.log(diag_l).sum(-1) - 0.5 * n * _LOG_2PI
         val, all_ok = self._mask_failed(val, ok)
         if not grad:
@@ -259,14 +303,18 @@ class LeanLogJoint:
         with the gradient chained to theta directly: :math:`\partial/\partial\theta = p\,v\,\partial/\partial v`
         for :math:`v = e^{p\theta}`, so :math:`\ell_k^{-3}` and :math:`1/s` cancel against :math:`v`. ``prior``: the
         independent normal prior is included (the log joint in one pass)."""
+        if self._chunk is not None and theta.shape[0] > self._chunk:
+            return self._chunked(self._plain_log_marginal, theta, grad, raise_on_failure, prior)
         S, n, m = theta.shape[0], self.n, self._powers.shape[0] - 2
         V = torch.exp(theta * self._powers)
         ils2 = V[:, :m].pow(-2)
-        K = self._dist[m].neg_half_r2(ils2).exp_().mul_(V[:, m:m + 1, None])     # s exp(-r^2 / 2)
+        bufs = _buffers(S, n, theta)
+        K = self._dist[m].neg_half_r2(ils2, None if bufs is None else bufs[0])
+        K.exp_().mul_(V[:, m:m + 1, None])                                       # s exp(-r^2 / 2)
         sn = V[:, m + 1:]
         K.diagonal(dim1=-2, dim2=-1).add_(sn)                                    # K's diagonal also holds the noise
-        L, ok, diag_l = self._cholesky(K, theta, raise_on_failure)
-        quad, _, G = self._solve(L, self.y.expand(S, n), grad)
+        L, ok, diag_l = self._cholesky(K, theta, raise_on_failure, bufs)
+        quad, _, G = self._solve(L, self.y.expand(S, n), grad, bufs)
         if prior:
             loc, nivar, const = self._normal_prior
             z = theta - loc
@@ -289,21 +337,22 @@ class LeanLogJoint:
         c = -0.5 * self.n * _LOG_2PI
         return c + self._normal_prior[2] if prior else c
 
-    def _solve(self, L: torch.Tensor, yc: torch.Tensor, grad: bool):
+    def _solve(self, L: torch.Tensor, yc: torch.Tensor, grad: bool, bufs: tuple | None = None):
         r"""``(quad, alpha, G)``: :math:`\tilde y^\top K^{-1}\tilde y` ``(S,)`` and, with ``grad``,
         :math:`\alpha = K^{-1}\tilde y` ``(S, N)`` and :math:`G = \tfrac12(\alpha\alpha^\top - K^{-1})` ``(S, N, N)``.
 
         Up to :data:`TRIANGULAR_MAX_N` points and :data:`TRIANGULAR_MAX_BATCH` thetas, one triangular solve :math:`[W \mid \beta] = L^{-1}[I \mid \tilde y]`
         and one product :math:`[W \mid \beta]^\top[W \mid \beta] = \begin{pmatrix} K^{-1} & \alpha \\ \alpha^\top &
         \text{quad} \end{pmatrix}` (at these sizes cheaper than LAPACK's ``potri`` and a separate solve); beyond,
-        ``cholesky_solve`` and ``cholesky_inverse``. The right-hand side :math:`[I \mid y]` is kept per batch size."""
+        ``cholesky_solve`` and ``cholesky_inverse`` (into ``bufs[2]`` when given: :func:`_buffers`). The
+        right-hand side :math:`[I \mid y]` is kept per batch size."""
         S, n = L.shape[0], self.n
         if n > TRIANGULAR_MAX_N or S > TRIANGULAR_MAX_BATCH:
             alpha = torch.cholesky_solve(yc.unsqueeze(-1), L).squeeze(-1)       # (S, N)
             quad = torch.linalg.vecdot(yc, alpha)
             if not grad:
                 return quad, None, None
-            G = torch.cholesky_inverse(L).mul_(-0.5)
+            G = (torch.cholesky_inverse(L) if bufs is None else torch.cholesky_inverse(L, out=bufs[2])).mul_(-0.5)
             return quad, alpha, G.baddbmm_(alpha.unsqueeze(-1), alpha.unsqueeze(-2), alpha=0.5)
         if not grad:
             beta = torch.linalg.solve_triangular(L, yc.unsqueeze(-1), upper=False).squeeze(-1)
@@ -334,12 +383,15 @@ class LeanLogJoint:
         k, kp, ka = _kappa(t.kind, self._dist[ls.shape[-1]].r2(ls.pow(-2)), a, grad)
         return t, (k if s is None else s.unsqueeze(-1) * k), s, (ls, k, kp, ka, a)
 
-    def _cholesky(self, K: torch.Tensor, theta: torch.Tensor, raise_on_failure: bool):
-        """``(L, ok, diag L)``: LAPACK first; :func:`gpvi.linalg.cholesky_with_jitter` (same acceptance rule: no pivot
-        below ``N eps mean(diag K)``; jitter retries; warnings) only when a member fails it. The kernels here are
-        stationary, so every diagonal entry of K equals its mean, ``K[:, 0, 0]``. ``ok`` is ``self._true`` when every
-        member passed."""
-        L, info = torch.linalg.cholesky_ex(K)
+    def _cholesky(self, K: torch.Tensor, theta: torch.Tensor, raise_on_failure: bool, bufs: tuple | None = None):
+        """``(L, ok, diag L)``: LAPACK first (into ``bufs[1]`` when given: :func:`_buffers`);
+        :func:`gpvi.linalg.cholesky_with_jitter` (same acceptance rule: no pivot below ``N eps mean(diag K)``; jitter
+        retries; warnings) only when a member fails it. The kernels here are stationary, so every diagonal entry of K
+        equals its mean, ``K[:, 0, 0]``. ``ok`` is ``self._true`` when every member passed."""
+        if bufs is None or K.requires_grad:
+            L, info = torch.linalg.cholesky_ex(K)
+        else:
+            L, info = torch.linalg.cholesky_ex(K, out=(bufs[1], torch.empty(K.shape[0], dtype=torch.int32)))
         dl = L.diagonal(dim1=-2, dim2=-1)
         if self._cpu and not K.requires_grad:        # the acceptance test on NumPy views: no tensor operations
             d = dl.numpy().min(-1)

@@ -74,20 +74,27 @@ class _Distances:
             self._pre_half = -0.5 * self.pre                # exact: -r^2/2 is then one product, no rounding added
         self._X2 = X.square()
 
-    def neg_half_r2(self, ils2: torch.Tensor) -> torch.Tensor:
-        """``-r^2 / 2`` ``(S, N, N)``, a new tensor (what the RBF exponentiates)."""
+    def neg_half_r2(self, ils2: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``-r^2 / 2`` ``(S, N, N)`` (what the RBF exponentiates): a new tensor, or written into ``out`` (a
+        contiguous ``(S, N, N)`` buffer), with the same bits."""
         if self.pre is not None:
-            return (ils2 @ self._pre_half).view(ils2.shape[0], self.n, self.n)
-        return self.r2(ils2).mul_(-0.5)
+            if out is None:
+                return (ils2 @ self._pre_half).view(ils2.shape[0], self.n, self.n)
+            return torch.matmul(ils2, self._pre_half, out=out.view(ils2.shape[0], -1)).view_as(out)
+        return self.r2(ils2, out).mul_(-0.5)
 
-    def r2(self, ils2: torch.Tensor) -> torch.Tensor:
-        """``(S, N, N)`` from inverse squared lengthscales ``(S, m)`` (a new tensor, free to modify)."""
+    def r2(self, ils2: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``(S, N, N)`` from inverse squared lengthscales ``(S, m)`` (a new tensor, free to modify, or ``out``)."""
         S, n = ils2.shape[0], self.n
         if self.pre is not None:
-            return (ils2 @ self.pre).view(S, n, n)
+            return (ils2 @ self.pre).view(S, n, n) if out is None else \
+                torch.matmul(ils2, self.pre, out=out.view(S, -1)).view_as(out)
         Xs = self.X * ils2.sqrt().unsqueeze(-2)                                  # (S, N, d)
         sq = Xs.square().sum(-1)
-        r2 = torch.baddbmm(sq.unsqueeze(-1) + sq.unsqueeze(-2), Xs, Xs.transpose(-1, -2), alpha=-2.0)
+        if out is None:
+            r2 = torch.baddbmm(sq.unsqueeze(-1) + sq.unsqueeze(-2), Xs, Xs.transpose(-1, -2), alpha=-2.0)
+        else:
+            r2 = torch.add(sq.unsqueeze(-1), sq.unsqueeze(-2), out=out).baddbmm_(Xs, Xs.transpose(-1, -2), alpha=-2.0)
         r2.clamp_min_(0.0).diagonal(dim1=-2, dim2=-1).zero_()
         return r2
 

@@ -294,3 +294,58 @@ def test_a_large_batch_takes_potri_and_agrees():
     assert torch.allclose(v, v2, rtol=1e-12, atol=0)
     assert torch.allclose(grad, g2, rtol=1e-10, atol=1e-10 * float(g2.abs().max()))
     assert max(lean._rhs) <= TRIANGULAR_MAX_BATCH
+
+
+@pytest.mark.parametrize("extra", ["plain", "lik_mean"])
+@pytest.mark.parametrize("name", ["rbf_ard", "rbf_iso", "m52_ard", "rq_iso", "sum_fixed_const", "sum_mixed"])
+def test_chunks_and_kept_buffers_give_the_same_numbers(name, extra, monkeypatch):
+    """On the CPU beyond TRIANGULAR_MAX_N points, with expanded distances, the log marginal of a batch is evaluated
+    in chunks of CHUNK_BYTES, into buffers kept between calls (gpvi.models.lean_joint._buffers): every value equals,
+    bit for bit, a one-pass evaluation of the whole batch into fresh tensors, and every gradient to rounding (its
+    contraction is a matrix product whose blocking may follow the batch), with and without the gradient, including
+    a member that fails (-inf, zero gradient) and a batch that raises."""
+    import gpvi.models.lean_joint as lj
+    import gpvi.models.lean_terms as lean_terms
+    X, y = _data(90)
+    X, y = torch.cat([X, X[:1]]), torch.cat([y, y[:1]])      # a duplicated row: singular without noise
+    monkeypatch.setattr(lean_terms, "PRECOMPUTED_MAX_ELEMENTS", 0)          # expanded distances at 91 points
+    monkeypatch.setattr(lj, "CHUNK_BYTES", 3 * 91 * 91 * 8)                 # chunks of 3
+    model = gpvi.GPRegression(X, y, kernel=_kernels()[name], **_extras()[extra], jitter=1e-17, max_jitter=1e-16)
+    lean = model.closed_form
+    chunked = lj.LeanLogJoint.from_model(model)
+    assert chunked._chunk == 3 and lean._chunk == 3
+    g = torch.Generator().manual_seed(8)
+    theta = model.initial_theta() + 0.4 * torch.randn(11, model.dim, generator=g, dtype=torch.float64)
+    noise = [j for j, n in enumerate(model.names) if n == "log_noise_var"]
+    if noise:
+        theta[4, noise] = -200.0                                           # beyond the jitter allowed
+    got = [chunked.log_joint(theta), chunked.log_joint(theta, grad=False), chunked.log_marginal(theta)]
+    monkeypatch.setattr(lj, "_buffers", lambda *args: None)
+    lean._chunk = None
+    want = [lean.log_joint(theta), lean.log_joint(theta, grad=False), lean.log_marginal(theta)]
+    for (v, gr), (v0, g0) in zip(got, want):
+        assert torch.equal(v, v0)
+        assert gr is None and g0 is None or torch.allclose(gr, g0, rtol=1e-12, atol=1e-12 * float(g0.abs().max()))
+    if noise:
+        assert v[4] == -float("inf") and bool((got[0][1][4] == 0).all())
+        with pytest.raises(NotPSDError):
+            chunked.log_joint(theta[3:6], raise_on_failure=True)
+
+
+def test_kept_buffers_are_not_returned_and_follow_the_batch():
+    """Results never alias the kept buffers: a second call leaves the first call's numbers as they were; a larger
+    batch replaces the buffers; beyond WORKSPACE_MAX_BYTES (or off the CPU) nothing is kept."""
+    import gpvi.models.lean_joint as lj
+    X, y = _data(80)
+    model = gpvi.GPRegression(X, y)
+    lean = model.closed_form
+    g = torch.Generator().manual_seed(9)
+    a = model.initial_theta() + 0.3 * torch.randn(2, model.dim, generator=g, dtype=torch.float64)
+    va, ga = lean.log_joint(a)
+    keep = va.clone(), ga.clone()
+    lean.log_joint(a + 0.5)
+    assert torch.equal(va, keep[0]) and torch.equal(ga, keep[1])
+    K, L, G = lj._buffers(5, 80, a)
+    assert K.shape == (5, 80, 80) and K.is_contiguous() and L.mT.is_contiguous() and G.mT.is_contiguous()
+    assert lj._buffers(lj.WORKSPACE_MAX_BYTES // (3 * 8 * 80 * 80) + 1, 80, a) is None
+    assert lj._buffers(1, 80, torch.zeros(1, dtype=torch.float64, device="meta")) is None
