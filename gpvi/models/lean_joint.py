@@ -92,10 +92,11 @@ CHUNK_BYTES = 1 << 22
 r"""On the CPU, beyond :data:`TRIANGULAR_MAX_N` points and with expanded distances, the log marginal of a batch is
 evaluated in chunks of at most this many bytes of one ``(S, N, N)`` matrix (at least one theta a chunk): larger
 batches left the processor's caches and cost more per theta, not less
-(``benchmarks/studies/results/lean_workspace.md``). There every operation is per theta or a matrix product over
-the points, so each theta's value is the same bit for bit whatever the chunk (tested); its gradient is too on this
-machine's BLAS (tested to rounding, 1e-12). Precomputed distances contract the gradient as one product over the
-batch, whose blocking follows its size, so those models are not chunked; nor is the prior."""
+(``benchmarks/studies/results/lean_workspace.md``). Each theta's value is the same bit for bit whatever the chunk
+(tested); its gradient is the same to rounding (tested to 1e-12): the lengthscale contraction's matrix products
+are blocked by the number of rows, so a chunked batch's gradient can differ from a one-pass batch's in the last
+bits. Precomputed distances contract the gradient as one product over the whole batch: those models are not
+chunked, nor is the prior."""
 
 WORKSPACE_MAX_BYTES = 1 << 26
 r"""Largest size of the three ``(S, N, N)`` buffers (:math:`K`, its factor :math:`L` and :math:`G`) kept between
