@@ -7,7 +7,8 @@ longer fit the processor's caches: on Boston (N = 455) a batch of 128 cost more 
 
 * ``chunk`` (decides ``CHUNK_BYTES``): per-theta wall of value + gradient, and of the value alone, for 64 thetas
   evaluated in chunks of 1-64, on Boston's first N training rows, N = 100, 200, 300, 455 (RBF-ARD, D = 15), the
-  buffers kept. The rule (chunks of at most 4 MiB a matrix) was read off these rows;
+  buffers kept; the chunk sizes interleaved within each of ``--repeats`` rounds, medians. The rule (chunks of at
+  most ``CHUNK_BYTES`` a matrix) was read off these rows;
 * ``ab`` (held out: other data, kernels and sizes, none used to choose the rule): the library as it is ("new")
   against one pass into fresh tensors ("old": ``_buffers`` patched to return None, ``_chunk`` None), alternated
   ``--repeats`` times in one process, per-theta medians, for batches of 1, 4, 32 and 128 thetas (value + gradient)
@@ -23,6 +24,7 @@ Results: ``benchmarks/studies/results/lean_workspace.{md,json}``.
 from __future__ import annotations
 
 import argparse
+import json
 import resource
 import statistics
 import time
@@ -34,7 +36,7 @@ import torch
 
 import gpvi
 import gpvi.models.lean_joint as lj
-from benchmarks.studies._common import header, write
+from benchmarks.studies._common import OWN, header, machine_info, write
 
 F64 = dict(dtype=torch.float64)
 
@@ -93,15 +95,20 @@ def section_chunk(repeats: int) -> list[dict[str, Any]]:
         th = _thetas(model, 64)
         saved = lean._chunk
         lean._chunk = None                     # chunks chosen here, by splitting the batch by hand
+        chunks = (1, 2, 4, 8, 16, 64)
+        times: dict[tuple[int, bool], list[float]] = {(c, g): [] for c in chunks for g in (True, False)}
         try:
-            for c in (1, 2, 4, 8, 16, 64):
-                parts = th.split(c)
-                grad = _per_theta(lambda: [lean.log_joint(p) for p in parts], 64, repeats)
-                value = _per_theta(lambda: [lean.log_joint(p, grad=False) for p in parts], 64, repeats)
-                rows.append({"n": n, "chunk": c, "mib": c * n * n * 8 / 2**20, "grad_ms": grad, "value_ms": value})
-                print(rows[-1], flush=True)
+            for _ in range(repeats):           # the chunk sizes interleaved within each repeat
+                for c in chunks:
+                    parts = th.split(c)
+                    for grad in (True, False):
+                        times[c, grad].append(_per_theta(lambda: [lean.log_joint(p, grad=grad) for p in parts], 64, 1))
         finally:
             lean._chunk = saved
+        for c in chunks:
+            rows.append({"n": n, "chunk": c, "mib": c * n * n * 8 / 2**20, "grad_ms": statistics.median(times[c, True]),
+                         "value_ms": statistics.median(times[c, False])})
+            print(rows[-1], flush=True)
     return rows
 
 
@@ -176,8 +183,12 @@ def section_nuts(repeats: int) -> list[dict[str, Any]]:
 
 def render(data: dict[str, Any]) -> str:
     out = [header("The closed-form log joint's kept buffers and cache-sized chunks"), ""]
+    for k, r in data.get("runs", {}).items():
+        out.append(f"- section {k}: ended {r['date']}, load {r['load']}, {r['repeats']} repeats")
+    out.append("")
     if "chunk" in data:
         out += ["## chunk: per-theta ms for 64 thetas in chunks (Boston rows, buffers kept; decides CHUNK_BYTES)", "",
+                "Medians of the interleaved rounds.", "",
                 "| N | chunk | MiB a chunk's matrix | value + gradient (ms / theta) | value (ms / theta) |",
                 "|---|---|---|---|---|"]
         out += [f"| {r['n']} | {r['chunk']} | {r['mib']:.2f} | {r['grad_ms']:.3f} | {r['value_ms']:.3f} |"
@@ -212,10 +223,14 @@ def main() -> None:
     p.add_argument("--sections", nargs="*", default=["chunk", "ab", "nuts"])
     a = p.parse_args()
     torch.set_num_threads(1)
-    data: dict[str, Any] = {}
+    path = OWN / "lean_workspace.json"
+    data: dict[str, Any] = json.loads(path.read_text())["data"] if path.exists() else {}   # other sections kept
     for s in a.sections:
         data[s] = {"chunk": section_chunk, "ab": section_ab, "nuts": section_nuts}[s](
             a.nuts_repeats if s == "nuts" else a.repeats)
+        info = machine_info()
+        data.setdefault("runs", {})[s] = {"date": info["date"], "load": info["load_avg_1_5_15"],
+                                          "repeats": a.nuts_repeats if s == "nuts" else a.repeats}
     write("lean_workspace", render(data), data)
 
 
