@@ -349,3 +349,24 @@ def test_kept_buffers_are_not_returned_and_follow_the_batch():
     assert K.shape == (5, 80, 80) and K.is_contiguous() and L.mT.is_contiguous() and G.mT.is_contiguous()
     assert lj._buffers(lj.WORKSPACE_MAX_BYTES // (3 * 8 * 80 * 80) + 1, 80, a) is None
     assert lj._buffers(1, 80, torch.zeros(1, dtype=torch.float64, device="meta")) is None
+
+
+def test_kept_buffers_keep_the_bits_of_small_problems(monkeypatch):
+    """Up to TRIANGULAR_MAX_N points nothing is chunked and the kept buffers change no bit: a large batch (as an
+    engine's draws) and a sampler's 4 rows, against fresh tensors (precomputed distances, the default model and a
+    Matern sum with a mean)."""
+    import gpvi.models.lean_joint as lj
+    X, y = _data(40)
+    for kernel, extra in ((None, {}), (_kernels()["sum_fixed_const"], _extras()["lik_mean"])):
+        model = gpvi.GPRegression(X, y, **({"kernel": kernel} if kernel is not None else {}), **extra)
+        lean = model.closed_form
+        assert lean._chunk is None
+        g = torch.Generator().manual_seed(10)
+        for s in (4, 300):
+            theta = model.initial_theta() + 0.4 * torch.randn(s, model.dim, generator=g, dtype=torch.float64)
+            got = lean.log_joint(theta), lean.log_joint(theta, grad=False)
+            with monkeypatch.context() as m:
+                m.setattr(lj, "_buffers", lambda *args: None)
+                want = lean.log_joint(theta), lean.log_joint(theta, grad=False)
+            assert torch.equal(got[0][0], want[0][0]) and torch.equal(got[0][1], want[0][1])
+            assert torch.equal(got[1][0], want[1][0])
