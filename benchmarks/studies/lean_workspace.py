@@ -207,7 +207,8 @@ def render(data: dict[str, Any]) -> str:
         same, rows = data["nuts"][0]["same_draws"], data["nuts"][1:]
         out += ["## nuts: gpvi.NUTS on Boston (2 chains x (60 + 40), seed 1), old and new alternated", "",
                 f"Draws the same in every run: {'yes' if same else 'NO'}.", "",
-                "| run | mode | wall (s) | gradients | ms / gradient | page faults / gradient |", "|---|---|---|---|---|---|"]
+                "| run | mode | wall (s) | gradients | ms / gradient | page faults / gradient |",
+                "|---|---|---|---|---|---|"]
         out += [f"| {r['repeat']} | {r['mode']} | {r['wall']:.1f} | {r['evals']} | {r['ms_per_grad']:.3f} | "
                 f"{r['faults_per_grad']:.0f} |" for r in rows]
         med = {m: statistics.median(r["ms_per_grad"] for r in rows if r["mode"] == m) for m in ("old", "new")}

@@ -118,7 +118,7 @@ def _buffers(S: int, n: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Te
         return None
     buf = getattr(_WORKSPACE, "buf", None)
     if buf is None or buf.dtype != like.dtype or buf.shape[1] < numel:
-        buf = _WORKSPACE.buf = torch.empty(3, numel, dtype=like.dtype)
+        buf = _WORKSPACE.buf = torch.empty(3, numel, dtype=like.dtype, device=like.device)
     return (buf[0, :numel].view(S, n, n), buf[1, :numel].view(S, n, n).mT, buf[2, :numel].view(S, n, n).mT)
 
 
@@ -392,7 +392,8 @@ class LeanLogJoint:
         if bufs is None or K.requires_grad:
             L, info = torch.linalg.cholesky_ex(K)
         else:
-            L, info = torch.linalg.cholesky_ex(K, out=(bufs[1], torch.empty(K.shape[0], dtype=torch.int32)))
+            info = torch.empty(K.shape[0], dtype=torch.int32, device=K.device)
+            L, info = torch.linalg.cholesky_ex(K, out=(bufs[1], info))
         dl = L.diagonal(dim1=-2, dim2=-1)
         if self._cpu and not K.requires_grad:        # the acceptance test on NumPy views: no tensor operations
             d = dl.numpy().min(-1)
