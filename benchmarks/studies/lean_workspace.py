@@ -36,7 +36,7 @@ import torch
 
 import gpvi
 import gpvi.models.lean_joint as lj
-from benchmarks.studies._common import OWN, header, machine_info, write
+from benchmarks.studies._common import OWN, header, machine_info, median_time, write
 
 F64 = dict(dtype=torch.float64)
 
@@ -78,13 +78,8 @@ def _thetas(model: Any, s: int, seed: int = 0) -> torch.Tensor:
 
 
 def _per_theta(fn, total: int, repeats: int) -> float:
-    fn()
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return 1000.0 * statistics.median(ts) / total
+    """Median ms per theta of ``fn()``, which evaluates ``total`` thetas (one warm-up call)."""
+    return 1000.0 * median_time(fn, repeats=repeats)[0] / total
 
 
 def section_chunk(repeats: int) -> list[dict[str, Any]]:
