@@ -114,7 +114,8 @@ def _buffers(S: int, n: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     system and taken back (measured in ``benchmarks/studies/results/lean_workspace.md``); callers never return
     views of these buffers."""
     numel = S * n * n
-    if like.device.type != "cpu" or 3 * numel * like.element_size() > WORKSPACE_MAX_BYTES:
+    if like.device.type != "cpu" or 3 * numel * like.element_size() > WORKSPACE_MAX_BYTES or \
+            (like.requires_grad and torch.is_grad_enabled()):           # out= takes no part in autograd
         return None
     buf = getattr(_WORKSPACE, "buf", None)
     if buf is None or buf.dtype != like.dtype or buf.shape[1] < numel:
@@ -389,7 +390,7 @@ class LeanLogJoint:
         :func:`gpvi.linalg.cholesky_with_jitter` (same acceptance rule: no pivot below ``N eps mean(diag K)``; jitter
         retries; warnings) only when a member fails it. The kernels here are stationary, so every diagonal entry of K
         equals its mean, ``K[:, 0, 0]``. ``ok`` is ``self._true`` when every member passed."""
-        if bufs is None or K.requires_grad:
+        if bufs is None:
             L, info = torch.linalg.cholesky_ex(K)
         else:
             info = torch.empty(K.shape[0], dtype=torch.int32, device=K.device)

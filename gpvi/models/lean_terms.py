@@ -84,11 +84,11 @@ class _Distances:
         return self.r2(ils2, out).mul_(-0.5)
 
     def r2(self, ils2: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """``(S, N, N)`` from inverse squared lengthscales ``(S, m)`` (a new tensor, free to modify, or ``out``)."""
+        """``(S, N, N)`` from inverse squared lengthscales ``(S, m)`` (a new tensor, free to modify, or, with expanded
+        distances, ``out``)."""
         S, n = ils2.shape[0], self.n
         if self.pre is not None:
-            return (ils2 @ self.pre).view(S, n, n) if out is None else \
-                torch.matmul(ils2, self.pre, out=out.view(S, -1)).view_as(out)
+            return (ils2 @ self.pre).view(S, n, n)
         Xs = self.X * ils2.sqrt().unsqueeze(-2)                                  # (S, N, d)
         sq = Xs.square().sum(-1)
         if out is None:
