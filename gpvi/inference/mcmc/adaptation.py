@@ -17,6 +17,13 @@ last one stretched to the end buffer), then a 50-transition end buffer; for warm
 15 % and 10 % of it. At the end of each window :math:`M^{-1}` becomes the window's sample variance (or covariance)
 shrunk towards :math:`10^{-3}`: :math:`\frac{n}{n + 5}\hat\Sigma + 10^{-3}\frac{5}{n + 5} I`, the step size is searched
 again and dual averaging restarts.
+
+With ``Adaptation(mass_estimate="draws_and_gradients")`` a diagonal :math:`M^{-1}` is instead estimated from the
+window's draws and their log-density gradients (nutpie's diagonal estimate; Seyboldt, Carlson & Carpenter):
+:math:`M^{-1}_{dd} = \sqrt{\widehat{\operatorname{Var}}(x_d) / \widehat{\operatorname{Var}}(\partial_d \log p)}`,
+the diagonal affine map that minimises the sample Fisher divergence to a standard normal; for a Gaussian with
+diagonal covariance :math:`\Sigma` it is :math:`\Sigma` itself, since :math:`\operatorname{Var}(\partial_d \log p)
+= 1/\Sigma_{dd}`. It is shrunk as above.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import math
 
 import numpy as np
 
-__all__ = ["DualAveraging", "Windows", "Welford"]
+__all__ = ["DualAveraging", "Windows", "Welford", "draws_and_gradients_diagonal"]
 
 
 class DualAveraging:
@@ -119,3 +126,13 @@ class Welford:
             cov = 0.5 * (cov + cov.T)
             return (n / (n + 5.0)) * cov + shrink * np.eye(self.d)
         return (n / (n + 5.0)) * cov + shrink
+
+
+def draws_and_gradients_diagonal(draws: Welford, grads: Welford) -> np.ndarray:
+    r"""A diagonal :math:`M^{-1}` from one window's draws and gradients (module notes):
+    :math:`\frac{n}{n+5}\sqrt{\hat v_x / \hat v_g} + 10^{-3}\frac{5}{n+5}`, each ratio clipped to
+    :math:`[10^{-20}, 10^{20}]`; a coordinate whose gradient did not vary in the window keeps its draws' variance."""
+    n = draws.n
+    vx, vg = draws.m2 / max(n - 1, 1), grads.m2 / max(n - 1, 1)
+    est = np.where(vg > 0, np.sqrt(vx / np.where(vg > 0, vg, 1.0)), vx)
+    return (n / (n + 5.0)) * np.clip(est, 1e-20, 1e20) + 1e-3 * 5.0 / (n + 5.0)

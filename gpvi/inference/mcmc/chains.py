@@ -41,7 +41,7 @@ from ...models.target import target_device
 from ...numerics.budget import MemoryBudget
 from ..derivatives import log_joint_and_grad
 from ..progress import Progress
-from .adaptation import DualAveraging, Welford, Windows
+from .adaptation import DualAveraging, Welford, Windows, draws_and_gradients_diagonal
 from .kernel import Asks, Metric, Uniforms, find_step_size
 from .state import ChainState, MCMCState
 from .trees import TreeRequest, Trees
@@ -319,6 +319,7 @@ def _warmup(engine: Any, c: int, cs: ChainState, counts: _Counts, callback: Call
     adapt_mass = a.adapt_mass_matrix and mass is None and W > 0
     windows = Windows(W) if adapt_mass else None
     welford = Welford(D, dense) if adapt_mass else None
+    grads = Welford(D, False) if adapt_mass and not dense and a.mass_estimate == "draws_and_gradients" else None
     if adapt_eps:
         eps = yield from find_step_size(z, lp, g, eps, metric, rng)
     dual = DualAveraging(eps, a.target_accept)
@@ -333,9 +334,14 @@ def _warmup(engine: Any, c: int, cs: ChainState, counts: _Counts, callback: Call
             eps = dual.update(stats["acceptance_rate"])
         if windows is not None and windows.collects(i):
             welford.add(z)
+            if grads is not None:
+                grads.add(g)
             if windows.window_ends(i):
-                metric = Metric(welford.inverse_mass())
+                metric = Metric(welford.inverse_mass() if grads is None else
+                                draws_and_gradients_diagonal(welford, grads))
                 welford.reset()
+                if grads is not None:
+                    grads.reset()
                 if adapt_eps:
                     eps = yield from find_step_size(z, lp, g, eps, metric, rng)
                     dual.restart(eps)

@@ -55,11 +55,15 @@ class Adaptation:
         posterior, its marginal variances :math:`\operatorname{diag}(CC^\top)` (its covariance for a dense
         metric), so that the start buffer's trees are as shallow as q's scales allow; the windows then estimate
         :math:`M^{-1}` from the draws as before.
+    mass_estimate : {"draws", "draws_and_gradients"}
+        How a window estimates a diagonal :math:`M^{-1}`: ``"draws"`` (default; Stan's: the draws' variances) or
+        ``"draws_and_gradients"`` (nutpie's: :math:`\sqrt{\operatorname{Var}(x)/\operatorname{Var}(\nabla\log
+        p)}` per coordinate, :mod:`gpvi.inference.mcmc.adaptation`). Diagonal metrics only.
 
     Raises
     ------
     ValueError
-        ``target_accept`` outside (0, 1).
+        ``target_accept`` outside (0, 1); ``mass_estimate="draws_and_gradients"`` with ``dense_mass``.
     TypeError
         A flag that is not a bool.
 
@@ -77,20 +81,27 @@ class Adaptation:
     dense_mass: bool = False
     mass_from_init: bool = True
     mass_start: str = "identity"
+    mass_estimate: str = "draws"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mass_start", check_choice(self.mass_start, "mass_start", ("identity", "init")))
+        object.__setattr__(self, "mass_estimate", check_choice(self.mass_estimate, "mass_estimate",
+                                                               ("draws", "draws_and_gradients")))
         object.__setattr__(self, "target_accept",
                            check_fraction(self.target_accept, "target_accept", high_closed=False))
         for name in ("adapt_step_size", "adapt_mass_matrix", "dense_mass", "mass_from_init"):
             object.__setattr__(self, name, check_bool(getattr(self, name), name))
+        if self.dense_mass and self.mass_estimate != "draws":
+            raise ValueError(f"mass_estimate={self.mass_estimate!r} estimates a diagonal metric; with "
+                             "dense_mass=True use mass_estimate='draws'")
 
     def settings(self) -> dict[str, Any]:
         """The values as a plain dict (stored in a run's state and compared on resume)."""
         return {"adapt_step_size": self.adapt_step_size, "adapt_mass_matrix": self.adapt_mass_matrix,
                 "dense_mass": self.dense_mass, "target_accept": self.target_accept,
                 "mass_from_init": self.mass_from_init,
-                **({"mass_start": self.mass_start} if self.mass_start != "identity" else {})}
+                **({"mass_start": self.mass_start} if self.mass_start != "identity" else {}),
+                **({"mass_estimate": self.mass_estimate} if self.mass_estimate != "draws" else {})}
 
 
 @dataclass(frozen=True)

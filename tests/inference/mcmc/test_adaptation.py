@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from gpvi.inference.mcmc.adaptation import DualAveraging, Welford, Windows
+from gpvi.inference.mcmc.adaptation import DualAveraging, Welford, Windows, draws_and_gradients_diagonal
 
 
 @pytest.mark.parametrize("W, ends", [(1000, [100, 150, 250, 450, 950]),   # Stan's defaults: 75 / 25 / 50
@@ -42,3 +42,20 @@ def test_dual_averaging_finds_the_step_size_of_the_target_acceptance():
             da.update(math.exp(-da.eps))
         errors.append(abs(da.final / want - 1))
     assert errors[1] < 0.02 and errors[1] < errors[0] < 0.04
+
+
+def test_draws_and_gradients_diagonal_is_the_covariance_of_a_diagonal_gaussian():
+    """For x ~ N(m, diag(s^2)) the log-density gradient is -(x - m) / s^2, so sqrt(Var x / Var g) = s^2 exactly
+    (whatever the draws), shrunk as Stan's; a coordinate whose gradient never varies keeps the draws' variance."""
+    s2 = np.array([1e-4, 1.0, 900.0, 4.0])
+    x = np.random.default_rng(1).normal(size=(30, 4)) * np.sqrt(s2) + 3.0
+    g = -(x - 3.0) / s2
+    g[:, 3] = 0.7                                                 # a flat direction of the log density
+    wx, wg = Welford(4, False), Welford(4, False)
+    for a, b in zip(x, g):
+        wx.add(a)
+        wg.add(b)
+    got = draws_and_gradients_diagonal(wx, wg)
+    want = (30 / 35) * np.array([*s2[:3], np.var(x[:, 3], ddof=1)]) + 1e-3 * 5 / 35
+    assert np.allclose(got, want, rtol=1e-10, atol=0)
+    assert np.allclose(wx.inverse_mass()[:3], got[:3], rtol=0.6) and not np.allclose(wx.inverse_mass(), got)
