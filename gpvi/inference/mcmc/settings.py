@@ -58,7 +58,9 @@ class Adaptation:
     mass_estimate : {"draws", "draws_and_gradients"}
         How a window estimates a diagonal :math:`M^{-1}`: ``"draws"`` (default; Stan's: the draws' variances) or
         ``"draws_and_gradients"`` (nutpie's: :math:`\sqrt{\operatorname{Var}(x)/\operatorname{Var}(\nabla\log
-        p)}` per coordinate, :mod:`gpvi.inference.mcmc.adaptation`). Diagonal metrics only.
+        p)}` per coordinate, :mod:`gpvi.inference.mcmc.adaptation`). Diagonal metrics only. Opt-in: within Stan's
+        windows it did not lower the gradients per ESS of gpvi's regression posteriors in the median
+        (``benchmarks/studies/results/nuts_metric_grads.md``).
 
     Raises
     ------
