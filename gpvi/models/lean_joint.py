@@ -69,7 +69,7 @@ from ..linalg import cholesky_with_jitter
 from .lean_terms import PRECOMPUTED_MAX_ELEMENTS, _Distances, _kappa, _Param, _Term, _terms
 
 __all__ = ["LeanLogJoint", "LEAN_JOINT_MAX_N", "PRECOMPUTED_MAX_ELEMENTS", "TRIANGULAR_MAX_N", "TRIANGULAR_MAX_BATCH",
-           "CHUNK_BYTES", "WORKSPACE_MAX_BYTES", "lean_apply"]
+           "CHUNK_BYTES", "WORKSPACE_MAX_BYTES", "WORKSPACE_MIN_BYTES", "lean_apply"]
 
 LEAN_JOINT_MAX_N = 1024
 """Largest number of training points for which models take this path."""
@@ -102,19 +102,25 @@ WORKSPACE_MAX_BYTES = 1 << 26
 r"""Largest size of the three ``(S, N, N)`` buffers (:math:`K`, its factor :math:`L` and :math:`G`) kept between
 calls, one set per thread, on the CPU (:func:`_buffers`); larger batches allocate afresh."""
 
+WORKSPACE_MIN_BYTES = 1 << 20
+"""Smallest ``(S, N, N)`` matrix of a batch (one of the three) for which the buffers are used: below it a steady
+loop of calls measured them 5-18 % slower (N = 14-160, ``benchmarks/studies/results/lean_workspace.md``) and fresh
+matrices are served from the heap without page faults."""
+
 _LOG_2PI = math.log(2.0 * math.pi)
 _WORKSPACE = threading.local()
 
 
 def _buffers(S: int, n: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """``(K, L, G)`` ``(S, N, N)`` buffers, reused across calls (one set per thread, CPU only, at most
-    :data:`WORKSPACE_MAX_BYTES` kept), or None. K is row-major; L and G are column-major, as LAPACK writes them, so
+    :data:`WORKSPACE_MAX_BYTES` kept, for matrices of at least :data:`WORKSPACE_MIN_BYTES`), or None. K is row-major; L and G are column-major, as LAPACK writes them, so
     ``cholesky_ex`` and ``cholesky_inverse`` fill them in place with the same bits as a fresh result. From about
     200 points, N x N matrices allocated afresh at every call can cost page faults, as the heap is returned to the
     system and taken back (measured in ``benchmarks/studies/results/lean_workspace.md``); callers never return
     views of these buffers."""
     numel = S * n * n
-    if like.device.type != "cpu" or 3 * numel * like.element_size() > WORKSPACE_MAX_BYTES or \
+    size = numel * like.element_size()
+    if like.device.type != "cpu" or not WORKSPACE_MIN_BYTES <= size <= WORKSPACE_MAX_BYTES // 3 or \
             (like.requires_grad and torch.is_grad_enabled()):           # out= takes no part in autograd
         return None
     buf = getattr(_WORKSPACE, "buf", None)
@@ -154,6 +160,8 @@ class LeanLogJoint:
         self._chunk = max(1, CHUNK_BYTES // (self.n * self.n * X.element_size())) \
             if self._cpu and self.n > TRIANGULAR_MAX_N and expanded else None
         """Largest batch of the log marginal evaluated in one pass (:data:`CHUNK_BYTES`); None: any."""
+        self._buffered_from = -(-WORKSPACE_MIN_BYTES // (self.n * self.n * X.element_size()))
+        """Smallest batch that may use the kept buffers (:data:`WORKSPACE_MIN_BYTES`)."""
         self._rhs: dict[int, torch.Tensor] = {}                                  # [I | y] per batch size
         t0 = self._kernel_terms[0] if self._kernel_terms else None
         m = t0.lengthscale.width if t0 is not None and t0.lengthscale is not None else 0
@@ -250,7 +258,7 @@ class LeanLogJoint:
         yc = self.y.expand(S, n)
         if self.mean is not None:
             yc = yc - self.mean.value(V)
-        bufs = _buffers(S, n, theta)
+        bufs = _buffers(S, n, theta) if S >= self._buffered_from else None
         L, ok, diag_l = self._cholesky(K, theta, raise_on_failure, bufs)
         quad, alpha, G = self._solve(L, yc, grad, bufs)
         val = -0.5 * quad - torch.log(diag_l).sum(-1) - 0.5 * n * _LOG_2PI
@@ -310,7 +318,7 @@ class LeanLogJoint:
         S, n, m = theta.shape[0], self.n, self._powers.shape[0] - 2
         V = torch.exp(theta * self._powers)
         ils2 = V[:, :m].pow(-2)
-        bufs = _buffers(S, n, theta)
+        bufs = _buffers(S, n, theta) if S >= self._buffered_from else None
         K = self._dist[m].neg_half_r2(ils2, None if bufs is None else bufs[0])
         K.exp_().mul_(V[:, m:m + 1, None])                                       # s exp(-r^2 / 2)
         sn = V[:, m + 1:]

@@ -310,6 +310,7 @@ def test_chunks_and_kept_buffers_give_the_same_numbers(name, extra, monkeypatch)
     X, y = torch.cat([X, X[:1]]), torch.cat([y, y[:1]])      # a duplicated row: singular without noise
     monkeypatch.setattr(lean_terms, "PRECOMPUTED_MAX_ELEMENTS", 0)          # expanded distances at 91 points
     monkeypatch.setattr(lj, "CHUNK_BYTES", 3 * 91 * 91 * 8)                 # chunks of 3
+    monkeypatch.setattr(lj, "WORKSPACE_MIN_BYTES", 1)                        # buffers at every batch size
     model = gpvi.GPRegression(X, y, kernel=_kernels()[name], **_extras()[extra], jitter=1e-17, max_jitter=1e-16)
     lean = model.closed_form
     chunked = lj.LeanLogJoint.from_model(model)
@@ -332,10 +333,13 @@ def test_chunks_and_kept_buffers_give_the_same_numbers(name, extra, monkeypatch)
             chunked.log_joint(theta[3:6], raise_on_failure=True)
 
 
-def test_kept_buffers_are_not_returned_and_follow_the_batch():
+def test_kept_buffers_are_not_returned_and_follow_the_batch(monkeypatch):
     """Results never alias the kept buffers: a second call leaves the first call's numbers as they were; a larger
-    batch replaces the buffers; beyond WORKSPACE_MAX_BYTES (or off the CPU) nothing is kept."""
+    batch replaces the buffers; below WORKSPACE_MIN_BYTES, beyond WORKSPACE_MAX_BYTES or off the CPU nothing is
+    kept."""
     import gpvi.models.lean_joint as lj
+    assert lj._buffers(1, 80, torch.zeros(1, dtype=torch.float64)) is None           # 50 kB: fresh tensors
+    monkeypatch.setattr(lj, "WORKSPACE_MIN_BYTES", 1)
     X, y = _data(80)
     model = gpvi.GPRegression(X, y)
     lean = model.closed_form
@@ -356,6 +360,7 @@ def test_kept_buffers_keep_the_bits_of_small_problems(monkeypatch):
     engine's draws) and a sampler's 4 rows, against fresh tensors (precomputed distances, the default model and a
     Matern sum with a mean)."""
     import gpvi.models.lean_joint as lj
+    monkeypatch.setattr(lj, "WORKSPACE_MIN_BYTES", 1)                        # buffers at every batch size
     X, y = _data(40)
     for kernel, extra in ((None, {}), (_kernels()["sum_fixed_const"], _extras()["lik_mean"])):
         model = gpvi.GPRegression(X, y, **({"kernel": kernel} if kernel is not None else {}), **extra)
@@ -372,9 +377,11 @@ def test_kept_buffers_keep_the_bits_of_small_problems(monkeypatch):
             assert torch.equal(got[1][0], want[1][0])
 
 
-def test_a_theta_that_requires_grad_takes_fresh_tensors():
+def test_a_theta_that_requires_grad_takes_fresh_tensors(monkeypatch):
     """The kept buffers are written with out=, which autograd refuses: a theta that requires grad (a direct call
     under grad mode) is evaluated into fresh tensors, with the same numbers."""
+    import gpvi.models.lean_joint as lj
+    monkeypatch.setattr(lj, "WORKSPACE_MIN_BYTES", 1)                        # buffers at every batch size
     X, y = _data(80)
     lean = gpvi.GPRegression(X, y).closed_form
     theta = gpvi.GPRegression(X, y).initial_theta().expand(3, -1).clone()
