@@ -13,11 +13,13 @@ longer fit the processor's caches: on Boston (N = 455) a batch of 128 cost more 
   against one pass into fresh tensors ("old": ``_buffers`` patched to return None, ``_chunk`` None), alternated
   ``--repeats`` times in one process, per-theta medians, for batches of 1, 4, 32 and 128 thetas (value + gradient)
   and 128 (value alone); values checked equal bit for bit, gradients' largest relative difference reported;
+* ``small`` (decides ``WORKSPACE_MIN_BYTES``): per-call wall at N = 14 (``small_data``'s model) and Boston's first
+  56-455 rows, batches of 1 and 4: one pass into fresh tensors, the buffers at every size, and the library;
 * ``nuts``: ``gpvi.NUTS(num_chains=2, num_warmup=60, num_draws=40, seed=1)`` on Boston, old and new alternated
   ``--nuts-repeats`` times in one process: wall, per gradient, page faults per gradient, and the draws compared.
 
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.studies.lean_workspace [--repeats 5] [--nuts-repeats 2]
-[--sections chunk ab nuts]``.
+[--sections chunk ab small nuts]``.
 Results: ``benchmarks/studies/results/lean_workspace.{md,json}``.
 """
 
@@ -36,6 +38,7 @@ import torch
 
 import gpvi
 import gpvi.models.lean_joint as lj
+from benchmarks.small_data import tiny_model
 from benchmarks.studies._common import OWN, header, machine_info, median_time, write
 
 F64 = dict(dtype=torch.float64)
@@ -146,6 +149,43 @@ def section_ab(repeats: int) -> list[dict[str, Any]]:
     return rows
 
 
+def section_small(repeats: int) -> list[dict[str, Any]]:
+    """Per-call wall of one pass into fresh tensors (old), the buffers at every size (``WORKSPACE_MIN_BYTES`` 1) and
+    the library, interleaved in each of ``repeats`` rounds of 100 calls: where the buffers pay and where they cost."""
+    rows = []
+    for n in (14, 56, 100, 160, 200, 455):
+        model = tiny_model() if n == 14 else _boston(n)
+        for s in (1, 4):
+            th = model.initial_theta().expand(s, -1).clone()
+            saved = lj.WORKSPACE_MIN_BYTES
+            lj.WORKSPACE_MIN_BYTES = 1
+            forced = lj.LeanLogJoint.from_model(model)            # built with the buffers at every batch size
+            lj.WORKSPACE_MIN_BYTES = saved
+            lean = model.closed_form
+            times: dict[str, list[float]] = {"old": [], "forced": [], "library": []}
+            calls = 100 if n < 400 else 20
+            def timed(ev: Any) -> float:
+                return _per_theta(lambda: [ev.log_joint(th) for _ in range(calls)], calls, 1)
+
+            for r in range(repeats):
+                for mode in (("old", "forced", "library") if r % 2 == 0 else ("library", "forced", "old")):
+                    if mode == "old":
+                        with _Old(lean):
+                            times[mode].append(timed(lean))
+                    elif mode == "forced":
+                        lj.WORKSPACE_MIN_BYTES = 1
+                        try:
+                            times[mode].append(timed(forced))
+                        finally:
+                            lj.WORKSPACE_MIN_BYTES = saved
+                    else:
+                        times[mode].append(timed(lean))
+            rows.append({"n": n, "S": s, "mib": s * n * n * 8 / 2**20,
+                         **{f"{k}_ms": statistics.median(v) for k, v in times.items()}})
+            print(rows[-1], flush=True)
+    return rows
+
+
 def _nuts(model: Any) -> dict[str, Any]:
     f0, t0 = _faults(), time.perf_counter()
     with warnings.catch_warnings():
@@ -198,6 +238,15 @@ def render(data: dict[str, Any]) -> str:
                        f"{r['chunk'] or '-'} | {r['old_ms']:.3f} | {r['new_ms']:.3f} | {r['new_ms'] / r['old_ms']:.2f} "
                        f"| {'yes' if r['values_equal'] else 'NO'} | {r['grad_max_rel_diff']:.1e} |")
         out.append("")
+    if "small" in data:
+        out += ["## small: ms per call, one pass into fresh tensors (old), the buffers at every size (forced) and the "
+                "library (buffers from WORKSPACE_MIN_BYTES = 1 MiB a matrix), interleaved, medians", "",
+                "| N | batch | MiB a matrix | old | forced | library | forced / old | library / old |",
+                "|---|---|---|---|---|---|---|---|"]
+        out += [f"| {r['n']} | {r['S']} | {r['mib']:.2f} | {r['old_ms']:.3f} | {r['forced_ms']:.3f} | "
+                f"{r['library_ms']:.3f} | {r['forced_ms'] / r['old_ms']:.2f} | {r['library_ms'] / r['old_ms']:.2f} |"
+                for r in data["small"]]
+        out.append("")
     if "nuts" in data:
         same, rows = data["nuts"][0]["same_draws"], data["nuts"][1:]
         out += ["## nuts: gpvi.NUTS on Boston (2 chains x (60 + 40), seed 1), old and new alternated", "",
@@ -216,13 +265,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--nuts-repeats", type=int, default=2)
-    p.add_argument("--sections", nargs="*", default=["chunk", "ab", "nuts"])
+    p.add_argument("--sections", nargs="*", default=["chunk", "ab", "small", "nuts"])
     a = p.parse_args()
     torch.set_num_threads(1)
     path = OWN / "lean_workspace.json"
     data: dict[str, Any] = json.loads(path.read_text())["data"] if path.exists() else {}   # other sections kept
     for s in a.sections:
-        data[s] = {"chunk": section_chunk, "ab": section_ab, "nuts": section_nuts}[s](
+        data[s] = {"chunk": section_chunk, "ab": section_ab, "small": section_small, "nuts": section_nuts}[s](
             a.nuts_repeats if s == "nuts" else a.repeats)
         info = machine_info()
         data.setdefault("runs", {})[s] = {"date": info["date"], "load": info["load_avg_1_5_15"],

@@ -113,11 +113,11 @@ _WORKSPACE = threading.local()
 
 def _buffers(S: int, n: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """``(K, L, G)`` ``(S, N, N)`` buffers, reused across calls (one set per thread, CPU only, at most
-    :data:`WORKSPACE_MAX_BYTES` kept, for matrices of at least :data:`WORKSPACE_MIN_BYTES`), or None. K is row-major; L and G are column-major, as LAPACK writes them, so
-    ``cholesky_ex`` and ``cholesky_inverse`` fill them in place with the same bits as a fresh result. From about
-    200 points, N x N matrices allocated afresh at every call can cost page faults, as the heap is returned to the
-    system and taken back (measured in ``benchmarks/studies/results/lean_workspace.md``); callers never return
-    views of these buffers."""
+    :data:`WORKSPACE_MAX_BYTES` kept, for matrices of at least :data:`WORKSPACE_MIN_BYTES`), or None. K is
+    row-major; L and G are column-major, as LAPACK writes them, so ``cholesky_ex`` and ``cholesky_inverse`` fill
+    them in place with the same bits as a fresh result. From about 200 points, N x N matrices allocated afresh at
+    every call can cost page faults, as the heap is returned to the system and taken back (measured in
+    ``benchmarks/studies/results/lean_workspace.md``); callers never return views of these buffers."""
     numel = S * n * n
     size = numel * like.element_size()
     if like.device.type != "cpu" or not WORKSPACE_MIN_BYTES <= size <= WORKSPACE_MAX_BYTES // 3 or \
