@@ -103,9 +103,9 @@ r"""Largest size of the three ``(S, N, N)`` buffers (:math:`K`, its factor :math
 calls, one set per thread, on the CPU (:func:`_buffers`); larger batches allocate afresh."""
 
 WORKSPACE_MIN_BYTES = 1 << 20
-"""Smallest ``(S, N, N)`` matrix of a batch (one of the three) for which the buffers are used: below it a steady
-loop of calls measured them 5-18 % slower (N = 14-160, ``benchmarks/studies/results/lean_workspace.md``) and fresh
-matrices are served from the heap without page faults."""
+"""Smallest ``(S, N, N)`` matrix of a batch (one of the three) for which the buffers are used: below it fresh
+matrices come from the heap without page faults, and a steady loop of calls measured the buffers 9-22 % slower at
+N = 14 and 56 (section ``small`` of ``benchmarks/studies/results/lean_workspace.md``)."""
 
 _LOG_2PI = math.log(2.0 * math.pi)
 _WORKSPACE = threading.local()
