@@ -224,6 +224,11 @@ class LeanLogJoint:
         """
         return self._log_marginal(theta, grad, raise_on_failure)[:2]
 
+    def _kept_buffers(self, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The kept buffers for this batch (:func:`_buffers`), or None; small batches skip the call."""
+        S = theta.shape[0]
+        return _buffers(S, self.n, theta) if S >= self._buffered_from else None
+
     def _chunked(self, fn, theta: torch.Tensor, *args):
         """``fn(chunk, *args)`` ``-> (value, gradient or None, all ok)`` over chunks of :attr:`_chunk` thetas."""
         parts = [fn(t, *args) for t in theta.split(self._chunk)]
@@ -258,7 +263,7 @@ class LeanLogJoint:
         yc = self.y.expand(S, n)
         if self.mean is not None:
             yc = yc - self.mean.value(V)
-        bufs = _buffers(S, n, theta) if S >= self._buffered_from else None
+        bufs = self._kept_buffers(theta)
         L, ok, diag_l = self._cholesky(K, theta, raise_on_failure, bufs)
         quad, alpha, G = self._solve(L, yc, grad, bufs)
         val = -0.5 * quad - torch.log(diag_l).sum(-1) - 0.5 * n * _LOG_2PI
@@ -318,7 +323,7 @@ class LeanLogJoint:
         S, n, m = theta.shape[0], self.n, self._powers.shape[0] - 2
         V = torch.exp(theta * self._powers)
         ils2 = V[:, :m].pow(-2)
-        bufs = _buffers(S, n, theta) if S >= self._buffered_from else None
+        bufs = self._kept_buffers(theta)
         K = self._dist[m].neg_half_r2(ils2, None if bufs is None else bufs[0])
         K.exp_().mul_(V[:, m:m + 1, None])                                       # s exp(-r^2 / 2)
         sn = V[:, m + 1:]

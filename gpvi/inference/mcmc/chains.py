@@ -319,7 +319,7 @@ def _warmup(engine: Any, c: int, cs: ChainState, counts: _Counts, callback: Call
     adapt_mass = a.adapt_mass_matrix and mass is None and W > 0
     windows = Windows(W) if adapt_mass else None
     welford = Welford(D, dense) if adapt_mass else None
-    grads = Welford(D, False) if adapt_mass and not dense and a.mass_estimate == "draws_and_gradients" else None
+    grads = Welford(D, False) if adapt_mass and a.mass_estimate == "draws_and_gradients" else None   # diagonal
     if adapt_eps:
         eps = yield from find_step_size(z, lp, g, eps, metric, rng)
     dual = DualAveraging(eps, a.target_accept)
