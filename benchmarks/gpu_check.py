@@ -226,26 +226,51 @@ def stage_engines(a: argparse.Namespace, log: Log) -> None:
     warnings.simplefilter("ignore")
     box: dict[str, Any] = {}
 
+    def boston():
+        if "boston" not in box:
+            import gpvi
+            ds = gpvi.datasets.load_boston(seed=0)
+            box["boston"] = gpvi.GPRegression(ds.X_train[:a.boston_rows], ds.y_train[:a.boston_rows], device=dev)
+        return box["boston"]
+
     def dsvi():
         rec, box["boston"] = gs.dsvi_boston(dev, num_steps=a.dsvi_num_steps, rows=a.boston_rows)
         return {**rec, "boston_N": box["boston"].num_data}
 
     def nuts():
-        if "boston" not in box:
-            import gpvi
-            ds = gpvi.datasets.load_boston(seed=0)
-            box["boston"] = gpvi.GPRegression(ds.X_train[:a.boston_rows], ds.y_train[:a.boston_rows], device=dev)
-        return gs.nuts_rate(dev, box["boston"], warmup=a.nuts_warmup, draws=a.nuts_draws)
+        return gs.nuts_rate(dev, boston(), warmup=a.nuts_warmup, draws=a.nuts_draws)
 
     def nuts_chains():                                      # issue 57, item 5: many chains advancing together
+        """Batched call rates at both sizes first (cheap), then short NUTS runs with more and more chains on Boston,
+        then at ``--chains-big-n``; each result is logged when measured. A run is skipped when, scaled from the
+        last run by the call times, it would not end before the stage's end (``GPU_CHECK_STAGE_END``) less what
+        the big-N runs keep (``--chains-big-reserve`` seconds)."""
         import gpvi
-        if "boston" not in box:
-            nuts()
-        w = a.chains_warmup
-        rec = gs.nuts_chains(dev, box["boston"], a.chains, warmup=w, draws=w)
+        end = float(os.environ.get("GPU_CHECK_STAGE_END", "inf"))
         X, y = gs.synthetic(a.chains_big_n)
-        big = gs.nuts_chains(dev, gpvi.GPRegression(X, y, device=dev), a.chains_big, warmup=w, draws=w)
-        return {**rec, **{f"big_{k}": v for k, v in big.items()}}
+        sets = [("", boston(), a.chains, a.chains_warmup, a.chains_big_reserve),
+                ("big_", gpvi.GPRegression(X, y, device=dev), a.chains_big, a.chains_big_warmup, 0.0)]
+        calls = []
+        for tag, model, counts, _, _ in sets:
+            c = gs.call_rates(dev, model, sorted(set([1] + counts)))
+            calls.append(c)
+            log("engine", device=dev, values={f"{tag}{k}": v for k, v in {"nuts_chains_N": model.num_data,
+                                                                            **c}.items()})
+        gs.nuts_chains(dev, sets[0][1], [2], warmup=2, draws=2)     # compiles the trees: not timed, not logged
+        for (tag, model, counts, w, reserve), c in zip(sets, calls):
+            last = None
+            for k in counts:
+                if last is not None:
+                    guess = 1.5 * last[1] * c[f"call_{k}_ms"] / c[f"call_{last[0]}_ms"]   # more chains, longer tails
+                    left = end - time.time() - reserve
+                    if guess > left:
+                        log("note", item="nuts_chains", note=f"{tag}{k} chains skipped: about {guess:.0f} s "
+                            f"needed, {left:.0f} s left")
+                        break
+                r = gs.nuts_chains(dev, model, [k], warmup=w, draws=w)
+                log("engine", device=dev, values={f"{tag}{key}": v for key, v in r.items()})
+                last = (k, r[f"nuts_{k}_chains_wall_s"])
+        return None
 
     items = {"dsvi": dsvi,
              "cvi": lambda: gs.cvi_steps(dev, a.cvi_n, full_steps=a.cvi_full_steps, single_steps=a.cvi_single_steps),
@@ -420,6 +445,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--chains-big-n", type=int, default=5000, help="nuts_chains: N of the synthetic set")
     p.add_argument("--chains-big", type=int, nargs="+", default=[4, 16, 64], help="nuts_chains: at --chains-big-n")
     p.add_argument("--chains-warmup", type=int, default=10, help="nuts_chains: warm-up and draws per chain")
+    p.add_argument("--chains-big-warmup", type=int, default=5, help="nuts_chains: the same at --chains-big-n")
+    p.add_argument("--chains-big-reserve", type=float, default=30.0,
+                   help="nuts_chains: seconds of the stage kept for the runs at --chains-big-n")
     p.add_argument("--name", default="gpu_scaling", help="summarize: name of the gpu_scaling-format report")
     a = p.parse_args(argv)
     tag = a.tag or a.stage

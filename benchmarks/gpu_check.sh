@@ -32,15 +32,18 @@
 #   lj_small         60    log joint + grad vs floor vs GPyTorch: cuda at N = 1k, 2k, 5k, 10k, 20k; cpu at 1k, 2k, 5k
 #   lj_40k           45    the same on cuda at N = 40,000
 #   lj_50k           70    the same on cuda at N = 50,000
-#   ml2_50k         110    ML-II at N = 50,000 from the optima on its first 5,000 then 20,000 rows; time, iterations, peak
-#                          memory (max_memory_allocated); interrupted at the stage's budget (the best point is kept,
-#                          its projected gradient measured); then 2 DSVI steps if time is left
 #   engines_cuda    120    CVI full step vs single-site step at N = 16,000 (3 full steps, 2,000 single-site
 #                          steps); NUTS gradient evaluations per second (Boston); NUTS with 4-1,024 chains advancing
-#                          together on Boston and 4-64 at N = 5,000 (issue 57, item 5: chain-gradients per second,
-#                          share of the wall in the log joint); last, DSVI default run on Boston (wall)
+#                          together on Boston and 4-64 at N = 5,000 (issue 57, item 5: the batched call's time at
+#                          1 to 1,024 thetas, then chain-gradients per second and the share of the wall in the log
+#                          joint; each logged when measured, a run skipped when it would not end in time); last,
+#                          DSVI default run on Boston (wall). GPU_CHECK_CUDA_WHAT picks the items
 #   engines_cpu      70    the same on the CPU (16 cores): NUTS, DSVI capped at 1,000 steps, then CVI at N = 8,000
 #                          (2 full, 300 single-site steps)
+#   ml2_50k         110    ML-II at N = 50,000 from the optima on its first 5,000 then 20,000 rows; time,
+#                          iterations, peak memory (max_memory_allocated); interrupted at the stage's budget (the best
+#                          point is kept, its projected gradient measured); then 2 DSVI steps if time is left. Last
+#                          but the summary, so that with a large cap (GPU_CHECK_CAPS) it takes what the others left
 #   summarize        20    gpu_check.{md,json}, gpu_scaling.{md,json}
 #
 # The deadline: GPU_CHECK_BUDGET seconds (default 450) from the start. A stage runs under
@@ -89,6 +92,7 @@
 # Other knobs: PYTHON (default python3), GPU_CHECK_BUDGET, GPU_CHECK_STAGES (a space-separated subset to run,
 # e.g. "env install lj_50k summarize" for a rerun of one stage), GPU_CHECK_PYTEST_K (pytest -k expression),
 # GPU_CHECK_CAPS (stage=seconds pairs replacing caps below, e.g. "ml2_50k=280": ML-II runs until its cap).
+# GPU_CHECK_CUDA_WHAT (engines_cuda's items, default "cvi nuts nuts_chains dsvi").
 # Both lists take spaces or commas; an unknown stage or a cap that is not a whole number stops the script at once.
 
 set -u
@@ -163,9 +167,9 @@ if [ "$REHEARSE" = 1 ]; then            # CPU, N in the hundreds: every stage ru
     PYTEST_K=${GPU_CHECK_PYTEST_K-"test_ml2 or test_cvi_full or test_large_n or test_gp_classifier"}
     LJ_SMALL=(--sizes 200 400 --cpu-sizes 200); LJ_40K=(--sizes 600); LJ_50K=(--sizes 800)
     ML2=(--n 800 --warm-n 200,400)
-    ENG_DEV=(--what cvi nuts nuts_chains dsvi --cvi-n 300 --cvi-full-steps 2 --cvi-single-steps 50
-             --nuts-warmup 10 --nuts-draws 10 --chains 4 8 --chains-big-n 120 --chains-big 4 --chains-warmup 5
-             --dsvi-num-steps 60 --boston-rows 80)
+    ENG_DEV=(--what ${GPU_CHECK_CUDA_WHAT:-cvi nuts nuts_chains dsvi} --cvi-n 300 --cvi-full-steps 2
+             --cvi-single-steps 50 --nuts-warmup 10 --nuts-draws 10 --chains 4 8 --chains-big-n 120 --chains-big 4
+             --chains-warmup 5 --chains-big-warmup 3 --chains-big-reserve 5 --dsvi-num-steps 60 --boston-rows 80)
     ENG_CPU=(--cvi-n 200 --cvi-full-steps 2 --cvi-single-steps 50 --nuts-warmup 10 --nuts-draws 10
              --dsvi-num-steps 60 --boston-rows 80)
     PYTEST_TIMEOUT=100 PYTEST_WORKERS=2
@@ -176,9 +180,9 @@ else
     LJ_40K=(--sizes 40000); LJ_50K=(--sizes 50000)
     ML2=(--n 50000 --warm-n 5000,20000)
     # many chains advancing together (issue 57, item 5) before DSVI, which may run into the stage's cap
-    ENG_DEV=(--what cvi nuts nuts_chains dsvi --cvi-n 16000 --cvi-full-steps 3 --cvi-single-steps 2000
-             --nuts-warmup 50 --nuts-draws 50 --chains 4 64 256 1024 --chains-big-n 5000 --chains-big 4 16 64
-             --chains-warmup 10)
+    ENG_DEV=(--what ${GPU_CHECK_CUDA_WHAT:-cvi nuts nuts_chains dsvi} --cvi-n 16000 --cvi-full-steps 3
+             --cvi-single-steps 2000 --nuts-warmup 50 --nuts-draws 50 --chains 4 64 256 1024 --chains-big-n 5000
+             --chains-big 4 16 64 --chains-warmup 10 --chains-big-warmup 5 --chains-big-reserve 30)
     # the host CPU's NUTS rate first, then DSVI for 1,000 steps (a rate per step); its CVI rates are run 1's
     ENG_CPU=(--what nuts dsvi cvi --dsvi-num-steps 1000 --cvi-n 8000 --cvi-full-steps 2 --cvi-single-steps 300
              --nuts-warmup 50 --nuts-draws 50)
@@ -192,9 +196,9 @@ PLAN=(      install       60   10
             lj_small      60   15
             lj_40k        45   20
             lj_50k        70   30
-            ml2_50k      110   40
             engines_cuda 120   20
             engines_cpu   70   15
+            ml2_50k      110   40
             summarize     20   10 )
 # Check the knobs before anything runs: a typo must not cost device time (commas are taken as spaces).
 CAPS=${GPU_CHECK_CAPS:-}; CAPS=${CAPS//,/ }
@@ -244,6 +248,7 @@ stage() {           # stage NAME COMMAND...: run under timeout, record status, r
     echo "=== $name: start $(date -u +%T), timeout ${t}s, $(( $(date +%s) - T0 ))s since start"
     STAGE_T=$t
     STAGE_END=$(($(date +%s) + t))
+    export GPU_CHECK_STAGE_END=$STAGE_END                  # a stage may pace itself (engines: nuts_chains)
     t0=$(date +%s%N)
     "$@" 2>&1 | tee "$W/$name.log"
     rc=${PIPESTATUS[0]}
@@ -294,10 +299,10 @@ stage pytest run_pytest
 stage lj_small run_py logjoint --tag lj_small --device $DEV "${LJ_SMALL[@]}" --repeats 3
 stage lj_40k run_py logjoint --tag lj_40k --device $DEV "${LJ_40K[@]}" --repeats 1
 stage lj_50k run_py logjoint --tag lj_50k --device $DEV "${LJ_50K[@]}" --repeats 1
-ml2_stage() { run_py ml2 --tag ml2_50k --device $DEV "${ML2[@]}" --budget $((STAGE_T - 12)) --dsvi-steps 2; }
-stage ml2_50k ml2_stage
 stage engines_cuda run_py engines --tag engines_cuda --device $DEV "${ENG_DEV[@]}"
 stage engines_cpu run_py engines --tag engines_cpu --device cpu "${ENG_CPU[@]}"
+ml2_stage() { run_py ml2 --tag ml2_50k --device $DEV "${ML2[@]}" --budget $((STAGE_T - 12)) --dsvi-steps 2; }
+stage ml2_50k ml2_stage                 # last but the summary: with a large cap it takes what the others left
 stage summarize run_py summarize --device $DEV
 
 # ------------------------------------------------------------------------ results back: at most 8 files

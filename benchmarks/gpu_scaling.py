@@ -235,6 +235,21 @@ def nuts_chains(dev: str, model: Any, chains: list[int], *, warmup: int = 30, dr
     return out
 
 
+def call_rates(dev: str, model: Any, counts: list[int], *, repeats: int = 2) -> dict[str, Any]:
+    """One batched call of the closed-form log joint + gradient, as the sampler makes it, on ``c`` thetas for each
+    ``c`` in ``counts`` (the thetas spread around the model's initial point): milliseconds a call (median of
+    ``repeats`` after one warm-up) and chain-gradients per second, the ceiling of ``c`` chains advancing together."""
+    lean, out = model.closed_form, {}
+    g = torch.Generator().manual_seed(0)
+    theta0 = model.initial_theta().detach().to("cpu", torch.float64)
+    for c in counts:
+        theta = (theta0 + 0.1 * torch.randn(c, theta0.numel(), generator=g, dtype=torch.float64)).to(dev)
+        s = timed(lambda: lean.log_joint(theta), dev, repeats)
+        out[f"call_{c}_ms"] = 1e3 * s
+        out[f"call_{c}_chain_grads_per_s"] = c / s
+    return out
+
+
 def engines(dev: str, cvi_n: int, ml2_n: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with warnings.catch_warnings():

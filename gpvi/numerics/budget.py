@@ -23,7 +23,9 @@ from ..validation.memory import available_memory_bytes
 __all__ = ["MemoryBudget", "DEFAULT_BUDGET_BYTES", "memory_per_draw"]
 
 DEFAULT_BUDGET_BYTES = 1 << 30
-"""Default budget of one batched evaluation: 1 GiB (or a quarter of the free memory, if less)."""
+"""Default budget of one batched evaluation on the CPU: 1 GiB (or a quarter of the free memory, if less). On an
+accelerator the default is a quarter of its free memory: there a larger batch keeps paying (many NUTS chains
+advancing together, :mod:`gpvi.inference.mcmc.chains`), where on the CPU a call's cost grows with its batch."""
 
 
 def memory_per_draw(target: Any) -> int:
@@ -44,8 +46,8 @@ class MemoryBudget:
     Parameters
     ----------
     max_bytes : int or None
-        Bytes per call. ``None`` (default): :data:`DEFAULT_BUDGET_BYTES` or a quarter of the free memory of the
-        device, whichever is smaller, read when :meth:`draws_per_call` is called.
+        Bytes per call. ``None`` (default): a quarter of the free memory of the device, read when
+        :meth:`draws_per_call` is called, and on the CPU at most :data:`DEFAULT_BUDGET_BYTES`.
 
     Examples
     --------
@@ -67,8 +69,11 @@ class MemoryBudget:
         """The budget in bytes on ``device``."""
         if self.max_bytes is not None:
             return self.max_bytes
-        free = available_memory_bytes(torch.device(device) if device is not None else torch.device("cpu"))
-        return DEFAULT_BUDGET_BYTES if free is None else max(1, min(DEFAULT_BUDGET_BYTES, free // 4))
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        free = available_memory_bytes(dev)
+        if free is None:
+            return DEFAULT_BUDGET_BYTES
+        return max(1, free // 4 if dev.type != "cpu" else min(DEFAULT_BUDGET_BYTES, free // 4))
 
     def draws_per_call(self, target: Any, wanted: int, device: torch.device | str | None = None) -> int:
         """How many of ``wanted`` draws one log-joint call on ``target`` may take (at least 1, at most ``wanted``).

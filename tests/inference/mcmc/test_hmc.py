@@ -252,6 +252,29 @@ def test_chains_on_an_accelerator_always_advance_together():
     assert chain_groups(tight, 4) == [[0, 1, 2], [3]]
 
 
+def test_accelerator_budget_is_a_quarter_of_its_free_memory(monkeypatch):
+    """On the CPU one call takes at most 1 GiB; on an accelerator a quarter of its free memory, so that many chains
+    advance together there (N = 5,000 needs 400 MB a chain: 1 GiB would allow 2 chains a call)."""
+    from types import SimpleNamespace
+
+    from gpvi.inference.mcmc.chains import chain_groups
+    from gpvi.numerics import budget
+    from gpvi.validation import memory
+    free = {"cpu": 64 * 2**30, "cuda": 100 * 2**30}
+    monkeypatch.setattr(memory, "available_memory_bytes", lambda device: free[device.type])
+    monkeypatch.setattr(budget, "available_memory_bytes", lambda device: free[device.type])
+    assert budget.MemoryBudget().limit("cpu") == budget.DEFAULT_BUDGET_BYTES == 2**30
+    assert budget.MemoryBudget().limit("cuda") == 25 * 2**30
+    assert budget.MemoryBudget(max_bytes=2**20).limit("cuda") == 2**20
+    per = 400 * 10**6
+    big = SimpleNamespace(num_data=5000, device="cuda", memory_per_draw=lambda: per)
+    assert chain_groups(big, 64) == [list(range(64))]
+    assert chain_groups(SimpleNamespace(num_data=150, device="cpu", memory_per_draw=lambda: per), 4) == [
+        [0, 1], [2, 3]]
+    free["cpu"] = 2**30                                  # little free memory: a quarter of it on the CPU too
+    assert budget.MemoryBudget().limit("cpu") == 2**28
+
+
 def test_total_time_is_the_wall_of_every_call():
     """``total_time_s`` is the run's own wall for a fresh run (not the chains' overlapping times, which the chains
     advancing together count once each) and the sum of the calls' walls after an extension; a state saved before
