@@ -207,8 +207,9 @@ def nuts_chains(dev: str, model: Any, chains: list[int], *, warmup: int = 30, dr
     """Many chains advancing together (issue 57, item 5): per number of chains, chain-gradients per second and the
     share of the wall spent inside the batched log joint + gradient calls (the rest is the sampler's own work in
     Python, per chain). Short runs: a rate, not a converged posterior."""
-    lean = model.closed_form
-    real, spent = lean.log_joint, [0.0]
+    lean = model.closed_form if model.closed_form is not None else model      # what the sampler calls
+    attr = "log_joint" if lean is not model else "log_joint_and_grad"
+    real, spent = getattr(lean, attr), [0.0]
 
     def timed_call(*args: Any, **kwargs: Any) -> Any:
         t = time.perf_counter()
@@ -218,7 +219,7 @@ def nuts_chains(dev: str, model: Any, chains: list[int], *, warmup: int = 30, dr
         return out
 
     out: dict[str, Any] = {"nuts_chains_N": model.num_data}
-    lean.log_joint = timed_call
+    setattr(lean, attr, timed_call)
     try:
         for c in chains:
             spent[0] = 0.0
@@ -231,7 +232,7 @@ def nuts_chains(dev: str, model: Any, chains: list[int], *, warmup: int = 30, dr
             out[f"nuts_{c}_chains_in_log_joint"] = spent[0] / wall
             out[f"nuts_{c}_chains_wall_s"] = wall
     finally:
-        del lean.log_joint
+        delattr(lean, attr)
     return out
 
 
@@ -240,11 +241,12 @@ def call_rates(dev: str, model: Any, counts: list[int], *, repeats: int = 2) -> 
     ``c`` in ``counts`` (the thetas spread around the model's initial point): milliseconds a call (median of
     ``repeats`` after one warm-up) and chain-gradients per second, the ceiling of ``c`` chains advancing together."""
     lean, out = model.closed_form, {}
+    call = lean.log_joint if lean is not None else model.log_joint_and_grad      # the sampler's call either way
     g = torch.Generator().manual_seed(0)
     theta0 = model.initial_theta().detach().to("cpu", torch.float64)
     for c in counts:
         theta = (theta0 + 0.1 * torch.randn(c, theta0.numel(), generator=g, dtype=torch.float64)).to(dev)
-        s = timed(lambda: lean.log_joint(theta), dev, repeats)
+        s = timed(lambda: call(theta), dev, repeats)
         out[f"call_{c}_ms"] = 1e3 * s
         out[f"call_{c}_chain_grads_per_s"] = c / s
     return out

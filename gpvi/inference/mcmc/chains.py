@@ -184,7 +184,9 @@ above it they run one after another. A call on 4 thetas costs 1.2 / 2.0 / 3.1 / 
 200 / 455 (``benchmarks/results/small_data.md``): below the line four chains cost little more than one, above it
 batching saves nothing and the rows of chains that finished first would still be computed. On an accelerator
 batching pays far beyond that (on an H200 a call on 4 thetas at N = 1,000 cost 2.0x a call on one:
-``benchmarks/results/gpu_scaling.md``), so there the chains always advance together."""
+``benchmarks/results/gpu_scaling.md``; at N = 455 a call on 256 thetas cost about 11x one:
+``gpu_check_h200_run8.md``), so there the chains always advance together, in groups that fit the accelerator's
+budget (a quarter of its free memory). From about N = 5,000 a call there costs the same per theta at any batch."""
 
 
 def chain_groups(target: Any, num_chains: int) -> list[list[int]]:
