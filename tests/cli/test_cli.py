@@ -658,12 +658,14 @@ def test_ctrl_c_subprocess_exits_130(reg_csv, tmp_path):
     deadline = time.monotonic() + 120
     while b"NUTS" not in err and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)                                       # wait for the NUTS progress bar: sampling has begun
+    started = b"NUTS" in err
     time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
     stdout = proc.stdout.read()
-    assert proc.wait(timeout=60) == 130
+    rc = proc.wait(timeout=60)
     reader.join(timeout=10)
     text = err.decode(errors="replace")
+    assert rc == 130, f"exit {rc}; NUTS had started: {started}; stderr ends: {text[-1500:]!r}"
     assert text.strip().splitlines()[-1] == "gpvi: interrupted (Ctrl-C); nothing was saved"
     assert "Traceback" not in text and b"saved to" not in stdout and not out.exists()
 
