@@ -203,12 +203,19 @@ def nuts_rate(dev: str, model: Any, *, warmup: int = 50, draws: int = 50) -> dic
     return {"nuts_grads_per_s": ev / (time.perf_counter() - t0)}
 
 
+def sampler_call(model: Any) -> tuple[Any, str]:
+    """``(owner, name)`` of the batched log joint + gradient that ``gpvi.NUTS`` calls on ``model``
+    (``inference.mcmc.chains.Potential``'s rule): the closed form's ``log_joint``, or above ``LEAN_JOINT_MAX_N``
+    points (no closed form) the model's ``log_joint_and_grad``."""
+    lean = model.closed_form
+    return (lean, "log_joint") if lean is not None else (model, "log_joint_and_grad")
+
+
 def nuts_chains(dev: str, model: Any, chains: list[int], *, warmup: int = 30, draws: int = 30) -> dict[str, Any]:
     """Many chains advancing together (issue 57, item 5): per number of chains, chain-gradients per second and the
     share of the wall spent inside the batched log joint + gradient calls (the rest is the sampler's own work in
     Python, per chain). Short runs: a rate, not a converged posterior."""
-    lean = model.closed_form if model.closed_form is not None else model      # what the sampler calls
-    attr = "log_joint" if lean is not model else "log_joint_and_grad"
+    lean, attr = sampler_call(model)
     real, spent = getattr(lean, attr), [0.0]
 
     def timed_call(*args: Any, **kwargs: Any) -> Any:
@@ -237,11 +244,11 @@ def nuts_chains(dev: str, model: Any, chains: list[int], *, warmup: int = 30, dr
 
 
 def call_rates(dev: str, model: Any, counts: list[int], *, repeats: int = 2) -> dict[str, Any]:
-    """One batched call of the closed-form log joint + gradient, as the sampler makes it, on ``c`` thetas for each
-    ``c`` in ``counts`` (the thetas spread around the model's initial point): milliseconds a call (median of
-    ``repeats`` after one warm-up) and chain-gradients per second, the ceiling of ``c`` chains advancing together."""
-    lean, out = model.closed_form, {}
-    call = lean.log_joint if lean is not None else model.log_joint_and_grad      # the sampler's call either way
+    """One batched call of the log joint + gradient, as the sampler makes it (:func:`sampler_call`), on ``c``
+    thetas for each ``c`` in ``counts`` (the thetas spread around the model's initial point): milliseconds a call
+    (median of ``repeats`` after one warm-up) and chain-gradients per second, the ceiling of ``c`` chains advancing
+    together."""
+    call, out = getattr(*sampler_call(model)), {}
     g = torch.Generator().manual_seed(0)
     theta0 = model.initial_theta().detach().to("cpu", torch.float64)
     for c in counts:

@@ -186,7 +186,7 @@ batching saves nothing and the rows of chains that finished first would still be
 batching pays far beyond that (on an H200 a call on 4 thetas at N = 1,000 cost 2.0x a call on one:
 ``benchmarks/results/gpu_scaling.md``; at N = 455 a call on 256 thetas cost about 11x one:
 ``gpu_check_h200_run8.md``), so there the chains always advance together, in groups that fit the accelerator's
-budget (a quarter of its free memory). From about N = 5,000 a call there costs the same per theta at any batch."""
+budget (a quarter of its free memory). At N = 5,000 a call there cost the same per theta at any batch."""
 
 
 def chain_groups(target: Any, num_chains: int) -> list[list[int]]:
